@@ -1,0 +1,76 @@
+"""Settings shared by every Turnstile process, read from ``TURNSTILE_*`` variables.
+
+Each service subclasses :class:`ServiceSettings` and adds its own fields; every
+default lives on the field that owns it, with a docstring saying what it is for.
+Invalid values fail start-up with pydantic's message naming the variable.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AnyUrl, Field, UrlConstraints
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+RedisUrl = Annotated[AnyUrl, UrlConstraints(allowed_schemes=["redis", "rediss", "unix"])]
+PostgresUrl = Annotated[AnyUrl, UrlConstraints(allowed_schemes=["postgres", "postgresql"])]
+
+LogFormat = Literal["json", "text"]
+
+
+class ServiceSettings(BaseSettings):
+    """What every service process needs: where it listens, Redis, peers, limits."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TURNSTILE_", extra="ignore", frozen=True, validate_default=True
+    )
+
+    host: str = "127.0.0.1"
+    """Address the gRPC server binds; ``0.0.0.0`` in containers."""
+
+    port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port; each service sets its own default (0 picks a free port)."""
+
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus ``/metrics`` port; 0 disables the endpoint."""
+
+    redis_url: RedisUrl = AnyUrl("redis://127.0.0.1:6379/0")
+    """Redis holding admission, key-set and affinity state."""
+
+    redis_prefix: str = Field(default="turnstile:", min_length=1, max_length=64)
+    """Prefix of every Redis key this deployment writes; tests give each run its own."""
+
+    redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    """Socket timeout of one Redis command; a decision never waits longer on Redis."""
+
+    admission_addr: str = "127.0.0.1:50051"
+    """Where the admission service listens (host:port or a gRPC target)."""
+
+    substrate_addr: str = "127.0.0.1:50052"
+    """Where the substrate service listens."""
+
+    affinity_addr: str = "127.0.0.1:50053"
+    """Where the affinity service listens."""
+
+    rpc_timeout_s: float = Field(default=2.0, gt=0, le=120)
+    """Default deadline of a call to another Turnstile service."""
+
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024)
+    """Largest gRPC message received or sent."""
+
+    max_concurrent_rpcs: int = Field(default=1024, ge=1, le=100_000)
+    """RPCs served at once; more are refused with RESOURCE_EXHAUSTED by gRPC."""
+
+    shutdown_drain_delay_s: float = Field(default=0.0, ge=0, le=60)
+    """After SIGTERM, how long health reports NOT_SERVING before the server stops
+    accepting calls, so load balancers and kube-proxy stop routing to it. Set to a
+    few seconds on Kubernetes; 0 locally."""
+
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=300)
+    """How long in-flight calls may run after the server stops accepting."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Root log level."""
+
+    log_format: LogFormat = "json"
+    """``json`` (one object per line, with trace ids) or ``text`` for terminals."""
