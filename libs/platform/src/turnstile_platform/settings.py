@@ -69,6 +69,15 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=300)
     """How long in-flight calls may run after the server stops accepting."""
 
+    client_allowlist: tuple[str, ...] = ()
+    """Client ids with a bucket of their own, seeding the key set when Redis has
+    none (a JSON list, e.g. ``["acme","globex"]``). After that the key set in Redis
+    is the source of truth: change it with ``turnstilectl keys``."""
+
+    keyset_poll_interval_s: float = Field(default=0.5, gt=0, le=10)
+    """How often each replica checks the key-set version, the safety net behind
+    pub/sub; a change reaches every replica within about this long."""
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Root log level."""
 

@@ -1,0 +1,76 @@
+"""Parsing ``turnstile.common.v1`` client messages into :class:`Client`, with the
+validation every service applies the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from turnstile_clientkeys.resolver import RESERVED_IDS, Client, ClientForm, KeyKind
+from turnstile_contracts import common_pb2
+
+MAX_CLIENT_ID_LENGTH = 253
+
+
+@dataclass(eq=False)
+class InvalidClientError(ValueError):
+    """A client message that cannot be accepted: ``field`` names the path."""
+
+    field: str
+    description: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.description}"
+
+
+def parse_client(
+    message: common_pb2.ActivationClient,
+    *,
+    allowed: Collection[ClientForm],
+    field: str = "client",
+) -> Client:
+    """The :class:`Client` a message names, or :class:`InvalidClientError`.
+
+    ``allowed`` is what the calling RPC accepts (Activate takes inherit, Admit
+    does not). A client id must be 1 to 253 characters and not a reserved id;
+    one that is not a label value is accepted and charged to the shared key.
+    """
+    form_name = message.WhichOneof("client")
+    if form_name is None:
+        raise InvalidClientError(field, "must be set: one of client_id, inherit, native")
+    form = ClientForm(form_name)
+    if form not in allowed:
+        names = ", ".join(sorted(f.value for f in allowed))
+        raise InvalidClientError(f"{field}.{form.value}", f"not accepted here; use one of: {names}")
+    if form is not ClientForm.CLIENT_ID:
+        return Client(form)
+    client_id = message.client_id
+    path = f"{field}.client_id"
+    if not client_id:
+        raise InvalidClientError(path, "must not be empty")
+    if len(client_id) > MAX_CLIENT_ID_LENGTH:
+        raise InvalidClientError(path, f"must be at most {MAX_CLIENT_ID_LENGTH} characters")
+    if client_id in RESERVED_IDS:
+        raise InvalidClientError(path, f"{client_id!r} is reserved; use the matching client form")
+    if not client_id.isprintable():
+        raise InvalidClientError(path, "must be printable characters")
+    return Client.of(client_id)
+
+
+def to_proto(client: Client) -> common_pb2.ActivationClient:
+    """The contract message for ``client``."""
+    if client.form is ClientForm.CLIENT_ID:
+        return common_pb2.ActivationClient(client_id=client.client_id or "")
+    if client.form is ClientForm.INHERIT:
+        return common_pb2.ActivationClient(inherit=common_pb2.ActivationClient.Inherit())
+    if client.form is ClientForm.NATIVE:
+        return common_pb2.ActivationClient(native=common_pb2.ActivationClient.Native())
+    return common_pb2.ActivationClient(unattributed=common_pb2.ActivationClient.Unattributed())
+
+
+KEY_KINDS: dict[KeyKind, common_pb2.KeyKind.ValueType] = {
+    KeyKind.OWN: common_pb2.KEY_KIND_OWN,
+    KeyKind.SHARED: common_pb2.KEY_KIND_SHARED,
+    KeyKind.NATIVE: common_pb2.KEY_KIND_NATIVE,
+    KeyKind.UNATTRIBUTED: common_pb2.KEY_KIND_UNATTRIBUTED,
+}

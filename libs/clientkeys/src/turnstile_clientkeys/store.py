@@ -1,0 +1,147 @@
+"""The key set's source of truth in Redis, and the watcher that keeps each
+replica's resolver current.
+
+Propagation has two paths, so a change reaches every replica within about a
+second (SPEC C2): a pub/sub message on every change (fast path), and a periodic
+version check (safety net for a dropped subscription or a missed message).
+The stored document is bootstrapped from settings when Redis has none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from turnstile_clientkeys.keyset import KeySet
+from turnstile_clientkeys.resolver import Resolver
+
+log = logging.getLogger(__name__)
+
+
+class KeySetStore:
+    """Reads and changes the key set under ``{prefix}keyset``."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._redis = client
+        self.doc_key = f"{prefix}keyset"
+        self.version_key = f"{prefix}keyset:version"
+        self.channel = f"{prefix}keyset:changed"
+
+    async def bootstrap(self, initial: KeySet) -> KeySet:
+        """Store ``initial`` (at version 1) unless a key set exists; return the stored one."""
+        seed = KeySet(
+            version=max(1, initial.version), allowlist=initial.allowlist, flags=initial.flags
+        )
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.doc_key, seed.to_json(), nx=True)
+            pipe.set(self.version_key, seed.version, nx=True)
+            await pipe.execute()
+        return await self.load()
+
+    async def version(self) -> int | None:
+        raw = await self._redis.get(self.version_key)
+        return int(raw) if raw is not None else None
+
+    async def load(self) -> KeySet:
+        raw = await self._redis.get(self.doc_key)
+        return KeySet.from_json(raw) if raw is not None else KeySet()
+
+    async def change(
+        self,
+        *,
+        allow: tuple[str, ...] = (),
+        remove: tuple[str, ...] = (),
+        flags: Mapping[str, bool] | None = None,
+    ) -> KeySet:
+        """Apply a change atomically (optimistic transaction) and announce it."""
+        while True:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(self.doc_key)
+                    raw = await pipe.get(self.doc_key)
+                    current = KeySet.from_json(raw) if raw is not None else KeySet()
+                    updated = current.changed(allow=allow, remove=remove, flags=flags)
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(self.doc_key, updated.to_json())
+                    pipe.set(self.version_key, updated.version)
+                    pipe.publish(self.channel, updated.version)
+                    await pipe.execute()
+                except WatchError:
+                    continue
+            log.info("key set changed", extra={"version": updated.version})
+            return updated
+
+
+class KeySetWatcher:
+    """Keeps a :class:`Resolver` on the newest stored key set."""
+
+    def __init__(
+        self,
+        store: KeySetStore,
+        client: aioredis.Redis,
+        resolver: Resolver,
+        *,
+        poll_interval_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.resolver = resolver
+        self._redis = client
+        self._poll_interval_s = poll_interval_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, initial: KeySet) -> None:
+        """Bootstrap, install the stored key set, and start both propagation paths."""
+        self._install(await self.store.bootstrap(initial))
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="keyset-pubsub"),
+            asyncio.create_task(self._poll(), name="keyset-poll"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def refresh(self) -> None:
+        """Reload when the stored version differs from the installed one."""
+        version = await self.store.version()
+        if version is not None and version != self.resolver.version:
+            self._install(await self.store.load())
+
+    def _install(self, keyset: KeySet) -> None:
+        if keyset.version != self.resolver.version or keyset != self.resolver.keyset:
+            self.resolver.swap(keyset)
+            log.info("key set installed", extra={"version": keyset.version})
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with self._redis.pubsub() as pubsub:
+                    await pubsub.subscribe(self.store.channel)
+                    await self.refresh()  # a change may have landed before the subscription
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("key-set subscription lost; retrying", exc_info=True)
+                await asyncio.sleep(self._poll_interval_s)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval_s)
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("key-set version check failed", exc_info=True)

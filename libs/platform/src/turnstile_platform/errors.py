@@ -1,0 +1,208 @@
+"""The rich gRPC error model (SPEC X2), built in one place and decoded in one place.
+
+Servers raise :class:`RichError` (or call :func:`abort`) with a status code, an
+``ErrorInfo`` reason from ``turnstile.common.v1.ErrorReason`` and, where they help,
+``RetryInfo``, ``QuotaFailure`` and ``BadRequest`` details. Clients (services and
+the CLI) turn an ``AioRpcError`` back into the same :class:`RichError` with
+:func:`decode`.
+
+The status travels through ``context.abort(code, details, trailing_metadata)``
+rather than ``abort_with_status``: OpenTelemetry's grpc.aio server
+instrumentation wraps only ``abort``, so this keeps the span's status right.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from turnstile_contracts import ERROR_DOMAIN, common_pb2
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad field: its path in the request (``client.client_id``) and why."""
+
+    field: str
+    description: str
+
+
+@dataclass(frozen=True)
+class QuotaViolation:
+    """One limit that was hit: the subject (a bounded key) and what was exceeded."""
+
+    subject: str
+    description: str
+
+
+@dataclass(eq=False)
+class RichError(Exception):
+    """A gRPC error with its structured details.
+
+    Raise it from a servicer wrapped by :func:`turnstile_platform.server.rich_errors`
+    (the bootstrap does this) or pass it to :func:`abort`.
+    """
+
+    code: grpc.StatusCode
+    message: str
+    reason: str = ""
+    domain: str = ERROR_DOMAIN
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    retry_after_s: float | None = None
+    quota_violations: Sequence[QuotaViolation] = ()
+    field_violations: Sequence[FieldViolation] = ()
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message} ({self.reason})"
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the server said retrying may succeed."""
+        return self.retry_after_s is not None
+
+    def to_status(self) -> grpc.Status:
+        """Pack this error as a ``google.rpc.Status`` inside a ``grpc.Status``."""
+        details: list[any_pb2.Any] = []
+        if self.reason:
+            info = error_details_pb2.ErrorInfo(
+                reason=self.reason, domain=self.domain, metadata=dict(self.metadata)
+            )
+            details.append(_pack(info))
+        if self.retry_after_s is not None:
+            details.append(
+                _pack(error_details_pb2.RetryInfo(retry_delay=_duration(self.retry_after_s)))
+            )
+        if self.quota_violations:
+            quota = error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(
+                        subject=v.subject, description=v.description
+                    )
+                    for v in self.quota_violations
+                ]
+            )
+            details.append(_pack(quota))
+        if self.field_violations:
+            bad = error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=v.field, description=v.description
+                    )
+                    for v in self.field_violations
+                ]
+            )
+            details.append(_pack(bad))
+        status = status_pb2.Status(
+            code=_code_number(self.code), message=self.message, details=details
+        )
+        return rpc_status.to_status(status)
+
+
+def reason_name(reason: common_pb2.ErrorReason.ValueType) -> str:
+    """The ``ErrorInfo.reason`` string of an ``ErrorReason`` value (prefix dropped)."""
+    name: str = common_pb2.ErrorReason.Name(reason)
+    return name.removeprefix("ERROR_REASON_")
+
+
+def invalid_argument(*violations: FieldViolation, message: str | None = None) -> RichError:
+    """An INVALID_ARGUMENT error naming every bad field (SPEC X2)."""
+    text = message or "; ".join(f"{v.field}: {v.description}" for v in violations)
+    return RichError(
+        code=grpc.StatusCode.INVALID_ARGUMENT,
+        message=text,
+        reason=reason_name(common_pb2.ERROR_REASON_INVALID_FIELD),
+        metadata={"field": violations[0].field} if violations else {},
+        field_violations=violations,
+    )
+
+
+def bad_field(path: str, description: str) -> RichError:
+    """Shorthand for one bad field."""
+    return invalid_argument(FieldViolation(path, description))
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], error: RichError) -> NoReturn:
+    """Abort the RPC with ``error``'s rich status (always raises)."""
+    status = error.to_status()
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+def decode(error: grpc.aio.AioRpcError | grpc.RpcError) -> RichError:
+    """Turn a client-side RPC error back into a :class:`RichError`.
+
+    Errors without rich details (a deadline, a dropped connection) decode with
+    their code and message only.
+    """
+    code: grpc.StatusCode = getattr(error, "code", lambda: grpc.StatusCode.UNKNOWN)()
+    message: str = getattr(error, "details", lambda: str(error))() or ""
+    status = _status_from_trailers(error)
+    reason, domain, metadata = "", ERROR_DOMAIN, {}
+    retry: float | None = None
+    quotas: list[QuotaViolation] = []
+    fields: list[FieldViolation] = []
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry_info = error_details_pb2.RetryInfo()
+            detail.Unpack(retry_info)
+            retry = retry_info.retry_delay.ToTimedelta().total_seconds()
+        elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
+            quota = error_details_pb2.QuotaFailure()
+            detail.Unpack(quota)
+            quotas.extend(QuotaViolation(v.subject, v.description) for v in quota.violations)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
+    return RichError(
+        code=code,
+        message=message,
+        reason=reason,
+        domain=domain,
+        metadata=metadata,
+        retry_after_s=retry,
+        quota_violations=tuple(quotas),
+        field_violations=tuple(fields),
+    )
+
+
+def _status_from_trailers(error: object) -> status_pb2.Status | None:
+    """The packed ``google.rpc.Status`` in the trailers, sync or aio errors alike."""
+    trailers = getattr(error, "trailing_metadata", lambda: ())() or ()
+    for key, value in trailers:
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            status = status_pb2.Status()
+            status.MergeFromString(value)
+            return status
+    return None
+
+
+def _pack(message: object) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)  # type: ignore[arg-type]
+    return packed
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    if not math.isfinite(seconds) or seconds < 0:
+        seconds = 0.0
+    whole = int(seconds)
+    return duration_pb2.Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
+
+
+def _code_number(code: grpc.StatusCode) -> int:
+    number = code.value[0]
+    assert isinstance(number, int)
+    return number if number in code_pb2.Code.values() else code_pb2.UNKNOWN

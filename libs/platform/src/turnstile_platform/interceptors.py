@@ -1,0 +1,134 @@
+"""Server interceptors every service shares: rich errors and RPC metrics.
+
+The rich-error interceptor lets handlers ``raise RichError(...)`` instead of
+threading ``context`` through the domain code; it turns the exception into
+``context.abort`` with the packed status. Unexpected exceptions become INTERNAL
+with a log line (the message stays generic: internals are not leaked).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from prometheus_client import Counter, Histogram
+
+from turnstile_platform.errors import RichError, abort
+
+log = logging.getLogger(__name__)
+
+RPCS = Counter(
+    "turnstile_grpc_server_handled_total",
+    "RPCs completed, by service, method and status code.",
+    ["grpc_service", "grpc_method", "grpc_code"],
+)
+RPC_SECONDS = Histogram(
+    "turnstile_grpc_server_handling_seconds",
+    "RPC handling time, by service and method (streams: the whole stream).",
+    ["grpc_service", "grpc_method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+Handler = Callable[..., Any]
+
+
+def _split(method: str) -> tuple[str, str]:
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service, name
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Maps :class:`RichError` to a rich status and records RPC metrics."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler: grpc.RpcMethodHandler[Any, Any] | None = await continuation(handler_call_details)
+        if handler is None:
+            return None  # type: ignore[return-value]  # grpc-stubs says never None; it can be
+        service, method = _split(handler_call_details.method)
+        if service.startswith(("grpc.health.", "grpc.reflection.")):
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, service, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(handler.stream_stream, service, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    @staticmethod
+    def _wrap_unary(behaviour: Handler, service: str, method: str) -> Handler:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return await behaviour(request, context)
+            except RichError as error:
+                code = error.code
+                await abort(context, error)
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                code = context.code()
+                raise
+            except NotImplementedError:
+                code = grpc.StatusCode.UNIMPLEMENTED
+                await context.abort(code, f"{method} is not implemented")
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("unhandled error", extra={"rpc": f"{service}/{method}"})
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            finally:
+                RPCS.labels(service, method, _code_name(code)).inc()
+                RPC_SECONDS.labels(service, method).observe(time.perf_counter() - started)
+
+        return wrapper
+
+    @staticmethod
+    def _wrap_stream(behaviour: Handler, service: str, method: str) -> Handler:
+        async def wrapper(
+            request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> Any:
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                async for response in behaviour(request_iterator, context):
+                    yield response
+            except RichError as error:
+                code = error.code
+                await abort(context, error)
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                code = context.code()
+                raise
+            except NotImplementedError:
+                code = grpc.StatusCode.UNIMPLEMENTED
+                await context.abort(code, f"{method} is not implemented")
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("unhandled error", extra={"rpc": f"{service}/{method}"})
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            finally:
+                RPCS.labels(service, method, _code_name(code)).inc()
+                RPC_SECONDS.labels(service, method).observe(time.perf_counter() - started)
+
+        return wrapper
+
+
+def _code_name(code: object) -> str:
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return str(code)

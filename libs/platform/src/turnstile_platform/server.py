@@ -1,0 +1,140 @@
+"""The grpc.aio server bootstrap every Turnstile service starts with (SPEC X3).
+
+It wires, in one place: the health service driven by a component map, server
+reflection, OpenTelemetry server spans (health and reflection excluded), rich
+errors and RPC metrics, a message-size limit and a cap on concurrent RPCs.
+
+Shutdown is staged (kopf style), each stage bounded:
+
+1. health goes NOT_SERVING for every service name;
+2. after ``shutdown_drain_delay_s`` the server stops accepting calls, and
+   in-flight calls get ``shutdown_grace_s`` to finish;
+3. registered cleanups run in reverse order (close pools, stop background tasks);
+4. the tracer provider flushes and shuts down its exporters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
+
+from turnstile_platform import tracing
+from turnstile_platform.health import HealthMap
+from turnstile_platform.interceptors import ServerInterceptor
+from turnstile_platform.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+Cleanup = Callable[[], Awaitable[object]]
+
+
+class GrpcService:
+    """One service process's gRPC server and its lifecycle.
+
+    ``service_names`` are the full names of the servicers added (used for health
+    and reflection). Add servicers through :attr:`server` before :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: ServiceSettings,
+        *,
+        service_names: Iterable[str],
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.service_names = list(service_names)
+        self.tracer_provider = tracer_provider or tracing.create_tracer_provider(name)
+        self.health = HealthMap(self.service_names)
+        self.port = 0
+        self._cleanups: list[Cleanup] = []
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        options = [
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self.server = grpc.aio.server(
+            interceptors=[tracing.server_interceptor(self.tracer_provider), ServerInterceptor()],
+            options=options,
+            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.server)
+        reflection.enable_server_reflection(
+            [
+                *self.service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self.server,
+        )
+
+    def add_cleanup(self, cleanup: Cleanup) -> None:
+        """Run ``cleanup`` at shutdown, after calls drained (last added runs first)."""
+        self._cleanups.append(cleanup)
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.host}:{self.port}"
+
+    async def start(self) -> int:
+        """Bind and start serving; returns the bound port."""
+        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        await self.server.start()
+        await self.health.start()
+        log.info("serving", extra={"service": self.name, "address": self.address})
+        return self.port
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to begin the staged shutdown (signal-safe)."""
+        self._stopping.set()
+
+    async def wait(self) -> None:
+        """Serve until :meth:`request_stop` (SIGTERM/SIGINT), then shut down."""
+        await self._stopping.wait()
+        await self.stop()
+
+    async def serve(self) -> None:
+        """Start, install SIGTERM/SIGINT handlers, and serve until one arrives."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self.start()
+        try:
+            await self.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    async def stop(self) -> None:
+        """The staged shutdown described in the module docstring. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        settings = self.settings
+        log.info("shutting down: health NOT_SERVING", extra={"service": self.name})
+        await self.health.enter_shutdown()
+        if settings.shutdown_drain_delay_s > 0:
+            await asyncio.sleep(settings.shutdown_drain_delay_s)
+        log.info("draining in-flight calls", extra={"grace_s": settings.shutdown_grace_s})
+        await self.server.stop(settings.shutdown_grace_s)
+        for cleanup in reversed(self._cleanups):
+            try:
+                await asyncio.wait_for(cleanup(), timeout=max(1.0, settings.shutdown_grace_s))
+            except Exception:
+                log.exception("cleanup failed during shutdown")
+        with contextlib.suppress(Exception):
+            self.tracer_provider.force_flush(timeout_millis=5000)
+            self.tracer_provider.shutdown()
+        log.info("stopped", extra={"service": self.name})

@@ -1,0 +1,102 @@
+"""The pytest plugin every Turnstile test suite loads (``-p turnstile_testing.plugin``).
+
+Fixtures give each test real services, isolated: its own Redis key prefix and
+its own PostgreSQL database. See :mod:`turnstile_testing.services` for the
+order in which servers are found or started.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_testing.otlp import OtlpReceiver
+from turnstile_testing.processes import PostgresProcess, RedisProcess
+from turnstile_testing.services import find_postgres, find_redis, using
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of the shared test Redis (found or started once per session)."""
+    with using(find_redis()) as url:
+        yield url
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix no other test uses: each test's Redis state is its own."""
+    return f"t:{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[aioredis.Redis]:
+    """A client to the shared test Redis; the test's keys are deleted afterwards."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        keys = [key async for key in client.scan_iter(match=f"{redis_prefix}*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of the shared test PostgreSQL's maintenance database."""
+    with using(find_postgres()) as url:
+        yield url
+
+
+@pytest.fixture
+async def database_url(postgres_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database for this test alone, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = postgres_url.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        admin = await asyncpg.connect(postgres_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisProcess]:
+    """A Redis server of this test's own, which the test may stop and restart."""
+    proc = RedisProcess().start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresProcess]:
+    """A PostgreSQL cluster of this test's own, which the test may stop and restart."""
+    proc = PostgresProcess().start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture
+async def otlp_receiver() -> AsyncIterator[OtlpReceiver]:
+    """A real OTLP/gRPC receiver on a free port."""
+    receiver = await OtlpReceiver().start()
+    try:
+        yield receiver
+    finally:
+        await receiver.stop()

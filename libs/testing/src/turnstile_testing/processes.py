@@ -1,0 +1,164 @@
+"""Real Redis and PostgreSQL servers started by the test kit.
+
+Used in two ways: as the last resort when nothing answers at the configured
+URLs (a fresh machine), and as *private* servers for fault tests that stop and
+restart them, so a test never stops the shared server other tests use.
+
+PostgreSQL refuses to run as root, so when the kit runs as root it runs
+``initdb``/``pg_ctl`` as the ``postgres`` user in a directory that user owns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} did not come up within {timeout:.0f}s")
+
+
+class RedisProcess:
+    """A redis-server on its own port and directory, with nothing persisted."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="turnstile-redis-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (scripts/test installs it)")
+        self._proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_for(lambda: port_open("127.0.0.1", self.port), 10, "redis-server")
+        return self
+
+    def stop(self) -> None:
+        """Stop abruptly (SIGKILL): what a crash looks like to clients."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+            self._proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresProcess:
+    """A private PostgreSQL cluster (trust auth, user ``postgres``)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.base = Path(tempfile.mkdtemp(prefix="turnstile-pg-"))
+        self.data = self.base / "data"
+        self._as_postgres = os.geteuid() == 0
+        self._initialised = False
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        command = list(args)
+        if self._as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def _binary(self, name: str) -> str:
+        found = shutil.which(name)
+        if found:
+            return found
+        for candidate in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True):
+            return str(candidate)
+        raise RuntimeError(f"{name} is not installed (scripts/test installs PostgreSQL)")
+
+    def start(self) -> PostgresProcess:
+        if self._as_postgres:
+            shutil.chown(self.base, "postgres", "postgres")
+        if not self._initialised:
+            self._run(
+                self._binary("initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            )
+            self._initialised = True
+        self._run(
+            self._binary("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-w",
+            "-t",
+            "30",
+            "-l",
+            str(self.base / "log"),
+            "-o",
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off",
+            "start",
+        )
+        return self
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop (``immediate`` is what a crash looks like to clients)."""
+        if self._initialised and (self.data / "postmaster.pid").exists():
+            self._run(self._binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
