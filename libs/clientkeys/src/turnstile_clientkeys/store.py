@@ -22,6 +22,8 @@ from turnstile_clientkeys.resolver import Resolver
 
 log = logging.getLogger(__name__)
 
+_LISTEN_TICK_S = 0.25
+
 
 class KeySetStore:
     """Reads and changes the key set under ``{prefix}keyset``."""
@@ -93,6 +95,8 @@ class KeySetWatcher:
         self._redis = client
         self._poll_interval_s = poll_interval_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._installed = asyncio.Condition()
+        self._stopping = asyncio.Event()
 
     async def start(self, initial: KeySet) -> None:
         """Bootstrap, install the stored key set, and start both propagation paths."""
@@ -103,11 +107,9 @@ class KeySetWatcher:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop both paths; returns within about a quarter of a second."""
+        self._stopping.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
     async def refresh(self) -> None:
@@ -116,32 +118,48 @@ class KeySetWatcher:
         if version is not None and version != self.resolver.version:
             self._install(await self.store.load())
 
+    async def wait_for_version(self, version: int) -> KeySet:
+        """Wait until a key set at ``version`` or newer is installed."""
+        async with self._installed:
+            await self._installed.wait_for(lambda: self.resolver.version >= version)
+        return self.resolver.keyset
+
     def _install(self, keyset: KeySet) -> None:
         if keyset.version != self.resolver.version or keyset != self.resolver.keyset:
             self.resolver.swap(keyset)
             log.info("key set installed", extra={"version": keyset.version})
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._installed:
+            self._installed.notify_all()
 
     async def _listen(self) -> None:
-        while True:
+        # get_message with a timeout, not listen(): cancelling a pub/sub read that
+        # is parked inside listen() can leave aclose() waiting on the connection.
+        while not self._stopping.is_set():
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                async with self._redis.pubsub() as pubsub:
-                    await pubsub.subscribe(self.store.channel)
-                    await self.refresh()  # a change may have landed before the subscription
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            await self.refresh()
-            except asyncio.CancelledError:
-                raise
+                await pubsub.subscribe(self.store.channel)
+                await self.refresh()  # a change may have landed before the subscription
+                while not self._stopping.is_set():
+                    message = await pubsub.get_message(timeout=_LISTEN_TICK_S)
+                    if message is not None:
+                        await self.refresh()
             except Exception:
                 log.warning("key-set subscription lost; retrying", exc_info=True)
-                await asyncio.sleep(self._poll_interval_s)
+                await self._pause()
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), self._poll_interval_s)
 
     async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_interval_s)
+        while not self._stopping.is_set():
+            await self._pause()
             try:
                 await self.refresh()
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.warning("key-set version check failed", exc_info=True)

@@ -134,7 +134,8 @@ class GrpcService:
                 await asyncio.wait_for(cleanup(), timeout=max(1.0, settings.shutdown_grace_s))
             except Exception:
                 log.exception("cleanup failed during shutdown")
+        # Exporters block on network I/O: flush them off the event loop.
         with contextlib.suppress(Exception):
-            self.tracer_provider.force_flush(timeout_millis=5000)
-            self.tracer_provider.shutdown()
+            await asyncio.to_thread(self.tracer_provider.force_flush, 5000)
+            await asyncio.to_thread(self.tracer_provider.shutdown)
         log.info("stopped", extra={"service": self.name})

@@ -1,0 +1,111 @@
+"""Rich errors travel from a server's RichError to the client decoder intact (SPEC X2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from turnstile_platform.errors import (
+    FieldViolation,
+    QuotaViolation,
+    RichError,
+    bad_field,
+    decode,
+    invalid_argument,
+)
+from turnstile_platform.server import GrpcService
+from turnstile_testing.probe import add_probe, call, settings
+
+
+async def test_rich_error_round_trips_reason_metadata_and_retry_delay() -> None:
+    async def refuse(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        raise RichError(
+            code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+            message="cap reached for acme",
+            reason="CAP_EXCEEDED",
+            metadata={"key": "acme", "limit": "10", "current": "10"},
+            retry_after_s=2.5,
+            quota_violations=(QuotaViolation("acme", "10 of 10 live sandboxes"),),
+        )
+
+    app = GrpcService("probe", settings(), service_names=[])
+    add_probe(app, {"Refuse": refuse})
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(channel, "Refuse")
+        error = decode(caught.value)
+    finally:
+        await app.stop()
+
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.message == "cap reached for acme"
+    assert error.reason == "CAP_EXCEEDED"
+    assert error.domain == "turnstile.dev"
+    assert error.metadata == {"key": "acme", "limit": "10", "current": "10"}
+    assert error.retry_after_s == pytest.approx(2.5)
+    assert error.quota_violations == (QuotaViolation("acme", "10 of 10 live sandboxes"),)
+
+
+async def test_invalid_argument_names_every_bad_field() -> None:
+    async def reject(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        raise invalid_argument(
+            FieldViolation("sandbox_id", "must not be empty"),
+            FieldViolation("client.client_id", "must be at most 253 characters"),
+        )
+
+    app = GrpcService("probe", settings(), service_names=[])
+    add_probe(app, {"Reject": reject})
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(channel, "Reject")
+    finally:
+        await app.stop()
+
+    error = decode(caught.value)
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.reason == "INVALID_FIELD"
+    assert error.metadata["field"] == "sandbox_id"
+    assert [v.field for v in error.field_violations] == ["sandbox_id", "client.client_id"]
+    assert "sandbox_id: must not be empty" in error.message
+    assert not error.retryable
+
+
+async def test_unexpected_exception_becomes_internal_without_leaking_details() -> None:
+    async def crash(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        raise KeyError("secret-internal-state")
+
+    app = GrpcService("probe", settings(), service_names=[])
+    add_probe(app, {"Crash": crash})
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(channel, "Crash")
+    finally:
+        await app.stop()
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert "secret" not in (caught.value.details() or "")
+
+
+def test_decoding_an_error_without_details_keeps_code_and_message() -> None:
+    class Plain(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self) -> str:
+            return "deadline"
+
+    error = decode(Plain())
+    assert (error.code, error.message, error.reason) == (
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "deadline",
+        "",
+    )
+    assert bad_field("x", "y").field_violations == (FieldViolation("x", "y"),)

@@ -1,0 +1,79 @@
+# Shared by the scripts: find or install what Turnstile needs on this machine.
+# Sourced, not run. Every function is idempotent.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN_DIR="$ROOT/.run"
+REDIS_URL="${TURNSTILE_REDIS_URL:-redis://127.0.0.1:6379/0}"
+DATABASE_URL="${TURNSTILE_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "need root for: $*" >&2; return 1; fi
+}
+
+apt_install() {
+  say "installing $* (Debian packages)"
+  if [ -z "${APT_UPDATED:-}" ]; then as_root apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_uv() {
+  if command -v uv >/dev/null; then return; fi
+  export PATH="$HOME/.local/bin:$PATH"
+  if command -v uv >/dev/null; then return; fi
+  say "installing uv from PyPI"
+  python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv \
+    || python3 -m pip install --quiet --break-system-packages uv
+  hash -r
+}
+
+# host and port of a redis:// or postgresql:// URL
+url_host() { python3 -c 'import sys,urllib.parse as u; print(u.urlsplit(sys.argv[1]).hostname or "127.0.0.1")' "$1"; }
+url_port() { python3 -c 'import sys,urllib.parse as u; print(u.urlsplit(sys.argv[1]).port or sys.argv[2])' "$1" "$2"; }
+answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+ensure_redis() {
+  local host port; host=$(url_host "$REDIS_URL"); port=$(url_port "$REDIS_URL" 6379)
+  if answers "$host" "$port"; then return; fi
+  command -v redis-server >/dev/null || apt_install redis-server
+  say "starting Redis on $host:$port (data in .run/redis, nothing persisted)"
+  mkdir -p "$RUN_DIR/redis"
+  redis-server --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \
+    --dir "$RUN_DIR/redis" --logfile "$RUN_DIR/redis/redis.log" --pidfile "$RUN_DIR/redis/redis.pid"
+  for _ in $(seq 50); do answers "$host" "$port" && return; sleep 0.1; done
+  echo "Redis did not start; see .run/redis/redis.log" >&2; return 1
+}
+
+pg_bin() {
+  local found
+  found=$(command -v "$1" || ls -d /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -n1)
+  [ -n "$found" ] && echo "$found"
+}
+
+ensure_postgres() {
+  local host port; host=$(url_host "$DATABASE_URL"); port=$(url_port "$DATABASE_URL" 5432)
+  if answers "$host" "$port"; then return; fi
+  [ -n "$(pg_bin initdb)" ] || apt_install postgresql
+  local data="$RUN_DIR/postgres" runas=()
+  mkdir -p "$data"
+  # PostgreSQL refuses to run as root: run it as the postgres user, in a directory it owns.
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$data" postgres
+    chown -R postgres: "$data"; runas=(runuser -u postgres --)
+  fi
+  if [ ! -f "$data/PG_VERSION" ]; then
+    say "initialising PostgreSQL in .run/postgres"
+    "${runas[@]}" "$(pg_bin initdb)" -D "$data" -U postgres --auth=trust -E UTF8 >/dev/null
+  fi
+  say "starting PostgreSQL on $host:$port"
+  "${runas[@]}" "$(pg_bin pg_ctl)" -D "$data" -w -t 60 -l "$data/server.log" \
+    -o "-p $port -k $data -c listen_addresses=$host" start >/dev/null
+}
+
+ensure_workspace() {
+  ensure_uv
+  say "syncing the uv workspace"
+  (cd "$ROOT" && uv sync --frozen --quiet)
+}
