@@ -1,0 +1,1 @@
+"""turnstilectl: the command line internal users reach for, and the local stack runner."""
