@@ -7,8 +7,9 @@ config invalid) flips the overall status and every service name to NOT_SERVING.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from grpc_health.v1 import health, health_pb2
 
@@ -63,3 +64,29 @@ class HealthMap:
         )
         for name in self._names:
             await self.servicer.set(name, status)
+
+
+async def monitor(
+    health: HealthMap,
+    component: str,
+    probe: Callable[[], Awaitable[object]],
+    *,
+    interval_s: float = 2.0,
+    timeout_s: float = 1.0,
+) -> None:
+    """Probe a dependency forever and keep its health component current.
+
+    A probe that raises or takes longer than ``timeout_s`` marks the component
+    unhealthy; run it as a background task and cancel it at shutdown.
+    """
+    health.register(component)
+    while True:
+        try:
+            await asyncio.wait_for(probe(), timeout=timeout_s)
+            healthy = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            healthy = False
+        await health.set(component, healthy)
+        await asyncio.sleep(interval_s)
