@@ -1,0 +1,1 @@
+"""Placeholder so ``-p turnstile_testing.plugin`` loads; main replaces it on merge."""
