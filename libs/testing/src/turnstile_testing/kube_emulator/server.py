@@ -144,14 +144,18 @@ class KubeEmulator:
         # handler_cancellation: a watch handler is cancelled when its client goes away, so the
         # subscription is released instead of waiting forever on an idle queue.
         runner = web.AppRunner(
-            app, handle_signals=False, access_log=None, handler_cancellation=True
+            app,
+            handle_signals=False,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=1.0,
         )
         await runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, 0))
         self._port = sock.getsockname()[1]
-        site = web.SockSite(runner, sock, shutdown_timeout=1.0)
+        site = web.SockSite(runner, sock)
         await site.start()
         self._runner = runner
 
