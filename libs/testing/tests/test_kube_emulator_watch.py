@@ -317,3 +317,24 @@ async def test_a_burst_of_writes_arrives_complete_and_in_order(
     versions = [int(e["raw_object"]["metadata"]["resourceVersion"]) for e in events]
     assert versions == list(range(2, writes + 2))
     assert events[-1]["raw_object"]["metadata"]["annotations"] == {"n": str(writes - 1)}
+
+
+async def test_stopping_the_emulator_ends_open_watches_promptly() -> None:
+    emulator = KubeEmulator()
+    await emulator.start()
+    async with emulator.api_client() as api:
+        core = client.CoreV1Api(api)
+
+        async def watch_all() -> list[str]:
+            async with watch.Watch() as w:
+                stream = w.stream(core.list_namespaced_pod, "ns", timeout_seconds=60)
+                return [e["type"] async for e in stream]
+
+        task = asyncio.get_running_loop().create_task(watch_all())
+        await emulator.wait_for_watches(1)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await emulator.stop()
+
+        assert await asyncio.wait_for(task, 5) == []
+        assert loop.time() - began < 1.5
