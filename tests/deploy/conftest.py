@@ -21,16 +21,18 @@ def _rendered(directory: Path) -> str:
     return kustomize_build(directory)
 
 
+@cache
+def _objects(name: str) -> list[Obj]:
+    return load_objects(_rendered(KUSTOMIZATIONS[name]))
+
+
 @pytest.fixture(scope="session")
 def built() -> Callable[[str], list[Obj]]:
-    """``built(name)``: the objects of kustomization ``name`` (base, dev, production)."""
+    """``built(name)``: the objects of kustomization ``name`` (base, dev, production),
+    rendered and parsed once per session; tests must not modify them."""
     if kubectl() is None:
         pytest.skip(NO_KUBECTL)
-
-    def get(name: str) -> list[Obj]:
-        return load_objects(_rendered(KUSTOMIZATIONS[name]))
-
-    return get
+    return _objects
 
 
 @pytest.fixture(scope="session")

@@ -53,9 +53,12 @@ def kustomize_build(directory: Path) -> str:
     return done.stdout
 
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_objects(text: str) -> list[Obj]:
-    """Every non-empty document of a YAML stream."""
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    """Every non-empty document of a YAML stream (with libyaml when available)."""
+    return [doc for doc in yaml.load_all(text, Loader=_Loader) if doc]
 
 
 def of_kind(objects: list[Obj], kind: str) -> list[Obj]:
