@@ -50,7 +50,7 @@ async def test_redis_down_flips_health_and_its_return_restores_it(
         await app.stop()
 
 
-async def test_a_component_registered_unhealthy_keeps_the_server_not_serving() -> None:
+async def test_an_unhealthy_component_keeps_readiness_down_but_liveness_up() -> None:
     app = GrpcService("probe", settings(), service_names=[])
     app.health.register("reflector")
     port = await app.start()
@@ -59,6 +59,8 @@ async def test_a_component_registered_unhealthy_keeps_the_server_not_serving() -
             stub = health_pb2_grpc.HealthStub(channel)
             check = await stub.Check(health_pb2.HealthCheckRequest())
             assert check.status == NOT_SERVING
+            liveness = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"))
+            assert liveness.status == SERVING
             await app.health.set("reflector", True)
             check = await stub.Check(health_pb2.HealthCheckRequest())
             assert check.status == SERVING

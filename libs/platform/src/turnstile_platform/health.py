@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 
 OVERALL = ""
 
+#: A health service name that stays SERVING while the process answers at all:
+#: Kubernetes liveness probes check it, so a Redis outage takes replicas out of
+#: rotation (readiness, overall status) instead of restarting every one of them.
+LIVENESS = "liveness"
+
 
 class HealthMap:
     """Component health folded into the standard ``grpc.health.v1`` servicer."""
@@ -47,6 +52,7 @@ class HealthMap:
         return dict(self._components)
 
     async def start(self) -> None:
+        await self.servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         await self._publish()
 
     async def enter_shutdown(self) -> None:
