@@ -1,16 +1,21 @@
 """gRPC channels to other Turnstile services: deadlines, retries, tracing.
 
-Deadlines and retries live in the channel's service config (gRPC's own
-mechanism) rather than in hand-written loops: every method gets a default
-timeout, and only the methods the caller declares idempotent are retried, on
-UNAVAILABLE, with exponential backoff. Client spans propagate the trace context
-so one trace crosses service boundaries (SPEC X4).
+Retries live in the channel's service config (gRPC's own mechanism) rather than
+in hand-written loops: only the methods the caller declares idempotent are
+retried, on UNAVAILABLE, with exponential backoff, each attempt inside the call's
+deadline. Every unary call without a deadline of its own gets the channel's
+default one from :class:`DefaultDeadline`. (The service config's ``timeout``
+field would be the natural place, but on grpcio 1.85 a configured timeout under
+about two seconds fails every call at once with DEADLINE_EXCEEDED, per-call
+deadlines included; ``tests`` pin the behaviour we rely on instead.) Client spans
+propagate the trace context so one trace crosses service boundaries (SPEC X4).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import grpc.aio
 from opentelemetry import trace
@@ -18,22 +23,42 @@ from opentelemetry import trace
 from turnstile_platform import tracing
 
 
+class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    """Gives every unary call without a deadline of its own a default one."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        if client_call_details.timeout is None:
+            client_call_details = grpc.aio.ClientCallDetails(
+                method=client_call_details.method,
+                timeout=self.timeout_s,
+                metadata=client_call_details.metadata,
+                credentials=client_call_details.credentials,
+                wait_for_ready=client_call_details.wait_for_ready,
+            )
+        return await continuation(client_call_details, request)
+
+
 def service_config(
     service: str,
     *,
-    timeout_s: float,
     idempotent_methods: Iterable[str] = (),
     max_attempts: int = 3,
 ) -> str:
-    """The JSON service config: a default deadline, retries for idempotent methods."""
-    timeout = f"{timeout_s:.3f}s"
+    """The JSON service config: retries for idempotent methods, on UNAVAILABLE."""
     idempotent = sorted(set(idempotent_methods))
     configs: list[dict[str, object]] = []
     if idempotent:
         configs.append(
             {
                 "name": [{"service": service, "method": m} for m in idempotent],
-                "timeout": timeout,
                 "retryPolicy": {
                     "maxAttempts": max_attempts,
                     "initialBackoff": "0.05s",
@@ -43,7 +68,6 @@ def service_config(
                 },
             }
         )
-    configs.append({"name": [{"service": service}], "timeout": timeout})
     return json.dumps({"methodConfig": configs})
 
 
@@ -64,13 +88,15 @@ def create_channel(
     options = [
         (
             "grpc.service_config",
-            service_config(service, timeout_s=timeout_s, idempotent_methods=idempotent_methods),
+            service_config(service, idempotent_methods=idempotent_methods),
         ),
         ("grpc.enable_retries", 1),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
     ]
-    return grpc.aio.insecure_channel(
-        target, options=options, interceptors=tracing.client_interceptors(provider)
-    )
+    interceptors: list[grpc.aio.ClientInterceptor] = [
+        *tracing.client_interceptors(provider),
+        cast(grpc.aio.ClientInterceptor, DefaultDeadline(timeout_s)),
+    ]
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
