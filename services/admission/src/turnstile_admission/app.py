@@ -44,7 +44,9 @@ async def create_app(
     )
     await watcher.start(KeySet(version=1, allowlist=frozenset(settings.client_allowlist)))
     app.add_cleanup(watcher.stop)
-    substrate = peers.substrate(settings, provider, timeout_s=settings.cap.live_count_timeout_s)
+    # The short count deadline is passed per call: a service-config timeout of a
+    # second or less fails calls at once with DEADLINE_EXCEEDED on grpcio 1.85.
+    substrate = peers.substrate(settings, provider)
     app.add_cleanup(substrate.close)
     admitter = Admitter(
         settings,
@@ -52,7 +54,7 @@ async def create_app(
         resolver,
         LiveCounter(
             # A stub on an aio channel is the async stub (grpc's own __new__ says so).
-            cast(substrate_pb2_grpc.SubstrateServiceAsyncStub, substrate.stub),
+            cast("substrate_pb2_grpc.SubstrateServiceAsyncStub", substrate.stub),
             settings.cap.live_count_timeout_s,
         ),
     )
