@@ -10,7 +10,6 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-import redis.asyncio as aioredis
 
 from turnstile_admission.app import create_app
 from turnstile_admission.keys import AdmissionKeys
@@ -123,8 +122,3 @@ async def admission(start_admission: Start) -> Running:
     """The admission service with default settings."""
     return await start_admission()
 
-
-async def snapshot(client: aioredis.Redis, prefix: str) -> dict[bytes, bytes | None]:
-    """Every key under ``prefix`` with its serialized value: to show nothing changed."""
-    keys = sorted([k async for k in client.scan_iter(match=f"{prefix}*", count=1000)])
-    return {k: await client.dump(k) for k in keys}
