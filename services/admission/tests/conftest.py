@@ -121,4 +121,3 @@ async def start_admission(
 async def admission(start_admission: Start) -> Running:
     """The admission service with default settings."""
     return await start_admission()
-

@@ -19,7 +19,9 @@ ADMITTED = admission_pb2.DECISION_ADMITTED
 REFUSED = admission_pb2.DECISION_REFUSED
 
 
-def request(sandbox_id: str, kind: int = common_pb2.ACTIVATION_KIND_COLD_CREATE, **extra: Any) -> Any:
+def request(
+    sandbox_id: str, kind: int = common_pb2.ACTIVATION_KIND_COLD_CREATE, **extra: Any
+) -> Any:
     return admission_pb2.AdmitRequest(
         sandbox_id=sandbox_id,
         client=common_pb2.ActivationClient(client_id="acme"),
@@ -40,9 +42,7 @@ async def test_shadow_policy_records_the_refusal_and_admits(start_admission: Any
     running = await start_admission(
         client_allowlist=("acme",), concurrency={"mode": "shadow", "default_limit": 1}
     )
-    shadowed = sample(
-        "turnstile_admission_shadow_refusals_total", policy="concurrency", key="acme"
-    )
+    shadowed = sample("turnstile_admission_shadow_refusals_total", policy="concurrency", key="acme")
     first = await running.stub.Admit(request("sb-1"))
     second = await running.stub.Admit(request("sb-2"))
     assert first.decision == second.decision == ADMITTED
@@ -123,9 +123,10 @@ async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then
     ):
         assert verdict(warm, policy).verdict == admission_pb2.VERDICT_UNKNOWN
         assert "failing open" in verdict(warm, policy).detail
-    assert sample(
-        "turnstile_admission_fail_open_total", policy="rate", backend="redis", key="acme"
-    ) == fail_open + 1
+    assert (
+        sample("turnstile_admission_fail_open_total", policy="rate", backend="redis", key="acme")
+        == fail_open + 1
+    )
     # A cold create on nodes: node slots fail closed.
     cold = await running.stub.Admit(request("sb-3", candidate_nodes=["n1"]))
     assert cold.decision == REFUSED

@@ -27,9 +27,7 @@ BAD_ADMITS = [
     pytest.param(admit(sandbox_id=""), "sandbox_id", id="empty-sandbox-id"),
     pytest.param(admit(sandbox_id="s" * 64), "sandbox_id", id="oversized-sandbox-id"),
     pytest.param(admit(sandbox_id="Not Valid!"), "sandbox_id", id="bad-sandbox-id"),
-    pytest.param(
-        admit(client=common_pb2.ActivationClient()), "client", id="empty-client"
-    ),
+    pytest.param(admit(client=common_pb2.ActivationClient()), "client", id="empty-client"),
     pytest.param(
         admit(client=common_pb2.ActivationClient(client_id="")),
         "client.client_id",
