@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import subprocess
@@ -36,8 +37,13 @@ import grpc.aio
 import redis.asyncio as aioredis
 import uvloop
 
-from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2, substrate_pb2
-from turnstile_contracts import substrate_pb2_grpc
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
 from turnstile_testing.processes import RedisProcess, free_port, port_open
 
 ECHO = "/bench.Echo/Echo"
@@ -87,7 +93,7 @@ class StubSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
 
 async def serve_substrate(port: int, redis_url: str) -> None:
     server = grpc.aio.server()
-    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(StubSubstrate(), server)  # type: ignore[no-untyped-call]
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(StubSubstrate(), server)  # type: ignore[abstract]
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -99,7 +105,9 @@ SERVERS = {"echo": serve_echo, "evalsha": serve_evalsha, "substrate": serve_subs
 # --- load ---------------------------------------------------------------------------
 
 
-async def measure(call: Callable[[], Awaitable[Any]], in_flight: int, seconds: float) -> dict[str, float]:
+async def measure(
+    call: Callable[[], Awaitable[Any]], in_flight: int, seconds: float
+) -> dict[str, float]:
     for _ in range(200):  # warm up connections, script cache, JIT-free but caches
         await call()
     latencies: list[float] = []
@@ -121,6 +129,10 @@ async def measure(call: Callable[[], Awaitable[Any]], in_flight: int, seconds: f
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
     }
+
+
+def _admit(stub: Any, make: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    return lambda: stub.Admit(make())
 
 
 def spawn(kind: str, port: int, redis_url: str) -> subprocess.Popen[bytes]:
@@ -166,7 +178,8 @@ async def bench(seconds: float) -> None:
             "TURNSTILE_PENDING_TTL_S": "5",
             "OTEL_TRACES_EXPORTER": "none",
         }
-        procs.append(subprocess.Popen([sys.executable, "-m", "turnstile_admission"], env=env))
+        command = [sys.executable, "-m", "turnstile_admission"]
+        procs.append(subprocess.Popen(command, env=env))  # noqa: ASYNC220 - start-up only
         _wait(ports["admission"])
 
         results: dict[str, dict[int, dict[str, float]]] = {}
@@ -193,7 +206,9 @@ async def bench(seconds: float) -> None:
                 echo = channel.unary_unary(
                     ECHO, request_serializer=BYTES, response_deserializer=BYTES
                 )
-                results[name] = {n: await measure(lambda: echo(payload), n, seconds) for n in (1, 64)}
+                results[name] = {
+                    n: await measure(functools.partial(echo, payload), n, seconds) for n in (1, 64)
+                }
         decisions = 0
         before = await commandstats(redis)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as channel:
@@ -203,7 +218,7 @@ async def bench(seconds: float) -> None:
                 for n in (1, 64):
                     answer = await stub.Admit(make())
                     assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
-                    results[name][n] = await measure(lambda: stub.Admit(make()), n, seconds)
+                    results[name][n] = await measure(_admit(stub, make), n, seconds)
                     decisions += int(results[name][n]["calls"]) + 201
         after = await commandstats(redis)
         await redis.aclose()
@@ -217,21 +232,29 @@ async def bench(seconds: float) -> None:
         redis_proc.close()
 
 
-def report(results: dict[str, dict[int, dict[str, float]]], delta: dict[str, int], decisions: int) -> None:
-    print(f"{'server':<14}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'/echo':>8}{'/evalsha':>10}")
+def report(
+    results: dict[str, dict[int, dict[str, float]]], delta: dict[str, int], decisions: int
+) -> None:
+    print(
+        f"{'server':<14}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'/echo':>8}{'/evalsha':>10}"
+    )
     for name, by_n in results.items():
         for n, r in by_n.items():
             echo = r["rps"] / results["echo"][n]["rps"]
             evalsha = r["rps"] / results["evalsha"][n]["rps"]
-            print(f"{name:<14}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
-                  f"{echo:>8.2f}{evalsha:>10.2f}")
+            print(
+                f"{name:<14}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+                f"{echo:>8.2f}{evalsha:>10.2f}"
+            )
     top_level = delta.get("evalsha", 0) + delta.get("eval", 0) + delta.get("script|load", 0)
     total = sum(v for k, v in delta.items() if k not in ("info",))
     print(f"\ndecisions: {decisions}")
     print(f"scripts (EVALSHA/EVAL) per decision: {top_level / decisions:.3f}")
-    print(f"all commands per decision (incl. those inside the script and the key-set "
-          f"watcher's polls): {total / decisions:.2f}")
+    print(
+        f"all commands per decision (incl. those inside the script and the key-set "
+        f"watcher's polls): {total / decisions:.2f}"
+    )
     print("commandstats delta:", {k: v for k, v in sorted(delta.items()) if v})
 
 
