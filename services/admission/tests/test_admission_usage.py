@@ -38,10 +38,11 @@ async def usage(stub: Any, client_id: str) -> Any:
 
 
 async def test_usage_shows_live_pending_tokens_in_flight_and_slots(
-    start_admission: Any, substrate: Any
+    start_admission: Any, substrate: Any, redis: aioredis.Redis
 ) -> None:
     substrate.servicer.live["acme"] = {"old-1"}
-    running = await start_admission(client_allowlist=("acme",))
+    running = await start_admission(client_allowlist=("acme",), test_clock=True)
+    await redis.set(running.keys.test_clock, 1_000_000)  # no refill between the calls
     first = await running.stub.Admit(cold("sb-1", candidate_nodes=["n1"]))
     await running.stub.Admit(cold("sb-2"))
     await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=first.hold_id))
@@ -51,9 +52,9 @@ async def test_usage_shows_live_pending_tokens_in_flight_and_slots(
     assert shown.live == 1
     assert (shown.pending, shown.cap) == (2, 20)
     assert shown.client_capacity == 20
-    assert shown.client_tokens == pytest.approx(18, abs=0.1)
+    assert shown.client_tokens == pytest.approx(18)
     assert shown.cluster_capacity == 200
-    assert shown.cluster_tokens == pytest.approx(198, abs=0.5)
+    assert shown.cluster_tokens == pytest.approx(198)
     assert (shown.in_flight, shown.concurrency_limit) == (1, 10)  # sb-1 committed
     assert dict(shown.node_slots_held) == {"n1": 1}
 
