@@ -44,8 +44,8 @@ async def create_app(
     )
     await watcher.start(KeySet(version=1, allowlist=frozenset(settings.client_allowlist)))
     app.add_cleanup(watcher.stop)
-    # The short count deadline is passed per call: a service-config timeout of a
-    # second or less fails calls at once with DEADLINE_EXCEEDED on grpcio 1.85.
+    # The live count has its own short deadline, passed per call: past it the cap
+    # verdict is UNKNOWN and admits, rather than a decision waiting on the substrate.
     substrate = peers.substrate(settings, provider)
     app.add_cleanup(substrate.close)
     admitter = Admitter(
