@@ -157,3 +157,19 @@ async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then
     # The fail-open admit recorded nothing, so settling it is a harmless no-op.
     gone = await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=warm.hold_id))
     assert not gone.committed
+
+
+async def test_a_rate_refusal_says_to_retry_when_the_bucket_will_hold_a_token(
+    start_admission: Any,
+) -> None:
+    # 0.25 tokens/s: an empty bucket holds a whole token again only after 4 s,
+    # longer than the policy's 1 s default hint.
+    running = await start_admission(
+        client_allowlist=("acme",),
+        rate={"default_burst": 1, "default_rate_per_s": 0.25},
+        concurrency={"mode": "off"},
+    )
+    assert (await running.stub.Admit(request("sb-1"))).decision == ADMITTED
+    refused = await running.stub.Admit(request("sb-2"))
+    assert refused.refused_by == admission_pb2.POLICY_RATE
+    assert 3.0 < refused.retry_after.ToMilliseconds() / 1000 <= 4.0

@@ -185,8 +185,9 @@ class Policy:
         )
 
     def retry_hint(self, retry_ms: int) -> float:
-        """The script's hint when it has one and it is sooner than the default."""
-        default = self.settings.retry_after_s
+        """The script's hint when it has one (e.g. when the bucket will hold a token
+        again), else the policy's default. Never shortened to the default: a hint
+        earlier than the script's prediction only invites a retry that is refused."""
         if retry_ms <= 0:
-            return default
-        return min(default, max(0.001, retry_ms / 1000))
+            return self.settings.retry_after_s
+        return max(0.001, retry_ms / 1000)
