@@ -7,6 +7,9 @@ private redis-server (so INFO commandstats counts only this run):
 
 - ceiling ``echo``: a bare grpc.aio unary echo;
 - ceiling ``evalsha``: the same, whose handler runs one EVALSHA;
+- ceiling ``platform``: that handler behind the platform's ``GrpcService``
+  (OpenTelemetry server spans, RPC metrics, rich errors), which every service
+  pays before its own code runs;
 - the affinity service itself (``create_app``), tiers ``small`` (10 sandboxes)
   and ``big`` (10,000 sandboxes), presence put through its own attach script.
 
@@ -42,6 +45,7 @@ from turnstile_affinity.app import create_app
 from turnstile_affinity.settings import AffinitySettings
 from turnstile_affinity.store import AffinityStore
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform.server import GrpcService
 from turnstile_platform.tiers import TIER_LABEL
 from turnstile_testing.processes import RedisProcess
 
@@ -56,10 +60,15 @@ CAPACITY = 1024
 async def _serve_ceiling(kind: str, redis_url: str) -> None:
     client = aioredis.Redis.from_url(redis_url)
     script = client.register_script("return redis.call('INCR', KEYS[1])")
-    server = grpc.aio.server()
+    if kind == "platform":
+        # The same handler behind the platform's bootstrap: tracing and RPC metrics.
+        settings = AffinitySettings(port=0, metrics_port=0)
+        server = GrpcService("bench", settings, service_names=[]).server
+    else:
+        server = grpc.aio.server()
 
     async def call(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-        if kind == "evalsha":
+        if kind != "echo":
             await script(keys=["bench:ceiling"])
         return request
 
@@ -136,7 +145,7 @@ async def _drive(step: Callable[[int], Awaitable[float]], concurrency: int, seco
 
 async def _ceiling(address: str, concurrency: int, seconds: float) -> Run:
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.unary_unary("/bench.Ceiling/Call")
+        call = channel.unary_unary("/bench.Ceiling/Call", None, None)  # bytes in, bytes out
 
         async def step(_: int) -> float:
             t = time.perf_counter()
@@ -235,8 +244,9 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
         await _populate(url)
         echo_proc, echo = _start_server("echo", url)
         evalsha_proc, evalsha = _start_server("evalsha", url)
+        platform_proc, platform = _start_server("platform", url)
         affinity_proc, affinity = _start_server("affinity", url)
-        procs += [echo_proc, evalsha_proc, affinity_proc]
+        procs += [echo_proc, evalsha_proc, platform_proc, affinity_proc]
         half = seconds / 2
         async with grpc.aio.insecure_channel(affinity) as channel:
             stub: affinity_pb2_grpc.AffinityServiceAsyncStub = (
@@ -252,10 +262,12 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
             echo_1 = await _ceiling(echo, 1, half)
             eval_c = await _ceiling(evalsha, concurrency, seconds)
             hit_small = await turns("small", concurrency, seconds, False)
+            platform_c = await _ceiling(platform, concurrency, seconds)
             eval_c2 = await _ceiling(evalsha, concurrency, seconds)
             hit_big = await turns("big", concurrency, seconds, False)
             eval_1 = await _ceiling(evalsha, 1, half)
             hit_small_1 = await turns("small", 1, half, False)
+            platform_1 = await _ceiling(platform, 1, half)
             eval_12 = await _ceiling(evalsha, 1, half)
             hit_big_1 = await turns("big", 1, half, False)
             first_small = await turns("small", concurrency, seconds, True)
@@ -287,10 +299,12 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
         print(_row("ceiling: gRPC echo, sequential", echo_1))
         print(_row("ceiling: gRPC + 1 EVALSHA, 64 in flight", eval_c))
         print(_row(f"Place hit, {SMALL} sandboxes, 64 in flight", hit_small, eval_c.rate, 2))
+        print(_row("ceiling: platform bootstrap + 1 EVALSHA, 64", platform_c))
         print(_row("ceiling: gRPC + 1 EVALSHA, 64 in flight", eval_c2))
         print(_row(f"Place hit, {BIG} sandboxes, 64 in flight", hit_big, eval_c2.rate, 2))
         print(_row("ceiling: gRPC + 1 EVALSHA, sequential", eval_1))
         print(_row(f"Place hit, {SMALL} sandboxes, sequential", hit_small_1, eval_1.rate, 2))
+        print(_row("ceiling: platform bootstrap + 1 EVALSHA, seq.", platform_1))
         print(_row("ceiling: gRPC + 1 EVALSHA, sequential", eval_12))
         print(_row(f"Place hit, {BIG} sandboxes, sequential", hit_big_1, eval_12.rate, 2))
         print(_row(f"first turn, {SMALL} sandboxes, 64 in flight", first_small))
@@ -314,6 +328,11 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
             "hit_p50_ms": round(hit_small.pct(0.5), 2),
             "hit_p99_ms": round(hit_small.pct(0.99), 2),
             "hit_sequential_p50_ms": round(hit_small_1.pct(0.5), 2),
+            "ceiling_platform_per_s": round(platform_c.rate),
+            "ceiling_platform_sequential_p50_ms": round(platform_1.pct(0.5), 2),
+            "hit_sequential_p50_over_platform_p50": round(
+                hit_small_1.pct(0.5) / platform_1.pct(0.5), 2
+            ),
             "hit_sequential_p99_ms": round(hit_small_1.pct(0.99), 2),
             "ceiling_evalsha_sequential_p50_ms": round(eval_1.pct(0.5), 2),
             "hit_sequential_p99_ms_10k": round(hit_big_1.pct(0.99), 2),
@@ -340,7 +359,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each phase")
     parser.add_argument("--concurrency", type=int, default=64, help="calls in flight")
-    parser.add_argument("--serve", choices=["echo", "evalsha", "affinity"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--serve", choices=["echo", "evalsha", "platform", "affinity"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--redis", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "affinity":
