@@ -197,3 +197,12 @@ async def test_welcome_carries_the_heartbeat_interval_and_presence_ttl(
     assert welcome.heartbeat_interval.ToMilliseconds() == 250
     assert welcome.presence_ttl.ToMilliseconds() == 1500
     call.cancel()
+
+
+async def test_a_worker_with_invalid_settings_exits_2_without_attaching(
+    affinity: StartAffinity, worker_process: StartWorkerProcess
+) -> None:
+    service = await affinity()
+    proc = await worker_process(service.address, "w1", TURNSTILE_WORKER_TIER="not/a/label")
+    assert await asyncio.wait_for(proc.proc.wait(), 15) == 2
+    assert await service.workers() == {}

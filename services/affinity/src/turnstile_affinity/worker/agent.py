@@ -54,9 +54,8 @@ class WorkerAgent:
                 affinity_pb2_grpc.AffinityServiceStub(channel)
             )
             while not self.stop.is_set():
-                welcomed = False
                 try:
-                    welcomed = await self._stream(stub)
+                    await self._stream(stub)
                 except grpc.aio.AioRpcError as error:
                     if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                         raise HelloRefusedError(error.details() or "") from error
@@ -67,18 +66,19 @@ class WorkerAgent:
                 except StreamEndedError as ended:
                     log.warning("relay stream ended; reconnecting", extra={"why": str(ended)})
                 finally:
+                    welcomed = self.attached.is_set()
                     self.attached.clear()
                 if self.stop.is_set():
                     break
-                if welcomed:
+                if welcomed:  # a stream that had been welcomed: start backing off afresh
                     backoff = settings.reconnect_initial_s
                 delay = backoff * random.uniform(0.5, 1.0)
                 backoff = min(backoff * 2, settings.reconnect_max_s)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=delay)
 
-    async def _stream(self, stub: affinity_pb2_grpc.AffinityServiceAsyncStub) -> bool:
-        """One stream's life. Returns True after a clean Goodbye; raises otherwise."""
+    async def _stream(self, stub: affinity_pb2_grpc.AffinityServiceAsyncStub) -> None:
+        """One stream's life. Returns after a clean Goodbye; raises otherwise."""
         settings = self.settings
         call: Call = stub.Attach(None)  # None: messages are written with call.write
         try:
@@ -99,7 +99,6 @@ class WorkerAgent:
                 extra={"sandbox_id": settings.sandbox_id, "labels": settings.labels},
             )
             await self._heartbeats(call, interval, silence)
-            return True
         finally:
             if not call.done():
                 call.cancel()
