@@ -35,12 +35,12 @@ from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.store import (
     AffinityStore,
     Busy,
-    ClaimResult,
     Exhausted,
     Leased,
     MustMove,
     NoRecord,
     Pending,
+    Turn,
 )
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
@@ -114,20 +114,20 @@ class Placer:
         policy = self._policy
         tier_label = session_tier if policy.filtered else "*"
         lease_id = uuid.uuid4().hex
+        turn = Turn(
+            session_id=session_id,
+            session_tier=session_tier,
+            filtered=policy.filtered,
+            lease_id=lease_id,
+            lease_ttl_ms=policy.lease_ttl_ms,
+            record_ttl_ms=policy.record_ttl_ms,
+        )
         lease_in_doubt = False
         try:
             with store_reachable(policy.retry_after_s):
                 for _ in range(MAX_ROUNDS):
                     lease_in_doubt = True
-                    found = await self._store.place(
-                        session_id=session_id,
-                        session_tier=session_tier,
-                        filtered=policy.filtered,
-                        grace_ms=policy.grace_ms,
-                        lease_ttl_ms=policy.lease_ttl_ms,
-                        lease_id=lease_id,
-                        record_ttl_ms=policy.record_ttl_ms,
-                    )
+                    found = await self._store.place(turn, grace_ms=policy.grace_ms)
                     lease_in_doubt = False
                     if isinstance(found, Leased):
                         return self._placed(found, lease_id, Outcome.HIT, tier_label)
@@ -142,7 +142,12 @@ class Placer:
                             )
                         raise self._pending(session_id, found)
                     lease_in_doubt = True
-                    moved = await self._move(session_id, session_tier, lease_id, found)
+                    if isinstance(found, NoRecord):
+                        moved = await self._store.claim(turn)
+                    else:
+                        moved = await self._store.replace(
+                            turn, expected_sandbox_id=found.sandbox_id, reason=found.reason
+                        )
                     lease_in_doubt = False
                     if isinstance(moved, Leased):
                         first = isinstance(found, NoRecord)
@@ -163,30 +168,6 @@ class Placer:
         if released:
             LEASES.labels("released").inc()
         return released
-
-    async def _move(
-        self, session_id: str, session_tier: str, lease_id: str, found: NoRecord | MustMove
-    ) -> ClaimResult:
-        policy = self._policy
-        if isinstance(found, NoRecord):
-            return await self._store.claim(
-                session_id=session_id,
-                session_tier=session_tier,
-                filtered=policy.filtered,
-                lease_ttl_ms=policy.lease_ttl_ms,
-                lease_id=lease_id,
-                record_ttl_ms=policy.record_ttl_ms,
-            )
-        return await self._store.replace(
-            session_id=session_id,
-            session_tier=session_tier,
-            filtered=policy.filtered,
-            lease_ttl_ms=policy.lease_ttl_ms,
-            lease_id=lease_id,
-            record_ttl_ms=policy.record_ttl_ms,
-            expected_sandbox_id=found.sandbox_id,
-            reason=found.reason,
-        )
 
     def _placed(
         self,

@@ -84,6 +84,31 @@ class Keys:
         return f"{self.base}lease-sandbox"
 
 
+@dataclass(frozen=True)
+class Turn:
+    """What every placement script is told about one Place call."""
+
+    session_id: str
+    session_tier: str
+    #: Whether tiers filter candidates (False: every present sandbox is one).
+    filtered: bool
+    #: Chosen before the scripts run, so a call that fails can return it by id.
+    lease_id: str
+    lease_ttl_ms: int
+    record_ttl_ms: int
+
+    def args(self) -> list[str | int]:
+        """ARGV 3–8 of place.lua, claim.lua and replace.lua."""
+        return [
+            self.session_id,
+            self.session_tier,
+            "1" if self.filtered else "0",
+            self.lease_ttl_ms,
+            self.lease_id,
+            self.record_ttl_ms,
+        ]
+
+
 # Results of place.lua ------------------------------------------------------------
 
 
@@ -200,29 +225,10 @@ class AffinityStore:
 
     # Placement -------------------------------------------------------------------
 
-    async def place(
-        self,
-        *,
-        session_id: str,
-        session_tier: str,
-        filtered: bool,
-        grace_ms: int,
-        lease_ttl_ms: int,
-        lease_id: str,
-        record_ttl_ms: int,
-    ) -> PlaceResult:
+    async def place(self, turn: Turn, *, grace_ms: int) -> PlaceResult:
         """The session's recorded sandbox, leased if present with capacity."""
-        reply = await self._run(
-            "place",
-            session_id,
-            session_tier,
-            "1" if filtered else "0",
-            grace_ms,
-            lease_ttl_ms,
-            lease_id,
-            record_ttl_ms,
-            record_ttl_ms,  # a detach mark lives as long as the records that may name it
-        )
+        # A detach mark lives as long as the records that may name it.
+        reply = await self._run("place", *turn.args(), grace_ms, turn.record_ttl_ms)
         kind = _s(reply[0])
         if kind == "hit":
             return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]))
@@ -236,52 +242,13 @@ class AffinityStore:
             return MustMove(_s(reply[1]), _s(reply[2]))
         raise ValueError(f"place.lua returned {reply!r}")
 
-    async def claim(
-        self,
-        *,
-        session_id: str,
-        session_tier: str,
-        filtered: bool,
-        lease_ttl_ms: int,
-        lease_id: str,
-        record_ttl_ms: int,
-    ) -> ClaimResult:
+    async def claim(self, turn: Turn) -> ClaimResult:
         """Compare-and-claim a first turn's sandbox: least loaded in the tier."""
-        reply = await self._run(
-            "claim",
-            session_id,
-            session_tier,
-            "1" if filtered else "0",
-            lease_ttl_ms,
-            lease_id,
-            record_ttl_ms,
-        )
-        return _claim_result(reply)
+        return _claim_result(await self._run("claim", *turn.args()))
 
-    async def replace(
-        self,
-        *,
-        session_id: str,
-        session_tier: str,
-        filtered: bool,
-        lease_ttl_ms: int,
-        lease_id: str,
-        record_ttl_ms: int,
-        expected_sandbox_id: str,
-        reason: str,
-    ) -> ClaimResult:
+    async def replace(self, turn: Turn, *, expected_sandbox_id: str, reason: str) -> ClaimResult:
         """Compare-and-set the session onto the least-loaded sandbox of its tier."""
-        reply = await self._run(
-            "replace",
-            session_id,
-            session_tier,
-            "1" if filtered else "0",
-            lease_ttl_ms,
-            lease_id,
-            record_ttl_ms,
-            expected_sandbox_id,
-            reason,
-        )
+        reply = await self._run("replace", *turn.args(), expected_sandbox_id, reason)
         return _claim_result(reply)
 
     async def release(self, lease_id: str, sandbox_id: str = "") -> bool:

@@ -1,7 +1,7 @@
 -- Place a session's turn on its recorded sandbox (SPEC T7), atomically.
 --
 -- ARGV: 3 session id, 4 session tier, 5 filtered ("1" when tiers filter),
--- 6 grace ms, 7 lease ttl ms, 8 lease id, 9 record ttl ms, 10 detach-mark ttl ms.
+-- 6 lease ttl ms, 7 lease id, 8 record ttl ms, 9 grace ms, 10 detach-mark ttl ms.
 --
 -- Returns one of:
 --   {"first"}                                     no record: claim.lua picks one
@@ -11,8 +11,8 @@
 --   {"fallback", sandbox, reason}                 "grace" | "retiered": replace.lua moves it
 -- Only "hit" takes a lease.
 local session, session_tier, filtered = ARGV[3], ARGV[4], ARGV[5]
-local grace_ms, lease_ttl_ms, lease = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local record_ttl_ms, mark_ttl_ms = tonumber(ARGV[9]), tonumber(ARGV[10])
+local lease_ttl_ms, lease, record_ttl_ms = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local grace_ms, mark_ttl_ms = tonumber(ARGV[9]), tonumber(ARGV[10])
 
 local now = now_ms()
 prune(now)
