@@ -252,6 +252,7 @@ class CountingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
 
     def __init__(self) -> None:
         self.calls: list[substrate_pb2.ActivateRequest] = []
+        self.metadata: list[dict[str, str | bytes]] = []
         self.changed = asyncio.Condition()
 
     async def Activate(
@@ -261,6 +262,7 @@ class CountingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
     ) -> substrate_pb2.ActivateResponse:
         async with self.changed:
             self.calls.append(request)
+            self.metadata.append(dict(context.invocation_metadata() or ()))
             self.changed.notify_all()
         return substrate_pb2.ActivateResponse(
             sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
@@ -305,6 +307,7 @@ async def test_an_absence_wakes_its_sandbox_exactly_once_through_substrate_with_
     assert call.sandbox_id == "a1"
     assert call.client.WhichOneof("client") == "inherit"
     assert call.tier == "a"
+    assert "traceparent" in counting.metadata[0]  # the wake continues the Place's trace
 
     # The worker comes back, then leaves again: a new absence, a new wake.
     back = await worker(one.address, "a1", "a", capacity=16)
