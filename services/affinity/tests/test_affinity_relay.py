@@ -206,3 +206,19 @@ async def test_a_worker_with_invalid_settings_exits_2_without_attaching(
     proc = await worker_process(service.address, "w1", TURNSTILE_WORKER_TIER="not/a/label")
     assert await asyncio.wait_for(proc.proc.wait(), 15) == 2
     assert await service.workers() == {}
+
+
+async def test_a_replica_shutting_down_ends_worker_streams_at_once_and_keeps_presence(
+    affinity: StartAffinity, worker: StartWorker, redis: aioredis.Redis
+) -> None:
+    # A grace far longer than the wait below: stop() only returns in time if the
+    # drain hook ends the long-lived streams instead of waiting the grace out.
+    leaving = await affinity(shutdown_grace_s=60)
+    staying = await affinity()
+    w1 = await worker(leaving.address, "w1")
+    await w1.attached()
+    await asyncio.wait_for(leaving.stop(), timeout=15)
+    # No detach mark: a replica's restart is not the sandbox leaving; presence
+    # stays until the worker attaches elsewhere or it expires.
+    assert not await redis.exists(leaving.keys.detached("w1"))
+    assert "w1" in await staying.workers()

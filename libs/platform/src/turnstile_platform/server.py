@@ -7,8 +7,10 @@ errors and RPC metrics, a message-size limit and a cap on concurrent RPCs.
 Shutdown is staged (kopf style), each stage bounded:
 
 1. health goes NOT_SERVING for every service name;
-2. after ``shutdown_drain_delay_s`` the server stops accepting calls, and
-   in-flight calls get ``shutdown_grace_s`` to finish;
+2. after ``shutdown_drain_delay_s``, drain hooks run (they tell long-lived
+   streams to end, so a relay's workers move to another replica now rather than
+   when the grace runs out); then the server stops accepting calls and in-flight
+   calls get ``shutdown_grace_s`` to finish;
 3. registered cleanups run in reverse order (close pools, stop background tasks);
 4. the tracer provider flushes and shuts down its exporters.
 """
@@ -58,6 +60,7 @@ class GrpcService:
         self.health = HealthMap(self.service_names)
         self.port = 0
         self._cleanups: list[Cleanup] = []
+        self._drain_hooks: list[Cleanup] = []
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
         options = [
@@ -83,6 +86,10 @@ class GrpcService:
     def add_cleanup(self, cleanup: Cleanup) -> None:
         """Run ``cleanup`` at shutdown, after calls drained (last added runs first)."""
         self._cleanups.append(cleanup)
+
+    def add_drain_hook(self, hook: Cleanup) -> None:
+        """Run ``hook`` when shutdown begins draining, before the server stops."""
+        self._drain_hooks.append(hook)
 
     @property
     def address(self) -> str:
@@ -127,6 +134,11 @@ class GrpcService:
         await self.health.enter_shutdown()
         if settings.shutdown_drain_delay_s > 0:
             await asyncio.sleep(settings.shutdown_drain_delay_s)
+        for hook in self._drain_hooks:
+            try:
+                await hook()
+            except Exception:
+                log.exception("drain hook failed during shutdown")
         log.info("draining in-flight calls", extra={"grace_s": settings.shutdown_grace_s})
         await self.server.stop(settings.shutdown_grace_s)
         for cleanup in reversed(self._cleanups):

@@ -62,6 +62,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         mark_ttl_ms=settings.affinity_ttl_s * 1000,
     )
     app.add_cleanup(relay.close)
+    app.add_drain_hook(relay.drain)
 
     servicer = AffinityServicer(
         placer=placer,

@@ -18,14 +18,17 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, EXCLUDED
 from turnstile_affinity.store import AffinityStore
 from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.tiers import TIER_LABEL, TierConfig
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class Relay:
         self._mark_ttl_ms = mark_ttl_ms
         self._excluded: OrderedDict[str, None] = OrderedDict()
         self._detaching: set[asyncio.Task[bool]] = set()
+        self.draining = asyncio.Event()
 
     async def attach(self, sandbox_id: str, labels: Mapping[str, str], capacity: int) -> Attachment:
         """Put presence for a Hello (already validated)."""
@@ -145,6 +149,16 @@ class Relay:
             return
         log.info("worker detached", extra={"sandbox_id": attachment.sandbox_id, "removed": removed})
 
+    async def drain(self) -> None:
+        """Shutdown has begun: streams end now and keep their presence.
+
+        Each worker reconnects to another replica within its backoff and takes
+        its presence over; presence that nobody takes over expires on its own.
+        Ending streams without a detach mark keeps sessions from counting a
+        replica's restart as their sandbox leaving.
+        """
+        self.draining.set()
+
     async def close(self) -> None:
         """Wait for teardowns still writing (shutdown, before Redis closes)."""
         await asyncio.gather(*self._detaching, return_exceptions=True)
@@ -181,3 +195,22 @@ class Relay:
                 "declared_tiers": ",".join(self._tiers.declared),
             },
         )
+
+
+async def until_set(messages: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[T]:
+    """The messages of a stream until it ends or ``stop`` is set, whichever is first."""
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(messages))
+            await asyncio.wait({following, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not following.done():
+                following.cancel()
+                return
+            try:
+                message = following.result()
+            except StopAsyncIteration:
+                return
+            yield message
+    finally:
+        stopper.cancel()

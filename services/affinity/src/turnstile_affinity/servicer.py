@@ -13,7 +13,7 @@ from opentelemetry import trace
 from turnstile_affinity import validation
 from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
-from turnstile_affinity.relay import Relay, SupersededError
+from turnstile_affinity.relay import Relay, SupersededError, until_set
 from turnstile_affinity.store import AffinityStore, SessionRecord
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
 from turnstile_platform.errors import RichError, bad_field, reason_name
@@ -164,9 +164,10 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         hello = validation.hello(first.hello)
         with store_reachable(self._retry_after_s):
             attachment = await self._relay.attach(hello.sandbox_id, hello.labels, hello.capacity)
+        drained = False
         try:
             yield affinity_pb2.AttachResponse(welcome=self._welcome)
-            async for message in request_iterator:
+            async for message in until_set(request_iterator, self._relay.draining):
                 kind = message.WhichOneof("message")
                 if kind == "heartbeat":
                     await self._relay.heartbeat(attachment)
@@ -175,6 +176,15 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                     break
                 else:
                     raise bad_field("hello", "only the stream's first message may be a Hello")
+            if self._relay.draining.is_set():
+                drained = True
+                raise RichError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "this relay replica is shutting down; attach again",
+                    reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
+                    metadata={"sandbox_id": attachment.sandbox_id},
+                    retry_after_s=0,
+                )
         except SupersededError:
             raise RichError(
                 grpc.StatusCode.ABORTED,
@@ -183,4 +193,5 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 metadata={"sandbox_id": attachment.sandbox_id},
             ) from None
         finally:
-            await self._relay.detach(attachment)
+            if not drained:
+                await self._relay.detach(attachment)
