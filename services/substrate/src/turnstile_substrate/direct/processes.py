@@ -61,6 +61,18 @@ def is_alive(pid: int, ticks: int) -> bool:
     return current is not None and (current == ticks or current == 0 or ticks == 0)
 
 
+def sweep_orphans(pid: int) -> None:
+    """SIGKILL what a dead runtime left in its process group.
+
+    Only when no process holds the pid any more (or only its zombie): Linux
+    does not reuse a pid while a process group still carries its number, so
+    the group is then certainly the runtime's. A pid already reused by another
+    process is left alone.
+    """
+    if start_ticks(pid) is None:
+        signal_group(pid, signal.SIGKILL)
+
+
 def spawn(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path
 ) -> subprocess.Popen[bytes]:
@@ -153,8 +165,7 @@ async def stop_group(pid: int, ticks: int, grace_s: float) -> bool:
     leader that did). Returns False if the runtime was not running.
     """
     if not is_alive(pid, ticks):
-        # The leader is gone; members it left behind still hold the group.
-        signal_group(pid, signal.SIGKILL)
+        sweep_orphans(pid)
         return False
     signal_group(pid, signal.SIGTERM)
     exited = await wait_exit(pid, ticks, grace_s)

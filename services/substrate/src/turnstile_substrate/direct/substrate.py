@@ -198,8 +198,9 @@ class DirectSubstrate:
             return None
         if processes.is_alive(record.pid, record.start_ticks):
             return record
-        # The leader died; sweep anything it left in its group, forget it.
-        processes.signal_group(record.pid, signal.SIGKILL)
+        # The leader died (or its pid was reused): forget it, and sweep what it
+        # left in its group.
+        processes.sweep_orphans(record.pid)
         self._drop_record(sandbox_id)
         return None
 
