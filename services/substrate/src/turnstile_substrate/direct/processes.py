@@ -14,7 +14,6 @@ everything it started too: no orphans.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
@@ -180,7 +179,9 @@ class Reaper:
     driven by a pidfd per child instead of a thread or SIGCHLD handler."""
 
     def __init__(self) -> None:
-        self._children: dict[int, tuple[subprocess.Popen[bytes], int | None]] = {}
+        self._watched: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
+        #: Children without a pidfd (old kernels): reaped when :meth:`reap` is called.
+        self._polled: dict[int, subprocess.Popen[bytes]] = {}
 
     def watch(self, child: subprocess.Popen[bytes]) -> None:
         try:
@@ -188,33 +189,36 @@ class Reaper:
         except ProcessLookupError:
             child.poll()
             return
-        self._children[child.pid] = (child, fd)
-        if fd is not None:
-            asyncio.get_running_loop().add_reader(fd, self._reap, child.pid)
+        if fd is None:
+            self._polled[child.pid] = child
+            return
+        self._watched[child.pid] = (child, fd)
+        asyncio.get_running_loop().add_reader(fd, self._reap, child.pid)
 
     def reap(self) -> None:
-        """Reap every watched child that has exited (the fallback without pidfds)."""
-        for pid in list(self._children):
-            child, fd = self._children[pid]
-            if fd is None and child.poll() is not None:
-                del self._children[pid]
+        """Reap the children without a pidfd that have exited (a no-op with pidfds)."""
+        for pid, child in list(self._polled.items()):
+            if child.poll() is not None:
+                del self._polled[pid]
 
     def _reap(self, pid: int) -> None:
-        child, fd = self._children.pop(pid, (None, None))
-        if fd is not None:
-            asyncio.get_running_loop().remove_reader(fd)
-            os.close(fd)
-        if child is not None:
-            child.poll()
+        watched = self._watched.pop(pid, None)
+        if watched is None:
+            return
+        child, fd = watched
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+        child.poll()
 
     def close(self) -> None:
         """Stop watching; children that still run are left running (and are
         reaped by whoever inherits them)."""
         loop = asyncio.get_running_loop()
-        for child, fd in self._children.values():
-            if fd is not None:
-                loop.remove_reader(fd)
-                os.close(fd)
-            with contextlib.suppress(Exception):
-                child.poll()
-        self._children.clear()
+        for child, fd in self._watched.values():
+            loop.remove_reader(fd)
+            os.close(fd)
+            child.poll()
+        for child in self._polled.values():
+            child.poll()
+        self._watched.clear()
+        self._polled.clear()
