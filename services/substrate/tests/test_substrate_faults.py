@@ -95,6 +95,21 @@ async def test_postgres_down_before_activation_asks_admission_nothing(
     assert harness.processes() == {}
 
 
+async def test_a_running_sandbox_is_never_refused_even_with_postgres_down(
+    private_postgres: PostgresProcess, start_service: StartService
+) -> None:
+    harness = await start_service(await migrated(private_postgres), database_timeout_s=2.0)
+    created = await harness.activate("sb-1", "acme")
+    await asyncio.to_thread(private_postgres.stop)
+
+    again = await harness.activate("sb-1", harness.inherit())
+
+    assert again.outcome == substrate_pb2.OUTCOME_ALREADY_RUNNING
+    assert again.sandbox.runtime_name == created.sandbox.runtime_name
+    assert again.charged_client_id == "acme"
+    assert len(harness.admission.admits) == 1
+
+
 async def test_admission_unreachable_is_a_retryable_error_and_creates_nothing(
     migrated_url: str, start_service: StartService
 ) -> None:

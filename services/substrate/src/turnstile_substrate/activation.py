@@ -186,7 +186,15 @@ class Activator:
     async def _activate(self, sandbox_id: str, client: Client, tier: str) -> Activation:
         runtime = await self.substrate.find_running(sandbox_id)
         if runtime is not None:
-            record = await self._read(sandbox_id)
+            try:
+                record = await self._read(sandbox_id)
+            except Exception as error:
+                if not is_unavailable(error):
+                    raise
+                # Never refused (S5), not even by a PostgreSQL outage: the
+                # runtime's own label says who it is charged to.
+                log.warning("answering from the runtime: PostgreSQL unavailable")
+                return Activation(None, runtime, Outcome.ALREADY_RUNNING)
             if records_runtime(record, runtime):
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
         async with self._locked(sandbox_id) as conn:
