@@ -11,8 +11,9 @@ import pytest
 
 from turnstile_clientkeys import Client
 from turnstile_contracts import admission_pb2
+from turnstile_platform import peers
 from turnstile_platform.errors import RichError
-from turnstile_substrate.admission import AdmissionClient, Admitted, admission_peer
+from turnstile_substrate.admission import AdmissionClient, Admitted
 from turnstile_substrate.runtime import CreateKind
 from turnstile_substrate.settings import SubstrateSettings
 from turnstile_testing.processes import free_port
@@ -25,7 +26,7 @@ ACME = Client.of("acme")
 
 def client_for(address: str) -> AdmissionClient:
     settings = SubstrateSettings(admission_addr=address)
-    return AdmissionClient(admission_peer(settings, None), retry_after_s=1.0, timeout_s=2.0)
+    return AdmissionClient(peers.admission(settings, None), retry_after_s=1.0, timeout_s=2.0)
 
 
 @pytest.fixture

@@ -7,7 +7,9 @@ deadline. Every unary call without a deadline of its own gets the channel's
 default one from :class:`DefaultDeadline`. (The service config's ``timeout``
 field would be the natural place, but on grpcio 1.85 a configured timeout under
 about two seconds fails every call at once with DEADLINE_EXCEEDED, per-call
-deadlines included; ``tests`` pin the behaviour we rely on instead.) Client spans
+deadlines included, and longer ones sometimes end calls tens of milliseconds in
+on a busy process — grpc/grpc#34547, #40633. A deadline set on the call is exact;
+``libs/platform/tests/test_channels.py`` pins the behaviour we rely on.) Client spans
 propagate the trace context so one trace crosses service boundaries (SPEC X4).
 """
 

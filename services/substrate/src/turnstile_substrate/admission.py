@@ -10,7 +10,6 @@ bounded key, limit and current value in ``ErrorInfo``, its retry hint in
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,16 +17,12 @@ from typing import cast
 
 import grpc
 import grpc.aio
-from opentelemetry import trace
 from prometheus_client import Counter
 
 from turnstile_clientkeys import Client, to_proto
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
-from turnstile_platform import peers, tracing
-from turnstile_platform.channels import service_config
 from turnstile_platform.errors import QuotaViolation, RichError, decode, reason_name
 from turnstile_platform.peers import Peer
-from turnstile_platform.settings import ServiceSettings
 from turnstile_substrate.runtime import CapGate, CreateKind
 
 log = logging.getLogger(__name__)
@@ -130,41 +125,6 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
     )
 
 
-def admission_peer(
-    settings: ServiceSettings, provider: trace.TracerProvider | None
-) -> Peer[admission_pb2_grpc.AdmissionServiceStub]:
-    """The channel to admission: the platform's retry policy and tracing, but no
-    deadline in the service config; :class:`AdmissionClient` sets one on every call.
-
-    grpcio 1.85 can end calls with DEADLINE_EXCEEDED long before a deadline taken
-    from the channel's service config, when the process is busy (seen here in
-    tens of milliseconds against a 2 s deadline while runtimes start; known
-    upstream as grpc/grpc#34547 and #40633). A deadline set on the call itself
-    is exact.
-    """
-    config = json.loads(
-        service_config(
-            peers.ADMISSION,
-            timeout_s=settings.rpc_timeout_s,
-            idempotent_methods=peers.IDEMPOTENT[peers.ADMISSION],
-        )
-    )
-    for method in config["methodConfig"]:
-        method.pop("timeout", None)
-    channel = grpc.aio.insecure_channel(
-        settings.admission_addr,
-        options=[
-            ("grpc.service_config", json.dumps(config)),
-            ("grpc.enable_retries", 1),
-            ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", settings.max_message_bytes),
-            ("grpc.keepalive_time_ms", 30_000),
-        ],
-        interceptors=tracing.client_interceptors(provider or trace.get_tracer_provider()),
-    )
-    return Peer(admission_pb2_grpc.AdmissionServiceStub(channel), channel)
-
-
 class AdmissionClient:
     """Calls the admission service for the activation orchestration."""
 
@@ -176,7 +136,7 @@ class AdmissionClient:
         timeout_s: float,
     ) -> None:
         """``timeout_s`` is each call's deadline, set on the call itself (see
-        :func:`admission_peer`)."""
+        :func:`turnstile_platform.peers.admission`)."""
         self._peer = peer
         self._timeout_s = timeout_s
         # The peer's channel is grpc.aio: its stub's calls are awaitable.
