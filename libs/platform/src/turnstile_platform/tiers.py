@@ -1,0 +1,119 @@
+"""Sandbox tiers: the one parser of the declared tiers and the default tier (SPEC T2).
+
+Every consumer (the affinity service, the substrate, the CLI) parses the tier
+configuration here, so they all accept and refuse exactly the same inputs. The
+shared fixture ``tests/fixtures/tiers.json`` pins that behaviour; each
+consumer's tests run every case of it through :func:`parse_tiers`.
+
+The format is the environment's: ``TURNSTILE_TIERS`` is a comma-separated list
+of tier names (``container,microvm``), ``TURNSTILE_DEFAULT_TIER`` one of them.
+
+- Tiers unset or blank: no tiers are configured, nothing is filtered and
+  affinity alone applies (SPEC T6). A default tier without any declared tier is
+  an error (it would silently do nothing).
+- Each tier is a Kubernetes label value (it is the ``turnstile.dev/tier``
+  label), listed once; blanks around commas are ignored, empty entries are not.
+- The default tier, when unset or blank, is the first declared tier; otherwise
+  it must be a declared tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from turnstile_clientkeys import MAX_LABEL_VALUE_LENGTH, is_label_value
+
+#: The presence and pod label carrying a sandbox's tier (SPEC T1).
+TIER_LABEL = "turnstile.dev/tier"
+
+#: More tiers than this is a configuration mistake, not a deployment.
+MAX_TIERS = 64
+
+
+class TierConfigError(ValueError):
+    """The tier configuration is invalid; ``field`` names the bad setting."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class UnknownTierError(ValueError):
+    """A request named a tier that is not declared."""
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Declared tiers and the default tier; no tiers means nothing is filtered."""
+
+    declared: tuple[str, ...] = ()
+    default: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether tiers filter candidates at all (SPEC T6)."""
+        return bool(self.declared)
+
+    def is_declared(self, tier: str) -> bool:
+        return tier in self.declared
+
+    def session_tier(self, requested: str) -> str:
+        """The tier a request is served in: empty means the default tier.
+
+        With no tiers configured any value is accepted and returned unchanged
+        (it filters nothing). Raises :class:`UnknownTierError` for a tier that is
+        not declared.
+        """
+        if not self.enabled:
+            return requested
+        if not requested:
+            assert self.default is not None
+            return self.default
+        if requested not in self.declared:
+            raise UnknownTierError(
+                f"{requested!r} is not a declared tier (declared: {', '.join(self.declared)})"
+            )
+        return requested
+
+
+def parse_tiers(tiers: str | None, default_tier: str | None = None) -> TierConfig:
+    """Parse ``TURNSTILE_TIERS`` and ``TURNSTILE_DEFAULT_TIER`` (``None`` = unset).
+
+    Raises :class:`TierConfigError` naming the setting and the problem.
+    """
+    default = (default_tier or "").strip()
+    if tiers is None or not tiers.strip():
+        if default:
+            raise TierConfigError("default_tier", f"{default!r} is set but no tiers are declared")
+        return TierConfig()
+    declared = _declared(tiers.split(","))
+    if not default:
+        return TierConfig(declared, declared[0])
+    if default not in declared:
+        raise TierConfigError(
+            "default_tier",
+            f"{default!r} is not a declared tier (declared: {', '.join(declared)})",
+        )
+    return TierConfig(declared, default)
+
+
+def _declared(entries: Sequence[str]) -> tuple[str, ...]:
+    names: list[str] = []
+    for position, entry in enumerate(entries, start=1):
+        name = entry.strip()
+        if not name:
+            raise TierConfigError("tiers", f"entry {position} is empty")
+        if not is_label_value(name):
+            raise TierConfigError(
+                "tiers",
+                f"{name!r} is not a valid tier name (a Kubernetes label value: at most "
+                f"{MAX_LABEL_VALUE_LENGTH} characters of [A-Za-z0-9._-], starting and "
+                "ending with a letter or digit)",
+            )
+        if name in names:
+            raise TierConfigError("tiers", f"{name!r} is listed twice")
+        names.append(name)
+    if len(names) > MAX_TIERS:
+        raise TierConfigError("tiers", f"{len(names)} tiers declared; at most {MAX_TIERS}")
+    return tuple(names)
