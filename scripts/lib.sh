@@ -57,19 +57,27 @@ ensure_postgres() {
   if answers "$host" "$port"; then return; fi
   [ -n "$(pg_bin initdb)" ] || apt_install postgresql
   local data="$RUN_DIR/postgres" runas=()
-  mkdir -p "$data"
+  mkdir -p "$RUN_DIR"
   # PostgreSQL refuses to run as root: run it as the postgres user, in a directory it owns.
   if [ "$(id -u)" = 0 ]; then
-    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$data" postgres
-    chown -R postgres: "$data"; runas=(runuser -u postgres --)
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    runas=(runuser -u postgres --)
+    # A checkout inside a private (0700) directory is out of the postgres user's reach:
+    # keep the data directory in a place of the project's own that it can reach.
+    if ! runuser -u postgres -- test -x "$RUN_DIR"; then
+      data="/var/tmp/turnstile-postgres-$(printf '%s' "$ROOT" | md5sum | cut -c1-8)"
+    fi
+    mkdir -p "$data"; chown -R postgres: "$data"; chmod 700 "$data"
+  else
+    mkdir -p "$data"
   fi
   if [ ! -f "$data/PG_VERSION" ]; then
-    say "initialising PostgreSQL in .run/postgres"
-    "${runas[@]}" "$(pg_bin initdb)" -D "$data" -U postgres --auth=trust -E UTF8 >/dev/null
+    say "initialising PostgreSQL in $data"
+    (cd / && "${runas[@]}" "$(pg_bin initdb)" -D "$data" -U postgres --auth=trust -E UTF8 >/dev/null)
   fi
-  say "starting PostgreSQL on $host:$port"
-  "${runas[@]}" "$(pg_bin pg_ctl)" -D "$data" -w -t 60 -l "$data/server.log" \
-    -o "-p $port -k $data -c listen_addresses=$host" start >/dev/null
+  say "starting PostgreSQL on $host:$port (data in $data)"
+  (cd / && "${runas[@]}" "$(pg_bin pg_ctl)" -D "$data" -w -t 60 -l "$data/server.log" \
+    -o "-p $port -k $data -c listen_addresses=$host" start >/dev/null)
 }
 
 ensure_workspace() {

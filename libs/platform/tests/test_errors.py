@@ -109,3 +109,26 @@ def test_decoding_an_error_without_details_keeps_code_and_message() -> None:
         "",
     )
     assert bad_field("x", "y").field_violations == (FieldViolation("x", "y"),)
+
+
+async def test_every_rpc_is_counted_by_its_status_code() -> None:
+    from prometheus_client import REGISTRY
+
+    labels = {"grpc_service": "test.Probe", "grpc_method": "Flaky", "grpc_code": "UNAVAILABLE"}
+    before = REGISTRY.get_sample_value("turnstile_grpc_server_handled_total", labels) or 0.0
+
+    async def flaky(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        raise RichError(code=grpc.StatusCode.UNAVAILABLE, message="try later", retry_after_s=1)
+
+    app = GrpcService("probe", settings(), service_names=[])
+    add_probe(app, {"Flaky": flaky})
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await call(channel, "Flaky")
+    finally:
+        await app.stop()
+    after = REGISTRY.get_sample_value("turnstile_grpc_server_handled_total", labels)
+    assert after == before + 3

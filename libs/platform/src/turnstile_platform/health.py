@@ -7,14 +7,20 @@ config invalid) flips the overall status and every service name to NOT_SERVING.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from grpc_health.v1 import health, health_pb2
 
 log = logging.getLogger(__name__)
 
 OVERALL = ""
+
+#: A health service name that stays SERVING while the process answers at all:
+#: Kubernetes liveness probes check it, so a Redis outage takes replicas out of
+#: rotation (readiness, overall status) instead of restarting every one of them.
+LIVENESS = "liveness"
 
 
 class HealthMap:
@@ -46,6 +52,7 @@ class HealthMap:
         return dict(self._components)
 
     async def start(self) -> None:
+        await self.servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         await self._publish()
 
     async def enter_shutdown(self) -> None:
@@ -63,3 +70,29 @@ class HealthMap:
         )
         for name in self._names:
             await self.servicer.set(name, status)
+
+
+async def monitor(
+    health: HealthMap,
+    component: str,
+    probe: Callable[[], Awaitable[object]],
+    *,
+    interval_s: float = 2.0,
+    timeout_s: float = 1.0,
+) -> None:
+    """Probe a dependency forever and keep its health component current.
+
+    A probe that raises or takes longer than ``timeout_s`` marks the component
+    unhealthy; run it as a background task and cancel it at shutdown.
+    """
+    health.register(component)
+    while True:
+        try:
+            await asyncio.wait_for(probe(), timeout=timeout_s)
+            healthy = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            healthy = False
+        await health.set(component, healthy)
+        await asyncio.sleep(interval_s)

@@ -8,10 +8,12 @@ with a log line (the message stays generic: internals are not leaked).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -75,26 +77,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     @staticmethod
     def _wrap_unary(behaviour: Handler, service: str, method: str) -> Handler:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
+            async with _handled(context, service, method):
                 return await behaviour(request, context)
-            except RichError as error:
-                code = error.code
-                await abort(context, error)
-            except (grpc.aio.AbortError, grpc.aio.UsageError):
-                code = context.code()
-                raise
-            except NotImplementedError:
-                code = grpc.StatusCode.UNIMPLEMENTED
-                await context.abort(code, f"{method} is not implemented")
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("unhandled error", extra={"rpc": f"{service}/{method}"})
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
-            finally:
-                RPCS.labels(service, method, _code_name(code)).inc()
-                RPC_SECONDS.labels(service, method).observe(time.perf_counter() - started)
 
         return wrapper
 
@@ -103,29 +87,41 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         async def wrapper(
             request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> Any:
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
+            async with _handled(context, service, method):
                 async for response in behaviour(request_iterator, context):
                     yield response
-            except RichError as error:
-                code = error.code
-                await abort(context, error)
-            except (grpc.aio.AbortError, grpc.aio.UsageError):
-                code = context.code()
-                raise
-            except NotImplementedError:
-                code = grpc.StatusCode.UNIMPLEMENTED
-                await context.abort(code, f"{method} is not implemented")
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("unhandled error", extra={"rpc": f"{service}/{method}"})
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
-            finally:
-                RPCS.labels(service, method, _code_name(code)).inc()
-                RPC_SECONDS.labels(service, method).observe(time.perf_counter() - started)
 
         return wrapper
+
+
+@contextlib.asynccontextmanager
+async def _handled(
+    context: grpc.aio.ServicerContext[Any, Any], service: str, method: str
+) -> AsyncIterator[None]:
+    """Map what a handler raised to a status, and record the RPC's metrics."""
+    started = time.perf_counter()
+    code: object = grpc.StatusCode.OK
+    try:
+        yield
+    except RichError as error:
+        code = error.code
+        await abort(context, error)
+    except (grpc.aio.AbortError, grpc.aio.UsageError):
+        code = context.code()
+        raise
+    except asyncio.CancelledError:
+        code = grpc.StatusCode.CANCELLED
+        raise
+    except NotImplementedError:
+        code = grpc.StatusCode.UNIMPLEMENTED
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
+    except Exception:
+        code = grpc.StatusCode.INTERNAL
+        log.exception("unhandled error", extra={"rpc": f"{service}/{method}"})
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+    finally:
+        RPCS.labels(service, method, _code_name(code)).inc()
+        RPC_SECONDS.labels(service, method).observe(time.perf_counter() - started)
 
 
 def _code_name(code: object) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from opentelemetry import trace
 from pythonjsonlogger.json import JsonFormatter
@@ -31,14 +32,17 @@ def configure_logging(service: str, *, level: str = "INFO", fmt: LogFormat = "js
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(TraceContextFilter())
     if fmt == "json":
-        handler.setFormatter(
-            JsonFormatter(
-                "{asctime}{levelname}{name}{message}",
-                style="{",
-                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-                static_fields={"service": service},
-            )
+        formatter = JsonFormatter(
+            "{asctime}{levelname}{name}{message}",
+            style="{",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            static_fields={"service": service},
         )
+        # RFC 3339 in UTC, so lines from several hosts sort and join.
+        formatter.converter = time.gmtime
+        formatter.default_time_format = "%Y-%m-%dT%H:%M:%S"
+        formatter.default_msec_format = "%s.%03dZ"
+        handler.setFormatter(formatter)
     else:
         handler.setFormatter(
             logging.Formatter(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,68 @@
+"""Health follows its components: a dependency going down flips the server to
+NOT_SERVING, and its return flips it back (SPEC X3)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from turnstile_platform.health import monitor
+from turnstile_platform.redis_client import create_redis
+from turnstile_platform.server import GrpcService
+from turnstile_testing.probe import settings
+from turnstile_testing.processes import RedisProcess
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _next_status(stream: object, want: int) -> None:
+    while True:
+        response = await stream.read()  # type: ignore[attr-defined]
+        if response.status == want:
+            return
+
+
+async def test_redis_down_flips_health_and_its_return_restores_it(
+    private_redis: RedisProcess,
+) -> None:
+    app = GrpcService("probe", settings(), service_names=["test.Probe"])
+    client = create_redis(private_redis.url, timeout_s=0.2)
+    task = asyncio.create_task(monitor(app.health, "redis", client.ping, interval_s=0.05))
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service="test.Probe")
+            )
+            await asyncio.wait_for(_next_status(watch, SERVING), 5)
+            private_redis.stop()
+            await asyncio.wait_for(_next_status(watch, NOT_SERVING), 5)
+            private_redis.start()
+            await asyncio.wait_for(_next_status(watch, SERVING), 5)
+            watch.cancel()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
+        await app.stop()
+
+
+async def test_an_unhealthy_component_keeps_readiness_down_but_liveness_up() -> None:
+    app = GrpcService("probe", settings(), service_names=[])
+    app.health.register("reflector")
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            check = await stub.Check(health_pb2.HealthCheckRequest())
+            assert check.status == NOT_SERVING
+            liveness = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"))
+            assert liveness.status == SERVING
+            await app.health.set("reflector", True)
+            check = await stub.Check(health_pb2.HealthCheckRequest())
+            assert check.status == SERVING
+    finally:
+        await app.stop()
