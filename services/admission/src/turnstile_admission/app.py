@@ -2,20 +2,65 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from turnstile_admission.admitter import Admitter
+from turnstile_admission.live_count import LiveCounter
+from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.servicer import AdmissionServicer
 from turnstile_admission.settings import AdmissionSettings
-from turnstile_contracts import admission_pb2_grpc
-from turnstile_platform import peers
+from turnstile_clientkeys import KeySet, KeySetStore, KeySetWatcher, Resolver
+from turnstile_contracts import admission_pb2_grpc, substrate_pb2_grpc
+from turnstile_platform import peers, tracing
 from turnstile_platform.metrics import MetricsEndpoint
+from turnstile_platform.redis_client import redis_from_settings
 from turnstile_platform.server import GrpcService
 
 SERVICE_NAME = "turnstile-admission"
 
 
-async def create_app(settings: AdmissionSettings) -> GrpcService:
-    """A ready-to-start server for the admission service."""
-    app = GrpcService(SERVICE_NAME, settings, service_names=[peers.ADMISSION])
-    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(AdmissionServicer(), app.server)  # type: ignore[abstract]  # RPCs land with their issue
+async def create_app(
+    settings: AdmissionSettings, *, tracer_provider: TracerProvider | None = None
+) -> GrpcService:
+    """A ready-to-start server for the admission service.
+
+    Needs Redis at start (to load the key set); after that, each policy's fail
+    mode decides what an unreachable Redis means.
+    """
+    provider = tracer_provider or tracing.create_tracer_provider(SERVICE_NAME)
+    app = GrpcService(
+        SERVICE_NAME, settings, service_names=[peers.ADMISSION], tracer_provider=provider
+    )
+    redis = redis_from_settings(settings)
+    app.add_cleanup(redis.aclose)
+    resolver = Resolver()
+    watcher = KeySetWatcher(
+        KeySetStore(redis, settings.redis_prefix),
+        redis,
+        resolver,
+        poll_interval_s=settings.keyset_poll_interval_s,
+    )
+    await watcher.start(KeySet(version=1, allowlist=frozenset(settings.client_allowlist)))
+    app.add_cleanup(watcher.stop)
+    # The short count deadline is passed per call: a service-config timeout of a
+    # second or less fails calls at once with DEADLINE_EXCEEDED on grpcio 1.85.
+    substrate = peers.substrate(settings, provider)
+    app.add_cleanup(substrate.close)
+    admitter = Admitter(
+        settings,
+        AdmissionStore(redis, settings),
+        resolver,
+        LiveCounter(
+            # A stub on an aio channel is the async stub (grpc's own __new__ says so).
+            cast("substrate_pb2_grpc.SubstrateServiceAsyncStub", substrate.stub),
+            settings.cap.live_count_timeout_s,
+        ),
+    )
+    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
+        AdmissionServicer(admitter), app.server
+    )
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)
     return app

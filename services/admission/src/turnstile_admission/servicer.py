@@ -2,8 +2,161 @@
 
 from __future__ import annotations
 
-from turnstile_contracts import admission_pb2_grpc
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from turnstile_admission import validation
+from turnstile_admission.admitter import Admitter
+from turnstile_admission.decision import Decision
+from turnstile_admission.policies import Mode, PolicyName, PolicyVerdict, Verdict
+from turnstile_clientkeys import BoundedKey
+from turnstile_clientkeys.contract import KEY_KINDS
+from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
+from turnstile_platform.errors import RichError, reason_name
+from turnstile_platform.redis_client import UNREACHABLE
+
+Context = grpc.aio.ServicerContext[Any, Any]
+T = TypeVar("T")
+
+_POLICIES = {
+    PolicyName.CAP: admission_pb2.POLICY_CAP,
+    PolicyName.RATE: admission_pb2.POLICY_RATE,
+    PolicyName.CONCURRENCY: admission_pb2.POLICY_CONCURRENCY,
+    PolicyName.SLOTS: admission_pb2.POLICY_NODE_SLOTS,
+}
+_MODES = {
+    Mode.OFF: admission_pb2.POLICY_MODE_OFF,
+    Mode.SHADOW: admission_pb2.POLICY_MODE_SHADOW,
+    Mode.ENFORCE: admission_pb2.POLICY_MODE_ENFORCE,
+}
+_VERDICTS = {
+    Verdict.PASS: admission_pb2.VERDICT_PASS,
+    Verdict.REFUSE: admission_pb2.VERDICT_REFUSE,
+    Verdict.SHADOW_REFUSE: admission_pb2.VERDICT_SHADOW_REFUSE,
+    Verdict.UNKNOWN: admission_pb2.VERDICT_UNKNOWN,
+    Verdict.SKIPPED: admission_pb2.VERDICT_SKIPPED,
+}
 
 
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
-    """RPCs arrive here; unimplemented ones answer UNIMPLEMENTED."""
+    def __init__(self, admitter: Admitter) -> None:
+        self._admitter = admitter
+
+    async def Admit(  # noqa: N802 - the gRPC method name
+        self, request: admission_pb2.AdmitRequest, context: Context
+    ) -> admission_pb2.AdmitResponse:
+        decision = await self._admitter.admit(validation.admit_request(request))
+        return _admit_response(decision)
+
+    async def CommitHold(  # noqa: N802
+        self, request: admission_pb2.CommitHoldRequest, context: Context
+    ) -> admission_pb2.CommitHoldResponse:
+        hold_id = validation.hold_id(request.hold_id)
+        committed = await _redis(self._admitter.commit(hold_id))
+        return admission_pb2.CommitHoldResponse(committed=committed)
+
+    async def CancelHold(  # noqa: N802
+        self, request: admission_pb2.CancelHoldRequest, context: Context
+    ) -> admission_pb2.CancelHoldResponse:
+        hold_id = validation.hold_id(request.hold_id)
+        answer = await _redis(self._admitter.cancel(hold_id))
+        return admission_pb2.CancelHoldResponse(
+            cancelled=answer.cancelled,
+            client_tokens_returned=answer.client_tokens,
+            cluster_tokens_returned=answer.cluster_tokens,
+        )
+
+    async def ReleaseSandbox(  # noqa: N802
+        self, request: admission_pb2.ReleaseSandboxRequest, context: Context
+    ) -> admission_pb2.ReleaseSandboxResponse:
+        sandbox_id = validation.sandbox_id(request.sandbox_id)
+        released = await _redis(self._admitter.release(sandbox_id))
+        return admission_pb2.ReleaseSandboxResponse(released=released)
+
+    async def GetUsage(  # noqa: N802
+        self, request: admission_pb2.GetUsageRequest, context: Context
+    ) -> admission_pb2.GetUsageResponse:
+        usage = await _redis(self._admitter.usage(validation.client(request.client)))
+        response = admission_pb2.GetUsageResponse(
+            key=_key(usage.key),
+            pending=usage.pending,
+            cap=usage.cap,
+            client_tokens=usage.client_tokens,
+            client_capacity=usage.client_capacity,
+            cluster_tokens=usage.cluster_tokens,
+            cluster_capacity=usage.cluster_capacity,
+            in_flight=usage.in_flight,
+            concurrency_limit=usage.concurrency_limit,
+            node_slots_held=usage.node_slots_held,
+        )
+        if usage.live is not None:
+            response.live = usage.live
+        return response
+
+
+async def _redis(call: Awaitable[T]) -> T:
+    """Await a Redis-backed call; an unreachable Redis is UNAVAILABLE, retryable."""
+    try:
+        return await call
+    except UNREACHABLE as error:
+        raise RichError(
+            code=grpc.StatusCode.UNAVAILABLE,
+            message="redis unreachable",
+            reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
+            metadata={"dependency": "redis"},
+            retry_after_s=1.0,
+        ) from error
+
+
+def _key(key: BoundedKey) -> common_pb2.BoundedKey:
+    return common_pb2.BoundedKey(key=key.key, kind=KEY_KINDS[key.kind], key_set_version=key.version)
+
+
+def _verdict(v: PolicyVerdict) -> admission_pb2.PolicyVerdict:
+    return admission_pb2.PolicyVerdict(
+        policy=_POLICIES[v.policy],
+        mode=_MODES[v.mode],
+        verdict=_VERDICTS[v.verdict],
+        limit=v.limit,
+        current=v.current,
+        detail=v.detail,
+    )
+
+
+def _admit_response(decision: Decision) -> admission_pb2.AdmitResponse:
+    response = admission_pb2.AdmitResponse(
+        decision=(
+            admission_pb2.DECISION_ADMITTED if decision.admitted else admission_pb2.DECISION_REFUSED
+        ),
+        key=_key(decision.key),
+        verdicts=[_verdict(v) for v in decision.verdicts],
+        node=decision.node,
+        message=decision.message,
+    )
+    if decision.admitted:
+        response.hold_id = decision.hold_id
+        response.hold_expires_at.CopyFrom(_timestamp(decision.hold_expires_ms))
+    refused = decision.refused_by
+    if refused is not None:
+        response.refused_by = _POLICIES[refused.policy]
+        response.limit = refused.limit
+        response.current = refused.current
+        retry = decision.retry_after_s or 1.0
+        response.retry_after.CopyFrom(_duration(retry))
+    return response
+
+
+def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromMilliseconds(ms)
+    return stamp
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromMilliseconds(max(1, round(seconds * 1000)))
+    return duration

@@ -62,7 +62,10 @@ class _PolicyModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PolicyMode
     POLICY_MODE_OFF: _PolicyMode.ValueType  # 1
     """The policy is not evaluated."""
     POLICY_MODE_SHADOW: _PolicyMode.ValueType  # 2
-    """The policy decides and records, but never refuses or consumes."""
+    """The policy decides and records, but never refuses. It keeps its accounting
+    true to what happens (leases, pending entries, tokens while there are some),
+    so its would-be refusals stay meaningful.
+    """
     POLICY_MODE_ENFORCE: _PolicyMode.ValueType  # 3
     """The policy refuses."""
 
@@ -73,7 +76,10 @@ POLICY_MODE_UNSPECIFIED: PolicyMode.ValueType  # 0
 POLICY_MODE_OFF: PolicyMode.ValueType  # 1
 """The policy is not evaluated."""
 POLICY_MODE_SHADOW: PolicyMode.ValueType  # 2
-"""The policy decides and records, but never refuses or consumes."""
+"""The policy decides and records, but never refuses. It keeps its accounting
+true to what happens (leases, pending entries, tokens while there are some),
+so its would-be refusals stay meaningful.
+"""
 POLICY_MODE_ENFORCE: PolicyMode.ValueType  # 3
 """The policy refuses."""
 Global___PolicyMode: _TypeAlias = PolicyMode  # noqa: Y015

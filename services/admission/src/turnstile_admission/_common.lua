@@ -1,0 +1,73 @@
+-- _common.lua: helpers prepended to every admission script (not a script itself).
+--
+-- Time comes from Redis (TIME), so every replica and every script agree on the
+-- clock. Tests may freeze and advance it through a test-clock key, honoured
+-- only when the service runs with test_clock enabled.
+
+local function now_ms(use_test_clock, clock_key)
+  if use_test_clock == 1 then
+    local frozen = tonumber(redis.call('GET', clock_key))
+    if frozen then return frozen end
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A non-negative number from a limits document, or the fallback.
+local function field(doc, name, fallback)
+  if type(doc) ~= 'table' then return fallback end
+  local v = tonumber(doc[name])
+  if v == nil or v < 0 or v ~= v or v == math.huge then return fallback end
+  return v
+end
+
+local function decode(raw)
+  if not raw then return nil end
+  local ok, doc = pcall(cjson.decode, raw)
+  if ok and type(doc) == 'table' then return doc end
+  return nil
+end
+
+-- The limits of one bounded key: its own entry over the stored defaults over the
+-- settings' defaults (d). One HMGET, so a change applies on the next decision.
+local function limits(limits_key, key, d)
+  local raw = redis.call('HMGET', limits_key, 'default', 'cluster', 'key:' .. key)
+  local default, cluster, own = decode(raw[1]), decode(raw[2]), decode(raw[3])
+  local function pick(name, fallback)
+    return field(own, name, field(default, name, fallback))
+  end
+  return {
+    cap = math.floor(pick('cap', d.cap)),
+    rate = pick('rate', d.rate),
+    burst = pick('burst', d.burst),
+    concurrency = math.floor(pick('concurrency', d.concurrency)),
+    cluster_rate = field(cluster, 'rate', d.cluster_rate),
+    cluster_burst = field(cluster, 'burst', d.cluster_burst),
+  }
+end
+
+-- Tokens in a bucket now: refilled lazily from its last write, never above burst.
+-- A missing bucket is full (its key expires once it would have refilled).
+local function bucket_level(bucket_key, rate, burst, now)
+  local v = redis.call('HMGET', bucket_key, 't', 'ts')
+  local tokens, ts = tonumber(v[1]), tonumber(v[2])
+  if tokens == nil or ts == nil then return burst end
+  if now > ts then tokens = tokens + (now - ts) * rate / 1000 end
+  if tokens > burst then tokens = burst end
+  if tokens < 0 then tokens = 0 end
+  return tokens
+end
+
+local function bucket_store(bucket_key, tokens, rate, burst, now)
+  redis.call('HSET', bucket_key, 't', string.format('%.17g', tokens), 'ts', now)
+  local ttl = 86400000
+  if rate > 0 then ttl = math.ceil((burst - tokens) / rate * 1000) + 1000 end
+  redis.call('PEXPIRE', bucket_key, math.max(ttl, 1000))
+end
+
+-- Keep a key at least ttl_ms longer (a zset lives as long as its newest member).
+local function extend(key, ttl_ms)
+  if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
+end
+
+local function fmt(x) return string.format('%.17g', x) end

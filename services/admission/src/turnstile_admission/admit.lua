@@ -1,0 +1,183 @@
+-- admit.lua: one Admit decision, all checks and all consumption in one atomic step
+-- (SPEC P1–P4). Either everything is taken (pending entry, concurrency lease,
+-- tokens from both buckets, node slot) and recorded in a hold, or nothing is.
+--
+-- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
+--       5 inflight:<key>, 6 hold:<id>, 7 test clock, 8 node registry,
+--       9.. slots:<node>, one per candidate node, in ARGV's order.
+-- ARGV: hold_id, key, sandbox_id,
+--       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
+--       default cap, rate, burst, concurrency, cluster rate, cluster burst,
+--       cost, hold_ttl_ms, pending_ttl_ms,
+--       live (-1 unknown), recount_allowed (0/1), use_test_clock (0/1),
+--       n, the pending ids the live count was asked about,
+--       n, the subset the substrate reported live,
+--       n, then n pairs (node name, slot capacity).
+-- Returns: {outcome, now_ms, hold_expires_ms, node,
+--           then per policy in order slots, concurrency, cap, rate:
+--             code (0 not evaluated, 1 within, 2 over, 3 unknown), limit, current,
+--             retry_ms (-1 none), detail,
+--           the key's pending sandbox ids}
+-- outcome is 'admit', 'refuse', or 'recount' (nothing changed: the cap verdict
+-- depends on pending ids the count was not asked about; count again with these).
+
+local i = 0
+local function str() i = i + 1; return ARGV[i] end
+local function num() return tonumber(str()) end
+
+local hold_id, key, sandbox = str(), str(), str()
+local cap_mode, rate_mode, conc_mode, slot_mode = num(), num(), num(), num()
+local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
+           cluster_rate = num(), cluster_burst = num()}
+local cost, hold_ttl, pending_ttl = num(), num(), num()
+local live, recount_allowed, use_test_clock = num(), num(), num()
+local asked = {}
+for _ = 1, num() do asked[str()] = true end
+local live_pending = {}
+for j = 1, num() do live_pending[j] = str() end
+local nodes = {}
+for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[8 + j]} end
+
+local now = now_ms(use_test_clock, KEYS[7])
+local lim = limits(KEYS[1], key, d)
+local refused = false
+local function judge(mode, over)
+  if over and mode == 2 then refused = true end
+  if over then return 2 end
+  return 1
+end
+
+-- Node slots: the first candidate with a free slot, in the caller's order.
+local slots = {0, 0, 0, -1, ''}
+local chosen = nil
+if slot_mode > 0 then
+  local held, total, earliest = 0, 0, nil
+  for _, n in ipairs(nodes) do
+    redis.call('ZREMRANGEBYSCORE', n.key, '-inf', now)
+    local c = redis.call('ZCARD', n.key)
+    held, total = held + c, total + n.cap
+    if chosen == nil and c < n.cap then chosen = n end
+    local first = redis.call('ZRANGE', n.key, 0, 0, 'WITHSCORES')
+    if first[2] then
+      local e = tonumber(first[2])
+      if earliest == nil or e < earliest then earliest = e end
+    end
+  end
+  local over = chosen == nil
+  slots = {judge(slot_mode, over), total, held, (over and earliest) and (earliest - now) or -1, ''}
+end
+
+-- Concurrency: unexpired leases in flight.
+local conc = {0, 0, 0, -1, ''}
+if conc_mode > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  local c = redis.call('ZCARD', KEYS[5])
+  local over = c >= lim.concurrency
+  local retry = -1
+  if over then
+    local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    if first[2] then retry = tonumber(first[2]) - now end
+  end
+  conc = {judge(conc_mode, over), lim.concurrency, c, retry, ''}
+end
+
+-- Cap: live (from the substrate) plus pending entries it does not see yet.
+local cap = {0, 0, 0, -1, ''}
+if cap_mode > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  for _, id in ipairs(live_pending) do redis.call('ZREM', KEYS[2], id) end
+  local members = redis.call('ZRANGE', KEYS[2], 0, -1)
+  local verified, unverified = 0, 0
+  for _, m in ipairs(members) do
+    if m ~= sandbox then
+      if asked[m] then verified = verified + 1 else unverified = unverified + 1 end
+    end
+  end
+  if live < 0 then
+    cap = {3, lim.cap, verified + unverified, -1, 'live count unknown'}
+  else
+    local lower = live + verified
+    local upper = lower + unverified
+    if upper < lim.cap then
+      cap = {judge(cap_mode, false), lim.cap, upper, -1, ''}
+    elseif lower >= lim.cap then
+      cap = {judge(cap_mode, true), lim.cap, lower, -1, ''}
+    elseif recount_allowed == 1 then
+      -- Pending ids the count was not asked about decide the verdict: some may
+      -- be live already (counted twice). Change nothing; count again.
+      return {'recount', now, 0, '', members}
+    else
+      -- Still unasked after a recount: added since, so not live yet.
+      cap = {judge(cap_mode, true), lim.cap, upper, -1, ''}
+    end
+  end
+end
+
+-- Rate: the key's bucket and the cluster bucket, both or neither.
+local rate = {0, 0, 0, -1, ''}
+local client_tokens, cluster_tokens, rate_over = 0, 0, false
+if rate_mode > 0 then
+  client_tokens = bucket_level(KEYS[3], lim.rate, lim.burst, now)
+  cluster_tokens = bucket_level(KEYS[4], lim.cluster_rate, lim.cluster_burst, now)
+  if client_tokens < cost then
+    rate_over = true
+    local retry = -1
+    if lim.rate > 0 then retry = math.ceil((cost - client_tokens) / lim.rate * 1000) end
+    rate = {judge(rate_mode, true), lim.burst, math.floor(client_tokens), retry, 'client bucket'}
+  elseif cluster_tokens < cost then
+    rate_over = true
+    local retry = -1
+    if lim.cluster_rate > 0 then
+      retry = math.ceil((cost - cluster_tokens) / lim.cluster_rate * 1000)
+    end
+    rate = {judge(rate_mode, true), lim.cluster_burst, math.floor(cluster_tokens), retry,
+            'cluster bucket'}
+  else
+    rate = {judge(rate_mode, false), lim.burst, math.floor(client_tokens), -1, ''}
+  end
+end
+
+local function answer(outcome, expires, node)
+  local out = {outcome, now, expires, node}
+  for _, r in ipairs({slots, conc, cap, rate}) do
+    for _, v in ipairs(r) do out[#out + 1] = v end
+  end
+  out[#out + 1] = redis.call('ZRANGE', KEYS[2], 0, -1)
+  return out
+end
+
+if refused then return answer('refuse', 0, '') end
+
+-- Admitted: take everything. A shadow policy keeps its accounting true to what
+-- happens (the lease, the pending entry) but takes what is not there.
+local expires = now + hold_ttl
+local taken_client, taken_cluster, lease, pending_score, node = 0, 0, 0, 0, ''
+if rate_mode > 0 and not rate_over then
+  bucket_store(KEYS[3], client_tokens - cost, lim.rate, lim.burst, now)
+  bucket_store(KEYS[4], cluster_tokens - cost, lim.cluster_rate, lim.cluster_burst, now)
+  taken_client, taken_cluster = cost, cost
+end
+if conc_mode > 0 then
+  redis.call('ZADD', KEYS[5], expires, hold_id)
+  extend(KEYS[5], hold_ttl)
+  lease = 1
+end
+if cap_mode > 0 then
+  pending_score = now + pending_ttl
+  redis.call('ZADD', KEYS[2], pending_score, sandbox)
+  extend(KEYS[2], pending_ttl)
+end
+if slot_mode > 0 and chosen ~= nil then
+  redis.call('ZADD', chosen.key, expires, 'h:' .. hold_id)
+  extend(chosen.key, hold_ttl)
+  redis.call('SADD', KEYS[8], chosen.name)
+  extend(KEYS[8], hold_ttl)
+  node = chosen.name
+end
+redis.call('HSET', KEYS[6], 'key', key, 'sandbox', sandbox, 'exp', expires,
+  'client_tokens', fmt(taken_client), 'cluster_tokens', fmt(taken_cluster),
+  'lease', lease, 'pending', pending_score, 'node', node)
+-- The record outlives its expiry a little so a late commit or cancel can tell
+-- "expired" apart from "never existed"; the scripts check 'exp' themselves.
+redis.call('PEXPIRE', KEYS[6], hold_ttl + 60000)
+return answer('admit', expires, node)

@@ -1,0 +1,265 @@
+"""The admission domain: resolve the client, count live sandboxes, run the one
+decision script, and turn its answer into a :class:`Decision`.
+
+Redis sees exactly one script per decision (``admit.lua``); the only exception is
+the rare recount, when pending ids the substrate was not asked about decide the
+cap verdict (see :mod:`turnstile_admission.live_count`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from turnstile_admission import metrics
+from turnstile_admission.decision import Decision
+from turnstile_admission.live_count import LiveCount, LiveCounter, PendingIdCache
+from turnstile_admission.policies import (
+    Activation,
+    CapPolicy,
+    ConcurrencyPolicy,
+    Kind,
+    Policy,
+    PolicyName,
+    PolicyVerdict,
+    RatePolicy,
+    RawResult,
+    SlotsPolicy,
+    Verdict,
+)
+from turnstile_admission.redis_store import AdmissionStore, AdmitAnswer, AdmitArgs, CancelAnswer
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys import BoundedKey, Client, Resolver
+from turnstile_platform.redis_client import UNREACHABLE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdmitInput:
+    """A validated Admit request."""
+
+    sandbox_id: str
+    client: Client
+    kind: Kind
+    tier: str = ""
+    candidate_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    key: BoundedKey
+    live: int | None
+    pending: int
+    cap: int
+    client_tokens: float
+    client_capacity: float
+    cluster_tokens: float
+    cluster_capacity: float
+    in_flight: int
+    concurrency_limit: int
+    node_slots_held: dict[str, int]
+
+
+class Admitter:
+    """Admit, commit, cancel, release and usage, over one store and one resolver."""
+
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        store: AdmissionStore,
+        resolver: Resolver,
+        counter: LiveCounter,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.resolver = resolver
+        self.counter = counter
+        self.pending_ids = PendingIdCache()
+        self.cap = CapPolicy(settings.cap)
+        #: In evaluation order: see docs/admission.md for why.
+        self.policies: tuple[Policy, ...] = (
+            SlotsPolicy(settings.slots),
+            ConcurrencyPolicy(settings.concurrency),
+            self.cap,
+            RatePolicy(settings.rate),
+        )
+        self._slots = settings.slots
+
+    async def admit(self, request: AdmitInput) -> Decision:
+        started = time.perf_counter()
+        key = self.resolver.resolve(request.client)
+        activation = Activation(request.kind, request.candidate_nodes)
+        decision = await self._decide(request, key, activation)
+        self._record(decision, time.perf_counter() - started)
+        return decision
+
+    async def _decide(
+        self, request: AdmitInput, key: BoundedKey, activation: Activation
+    ) -> Decision:
+        modes = {p.name: p.script_mode(activation) for p in self.policies}
+        count = LiveCount(None, detail="cap not evaluated")
+        if self.cap.evaluated(activation):
+            count = await self.counter.count(
+                key.key, request.sandbox_id, self.pending_ids.get(key.key)
+            )
+        nodes: Sequence[tuple[str, int]] = ()
+        if modes[PolicyName.SLOTS]:
+            nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
+        args = AdmitArgs(
+            hold_id=uuid.uuid4().hex,
+            key=key.key,
+            sandbox_id=request.sandbox_id,
+            modes=modes,
+            live=count.live,
+            asked=count.asked,
+            live_pending=count.live_pending,
+            nodes=nodes,
+        )
+        try:
+            answer = await self.store.admit(args)
+            if answer.outcome == "recount":
+                metrics.RECOUNTS.labels(key.key).inc()
+                count = await self.counter.count(key.key, request.sandbox_id, answer.pending_ids)
+                answer = await self.store.admit(
+                    AdmitArgs(
+                        **{
+                            **args.__dict__,
+                            "live": count.live,
+                            "asked": count.asked,
+                            "live_pending": count.live_pending,
+                            "recount_allowed": False,
+                        }
+                    )
+                )
+        except UNREACHABLE as error:
+            return self._unreachable(key, activation, args.hold_id, error)
+        self.pending_ids.put(key.key, answer.pending_ids)
+        if modes[PolicyName.CAP]:
+            metrics.PENDING.labels(key.key).set(len(answer.pending_ids))
+        return self._from_answer(key, activation, args.hold_id, answer, count)
+
+    def _from_answer(
+        self,
+        key: BoundedKey,
+        activation: Activation,
+        hold_id: str,
+        answer: AdmitAnswer,
+        count: LiveCount,
+    ) -> Decision:
+        verdicts = []
+        for policy in self.policies:
+            raw = answer.results[policy.name]
+            if policy is self.cap and raw.code == RawResult.UNKNOWN:
+                raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, count.detail)
+            verdicts.append(policy.verdict(activation, raw))
+        admitted = answer.outcome == "admit"
+        return Decision(
+            admitted=admitted,
+            key=key,
+            verdicts=tuple(verdicts),
+            hold_id=hold_id if admitted else "",
+            hold_expires_ms=answer.hold_expires_ms,
+            node=answer.node,
+            message=_message(admitted, key, verdicts),
+        )
+
+    def _unreachable(
+        self, key: BoundedKey, activation: Activation, hold_id: str, error: BaseException
+    ) -> Decision:
+        """Each policy answers by its fail mode; admitted means no hold was recorded."""
+        log.warning("redis unreachable during admit", extra={"key": key.key, "error": str(error)})
+        verdicts = [p.unreachable(activation, "redis unreachable") for p in self.policies]
+        admitted = not any(v.refuses for v in verdicts)
+        expires = int(time.time() * 1000 + self.settings.hold_ttl_s * 1000) if admitted else 0
+        message = _message(admitted, key, verdicts)
+        if admitted:
+            message += " (redis unreachable: nothing was taken; commit and cancel are no-ops)"
+        return Decision(
+            admitted=admitted,
+            key=key,
+            verdicts=tuple(verdicts),
+            hold_id=hold_id if admitted else "",
+            hold_expires_ms=expires,
+            message=message,
+        )
+
+    def _record(self, decision: Decision, seconds: float) -> None:
+        key = decision.key.key
+        outcome = "admitted" if decision.admitted else "refused"
+        refused = decision.refused_by
+        metrics.DECISIONS.labels(outcome, refused.policy.value if refused else "", key).inc()
+        metrics.DECISION_SECONDS.labels(outcome).observe(seconds)
+        for v in decision.verdicts:
+            metrics.VERDICTS.labels(v.policy.value, v.verdict.value, key).inc()
+            if v.verdict is Verdict.SHADOW_REFUSE:
+                metrics.SHADOW_REFUSALS.labels(v.policy.value, key).inc()
+            elif v.verdict is Verdict.UNKNOWN:
+                backend = "redis" if "redis" in v.detail else "substrate"
+                metrics.FAIL_OPEN.labels(v.policy.value, backend, key).inc()
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "turnstile.key": key,
+                    "turnstile.key_kind": decision.key.kind.value,
+                    "turnstile.key_set_version": decision.key.version,
+                    "turnstile.admission.decision": outcome,
+                    "turnstile.admission.refused_by": refused.policy.value if refused else "",
+                    "turnstile.admission.node": decision.node,
+                    **{
+                        f"turnstile.admission.verdict.{v.policy.value}": v.verdict.value
+                        for v in decision.verdicts
+                    },
+                }
+            )
+
+    async def commit(self, hold_id: str) -> bool:
+        committed = await self.store.commit(hold_id)
+        metrics.HOLDS.labels("commit", "done" if committed else "gone").inc()
+        return committed
+
+    async def cancel(self, hold_id: str) -> CancelAnswer:
+        answer = await self.store.cancel(hold_id)
+        metrics.HOLDS.labels("cancel", "done" if answer.cancelled else "gone").inc()
+        return answer
+
+    async def release(self, sandbox_id: str) -> bool:
+        return await self.store.release(sandbox_id)
+
+    async def usage(self, client: Client) -> Usage:
+        key = self.resolver.resolve(client)
+        answer = await self.store.usage(key.key)
+        count = await self.counter.count(key.key, "", answer.pending_ids)
+        seen = set(count.live_pending)
+        return Usage(
+            key=key,
+            live=count.live,
+            pending=sum(1 for i in answer.pending_ids if i not in seen),
+            cap=answer.cap,
+            client_tokens=answer.client_tokens,
+            client_capacity=answer.client_capacity,
+            cluster_tokens=answer.cluster_tokens,
+            cluster_capacity=answer.cluster_capacity,
+            in_flight=answer.in_flight,
+            concurrency_limit=answer.concurrency_limit,
+            node_slots_held=answer.node_slots_held,
+        )
+
+
+def _message(admitted: bool, key: BoundedKey, verdicts: Sequence[PolicyVerdict]) -> str:
+    if admitted:
+        shadow = [v.policy.value for v in verdicts if v.verdict is Verdict.SHADOW_REFUSE]
+        note = f"; shadow refusals: {', '.join(shadow)}" if shadow else ""
+        return f"admitted for key {key.key}{note}"
+    refused = next(v for v in verdicts if v.verdict is Verdict.REFUSE)
+    detail = f" ({refused.detail})" if refused.detail else ""
+    return (
+        f"refused by {refused.policy.value} for key {key.key}: "
+        f"{refused.current} of {refused.limit}{detail}"
+    )

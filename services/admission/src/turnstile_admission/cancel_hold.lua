@@ -1,0 +1,45 @@
+-- cancel_hold.lua: undo a hold whose activation failed or was abandoned.
+-- Tokens go back to both buckets without over-crediting (a bucket never exceeds
+-- its burst because of a refund); the lease, the pending entry (if it is still
+-- this hold's) and the node slot are released. The hold record is deleted in the
+-- same step, so a second cancel finds nothing and returns nothing.
+--
+-- KEYS: 1 hold:<id>, 2 limits hash, 3 cluster bucket, 4 test clock
+-- ARGV: key base, hold_id, default rate, burst, cluster rate, cluster burst,
+--       use_test_clock
+-- Returns {cancelled (0/1), client tokens returned, cluster tokens returned} (strings).
+
+local base, hold_id = ARGV[1], ARGV[2]
+local d = {cap = 0, concurrency = 0, rate = tonumber(ARGV[3]), burst = tonumber(ARGV[4]),
+           cluster_rate = tonumber(ARGV[5]), cluster_burst = tonumber(ARGV[6])}
+local now = now_ms(tonumber(ARGV[7]), KEYS[4])
+local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node', 'pending',
+  'client_tokens', 'cluster_tokens')
+local key, sandbox, exp = h[1], h[2], tonumber(h[3])
+if not key then return {0, '0', '0'} end
+redis.call('DEL', KEYS[1])
+if exp <= now then return {0, '0', '0'} end
+
+local lim = limits(KEYS[2], key, d)
+local function refund(bucket_key, taken, rate, burst)
+  if taken <= 0 then return 0 end
+  local level = bucket_level(bucket_key, rate, burst, now)
+  local back = math.min(taken, math.max(0, burst - level))
+  if back > 0 then bucket_store(bucket_key, level + back, rate, burst, now) end
+  return back
+end
+local client_back = refund(base .. 'bucket:' .. key, tonumber(h[7]) or 0, lim.rate, lim.burst)
+local cluster_back = refund(KEYS[3], tonumber(h[8]) or 0, lim.cluster_rate, lim.cluster_burst)
+
+if h[4] == '1' then redis.call('ZREM', base .. 'inflight:' .. key, hold_id) end
+local node = h[5]
+if node and node ~= '' then redis.call('ZREM', base .. 'slots:' .. node, 'h:' .. hold_id) end
+local pending_score = tonumber(h[6]) or 0
+if pending_score > 0 then
+  local pending = base .. 'pending:' .. key
+  -- Only this hold's entry: a later hold for the same sandbox re-scored it.
+  if tonumber(redis.call('ZSCORE', pending, sandbox)) == pending_score then
+    redis.call('ZREM', pending, sandbox)
+  end
+end
+return {1, fmt(client_back), fmt(cluster_back)}

@@ -1,0 +1,64 @@
+"""The Redis key layout of admission.
+
+Every admission key sits under one hash tag (``{adm}``), so every script touches
+one shard of a Redis Cluster: a decision is one script on one node, and scripts
+may derive keys from the base (a hold's bucket, a sandbox's node) without
+crossing slots. The number of keys per bounded key is fixed; bounded keys are
+bounded by the key set (SPEC C3), sandboxes and holds carry their own expiry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdmissionKeys:
+    prefix: str
+
+    @property
+    def base(self) -> str:
+        """What every admission key starts with: ``<prefix>{adm}:``."""
+        return f"{self.prefix}{{adm}}:"
+
+    @property
+    def limits(self) -> str:
+        """Hash of JSON limits: ``default``, ``cluster`` and ``key:<bounded key>``."""
+        return f"{self.base}limits"
+
+    @property
+    def cluster_bucket(self) -> str:
+        return f"{self.base}cluster-bucket"
+
+    @property
+    def nodes(self) -> str:
+        """Set of nodes that have slots held (for GetUsage)."""
+        return f"{self.base}nodes"
+
+    @property
+    def test_clock(self) -> str:
+        """Frozen clock in ms, honoured only with ``test_clock`` enabled."""
+        return f"{self.base}test-clock"
+
+    def pending(self, key: str) -> str:
+        """Sorted set: sandbox id → expiry (ms) of admitted, not yet live, activations."""
+        return f"{self.base}pending:{key}"
+
+    def bucket(self, key: str) -> str:
+        """Hash: tokens ``t`` at time ``ts`` (ms)."""
+        return f"{self.base}bucket:{key}"
+
+    def inflight(self, key: str) -> str:
+        """Sorted set: hold id → expiry (ms) of concurrency leases."""
+        return f"{self.base}inflight:{key}"
+
+    def hold(self, hold_id: str) -> str:
+        return f"{self.base}hold:{hold_id}"
+
+    def sandbox(self, sandbox_id: str) -> str:
+        """Hash: the node whose slot a committed sandbox holds."""
+        return f"{self.base}sandbox:{sandbox_id}"
+
+    def slots(self, node: str) -> str:
+        """Sorted set: ``h:<hold>`` / ``s:<sandbox>`` → expiry (ms) of held slots."""
+        return f"{self.base}slots:{node}"

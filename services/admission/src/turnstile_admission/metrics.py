@@ -1,0 +1,47 @@
+"""Admission metrics. Every label naming a client is a bounded key (SPEC C3)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DECISIONS = Counter(
+    "turnstile_admission_decisions_total",
+    "Admit decisions, by outcome, refusing policy (empty when admitted) and bounded key.",
+    ["decision", "refused_by", "key"],
+)
+VERDICTS = Counter(
+    "turnstile_admission_policy_verdicts_total",
+    "Policy verdicts, by policy, verdict and bounded key.",
+    ["policy", "verdict", "key"],
+)
+SHADOW_REFUSALS = Counter(
+    "turnstile_admission_shadow_refusals_total",
+    "Refusals a policy in shadow mode recorded but did not enforce.",
+    ["policy", "key"],
+)
+FAIL_OPEN = Counter(
+    "turnstile_admission_fail_open_total",
+    "Decisions a policy let through without its backend (redis, or substrate for the cap).",
+    ["policy", "backend", "key"],
+)
+PENDING = Gauge(
+    "turnstile_admission_pending_entries",
+    "Pending entries of a bounded key, as the last decision for it saw them.",
+    ["key"],
+)
+RECOUNTS = Counter(
+    "turnstile_admission_recounts_total",
+    "Decisions that asked the substrate a second time (unasked pending ids decided the cap).",
+    ["key"],
+)
+DECISION_SECONDS = Histogram(
+    "turnstile_admission_decision_seconds",
+    "Time to decide an Admit, live count included, by outcome.",
+    ["decision"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+HOLDS = Counter(
+    "turnstile_admission_holds_total",
+    "Hold commits and cancels, by action and whether the hold was still open.",
+    ["action", "result"],
+)

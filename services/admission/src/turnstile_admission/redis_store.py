@@ -1,0 +1,219 @@
+"""The admission scripts and their arguments: the only code that talks to Redis on
+the decision path.
+
+Each RPC is one script (EVALSHA; redis-py reloads it on NOSCRIPT after a Redis
+restart). ``_common.lua`` is prepended to each, so helpers such as the bucket
+arithmetic exist once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from turnstile_admission.keys import AdmissionKeys
+from turnstile_admission.policies import PolicyName, RawResult
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_platform.redis_client import read_script
+
+_PACKAGE = "turnstile_admission"
+#: The order ``admit.lua`` evaluates and answers the policies in.
+SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, PolicyName.RATE)
+
+
+def script_text(name: str) -> str:
+    """The full text of one script: the shared helpers, then the script."""
+    return read_script(_PACKAGE, "_common.lua") + "\n" + read_script(_PACKAGE, name)
+
+
+@dataclass(frozen=True)
+class AdmitArgs:
+    hold_id: str
+    key: str
+    sandbox_id: str
+    modes: Mapping[PolicyName, int]
+    """Per policy: 0 not evaluated, 1 shadow, 2 enforce."""
+    live: int | None
+    """Live sandboxes of the key (excluding this one); None when unknown."""
+    asked: Sequence[str] = ()
+    """The pending ids the live count was asked about."""
+    live_pending: Sequence[str] = ()
+    """The subset of ``asked`` the substrate already counts live."""
+    nodes: Sequence[tuple[str, int]] = ()
+    """Candidate nodes with their slot capacity, in preference order."""
+    recount_allowed: bool = True
+
+
+@dataclass(frozen=True)
+class AdmitAnswer:
+    outcome: str
+    """``admit``, ``refuse`` or ``recount``."""
+    now_ms: int
+    hold_expires_ms: int
+    node: str
+    results: Mapping[PolicyName, RawResult]
+    pending_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CancelAnswer:
+    cancelled: bool
+    client_tokens: float = 0.0
+    cluster_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class UsageAnswer:
+    pending_ids: tuple[str, ...]
+    client_tokens: float
+    client_capacity: float
+    cluster_tokens: float
+    cluster_capacity: float
+    in_flight: int
+    concurrency_limit: int
+    cap: int
+    node_slots_held: dict[str, int] = field(default_factory=dict)
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class AdmissionStore:
+    """Runs the admission scripts against one Redis (one shard: one hash tag)."""
+
+    def __init__(self, client: aioredis.Redis, settings: AdmissionSettings) -> None:
+        self.redis = client
+        self.keys = AdmissionKeys(settings.redis_prefix)
+        self._settings = settings
+        self._admit: AsyncScript = client.register_script(script_text("admit.lua"))
+        self._commit: AsyncScript = client.register_script(script_text("commit_hold.lua"))
+        self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua"))
+        self._release: AsyncScript = client.register_script(script_text("release_sandbox.lua"))
+        self._usage: AsyncScript = client.register_script(script_text("usage.lua"))
+        s = settings
+        self._key_defaults = [
+            s.cap.default_cap,
+            s.rate.default_rate_per_s,
+            s.rate.default_burst,
+            s.concurrency.default_limit,
+            s.rate.cluster_rate_per_s,
+            s.rate.cluster_burst,
+        ]
+        self._bucket_defaults = [
+            s.rate.default_rate_per_s,
+            s.rate.default_burst,
+            s.rate.cluster_rate_per_s,
+            s.rate.cluster_burst,
+        ]
+        self._clock = 1 if s.test_clock else 0
+
+    async def admit(self, args: AdmitArgs) -> AdmitAnswer:
+        k, s = self.keys, self._settings
+        keys = [
+            k.limits,
+            k.pending(args.key),
+            k.bucket(args.key),
+            k.cluster_bucket,
+            k.inflight(args.key),
+            k.hold(args.hold_id),
+            k.test_clock,
+            k.nodes,
+            *(k.slots(name) for name, _ in args.nodes),
+        ]
+        argv: list[str | int | float] = [
+            args.hold_id,
+            args.key,
+            args.sandbox_id,
+            args.modes[PolicyName.CAP],
+            args.modes[PolicyName.RATE],
+            args.modes[PolicyName.CONCURRENCY],
+            args.modes[PolicyName.SLOTS],
+            *self._key_defaults,
+            s.rate.cost,
+            round(s.hold_ttl_s * 1000),
+            round(s.pending_ttl_s * 1000),
+            -1 if args.live is None else args.live,
+            1 if args.recount_allowed else 0,
+            self._clock,
+            len(args.asked),
+            *args.asked,
+            len(args.live_pending),
+            *args.live_pending,
+            len(args.nodes),
+        ]
+        for name, capacity in args.nodes:
+            argv += [name, capacity]
+        raw = await self._admit(keys=keys, args=argv)
+        outcome = _s(raw[0])
+        if outcome == "recount":
+            return AdmitAnswer(outcome, int(raw[1]), 0, "", {}, tuple(_s(m) for m in raw[4]))
+        results = {}
+        for n, policy in enumerate(SCRIPT_ORDER):
+            code, limit, current, retry_ms, detail = raw[4 + 5 * n : 9 + 5 * n]
+            results[policy] = RawResult(
+                int(code), int(limit), int(current), int(retry_ms), _s(detail)
+            )
+        return AdmitAnswer(
+            outcome,
+            int(raw[1]),
+            int(raw[2]),
+            _s(raw[3]),
+            results,
+            tuple(_s(m) for m in raw[24]),
+        )
+
+    async def commit(self, hold_id: str) -> bool:
+        k = self.keys
+        ttl_ms = round(self._settings.slots.committed_ttl_s * 1000)
+        done = await self._commit(
+            keys=[k.hold(hold_id), k.test_clock], args=[k.base, hold_id, ttl_ms, self._clock]
+        )
+        return bool(done)
+
+    async def cancel(self, hold_id: str) -> CancelAnswer:
+        k = self.keys
+        raw = await self._cancel(
+            keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock],
+            args=[k.base, hold_id, *self._bucket_defaults, self._clock],
+        )
+        return CancelAnswer(bool(int(raw[0])), float(_s(raw[1])), float(_s(raw[2])))
+
+    async def release(self, sandbox_id: str) -> bool:
+        k = self.keys
+        done = await self._release(keys=[k.sandbox(sandbox_id)], args=[k.base, sandbox_id])
+        return bool(done)
+
+    async def usage(self, key: str) -> UsageAnswer:
+        k = self.keys
+        raw = await self._usage(
+            keys=[
+                k.limits,
+                k.pending(key),
+                k.bucket(key),
+                k.cluster_bucket,
+                k.inflight(key),
+                k.test_clock,
+                k.nodes,
+            ],
+            args=[k.base, key, *self._key_defaults, self._clock],
+        )
+        nodes = raw[8]
+        return UsageAnswer(
+            pending_ids=tuple(_s(m) for m in raw[0]),
+            client_tokens=float(_s(raw[1])),
+            client_capacity=float(_s(raw[2])),
+            cluster_tokens=float(_s(raw[3])),
+            cluster_capacity=float(_s(raw[4])),
+            in_flight=int(raw[5]),
+            concurrency_limit=int(raw[6]),
+            cap=int(raw[7]),
+            node_slots_held={_s(nodes[i]): int(nodes[i + 1]) for i in range(0, len(nodes), 2)},
+        )
+
+    async def set_test_clock(self, now_ms: int) -> None:
+        """Tests only (``test_clock``): freeze the scripts' clock at ``now_ms``."""
+        await self.redis.set(self.keys.test_clock, now_ms)

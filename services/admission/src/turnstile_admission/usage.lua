@@ -1,0 +1,36 @@
+-- usage.lua: a bounded key's usage for operators and the CLI (GetUsage).
+-- Expired entries are dropped first, so what is shown is what Admit would see.
+--
+-- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
+--       5 inflight:<key>, 6 test clock, 7 node registry
+-- ARGV: key base, key, default cap, rate, burst, concurrency, cluster rate,
+--       cluster burst, use_test_clock
+-- Returns {pending ids, client tokens, burst, cluster tokens, cluster burst,
+--          in flight, concurrency limit, cap, {node, held, node, held, ...}}
+
+local base, key = ARGV[1], ARGV[2]
+local d = {cap = tonumber(ARGV[3]), rate = tonumber(ARGV[4]), burst = tonumber(ARGV[5]),
+           concurrency = tonumber(ARGV[6]), cluster_rate = tonumber(ARGV[7]),
+           cluster_burst = tonumber(ARGV[8])}
+local now = now_ms(tonumber(ARGV[9]), KEYS[6])
+local lim = limits(KEYS[1], key, d)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+local nodes = {}
+for _, node in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+  local slots = base .. 'slots:' .. node
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  local held = redis.call('ZCARD', slots)
+  if held == 0 then
+    redis.call('SREM', KEYS[7], node)
+  else
+    nodes[#nodes + 1] = node
+    nodes[#nodes + 1] = held
+  end
+end
+return {
+  redis.call('ZRANGE', KEYS[2], 0, -1),
+  fmt(bucket_level(KEYS[3], lim.rate, lim.burst, now)), fmt(lim.burst),
+  fmt(bucket_level(KEYS[4], lim.cluster_rate, lim.cluster_burst, now)), fmt(lim.cluster_burst),
+  redis.call('ZCARD', KEYS[5]), lim.concurrency, lim.cap, nodes,
+}

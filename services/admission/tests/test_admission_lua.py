@@ -1,0 +1,147 @@
+"""Edge cases of each admission script, run through the store against real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_admission.policies import PolicyName
+from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
+from turnstile_admission.settings import AdmissionSettings
+
+NOW = 5_000_000
+ALL = {PolicyName.CAP: 2, PolicyName.RATE: 2, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0}
+SLOTS = {**ALL, PolicyName.SLOTS: 2}
+CAP_ONLY = {PolicyName.CAP: 2, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 0, PolicyName.SLOTS: 0}
+SLOTS_ONLY = {**CAP_ONLY, PolicyName.CAP: 0, PolicyName.SLOTS: 2}
+
+
+@pytest.fixture
+async def store(redis: aioredis.Redis, redis_prefix: str) -> AsyncIterator[AdmissionStore]:
+    settings = AdmissionSettings(
+        redis_prefix=redis_prefix, test_clock=True, cap={"default_cap": 2}, hold_ttl_s=10
+    )
+    store = AdmissionStore(redis, settings)
+    await store.set_test_clock(NOW)
+    yield store
+
+
+def args(hold: str, sandbox: str, modes: Any = ALL, **extra: Any) -> AdmitArgs:
+    values: dict[str, Any] = {"live": 0, **extra}
+    return AdmitArgs(hold, "acme", sandbox, modes, **values)
+
+
+async def dump(client: aioredis.Redis, prefix: str) -> dict[bytes, Any]:
+    keys = sorted([k async for k in client.scan_iter(match=f"{prefix}*")])
+    return {k: await client.dump(k) for k in keys}
+
+
+async def test_admit_refused_changes_no_key(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    before = await dump(redis, redis_prefix)
+    refused = await store.admit(
+        args("h2", "sb-2", SLOTS, live=1, asked=["sb-1"], nodes=[("n1", 5)])
+    )
+    assert refused.outcome == "refuse"
+    assert await dump(redis, redis_prefix) == before
+
+
+async def test_admit_does_not_count_the_sandboxs_own_pending_entry(store: AdmissionStore) -> None:
+    await store.admit(args("h1", "sb-1", CAP_ONLY, live=1))
+    again = await store.admit(args("h2", "sb-1", CAP_ONLY, live=1, asked=["sb-1"]))
+    assert again.outcome == "admit"
+    assert again.results[PolicyName.CAP].current == 1
+
+
+async def test_admit_drops_expired_pending_entries_and_those_seen_live(
+    store: AdmissionStore,
+) -> None:
+    await store.admit(args("h1", "sb-1", CAP_ONLY))
+    await store.set_test_clock(NOW + 60_000)
+    await store.admit(args("h2", "sb-2", CAP_ONLY))
+    await store.set_test_clock(NOW + 120_000)  # sb-1's entry (120 s) has expired
+    answer = await store.admit(
+        args("h3", "sb-3", CAP_ONLY, live=1, asked=["sb-2"], live_pending=["sb-2"])
+    )
+    assert answer.outcome == "admit"
+    assert answer.results[PolicyName.CAP].current == 1  # sb-2 once, as live
+    assert answer.pending_ids == ("sb-3",)
+
+
+async def test_admit_asks_for_a_recount_only_when_unasked_ids_decide_the_cap(
+    store: AdmissionStore,
+) -> None:
+    await store.admit(args("h1", "sb-1", CAP_ONLY))
+    ambiguous = await store.admit(args("h2", "sb-2", CAP_ONLY, live=1))
+    assert ambiguous.outcome == "recount"
+    assert ambiguous.pending_ids == ("sb-1",)
+    settled = await store.admit(args("h2", "sb-2", CAP_ONLY, live=1, recount_allowed=False))
+    assert settled.outcome == "refuse"
+    clear = await store.admit(args("h3", "sb-3", CAP_ONLY, live=0))
+    assert clear.outcome == "admit"  # 0 live + 1 unasked < 2: no recount needed
+
+
+async def test_admit_takes_the_first_candidate_with_a_free_slot(store: AdmissionStore) -> None:
+    first = await store.admit(args("h1", "sb-1", SLOTS_ONLY, nodes=[("n1", 1), ("n2", 1)]))
+    second = await store.admit(args("h2", "sb-2", SLOTS_ONLY, nodes=[("n1", 1), ("n2", 1)]))
+    assert (first.node, second.node) == ("n1", "n2")
+    third = await store.admit(args("h3", "sb-3", SLOTS_ONLY, nodes=[("n1", 1), ("n2", 1)]))
+    assert third.outcome == "refuse"
+    slots = third.results[PolicyName.SLOTS]
+    assert (slots.limit, slots.current, slots.retry_ms) == (2, 2, 10_000)
+
+
+async def test_admit_ignores_a_malformed_limits_document(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    await redis.hset(store.keys.limits, mapping={"default": "{not json", "key:acme": '{"cap":"x"}'})
+    answer = await store.admit(args("h1", "sb-1", CAP_ONLY))
+    assert answer.results[PolicyName.CAP].limit == 2
+
+
+async def test_commit_releases_the_lease_keeps_pending_and_moves_the_slot(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 1)]))
+    assert await store.commit("h1")
+    assert await redis.zrange(store.keys.slots("n1"), 0, -1) == [b"s:sb-1"]
+    usage = await store.usage("acme")
+    assert (usage.in_flight, usage.pending_ids) == (0, ("sb-1",))
+    # Re-activated on another node without a release: the old slot goes.
+    await store.admit(args("h2", "sb-1", SLOTS, nodes=[("n2", 1)]))
+    assert await store.commit("h2")
+    assert (await store.usage("acme")).node_slots_held == {"n2": 1}
+
+
+async def test_cancel_leaves_a_later_holds_pending_entry_for_the_same_sandbox(
+    store: AdmissionStore,
+) -> None:
+    await store.admit(args("h1", "sb-1", CAP_ONLY))
+    await store.set_test_clock(NOW + 1)
+    await store.admit(args("h2", "sb-1", CAP_ONLY))
+    assert (await store.cancel("h1")).cancelled
+    assert (await store.usage("acme")).pending_ids == ("sb-1",)
+    assert (await store.cancel("h2")).cancelled
+    assert (await store.usage("acme")).pending_ids == ()
+
+
+async def test_cancel_refund_is_capped_at_the_bucket_capacity(store: AdmissionStore) -> None:
+    await store.admit(args("h1", "sb-1"))
+    await store.set_test_clock(NOW + 400)  # 0.8 of the token refilled at 2/s
+    answer = await store.cancel("h1")
+    assert answer.client_tokens == pytest.approx(0.2)
+    assert (await store.usage("acme")).client_tokens == pytest.approx(20.0)
+
+
+async def test_release_frees_only_a_committed_slot(store: AdmissionStore) -> None:
+    assert not await store.release("sb-1")
+    await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 1)]))
+    assert not await store.release("sb-1")  # uncommitted: the hold owns the slot
+    await store.commit("h1")
+    assert await store.release("sb-1")
+    assert (await store.usage("acme")).node_slots_held == {}

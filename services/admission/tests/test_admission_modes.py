@@ -1,0 +1,157 @@
+"""Modes and fail modes: shadow records and admits, off skips, a fail-open policy
+admits while Redis is down and a fail-closed one refuses, and both recover."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
+
+from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_platform.errors import decode
+from turnstile_testing.processes import RedisProcess
+
+ADMITTED = admission_pb2.DECISION_ADMITTED
+REFUSED = admission_pb2.DECISION_REFUSED
+
+
+def request(
+    sandbox_id: str, kind: int = common_pb2.ACTIVATION_KIND_COLD_CREATE, **extra: Any
+) -> Any:
+    return admission_pb2.AdmitRequest(
+        sandbox_id=sandbox_id,
+        client=common_pb2.ActivationClient(client_id="acme"),
+        kind=kind,
+        **extra,
+    )
+
+
+def verdict(answer: Any, policy: int) -> Any:
+    return next(v for v in answer.verdicts if v.policy == policy)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_shadow_policy_records_the_refusal_and_admits(start_admission: Any) -> None:
+    running = await start_admission(
+        client_allowlist=("acme",), concurrency={"mode": "shadow", "default_limit": 1}
+    )
+    shadowed = sample("turnstile_admission_shadow_refusals_total", policy="concurrency", key="acme")
+    first = await running.stub.Admit(request("sb-1"))
+    second = await running.stub.Admit(request("sb-2"))
+    assert first.decision == second.decision == ADMITTED
+    concurrency = verdict(second, admission_pb2.POLICY_CONCURRENCY)
+    assert concurrency.verdict == admission_pb2.VERDICT_SHADOW_REFUSE
+    assert concurrency.mode == admission_pb2.POLICY_MODE_SHADOW
+    assert (concurrency.limit, concurrency.current) == (1, 1)
+    assert "shadow refusals: concurrency" in second.message
+    after = sample("turnstile_admission_shadow_refusals_total", policy="concurrency", key="acme")
+    assert after == shadowed + 1
+
+
+async def test_off_policy_is_skipped_and_keeps_no_state(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(
+        client_allowlist=("acme",), rate={"mode": "off"}, concurrency={"mode": "off"}
+    )
+    answer = await running.stub.Admit(request("sb-1"))
+    assert answer.decision == ADMITTED
+    for policy in (admission_pb2.POLICY_RATE, admission_pb2.POLICY_CONCURRENCY):
+        skipped = verdict(answer, policy)
+        assert skipped.verdict == admission_pb2.VERDICT_SKIPPED
+        assert skipped.detail == "off"
+    assert not await redis.exists(running.keys.bucket("acme"), running.keys.inflight("acme"))
+    assert await redis.exists(running.keys.pending("acme"))
+
+
+async def test_cap_admits_with_an_unknown_verdict_when_the_live_count_is_unknown(
+    start_admission: Any, substrate: Any
+) -> None:
+    substrate.servicer.unknown = True
+    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 0})
+    answer = await running.stub.Admit(request("sb-1"))
+    assert answer.decision == ADMITTED
+    cap = verdict(answer, admission_pb2.POLICY_CAP)
+    assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
+    assert "UNKNOWN_REASON_UNSUPPORTED" in cap.detail
+
+
+async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_is_unreachable(
+    start_admission: Any,
+) -> None:
+    running = await start_admission(
+        client_allowlist=("acme",), cap={"default_cap": 0}, substrate_addr="127.0.0.1:1"
+    )
+    answer = await running.stub.Admit(request("sb-1"))
+    assert answer.decision == ADMITTED
+    cap = verdict(answer, admission_pb2.POLICY_CAP)
+    assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
+    assert cap.detail.startswith("substrate unreachable")
+
+
+async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then_both_recover(
+    start_admission: Any, private_redis: RedisProcess
+) -> None:
+    running = await start_admission(
+        redis_url=private_redis.url,
+        client_allowlist=("acme",),
+        slots={"fail": "closed"},
+        rate={"fail": "open"},
+    )
+    slotted = request("sb-1", candidate_nodes=["n1"])
+    assert (await running.stub.Admit(slotted)).decision == ADMITTED
+    fail_open = sample(
+        "turnstile_admission_fail_open_total", policy="rate", backend="redis", key="acme"
+    )
+
+    private_redis.stop()
+    # A warm claim skips node slots: every evaluated policy fails open.
+    warm = await running.stub.Admit(request("sb-2", kind=common_pb2.ACTIVATION_KIND_WARM_CLAIM))
+    assert warm.decision == ADMITTED
+    assert warm.hold_id
+    for policy in (
+        admission_pb2.POLICY_CAP,
+        admission_pb2.POLICY_RATE,
+        admission_pb2.POLICY_CONCURRENCY,
+    ):
+        assert verdict(warm, policy).verdict == admission_pb2.VERDICT_UNKNOWN
+        assert "failing open" in verdict(warm, policy).detail
+    assert (
+        sample("turnstile_admission_fail_open_total", policy="rate", backend="redis", key="acme")
+        == fail_open + 1
+    )
+    # A cold create on nodes: node slots fail closed.
+    cold = await running.stub.Admit(request("sb-3", candidate_nodes=["n1"]))
+    assert cold.decision == REFUSED
+    assert cold.refused_by == admission_pb2.POLICY_NODE_SLOTS
+    slots = verdict(cold, admission_pb2.POLICY_NODE_SLOTS)
+    assert slots.verdict == admission_pb2.VERDICT_REFUSE
+    assert slots.detail.startswith("POLICY_BACKEND_UNAVAILABLE")
+    assert cold.retry_after.ToMilliseconds() > 0
+    # Holds cannot be settled without Redis: UNAVAILABLE, retryable.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=warm.hold_id))
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert decode(raised.value).retryable
+
+    private_redis.start()
+    recovered = await running.stub.Admit(request("sb-4", candidate_nodes=["n1"]))
+    if recovered.decision != ADMITTED:  # the pool's first command may meet a dead socket
+        recovered = await running.stub.Admit(request("sb-4", candidate_nodes=["n1"]))
+    assert recovered.decision == ADMITTED
+    assert all(
+        v.verdict == admission_pb2.VERDICT_PASS
+        for v in recovered.verdicts
+        if v.policy != admission_pb2.POLICY_CAP
+    )
+    assert verdict(recovered, admission_pb2.POLICY_NODE_SLOTS).current == 0  # fresh Redis
+    # The fail-open admit recorded nothing, so settling it is a harmless no-op.
+    gone = await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=warm.hold_id))
+    assert not gone.committed

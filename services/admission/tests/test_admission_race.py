@@ -1,0 +1,107 @@
+"""Concurrent Admits for one key never admit past the cap, and never take the last
+slot of a node twice (real gRPC, real Redis, real concurrency)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from turnstile_contracts import admission_pb2, common_pb2
+
+ADMITTED = admission_pb2.DECISION_ADMITTED
+
+
+def cold(sandbox_id: str, client_id: str = "acme", **extra: Any) -> admission_pb2.AdmitRequest:
+    return admission_pb2.AdmitRequest(
+        sandbox_id=sandbox_id,
+        client=common_pb2.ActivationClient(client_id=client_id),
+        kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+        **extra,
+    )
+
+
+async def admit_many(stub: Any, requests: list[admission_pb2.AdmitRequest]) -> list[Any]:
+    return list(await asyncio.gather(*(stub.Admit(r) for r in requests)))
+
+
+# Rate and concurrency are set out of the way so the cap alone decides.
+ROOMY = {
+    "client_allowlist": ("acme",),
+    "rate": {"default_burst": 1000, "cluster_burst": 1000},
+    "concurrency": {"default_limit": 1000},
+    "cap": {"default_cap": 7, "live_count_timeout_s": 2.0},
+}
+
+
+async def test_200_concurrent_admits_with_no_live_pods_admit_exactly_the_cap(
+    start_admission: Any,
+) -> None:
+    running = await start_admission(**ROOMY)
+    answers = await admit_many(running.stub, [cold(f"sb-{i}") for i in range(200)])
+    admitted = [a for a in answers if a.decision == ADMITTED]
+    assert len(admitted) == 7
+    refused = [a for a in answers if a.decision != ADMITTED]
+    assert all(a.refused_by == admission_pb2.POLICY_CAP for a in refused)
+    assert all(a.limit == 7 and a.current == 7 for a in refused)
+
+
+async def test_200_concurrent_admits_with_live_pods_admit_cap_minus_live(
+    start_admission: Any, substrate: Any
+) -> None:
+    substrate.servicer.live["acme"] = {"live-1", "live-2", "live-3"}
+    running = await start_admission(**ROOMY)
+    answers = await admit_many(running.stub, [cold(f"sb-{i}") for i in range(200)])
+    assert sum(a.decision == ADMITTED for a in answers) == 7 - 3
+
+
+async def test_pending_entry_seen_live_is_not_counted_twice(
+    start_admission: Any, substrate: Any
+) -> None:
+    running = await start_admission(**{**ROOMY, "cap": {"default_cap": 2}})
+    first = await running.stub.Admit(cold("sb-1"))
+    await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=first.hold_id))
+    substrate.servicer.live["acme"] = {"sb-1"}  # its pod is live: counted in live now
+    second = await running.stub.Admit(cold("sb-2"))
+    assert second.decision == ADMITTED
+    cap = next(v for v in second.verdicts if v.policy == admission_pb2.POLICY_CAP)
+    assert cap.current == 1  # sb-1 once (live), not twice (live + pending)
+    assert "sb-1" in substrate.servicer.requests[-1].pending_sandbox_ids
+
+
+async def test_pending_ids_another_replica_added_are_recounted_not_counted_twice(
+    start_admission: Any, substrate: Any
+) -> None:
+    """Replica B never saw A's pending ids. When they alone decide the cap, B asks the
+    substrate again with the full list instead of counting live pods twice."""
+    replica_a = await start_admission(**{**ROOMY, "cap": {"default_cap": 3}})
+    replica_b = await start_admission(**{**ROOMY, "cap": {"default_cap": 3}})
+    for sandbox in ("sb-1", "sb-2"):
+        answer = await replica_a.stub.Admit(cold(sandbox))
+        await replica_a.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=answer.hold_id))
+    substrate.servicer.live["acme"] = {"sb-1", "sb-2"}
+    asked_before = len(substrate.servicer.requests)
+    answer = await replica_b.stub.Admit(cold("sb-3"))
+    assert answer.decision == ADMITTED, answer.message
+    cap = next(v for v in answer.verdicts if v.policy == admission_pb2.POLICY_CAP)
+    assert cap.current == 2  # two live, their pending entries not counted again
+    first, recount = substrate.servicer.requests[asked_before:]
+    assert list(first.pending_sandbox_ids) == []
+    assert sorted(recount.pending_sandbox_ids) == ["sb-1", "sb-2"]
+
+
+@pytest.mark.parametrize("creates", [50])
+async def test_concurrent_cold_creates_never_take_the_last_slot_of_a_node_twice(
+    start_admission: Any, creates: int
+) -> None:
+    running = await start_admission(
+        **{**ROOMY, "cap": {"default_cap": 1000}, "slots": {"per_node": {"n1": 3, "n2": 2}}}
+    )
+    answers = await admit_many(
+        running.stub, [cold(f"sb-{i}", candidate_nodes=["n1", "n2"]) for i in range(creates)]
+    )
+    nodes = [a.node for a in answers if a.decision == ADMITTED]
+    assert sorted(nodes) == ["n1", "n1", "n1", "n2", "n2"]
+    refused = [a for a in answers if a.decision != ADMITTED]
+    assert all(a.refused_by == admission_pb2.POLICY_NODE_SLOTS for a in refused)
