@@ -2,20 +2,97 @@
 
 from __future__ import annotations
 
+import logging
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from turnstile_clientkeys import KeySet, KeySetStore, KeySetWatcher, Resolver
 from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.metrics import MetricsEndpoint
+from turnstile_platform.redis_client import redis_from_settings
 from turnstile_platform.server import GrpcService
+from turnstile_substrate.activation import Activator
+from turnstile_substrate.admission import AdmissionClient
+from turnstile_substrate.db.pool import create_pool
+from turnstile_substrate.health import Check, HealthMonitor
+from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
 from turnstile_substrate.settings import SubstrateSettings
+from turnstile_substrate.substrates import create_substrate
 
 SERVICE_NAME = "turnstile-substrate"
 
+log = logging.getLogger(__name__)
 
-async def create_app(settings: SubstrateSettings) -> GrpcService:
-    """A ready-to-start server for the substrate service."""
-    app = GrpcService(SERVICE_NAME, settings, service_names=[peers.SUBSTRATE])
-    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(SubstrateServicer(), app.server)  # type: ignore[abstract]  # RPCs land with their issue
+
+async def create_app(
+    settings: SubstrateSettings, *, tracer_provider: TracerProvider | None = None
+) -> GrpcService:
+    """A ready-to-start server for the substrate service.
+
+    Redis is used only by the Kubernetes substrate (the key set its reflector
+    counts by); a Direct deployment needs PostgreSQL and admission, nothing else.
+    """
+    app = GrpcService(
+        SERVICE_NAME, settings, service_names=[peers.SUBSTRATE], tracer_provider=tracer_provider
+    )
+    monitor = HealthMonitor(
+        app.health, settings.health_check_interval_s, settings.database_timeout_s
+    )
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)
+
+    resolver = Resolver()
+    if settings.substrate_kind == "kubernetes":
+        redis = redis_from_settings(settings)
+        app.add_cleanup(redis.aclose)
+        watcher = KeySetWatcher(
+            KeySetStore(redis, settings.redis_prefix),
+            redis,
+            resolver,
+            poll_interval_s=settings.keyset_poll_interval_s,
+        )
+        await watcher.start(KeySet(allowlist=frozenset(settings.client_allowlist)))
+        app.add_cleanup(watcher.stop)
+
+        async def redis_ok() -> bool:
+            return bool(await redis.ping())
+
+        monitor.add("redis", redis_ok)
+
+    pool = await create_pool(settings)
+    app.add_cleanup(pool.close)
+
+    async def postgres_ok() -> bool:
+        async with pool.acquire() as conn:
+            await conn.fetchval("SELECT 1")
+        return True
+
+    monitor.add("postgres", postgres_ok)
+
+    admission = AdmissionClient(
+        peers.admission(settings, app.tracer_provider), retry_after_s=settings.retry_after_s
+    )
+    app.add_cleanup(admission.close)
+
+    substrate = create_substrate(settings, resolver)
+    await substrate.start()
+    app.add_cleanup(substrate.close)
+    monitor.add("substrate", _ready(substrate))
+
+    activator = Activator(substrate, pool, admission, settings)
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(
+        SubstrateServicer(activator, resolver), app.server
+    )
+    await monitor.start()
+    app.add_cleanup(monitor.stop)
+    log.info("substrate ready", extra={"substrate": substrate.name})
     return app
+
+
+def _ready(substrate: Substrate) -> Check:
+    async def check() -> bool:
+        return substrate.ready()
+
+    return check

@@ -2,8 +2,70 @@
 
 from __future__ import annotations
 
-from turnstile_contracts import substrate_pb2_grpc
+from typing import Any
+
+import grpc.aio
+
+from turnstile_clientkeys import Resolver
+from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_substrate import contract
+from turnstile_substrate.activation import Activator
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
-    """RPCs arrive here; unimplemented ones answer UNIMPLEMENTED."""
+    """Each RPC validates its request (INVALID_ARGUMENT names the field and changes
+    nothing), calls the :class:`Activator`, and maps the result to the contract.
+    Errors are raised as ``RichError``; the platform interceptor sends them."""
+
+    def __init__(self, activator: Activator, resolver: Resolver) -> None:
+        self._activator = activator
+        self._resolver = resolver
+        self._substrate = activator.substrate
+
+    async def Activate(  # noqa: N802 - gRPC method names
+        self, request: substrate_pb2.ActivateRequest, context: Context
+    ) -> substrate_pb2.ActivateResponse:
+        sandbox_id, client, tier = contract.activate_request(request)
+        activation = await self._activator.activate(sandbox_id, client, tier)
+        return contract.activate_response(activation, self._substrate.name)
+
+    async def Deactivate(  # noqa: N802 - gRPC method names
+        self, request: substrate_pb2.DeactivateRequest, context: Context
+    ) -> substrate_pb2.DeactivateResponse:
+        sandbox_id = contract.sandbox_id(request.sandbox_id)
+        stopped = await self._activator.deactivate(sandbox_id)
+        return substrate_pb2.DeactivateResponse(stopped=stopped)
+
+    async def CountLiveSandboxes(  # noqa: N802 - gRPC method names
+        self, request: substrate_pb2.CountLiveSandboxesRequest, context: Context
+    ) -> substrate_pb2.CountLiveSandboxesResponse:
+        key, exclude, pending = contract.count_request(request)
+        version = self._resolver.version
+        count = self._substrate.count_live(key, exclude, pending)
+        return contract.count_response(count, version)
+
+    async def GetSandbox(  # noqa: N802 - gRPC method names
+        self, request: substrate_pb2.GetSandboxRequest, context: Context
+    ) -> substrate_pb2.GetSandboxResponse:
+        sandbox_id = contract.sandbox_id(request.sandbox_id)
+        found = await self._activator.get(sandbox_id)
+        if found.record is None and found.runtime is None:
+            raise contract.not_found(sandbox_id)
+        return substrate_pb2.GetSandboxResponse(
+            sandbox=contract.sandbox_view(found, self._substrate.name)
+        )
+
+    async def ListSandboxes(  # noqa: N802 - gRPC method names
+        self, request: substrate_pb2.ListSandboxesRequest, context: Context
+    ) -> substrate_pb2.ListSandboxesResponse:
+        page_size, after, client_id = contract.list_request(request)
+        found = await self._activator.list(limit=page_size + 1, after=after, client_id=client_id)
+        page = found[:page_size]
+        response = substrate_pb2.ListSandboxesResponse(
+            sandboxes=[contract.sandbox(record, None, self._substrate.name) for record in page]
+        )
+        if len(found) > page_size:
+            response.next_page_token = contract.encode_page_token(page[-1])
+        return response

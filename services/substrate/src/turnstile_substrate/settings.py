@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Literal
 
-from turnstile_platform.settings import ServiceSettings
+from pydantic import AnyUrl, Field
+
+from turnstile_platform.settings import PostgresUrl, ServiceSettings
+
+SubstrateKind = Literal["direct", "kubernetes"]
 
 
 class SubstrateSettings(ServiceSettings):
@@ -12,3 +17,53 @@ class SubstrateSettings(ServiceSettings):
 
     port: int = Field(default=50052, ge=0, le=65535)
     metrics_port: int = Field(default=9092, ge=0, le=65535)
+
+    substrate_kind: SubstrateKind = "direct"
+    """Which substrate runs sandbox runtimes: ``direct`` (host processes, the
+    embedded default for local runs) or ``kubernetes`` (pods)."""
+
+    database_url: PostgresUrl = AnyUrl("postgresql://postgres@127.0.0.1:5432/turnstile")
+    """PostgreSQL holding sandbox records, executions and receipts. The schema is
+    applied by ``turnstile-migrate`` (same variable), never by the service itself."""
+
+    database_pool_min: int = Field(default=1, ge=0, le=100)
+    """Connections the pool keeps open when idle."""
+
+    database_pool_max: int = Field(default=20, ge=1, le=500)
+    """Most connections the pool opens. An activation holds one for its whole
+    duration (it carries the sandbox's advisory lock), so this bounds the
+    activations in progress on one replica; more wait for a connection."""
+
+    database_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    """Deadline of one database statement, and of waiting for a pool connection."""
+
+    activation_lock_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """How long an Activate or Deactivate waits for another one of the same sandbox
+    (on any replica) to finish before answering UNAVAILABLE."""
+
+    retry_after_s: float = Field(default=1.0, gt=0, le=300)
+    """The retry hint of a retryable error when nothing better is known (a
+    dependency failed, or admission gave no hint)."""
+
+    health_check_interval_s: float = Field(default=1.0, gt=0, le=60)
+    """How often the health components (substrate, PostgreSQL, Redis) are checked."""
+
+    direct_runtime_command: str = "turnstile-worker"
+    """Direct substrate: the command (shell-style words, no shell) each sandbox's
+    runtime runs. It receives ``TURNSTILE_WORKER_SANDBOX_ID``,
+    ``TURNSTILE_WORKER_TIER``, ``TURNSTILE_AFFINITY_ADDR`` and, when set,
+    ``TURNSTILE_WORKER_CAPACITY``, and must exit on SIGTERM."""
+
+    direct_state_dir: Path = Path(".run/direct")
+    """Direct substrate: one directory per sandbox holds its workspace (the
+    runtime's working directory, kept across stop and restore), its runtime
+    record (pid and start time, so a restarted substrate finds the runtimes that
+    outlived it) and its log."""
+
+    direct_stop_grace_s: float = Field(default=5.0, ge=0, le=300)
+    """Direct substrate: after SIGTERM, how long a runtime's process group may take
+    to exit before it is killed with SIGKILL."""
+
+    direct_worker_capacity: int | None = Field(default=None, ge=1, le=10_000)
+    """Direct substrate: ``TURNSTILE_WORKER_CAPACITY`` given to each runtime (turns
+    it serves at once); unset leaves the worker's own default."""

@@ -36,6 +36,8 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     """A warm-pool pod was adopted."""
     OUTCOME_RESTORED: _Outcome.ValueType  # 4
     """A stopped sandbox's workspace was restored into a new runtime."""
+    OUTCOME_RESUMED: _Outcome.ValueType  # 5
+    """A paused runtime was resumed."""
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """Outcome is what an Activate did."""
@@ -49,6 +51,8 @@ OUTCOME_WARM_CLAIMED: Outcome.ValueType  # 3
 """A warm-pool pod was adopted."""
 OUTCOME_RESTORED: Outcome.ValueType  # 4
 """A stopped sandbox's workspace was restored into a new runtime."""
+OUTCOME_RESUMED: Outcome.ValueType  # 5
+"""A paused runtime was resumed."""
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
 class _SandboxState:

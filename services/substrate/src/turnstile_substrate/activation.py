@@ -1,0 +1,353 @@
+"""Activate and Deactivate, written once against the ``Substrate`` interface.
+
+The path of one activation (DESIGN "The path of one wake"):
+
+1. A runtime that already runs answers ALREADY_RUNNING at once, without the
+   sandbox lock and without asking admission (SPEC S5: never refused).
+2. Otherwise, under the sandbox's lock (:mod:`turnstile_substrate.locks`), look
+   again, resolve the client (``inherit`` reads the record; a NULL record
+   charges ``unattributed`` and stays NULL: C4, A4), ask the substrate for its
+   plan, and ``Admit`` with the plan's kind and candidate nodes.
+3. From the moment a hold exists, every exit either commits it or cancels it:
+   the substrate makes the runtime exist (running the cap gate before each one
+   it creates), the attribution, execution and (Direct) receipt are written in
+   one transaction, and the hold is committed. Any failure stops what was
+   created, cancels the hold and leaves no row (compensation), then answers
+   with a clean error: retryable UNAVAILABLE when a dependency failed.
+
+The runtime's client label and ``activating_client_id`` are written from the
+same value (``record_value`` of the charged client), so they always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+import asyncpg
+import grpc
+from prometheus_client import Counter, Histogram
+
+from turnstile_clientkeys import Client, ClientForm, record_value
+from turnstile_contracts import common_pb2
+from turnstile_platform.errors import RichError, reason_name
+from turnstile_substrate.admission import AdmissionClient, Admitted, dependency_unavailable
+from turnstile_substrate.db import records
+from turnstile_substrate.db.pool import Connection, is_unavailable
+from turnstile_substrate.db.records import SandboxRecord
+from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, sandbox_advisory_lock
+from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec, Substrate
+from turnstile_substrate.settings import SubstrateSettings
+
+log = logging.getLogger(__name__)
+
+ACTIVATIONS = Counter(
+    "turnstile_substrate_activations_total",
+    "Activate calls, by substrate and result (an outcome, or the error reason).",
+    ["substrate", "result"],
+)
+ACTIVATION_SECONDS = Histogram(
+    "turnstile_substrate_activation_seconds",
+    "Activate latency, by substrate and result.",
+    ["substrate", "result"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+COMPENSATIONS = Counter(
+    "turnstile_substrate_compensations_total",
+    "Activations undone after Admit (runtime stopped, hold cancelled), by what failed.",
+    ["stage"],
+)
+
+#: Substrates that write start/restore receipts (SPEC S7).
+RECEIPT_SUBSTRATES = frozenset({"direct"})
+
+T = TypeVar("T")
+
+
+class Outcome(enum.Enum):
+    """What an Activate did (``substrate.v1.Outcome``)."""
+
+    ALREADY_RUNNING = "already_running"
+    CREATED = "created"
+    WARM_CLAIMED = "warm_claimed"
+    RESTORED = "restored"
+    RESUMED = "resumed"
+
+
+OUTCOMES = {
+    CreateKind.COLD: Outcome.CREATED,
+    CreateKind.WARM: Outcome.WARM_CLAIMED,
+    CreateKind.RESTORE: Outcome.RESTORED,
+    CreateKind.RESUME: Outcome.RESUMED,
+}
+
+
+@dataclass(frozen=True)
+class Activation:
+    """The result of an Activate."""
+
+    record: SandboxRecord | None
+    runtime: Runtime
+    outcome: Outcome
+    #: The bounded key admission charged; None when nothing was charged.
+    key: common_pb2.BoundedKey | None = None
+
+
+@dataclass(frozen=True)
+class SandboxView:
+    """A sandbox as GetSandbox shows it: its record and its runtime, if it runs."""
+
+    record: SandboxRecord | None
+    runtime: Runtime | None
+
+
+def activation_in_progress(sandbox_id: str, retry_after_s: float) -> RichError:
+    return RichError(
+        code=grpc.StatusCode.UNAVAILABLE,
+        message=f"another activation of sandbox {sandbox_id!r} is still in progress; retry",
+        reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_PENDING),
+        metadata={"sandbox_id": sandbox_id},
+        retry_after_s=retry_after_s,
+    )
+
+
+def runtime_failed(sandbox_id: str, retry_after_s: float) -> RichError:
+    return RichError(
+        code=grpc.StatusCode.UNAVAILABLE,
+        message=f"the runtime of sandbox {sandbox_id!r} could not be started; retry",
+        reason=reason_name(common_pb2.ERROR_REASON_RUNTIME_FAILED),
+        metadata={"sandbox_id": sandbox_id},
+        retry_after_s=retry_after_s,
+    )
+
+
+def charged_client(client: Client, record: SandboxRecord | None) -> Client:
+    """Who this activation charges: ``inherit`` means the record's client (C4)."""
+    if client.form is ClientForm.INHERIT:
+        return Client.from_record(record.activating_client_id if record else None)
+    return client
+
+
+def records_runtime(record: SandboxRecord | None, runtime: Runtime) -> bool:
+    """Whether the record's active execution is this runtime."""
+    return (
+        record is not None
+        and record.state == "running"
+        and record.execution is not None
+        and record.execution.runtime_name == runtime.name
+    )
+
+
+class Activator:
+    """The Activate/Deactivate domain, independent of gRPC."""
+
+    def __init__(
+        self,
+        substrate: Substrate,
+        pool: asyncpg.Pool,
+        admission: AdmissionClient,
+        settings: SubstrateSettings,
+    ) -> None:
+        self.substrate = substrate
+        self._pool = pool
+        self._admission = admission
+        self._locks = KeyedLocks()
+        self._lock_timeout_s = settings.activation_lock_timeout_s
+        self._db_timeout_s = settings.database_timeout_s
+        self._retry_after_s = settings.retry_after_s
+        self._receipts = substrate.name in RECEIPT_SUBSTRATES
+
+    # -- Activate ------------------------------------------------------------
+
+    async def activate(self, sandbox_id: str, client: Client, tier: str) -> Activation:
+        """Make the sandbox's runtime exist, charged to ``client`` (see module doc)."""
+        started = time.perf_counter()
+        result = "error"
+        try:
+            activation = await self._guard(self._activate(sandbox_id, client, tier))
+            result = activation.outcome.value
+            return activation
+        except RichError as error:
+            result = error.reason.lower() or error.code.name.lower()
+            raise
+        finally:
+            ACTIVATIONS.labels(self.substrate.name, result).inc()
+            ACTIVATION_SECONDS.labels(self.substrate.name, result).observe(
+                time.perf_counter() - started
+            )
+
+    async def _activate(self, sandbox_id: str, client: Client, tier: str) -> Activation:
+        runtime = await self.substrate.find_running(sandbox_id)
+        if runtime is not None:
+            record = await self._read(sandbox_id)
+            if records_runtime(record, runtime):
+                return Activation(record, runtime, Outcome.ALREADY_RUNNING)
+        async with self._locked(sandbox_id) as conn:
+            record = await records.fetch_sandbox(conn, sandbox_id)
+            runtime = await self.substrate.find_running(sandbox_id)
+            if runtime is not None:
+                if not records_runtime(record, runtime):
+                    # Its activation died between creating and recording it.
+                    record = await records.adopt_runtime(
+                        conn, runtime, substrate=self.substrate.name
+                    )
+                return Activation(record, runtime, Outcome.ALREADY_RUNNING)
+            return await self._create(conn, sandbox_id, client, tier, record)
+
+    async def _create(
+        self,
+        conn: Connection,
+        sandbox_id: str,
+        client: Client,
+        tier: str,
+        record: SandboxRecord | None,
+    ) -> Activation:
+        charged = charged_client(client, record)
+        spec = RuntimeSpec(
+            sandbox_id=sandbox_id,
+            tier=record.tier if record is not None else tier,
+            client_label=record_value(charged),
+            restore=record is not None,
+        )
+        plan = self.substrate.plan(spec)
+        admitted = await self._admission.admit(
+            sandbox_id, charged, plan.kind, spec.tier, plan.candidate_nodes
+        )
+        runtime: Runtime | None = None
+        stage = "runtime"
+        try:
+            runtime = await self._ensure_runtime(spec, plan, admitted, charged)
+            stage = "record"
+            recorded = await records.record_activation(
+                conn,
+                runtime,
+                substrate=self.substrate.name,
+                charged_key=admitted.key.key,
+                receipt=records.receipt_kind(runtime.kind) if self._receipts else None,
+            )
+        except BaseException as error:
+            # The runtime must go if it may exist: it was made, or its making
+            # was interrupted. A RichError from the substrate (the cap gate)
+            # means nothing was made.
+            made = runtime is not None or not isinstance(error, RichError)
+            COMPENSATIONS.labels(stage).inc()
+            await _finish(self._compensate(sandbox_id, admitted, stop_runtime=made))
+            raise
+        await _finish(self._admission.commit(admitted.hold_id))
+        return Activation(recorded, runtime, OUTCOMES[runtime.kind], admitted.key)
+
+    async def _ensure_runtime(
+        self, spec: RuntimeSpec, plan: Plan, admitted: Admitted, charged: Client
+    ) -> Runtime:
+        gate = self._admission.cap_gate(admitted, charged)
+        try:
+            return await self.substrate.ensure_runtime(spec, plan, gate)
+        except (RichError, asyncio.CancelledError):
+            raise
+        except Exception as error:
+            log.exception("runtime creation failed", extra={"sandbox_id": spec.sandbox_id})
+            raise runtime_failed(spec.sandbox_id, self._retry_after_s) from error
+
+    async def _compensate(self, sandbox_id: str, admitted: Admitted, *, stop_runtime: bool) -> None:
+        """Undo an admitted activation: stop what was made, then cancel the hold
+        (in that order, so the cap never sees room while the runtime still runs)."""
+        if stop_runtime:
+            try:
+                await self.substrate.stop_runtime(sandbox_id)
+            except Exception:
+                log.exception(
+                    "compensation could not stop the runtime", extra={"sandbox_id": sandbox_id}
+                )
+        await self._admission.cancel(admitted.hold_id)
+
+    # -- Deactivate ----------------------------------------------------------
+
+    async def deactivate(self, sandbox_id: str) -> bool:
+        """Stop the runtime, end its execution, free its admission slot. Idempotent.
+
+        The admission release runs under the sandbox lock, so it cannot free the
+        slot of an activation of the same sandbox that starts right after.
+        """
+
+        async def run() -> bool:
+            async with self._locked(sandbox_id) as conn:
+                stopped = await self.substrate.stop_runtime(sandbox_id)
+                await records.end_execution(conn, sandbox_id, reason="deactivated")
+                await self._admission.release_sandbox(sandbox_id)
+                return stopped
+
+        return await self._guard(run())
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get(self, sandbox_id: str) -> SandboxView:
+        """The sandbox's record and, if it runs, its runtime."""
+
+        async def run() -> SandboxView:
+            record = await self._read(sandbox_id)
+            runtime = await self.substrate.find_running(sandbox_id)
+            return SandboxView(record, runtime)
+
+        return await self._guard(run())
+
+    async def list(
+        self, *, limit: int, after: tuple[datetime, str] | None, client_id: str | None
+    ) -> list[SandboxRecord]:
+        async def run() -> list[SandboxRecord]:
+            async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                return await records.list_sandboxes(
+                    conn,
+                    limit=limit,
+                    after=after,
+                    client_id=client_id,
+                )
+
+        return await self._guard(run())
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def _read(self, sandbox_id: str) -> SandboxRecord | None:
+        async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+            return await records.fetch_sandbox(conn, sandbox_id)
+
+    @asynccontextmanager
+    async def _locked(self, sandbox_id: str) -> AsyncIterator[Connection]:
+        """The sandbox's locks, and the connection that holds the advisory one."""
+        async with (
+            self._locks.hold(sandbox_id, self._lock_timeout_s),
+            self._pool.acquire(timeout=self._db_timeout_s) as conn,
+            sandbox_advisory_lock(conn, sandbox_id, self._lock_timeout_s),
+        ):
+            yield conn
+
+    async def _guard(self, work: Awaitable[T]) -> T:
+        """Map lock timeouts and PostgreSQL outages to retryable errors."""
+        try:
+            return await work
+        except RichError:
+            raise
+        except LockTimeoutError as error:
+            raise activation_in_progress(str(error), self._retry_after_s) from error
+        except Exception as error:
+            if is_unavailable(error):
+                log.warning("PostgreSQL unavailable", extra={"error": repr(error)})
+                raise dependency_unavailable("postgresql", self._retry_after_s) from error
+            raise
+
+
+async def _finish(work: Awaitable[None]) -> None:
+    """Run ``work`` to the end even if the caller is cancelled meanwhile (the
+    compensation or commit of an activation must not stop half-way)."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise

@@ -1,0 +1,1 @@
+"""PostgreSQL: the schema's migrations, the connection pool and the records."""

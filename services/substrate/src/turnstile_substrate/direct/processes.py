@@ -1,0 +1,209 @@
+"""Host processes as runtimes: spawn in their own process group, identify, wait, stop.
+
+A process is identified by its pid *and* its start time (``/proc/<pid>/stat``
+field 22, clock ticks since boot), so a pid the kernel reused for an unrelated
+process is never mistaken for a runtime, nor signalled. Exits are awaited
+through a pidfd (Linux ≥ 5.3), which works for processes this service did not
+start (runtimes adopted after a restart) and needs no polling; elsewhere a
+short poll stands in.
+
+Each runtime leads its own session and process group, so stopping it signals
+everything it started too: no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_POLL_INTERVAL_S = 0.02
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None when it is not
+    alive (gone, or a zombie that has exited but not been reaped).
+
+    Off Linux (no ``/proc``) a live process reports 0: identity then rests on
+    the pid alone.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _alive_without_proc(pid)
+    # The command name (field 2) is in parentheses and may hold spaces or ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    state, ticks = fields[0], fields[19]
+    if state in (b"Z", b"X"):
+        return None
+    return int(ticks)
+
+
+def _alive_without_proc(pid: int) -> int | None:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return 0
+    return 0
+
+
+def is_alive(pid: int, ticks: int) -> bool:
+    """Whether ``pid`` still is the process that started at ``ticks``."""
+    current = start_ticks(pid)
+    return current is not None and (current == ticks or current == 0 or ticks == 0)
+
+
+def spawn(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as the leader of a new session and process group.
+
+    Blocking (fork/exec): call it from a thread. Output goes to ``log_path``.
+    """
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid``; None when unsupported; ProcessLookupError when gone."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        fd: int = opener(pid)
+    except OSError as error:
+        if isinstance(error, ProcessLookupError):
+            raise
+        return None
+    return fd
+
+
+async def wait_exit(pid: int, ticks: int, timeout_s: float) -> bool:
+    """Wait until the process exits; True if it did within ``timeout_s``."""
+    if not is_alive(pid, ticks):
+        return True
+    try:
+        fd = _pidfd(pid)
+    except ProcessLookupError:
+        return True
+    if fd is None:
+        return await _poll_exit(pid, ticks, timeout_s)
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        if not is_alive(pid, ticks):  # it may have exited before the reader was added
+            return True
+        async with asyncio.timeout(timeout_s):
+            await exited
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+async def _poll_exit(pid: int, ticks: int, timeout_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while is_alive(pid, ticks):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_INTERVAL_S)
+    return True
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def stop_group(pid: int, ticks: int, grace_s: float) -> bool:
+    """Stop a runtime and everything in its process group.
+
+    SIGTERM to the group; once the leader exits, or after ``grace_s``, SIGKILL
+    to the group sweeps anything left (a child that ignored SIGTERM, or a
+    leader that did). Returns False if the runtime was not running.
+    """
+    if not is_alive(pid, ticks):
+        # The leader is gone; members it left behind still hold the group.
+        signal_group(pid, signal.SIGKILL)
+        return False
+    signal_group(pid, signal.SIGTERM)
+    exited = await wait_exit(pid, ticks, grace_s)
+    signal_group(pid, signal.SIGKILL)
+    if not exited:
+        await wait_exit(pid, ticks, max(grace_s, 5.0))
+    return True
+
+
+class Reaper:
+    """Reaps this service's own runtime processes as they exit (no zombies),
+    driven by a pidfd per child instead of a thread or SIGCHLD handler."""
+
+    def __init__(self) -> None:
+        self._children: dict[int, tuple[subprocess.Popen[bytes], int | None]] = {}
+
+    def watch(self, child: subprocess.Popen[bytes]) -> None:
+        try:
+            fd = _pidfd(child.pid)
+        except ProcessLookupError:
+            child.poll()
+            return
+        self._children[child.pid] = (child, fd)
+        if fd is not None:
+            asyncio.get_running_loop().add_reader(fd, self._reap, child.pid)
+
+    def reap(self) -> None:
+        """Reap every watched child that has exited (the fallback without pidfds)."""
+        for pid in list(self._children):
+            child, fd = self._children[pid]
+            if fd is None and child.poll() is not None:
+                del self._children[pid]
+
+    def _reap(self, pid: int) -> None:
+        child, fd = self._children.pop(pid, (None, None))
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+        if child is not None:
+            child.poll()
+
+    def close(self) -> None:
+        """Stop watching; children that still run are left running (and are
+        reaped by whoever inherits them)."""
+        loop = asyncio.get_running_loop()
+        for child, fd in self._children.values():
+            if fd is not None:
+                loop.remove_reader(fd)
+                os.close(fd)
+            with contextlib.suppress(Exception):
+                child.poll()
+        self._children.clear()

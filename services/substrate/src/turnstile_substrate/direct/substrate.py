@@ -1,0 +1,261 @@
+"""The Direct substrate: each sandbox's runtime is a process on this host.
+
+The runtime is the worker agent (``turnstile-worker``, configurable), started
+in the sandbox's workspace directory with the worker's settings in its
+environment. A cold start gets a fresh workspace; a restore keeps the one the
+sandbox's previous runtime left (that is what is restored).
+
+Where the truth lives: a runtime record per sandbox in the state directory
+(``<state_dir>/<sandbox_id>/runtime.json``: pid, start time, label, tier). The
+processes are this host's, so this host's files, not the database, say which
+exist. A runtime *runs* only while its pid still names the process that
+started at the recorded time, and that process has not exited: a dead or
+reused pid is not running, and its stale record is dropped.
+
+After the substrate restarts, :meth:`DirectSubstrate.find_running` finds the
+runtimes that outlived it through those records, and :meth:`stop_runtime`
+stops them like its own. Runtimes are not stopped when the substrate stops
+(pods do not vanish when a Kubernetes substrate restarts either).
+
+Direct cannot count live sandboxes per client (SPEC S4): ``count_live``
+answers unknown (unsupported), and admission then admits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from turnstile_substrate.direct import processes
+from turnstile_substrate.runtime import (
+    CapGate,
+    CountUnknown,
+    CreateKind,
+    LiveCount,
+    Plan,
+    Runtime,
+    RuntimeSpec,
+)
+from turnstile_substrate.settings import SubstrateSettings
+
+log = logging.getLogger(__name__)
+
+#: Environment variables the worker agent reads.
+ENV_SANDBOX_ID = "TURNSTILE_WORKER_SANDBOX_ID"
+ENV_TIER = "TURNSTILE_WORKER_TIER"
+ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
+ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
+
+#: The substrate's own ``TURNSTILE_*`` settings are not passed on (a runtime
+#: must not pick up the substrate's port or database), except these.
+_PASSED_SETTINGS = frozenset({"TURNSTILE_LOG_LEVEL", "TURNSTILE_LOG_FORMAT"})
+
+RECORD_FILE = "runtime.json"
+
+
+@dataclass(frozen=True)
+class RuntimeRecord:
+    """What the state directory keeps about one running runtime."""
+
+    pid: int
+    start_ticks: int
+    name: str
+    kind: str
+    client_label: str | None
+    tier: str
+    started_at: str
+
+    def runtime(self, sandbox_id: str) -> Runtime:
+        return Runtime(
+            sandbox_id=sandbox_id,
+            name=self.name,
+            kind=CreateKind(self.kind),
+            client_label=self.client_label,
+            tier=self.tier,
+        )
+
+
+class DirectSubstrate:
+    """Runtimes as host processes, one process group each."""
+
+    name = "direct"
+
+    def __init__(self, settings: SubstrateSettings) -> None:
+        self.command = shlex.split(settings.direct_runtime_command)
+        if not self.command:
+            raise ValueError("TURNSTILE_DIRECT_RUNTIME_COMMAND must not be empty")
+        self.state_dir = settings.direct_state_dir.absolute()
+        self.stop_grace_s = settings.direct_stop_grace_s
+        self._worker_env = {ENV_AFFINITY_ADDR: settings.affinity_addr}
+        if settings.direct_worker_capacity is not None:
+            self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
+        self._reaper = processes.Reaper()
+        self._started = False
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.state_dir.mkdir, parents=True, exist_ok=True)
+        self._started = True
+
+    async def close(self) -> None:
+        """Stop watching runtimes; they keep running and are found again on restart."""
+        self._started = False
+        self._reaper.close()
+
+    def ready(self) -> bool:
+        return self._started
+
+    def plan(self, spec: RuntimeSpec) -> Plan:
+        return Plan(CreateKind.RESTORE if spec.restore else CreateKind.COLD)
+
+    async def find_running(self, sandbox_id: str) -> Runtime | None:
+        record = self._running_record(sandbox_id)
+        return record.runtime(sandbox_id) if record is not None else None
+
+    async def ensure_runtime(self, spec: RuntimeSpec, plan: Plan, cap_gate: CapGate) -> Runtime:
+        """Start the sandbox's process, or return the one already running.
+
+        The cap gate runs before the process is started; if anything fails
+        after the start, the process group is stopped before the error is raised.
+        """
+        running = self._running_record(spec.sandbox_id)
+        if running is not None:
+            return running.runtime(spec.sandbox_id)
+        await cap_gate()
+        # The start runs in a thread (fork/exec blocks). If this call is
+        # cancelled meanwhile, the thread still finishes: wait for it and stop
+        # what it started, so a cancelled activation leaves no process behind.
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start, spec, plan.kind))
+        try:
+            record, child = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            await asyncio.wait([starting])
+            if not starting.cancelled() and starting.exception() is None:
+                self._reaper.watch(starting.result()[1])
+                await self.stop_runtime(spec.sandbox_id)
+            raise
+        self._reaper.watch(child)
+        log.info(
+            "runtime started",
+            extra={"sandbox_id": spec.sandbox_id, "pid": record.pid, "kind": plan.kind.value},
+        )
+        return record.runtime(spec.sandbox_id)
+
+    async def stop_runtime(self, sandbox_id: str) -> bool:
+        """SIGTERM the runtime's process group, SIGKILL it after the grace period."""
+        record = self._read_record(sandbox_id)
+        if record is None:
+            return False
+        stopped = await processes.stop_group(record.pid, record.start_ticks, self.stop_grace_s)
+        self._reaper.reap()
+        self._drop_record(sandbox_id)
+        if stopped:
+            log.info("runtime stopped", extra={"sandbox_id": sandbox_id, "pid": record.pid})
+        return stopped
+
+    def count_live(
+        self, key: str, exclude_sandbox_id: str | None, pending: Collection[str]
+    ) -> LiveCount | CountUnknown:
+        return CountUnknown("unsupported", "the Direct substrate does not count live sandboxes")
+
+    # -- the state directory -------------------------------------------------
+
+    def sandbox_dir(self, sandbox_id: str) -> Path:
+        return self.state_dir / sandbox_id
+
+    def workspace(self, sandbox_id: str) -> Path:
+        return self.sandbox_dir(sandbox_id) / "workspace"
+
+    def _record_path(self, sandbox_id: str) -> Path:
+        return self.sandbox_dir(sandbox_id) / RECORD_FILE
+
+    def _read_record(self, sandbox_id: str) -> RuntimeRecord | None:
+        try:
+            raw = self._record_path(sandbox_id).read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            return RuntimeRecord(**json.loads(raw))
+        except (ValueError, TypeError):
+            log.warning("unreadable runtime record dropped", extra={"sandbox_id": sandbox_id})
+            self._drop_record(sandbox_id)
+            return None
+
+    def _running_record(self, sandbox_id: str) -> RuntimeRecord | None:
+        """The sandbox's runtime record if its process still runs; a stale one is dropped."""
+        self._reaper.reap()
+        record = self._read_record(sandbox_id)
+        if record is None:
+            return None
+        if processes.is_alive(record.pid, record.start_ticks):
+            return record
+        # The leader died; sweep anything it left in its group, forget it.
+        processes.signal_group(record.pid, signal.SIGKILL)
+        self._drop_record(sandbox_id)
+        return None
+
+    def _drop_record(self, sandbox_id: str) -> None:
+        self._record_path(sandbox_id).unlink(missing_ok=True)
+
+    def _write_record(self, sandbox_id: str, record: RuntimeRecord) -> None:
+        path = self._record_path(sandbox_id)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(asdict(record)))
+        os.replace(temporary, path)
+
+    def _environment(self, spec: RuntimeSpec) -> Mapping[str, str]:
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith("TURNSTILE_") or name in _PASSED_SETTINGS
+        }
+        env.update(self._worker_env)
+        env[ENV_SANDBOX_ID] = spec.sandbox_id
+        # Always set: the sandbox's tier, empty for the default tier (no label,
+        # SPEC T1/T6), never the worker kind's own default.
+        env[ENV_TIER] = spec.tier
+        return env
+
+    def _start(
+        self, spec: RuntimeSpec, kind: CreateKind
+    ) -> tuple[RuntimeRecord, subprocess.Popen[bytes]]:
+        """Blocking part of a start (runs in a thread): workspace, spawn, record."""
+        directory = self.sandbox_dir(spec.sandbox_id)
+        workspace = self.workspace(spec.sandbox_id)
+        if kind is not CreateKind.RESTORE and workspace.exists():
+            shutil.rmtree(workspace)  # a cold start begins from nothing
+        workspace.mkdir(parents=True, exist_ok=True)
+        child = processes.spawn(
+            self.command,
+            env=self._environment(spec),
+            cwd=workspace,
+            log_path=directory / "runtime.log",
+        )
+        try:
+            ticks = processes.start_ticks(child.pid)
+            if ticks is None:
+                raise RuntimeError(f"runtime exited at once with status {child.wait()}")
+            record = RuntimeRecord(
+                pid=child.pid,
+                start_ticks=ticks,
+                name=f"proc-{child.pid}",
+                kind=kind.value,
+                client_label=spec.client_label,
+                tier=spec.tier,
+                started_at=datetime.now(UTC).isoformat(),
+            )
+            self._write_record(spec.sandbox_id, record)
+        except BaseException:
+            processes.signal_group(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        return record, child

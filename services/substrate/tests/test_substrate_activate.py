@@ -1,0 +1,222 @@
+"""Activate and Deactivate on the Direct substrate, end to end over gRPC: real
+processes, real PostgreSQL, a stand-in admission service on a real socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING
+
+import grpc
+
+from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
+from turnstile_substrate.direct import processes
+
+if TYPE_CHECKING:
+    from conftest import Harness, StartService
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+def environment(pid: int) -> list[bytes]:
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        return environ.read().split(b"\0")
+
+
+async def test_activate_starts_a_real_process_and_records_its_attribution(
+    harness: Harness,
+) -> None:
+    response = await harness.activate("sb-1", "acme", tier="gpu")
+
+    assert response.outcome == substrate_pb2.OUTCOME_CREATED
+    assert response.charged_client_id == "acme"
+    assert response.key.key == "acme"
+    assert response.sandbox.state == substrate_pb2.SANDBOX_STATE_RUNNING
+    assert response.sandbox.tier == "gpu"
+    assert response.sandbox.substrate == "direct"
+    pids = harness.processes()
+    assert list(pids) == ["sb-1"]
+    assert response.sandbox.runtime_name == f"proc-{pids['sb-1']}"
+    environ = environment(pids["sb-1"])
+    assert b"TURNSTILE_WORKER_SANDBOX_ID=sb-1" in environ
+    assert b"TURNSTILE_WORKER_TIER=gpu" in environ
+    assert not any(v.startswith(b"TURNSTILE_DATABASE_URL=") for v in environ)
+
+    [row] = await harness.rows("SELECT state, activating_client_id, tier FROM sandboxes")
+    assert dict(row) == {"state": "running", "activating_client_id": "acme", "tier": "gpu"}
+    [execution] = await harness.rows(
+        "SELECT runtime_name, client_label, charged_key, ended_at FROM executions"
+    )
+    assert execution["runtime_name"] == response.sandbox.runtime_name
+    assert execution["client_label"] == "acme"
+    assert execution["charged_key"] == "acme"
+    assert execution["ended_at"] is None
+    [receipt] = await harness.rows("SELECT kind, client_id, runtime_name FROM receipts")
+    assert dict(receipt) == {
+        "kind": "start",
+        "client_id": "acme",
+        "runtime_name": response.sandbox.runtime_name,
+    }
+    [hold] = harness.admission.holds.values()
+    assert hold.state == "committed"
+
+
+async def test_an_already_running_sandbox_answers_without_asking_admission(
+    harness: Harness,
+) -> None:
+    first = await harness.activate("sb-1", "acme")
+    harness.admission.cap = 0  # admission would refuse anything now
+
+    again = await harness.activate("sb-1", "globex")
+
+    assert again.outcome == substrate_pb2.OUTCOME_ALREADY_RUNNING
+    assert again.sandbox.runtime_name == first.sandbox.runtime_name
+    assert again.charged_client_id == "acme"  # the runtime's creator stays charged
+    assert not again.HasField("key")
+    assert len(harness.admission.admits) == 1
+    assert len(harness.processes()) == 1
+
+
+async def test_deactivate_stops_the_process_ends_the_execution_and_frees_the_slot(
+    harness: Harness,
+) -> None:
+    await harness.activate("sb-1", "acme")
+    pid = harness.processes()["sb-1"]
+
+    response = await harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+
+    assert response.stopped
+    assert not pid_alive(pid)
+    assert harness.processes() == {}
+    [row] = await harness.rows("SELECT state, activating_client_id FROM sandboxes")
+    assert dict(row) == {"state": "stopped", "activating_client_id": "acme"}
+    [execution] = await harness.rows("SELECT ended_at, end_reason FROM executions")
+    assert execution["ended_at"] is not None
+    assert execution["end_reason"] == "deactivated"
+    assert harness.admission.released == ["sb-1"]
+
+    again = await harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+    assert not again.stopped
+
+
+async def test_activating_a_stopped_sandbox_restores_it_and_writes_a_restore_receipt(
+    harness: Harness,
+) -> None:
+    await harness.activate("sb-1", "acme", tier="gpu")
+    workspace = harness.state_dir / "sb-1" / "workspace"
+    (workspace / "notes.txt").write_text("kept")
+    await harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+
+    response = await harness.activate("sb-1", harness.inherit(), tier="ignored")
+
+    assert response.outcome == substrate_pb2.OUTCOME_RESTORED
+    assert response.sandbox.tier == "gpu"  # an existing sandbox keeps its tier
+    assert response.charged_client_id == "acme"
+    assert (workspace / "notes.txt").read_text() == "kept"
+    assert harness.admission.admits[-1].kind == common_pb2.ACTIVATION_KIND_RESTORE
+    receipts = await harness.rows("SELECT kind, client_id FROM receipts ORDER BY id")
+    assert [dict(r) for r in receipts] == [
+        {"kind": "start", "client_id": "acme"},
+        {"kind": "restore", "client_id": "acme"},
+    ]
+    executions = await harness.rows("SELECT ended_at IS NULL AS active FROM executions")
+    assert sorted(r["active"] for r in executions) == [False, True]
+
+
+async def test_a_runtime_whose_process_died_is_not_running_and_is_started_again(
+    harness: Harness,
+) -> None:
+    await harness.activate("sb-1", "acme")
+    pid = harness.processes()["sb-1"]
+    ticks = processes.start_ticks(pid)
+    assert ticks is not None
+    os.killpg(pid, signal.SIGKILL)
+    assert await processes.wait_exit(pid, ticks, timeout_s=5)
+
+    found = await harness.stub.GetSandbox(substrate_pb2.GetSandboxRequest(sandbox_id="sb-1"))
+    assert found.sandbox.state == substrate_pb2.SANDBOX_STATE_STOPPED
+    assert found.sandbox.runtime_name == ""
+
+    response = await harness.activate("sb-1", harness.inherit())
+    assert response.outcome == substrate_pb2.OUTCOME_RESTORED
+    assert harness.processes()["sb-1"] != pid
+    active = await harness.rows("SELECT id FROM executions WHERE ended_at IS NULL")
+    assert len(active) == 1
+
+
+async def test_counts_are_unknown_on_direct(harness: Harness) -> None:
+    await harness.activate("sb-1", "acme")
+
+    response = await harness.stub.CountLiveSandboxes(
+        substrate_pb2.CountLiveSandboxesRequest(key="acme", pending_sandbox_ids=["sb-1"])
+    )
+
+    assert response.WhichOneof("result") == "unknown"
+    assert response.unknown.reason == substrate_pb2.UNKNOWN_REASON_UNSUPPORTED
+
+
+async def test_a_refusal_is_resource_exhausted_with_admissions_reason_and_creates_nothing(
+    harness: Harness,
+) -> None:
+    harness.admission.cap = 1
+    await harness.activate("sb-1", "acme")
+
+    error = await harness.error(harness.activate("sb-2", "acme"))
+
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.reason == "CAP_EXCEEDED"
+    assert error.metadata["key"] == "acme"
+    assert error.metadata["limit"] == "1"
+    assert error.metadata["current"] == "1"
+    assert error.retry_after_s == 2.0
+    assert [v.subject for v in error.quota_violations] == ["acme"]
+    assert list(harness.processes()) == ["sb-1"]
+    assert [r["id"] for r in await harness.rows("SELECT id FROM sandboxes")] == ["sb-1"]
+
+
+async def test_a_fail_closed_policy_refusal_is_unavailable_and_retryable(
+    harness: Harness,
+) -> None:
+    harness.admission.answer = admission_pb2.AdmitResponse(
+        decision=admission_pb2.DECISION_REFUSED,
+        refused_by=admission_pb2.POLICY_RATE,
+        verdicts=[
+            admission_pb2.PolicyVerdict(
+                policy=admission_pb2.POLICY_RATE,
+                mode=admission_pb2.POLICY_MODE_ENFORCE,
+                verdict=admission_pb2.VERDICT_UNKNOWN,
+                detail="redis unreachable",
+            )
+        ],
+    )
+
+    error = await harness.error(harness.activate("sb-1", "acme"))
+
+    assert error.code == grpc.StatusCode.UNAVAILABLE
+    assert error.reason == "POLICY_BACKEND_UNAVAILABLE"
+    assert error.retry_after_s == harness.settings.retry_after_s
+    assert harness.processes() == {}
+    assert await harness.rows("SELECT id FROM sandboxes") == []
+
+
+async def test_a_runtime_that_cannot_start_cancels_the_hold_and_leaves_no_row(
+    start_service: StartService, migrated_url: str
+) -> None:
+    harness = await start_service(
+        migrated_url, direct_runtime_command="/nonexistent/turnstile-worker"
+    )
+
+    error = await harness.error(harness.activate("sb-1", "acme"))
+
+    assert error.code == grpc.StatusCode.UNAVAILABLE
+    assert error.reason == "RUNTIME_FAILED"
+    assert error.retryable
+    assert [h.state for h in harness.admission.holds.values()] == ["cancelled"]
+    assert await harness.rows("SELECT id FROM sandboxes") == []
+    assert harness.processes() == {}
