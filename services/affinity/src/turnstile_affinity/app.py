@@ -2,20 +2,77 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from turnstile_affinity.placement import PlacementPolicy, Placer
+from turnstile_affinity.relay import Relay
 from turnstile_affinity.servicer import AffinityServicer
 from turnstile_affinity.settings import AffinitySettings
-from turnstile_contracts import affinity_pb2_grpc
+from turnstile_affinity.store import AffinityStore, Clock
+from turnstile_affinity.wake import Waker
+from turnstile_contracts import affinity_pb2_grpc, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.metrics import MetricsEndpoint
+from turnstile_platform.redis_client import redis_from_settings
 from turnstile_platform.server import GrpcService
 
 SERVICE_NAME = "turnstile-affinity"
 
 
-async def create_app(settings: AffinitySettings) -> GrpcService:
-    """A ready-to-start server for the affinity service."""
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) -> GrpcService:
+    """A ready-to-start server for the affinity service.
+
+    ``clock`` shifts the time every store script reads (tests only).
+    """
     app = GrpcService(SERVICE_NAME, settings, service_names=[peers.AFFINITY])
-    affinity_pb2_grpc.add_AffinityServiceServicer_to_server(AffinityServicer(), app.server)  # type: ignore[abstract]  # RPCs land with their issue
+    tiers = settings.tier_config
+
+    redis = redis_from_settings(settings)
+    app.add_cleanup(redis.aclose)
+    store = AffinityStore(redis, settings.redis_prefix, clock)
+
+    waker = None
+    if settings.wake_enabled:
+        substrate = peers.substrate(
+            settings, app.tracer_provider, timeout_s=settings.wake_timeout_s
+        )
+        app.add_cleanup(substrate.close)
+        # The stub is async at run time; its type stub only says so through __new__.
+        stub = cast("substrate_pb2_grpc.SubstrateServiceAsyncStub", substrate.stub)
+        waker = Waker(stub, settings.wake_timeout_s)
+        app.add_cleanup(waker.close)
+
+    policy = PlacementPolicy(
+        grace_ms=round(settings.grace_s * 1000),
+        lease_ttl_ms=_ms(settings.lease_ttl_s),
+        record_ttl_ms=settings.affinity_ttl_s * 1000,
+        retry_after_s=settings.retry_after_s,
+        filtered=tiers.enabled,
+    )
+    placer = Placer(store, policy, waker)
+    app.add_cleanup(placer.close)
+    relay = Relay(
+        store,
+        tiers,
+        presence_ttl_ms=_ms(settings.presence_ttl_s),
+        mark_ttl_ms=settings.affinity_ttl_s * 1000,
+    )
+    app.add_cleanup(relay.close)
+
+    servicer = AffinityServicer(
+        placer=placer,
+        relay=relay,
+        store=store,
+        tiers=tiers,
+        heartbeat_interval_ms=_ms(settings.heartbeat_interval_s),
+        presence_ttl_ms=_ms(settings.presence_ttl_s),
+    )
+    affinity_pb2_grpc.add_AffinityServiceServicer_to_server(servicer, app.server)
+
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)
     return app

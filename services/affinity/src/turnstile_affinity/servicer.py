@@ -2,8 +2,178 @@
 
 from __future__ import annotations
 
-from turnstile_contracts import affinity_pb2_grpc
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf import duration_pb2, timestamp_pb2
+from opentelemetry import trace
+
+from turnstile_affinity import validation
+from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
+from turnstile_affinity.relay import Relay, SupersededError
+from turnstile_affinity.store import AffinityStore, SessionRecord
+from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
+from turnstile_platform.errors import RichError, bad_field, reason_name
+from turnstile_platform.tiers import TierConfig
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_OUTCOMES = {
+    Outcome.HIT: affinity_pb2.PLACEMENT_OUTCOME_HIT,
+    Outcome.FIRST: affinity_pb2.PLACEMENT_OUTCOME_FIRST,
+    Outcome.FALLBACK: affinity_pb2.PLACEMENT_OUTCOME_FALLBACK,
+}
+_REASONS = {
+    ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,
+    ResetReason.RETIERED: affinity_pb2.RESET_REASON_RETIERED,
+}
+
+
+def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _duration(ms: int) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _reset(reset: Reset) -> affinity_pb2.WorkspaceReset:
+    return affinity_pb2.WorkspaceReset(
+        from_sandbox_id=reset.from_sandbox_id,
+        to_sandbox_id=reset.to_sandbox_id,
+        at=_timestamp(reset.at_ms),
+        reason=_REASONS[reset.reason],
+    )
+
+
+def _placement(placement: Placement) -> affinity_pb2.PlaceResponse:
+    response = affinity_pb2.PlaceResponse(
+        sandbox_id=placement.sandbox_id,
+        tier=placement.tier,
+        lease_id=placement.lease_id,
+        lease_expires_at=_timestamp(placement.lease_expires_ms),
+        outcome=_OUTCOMES[placement.outcome],
+        endpoint=placement.endpoint,
+    )
+    if placement.reset is not None:
+        response.reset.CopyFrom(_reset(placement.reset))
+    return response
+
+
+def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionResponse:
+    response = affinity_pb2.GetSessionResponse(
+        session_id=session_id,
+        sandbox_id=record.sandbox_id,
+        tier=record.tier,
+        expires_at=_timestamp(record.expires_ms),
+    )
+    if record.reset_from and record.reset_to and record.reset_at_ms is not None:
+        reason = ResetReason(record.reset_reason or ResetReason.GRACE_EXPIRED.value)
+        response.last_reset.CopyFrom(
+            _reset(Reset(record.reset_from, record.reset_to, record.reset_at_ms, reason))
+        )
+    return response
 
 
 class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
-    """RPCs arrive here; unimplemented ones answer UNIMPLEMENTED."""
+    """Place, ReleaseLease, the Attach relay, GetSession and ListWorkers."""
+
+    def __init__(
+        self,
+        *,
+        placer: Placer,
+        relay: Relay,
+        store: AffinityStore,
+        tiers: TierConfig,
+        heartbeat_interval_ms: int,
+        presence_ttl_ms: int,
+    ) -> None:
+        self._placer = placer
+        self._relay = relay
+        self._store = store
+        self._tiers = tiers
+        self._welcome = affinity_pb2.Welcome(
+            heartbeat_interval=_duration(heartbeat_interval_ms),
+            presence_ttl=_duration(presence_ttl_ms),
+        )
+
+    async def Place(  # noqa: N802 - gRPC method name
+        self, request: affinity_pb2.PlaceRequest, context: Context
+    ) -> affinity_pb2.PlaceResponse:
+        session_id = validation.session_id(request.session_id)
+        tier = validation.session_tier(self._tiers, request.tier)
+        return _placement(await self._placer.place(session_id, tier))
+
+    async def ReleaseLease(  # noqa: N802 - gRPC method name
+        self, request: affinity_pb2.ReleaseLeaseRequest, context: Context
+    ) -> affinity_pb2.ReleaseLeaseResponse:
+        sandbox_id = validation.sandbox_id(request.sandbox_id)
+        lease_id = validation.lease_id(request.lease_id)
+        trace.get_current_span().set_attribute("turnstile.sandbox_id", sandbox_id)
+        released = await self._placer.release(sandbox_id, lease_id)
+        return affinity_pb2.ReleaseLeaseResponse(released=released)
+
+    async def GetSession(  # noqa: N802 - gRPC method name
+        self, request: affinity_pb2.GetSessionRequest, context: Context
+    ) -> affinity_pb2.GetSessionResponse:
+        session_id = validation.session_id(request.session_id)
+        record = await self._store.session(session_id)
+        if record is None:
+            raise RichError(
+                grpc.StatusCode.NOT_FOUND,
+                f"session {session_id} has no affinity record",
+                reason=reason_name(common_pb2.ERROR_REASON_NOT_FOUND),
+                metadata={"session_id": session_id},
+            )
+        return _session(session_id, record)
+
+    async def ListWorkers(  # noqa: N802 - gRPC method name
+        self, request: affinity_pb2.ListWorkersRequest, context: Context
+    ) -> affinity_pb2.ListWorkersResponse:
+        tier = validation.list_tier(request.tier)
+        workers = await self._store.workers(tier)
+        return affinity_pb2.ListWorkersResponse(
+            workers=[
+                affinity_pb2.Worker(
+                    sandbox_id=w.sandbox_id,
+                    tier=w.tier,
+                    capacity=w.capacity,
+                    leases=w.leases,
+                    labels=w.labels,
+                )
+                for w in workers
+            ]
+        )
+
+    async def Attach(  # noqa: N802 - an async generator, as grpc.aio allows
+        self,
+        request_iterator: AsyncIterator[affinity_pb2.AttachRequest],
+        context: Context,
+    ) -> AsyncIterator[affinity_pb2.AttachResponse]:
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("message") != "hello":
+            raise bad_field("hello", "the stream's first message must be a Hello")
+        hello = validation.hello(first.hello)
+        attachment = await self._relay.attach(hello.sandbox_id, hello.labels, hello.capacity)
+        try:
+            yield affinity_pb2.AttachResponse(welcome=self._welcome)
+            async for message in request_iterator:
+                kind = message.WhichOneof("message")
+                if kind == "heartbeat":
+                    await self._relay.heartbeat(attachment)
+                    yield affinity_pb2.AttachResponse(heartbeat_ack=affinity_pb2.HeartbeatAck())
+                elif kind == "goodbye":
+                    break
+                else:
+                    raise bad_field("hello", "only the stream's first message may be a Hello")
+        except SupersededError:
+            raise RichError(
+                grpc.StatusCode.ABORTED,
+                f"a newer stream attached as sandbox {attachment.sandbox_id}",
+                reason=reason_name(common_pb2.ERROR_REASON_NOT_FOUND),
+                metadata={"sandbox_id": attachment.sandbox_id},
+            ) from None
+        finally:
+            await self._relay.detach(attachment)

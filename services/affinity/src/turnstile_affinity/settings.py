@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 
 from turnstile_platform.settings import ServiceSettings
+from turnstile_platform.tiers import TierConfig, TierConfigError, parse_tiers
 
 
 class AffinitySettings(ServiceSettings):
@@ -12,3 +15,58 @@ class AffinitySettings(ServiceSettings):
 
     port: int = Field(default=50053, ge=0, le=65535)
     metrics_port: int = Field(default=9093, ge=0, le=65535)
+
+    tiers: str | None = None
+    """Declared tiers, comma-separated (``container,microvm``). Unset or blank: no
+    tiers, nothing is filtered and affinity alone applies (SPEC T6). Parsed by
+    :func:`turnstile_platform.tiers.parse_tiers`; invalid values stop start-up."""
+
+    default_tier: str | None = None
+    """The tier of a Place that names none; unset means the first declared tier."""
+
+    affinity_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400)
+    """How long a session's record lives after its last turn (SPEC T3). Detach marks
+    live as long, so a session returning late still sees how long its sandbox is gone."""
+
+    grace_s: float = Field(default=60.0, ge=0, le=86_400)
+    """How long an absent sandbox keeps its sessions, answering "pending", before
+    they fall back to another sandbox of their tier with a workspace reset (SPEC T3)."""
+
+    lease_ttl_s: float = Field(default=600.0, gt=0, le=86_400)
+    """How long a Place's lease holds a slot if the caller never releases it (it died)."""
+
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, le=300)
+    """How often workers are told to heartbeat (in the Welcome)."""
+
+    presence_ttl_s: float = Field(default=15.0, gt=0, le=3600)
+    """A worker's presence expires this long after its last heartbeat: three missed
+    heartbeats by default. The relay also ends a stream that stays silent this long."""
+
+    retry_after_s: float = Field(default=5.0, gt=0, le=3600)
+    """The retry hint of every retryable refusal except "pending", and of "pending"
+    when its remaining grace is not a finite number (SPEC T9)."""
+
+    wake_enabled: bool = True
+    """Wake an absent sandbox through substrate ``Activate(client=inherit)``, once per
+    absence, while its sessions wait out the grace (SPEC T7)."""
+
+    wake_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Deadline of a wake's Activate call (it may create a pod)."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> Self:
+        try:
+            parse_tiers(self.tiers, self.default_tier)
+        except TierConfigError as error:
+            raise ValueError(f"TURNSTILE_{error.field.upper()}: {error.detail}") from None
+        if self.presence_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                "TURNSTILE_PRESENCE_TTL_S must exceed TURNSTILE_HEARTBEAT_INTERVAL_S, "
+                "or every worker would flap between present and absent"
+            )
+        return self
+
+    @property
+    def tier_config(self) -> TierConfig:
+        """The parsed tier configuration (validated at start-up)."""
+        return parse_tiers(self.tiers, self.default_tier)

@@ -1,0 +1,43 @@
+"""Prometheus metrics of the affinity service.
+
+Labels are bounded: outcomes and reasons are fixed sets, and ``tier`` is a
+declared tier (or ``*`` when no tiers are configured and nothing is filtered).
+Sessions and sandboxes are never labels; they are span attributes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+PLACEMENTS = Counter(
+    "turnstile_affinity_placements_total",
+    "Place calls by outcome: hit, first, fallback, busy, pending, exhausted.",
+    ["tier", "outcome"],
+)
+RESETS = Counter(
+    "turnstile_affinity_workspace_resets_total",
+    "Sessions moved to a fresh workspace, by reason (grace_expired, retiered).",
+    ["tier", "reason"],
+)
+WAKES = Counter(
+    "turnstile_affinity_wakes_total",
+    "Wakes of absent sandboxes through substrate Activate, by result "
+    "(activated, already_running, refused, failed).",
+    ["result"],
+)
+LEASES = Counter(
+    "turnstile_affinity_leases_total",
+    "Leases taken and returned: acquired, released (ReleaseLease), "
+    "returned (a Place that failed or was cancelled after taking one).",
+    ["event"],
+)
+ATTACHED = Gauge(
+    "turnstile_affinity_relay_streams",
+    "Worker streams attached to this replica's relay.",
+)
+EXCLUDED = Counter(
+    "turnstile_affinity_excluded_workers_total",
+    "Workers attached without a declared tier label (excluded from placement), "
+    "counted once per sandbox id per replica.",
+    ["why"],
+)

@@ -1,0 +1,316 @@
+"""The affinity state machine of ``Place(session, tier)`` (SPEC T7).
+
+One call runs ``place.lua`` (the session's recorded sandbox: hit, busy, pending,
+or "must move"), and only when there is no usable record one more script:
+
+- no record → ``claim.lua``: the least-loaded sandbox of the tier, written only
+  if the session still has no record (compare-and-claim). A turn that loses the
+  race places again and lands on the winner's sandbox: concurrent first turns
+  converge.
+- gone past the grace, or re-tiered → ``replace.lua``: the least-loaded sandbox
+  of the tier, written only if the record still names the sandbox this call saw
+  (compare-and-set), with the workspace reset. A turn that loses places again
+  and lands where the winner moved the session: it moves once.
+
+A hit is one script, one round trip. Leases are taken only inside those
+scripts and only when they place the turn, so every refusal has taken nothing;
+if the call fails or is cancelled while a script that may have taken one is in
+flight, the lease is returned by its id before the error propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from opentelemetry import trace
+
+from turnstile_affinity.metrics import LEASES, PLACEMENTS, RESETS
+from turnstile_affinity.retry import pending_retry_after_s
+from turnstile_affinity.store import (
+    AffinityStore,
+    Busy,
+    ClaimResult,
+    Exhausted,
+    Leased,
+    MustMove,
+    NoRecord,
+    Pending,
+)
+from turnstile_affinity.wake import Waker
+from turnstile_contracts import common_pb2
+from turnstile_platform.errors import QuotaViolation, RichError, reason_name
+from turnstile_platform.redis_client import UNREACHABLE
+
+log = logging.getLogger(__name__)
+
+#: Rounds of place → claim/replace before giving up. Losing a claim or a
+#: compare-and-set means the record now names a sandbox, so the next round
+#: settles; a third round needs the record to vanish or move again meanwhile.
+MAX_ROUNDS = 3
+
+
+class Outcome(enum.Enum):
+    HIT = "hit"
+    FIRST = "first"
+    FALLBACK = "fallback"
+
+
+class ResetReason(enum.Enum):
+    GRACE_EXPIRED = "grace"
+    RETIERED = "retiered"
+
+
+@dataclass(frozen=True)
+class Reset:
+    """The session landed on a fresh workspace (SPEC T7, T8)."""
+
+    from_sandbox_id: str
+    to_sandbox_id: str
+    at_ms: int
+    reason: ResetReason
+
+
+@dataclass(frozen=True)
+class Placement:
+    sandbox_id: str
+    tier: str
+    lease_id: str
+    lease_expires_ms: int
+    endpoint: str
+    outcome: Outcome
+    reset: Reset | None = None
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    """The timings a placement uses, in the store's units."""
+
+    grace_ms: int
+    lease_ttl_ms: int
+    record_ttl_ms: int
+    retry_after_s: float
+    filtered: bool
+
+
+class Placer:
+    """Runs the state machine against the store; wakes absent sandboxes."""
+
+    def __init__(self, store: AffinityStore, policy: PlacementPolicy, waker: Waker | None) -> None:
+        self._store = store
+        self._policy = policy
+        self._waker = waker
+        self._returns: set[asyncio.Task[bool]] = set()
+
+    async def place(self, session_id: str, session_tier: str) -> Placement:
+        """Place the session's next turn in ``session_tier`` or raise a :class:`RichError`."""
+        span = trace.get_current_span()
+        span.set_attribute("turnstile.session_id", session_id)
+        span.set_attribute("turnstile.tier", session_tier)
+        tier_label = session_tier if self._policy.filtered else "*"
+        lease_id = uuid.uuid4().hex
+        lease_in_doubt = False
+        try:
+            for _ in range(MAX_ROUNDS):
+                lease_in_doubt = True
+                found = await self._store.place(
+                    session_id=session_id,
+                    session_tier=session_tier,
+                    filtered=self._policy.filtered,
+                    grace_ms=self._policy.grace_ms,
+                    lease_ttl_ms=self._policy.lease_ttl_ms,
+                    lease_id=lease_id,
+                    record_ttl_ms=self._policy.record_ttl_ms,
+                )
+                lease_in_doubt = False
+                if isinstance(found, Leased):
+                    return self._placed(found, lease_id, Outcome.HIT, tier_label)
+                if isinstance(found, Busy):
+                    PLACEMENTS.labels(tier_label, "busy").inc()
+                    raise self._busy(session_id, found)
+                if isinstance(found, Pending):
+                    PLACEMENTS.labels(tier_label, "pending").inc()
+                    if found.woke and self._waker is not None:
+                        self._waker.wake(
+                            found.sandbox_id, session_tier if self._policy.filtered else ""
+                        )
+                    raise self._pending(session_id, found)
+                lease_in_doubt = True
+                moved = await self._move(session_id, session_tier, lease_id, found)
+                lease_in_doubt = False
+                if isinstance(moved, Leased):
+                    outcome = Outcome.FIRST if isinstance(found, NoRecord) else Outcome.FALLBACK
+                    return self._placed(moved, lease_id, outcome, tier_label, found)
+                if isinstance(moved, Exhausted):
+                    PLACEMENTS.labels(tier_label, "exhausted").inc()
+                    raise self._exhausted(session_tier)
+                log.debug(
+                    "placement raced another turn; placing again", extra={"session_id": session_id}
+                )
+            raise self._contended(session_id)
+        except UNREACHABLE as error:
+            raise RichError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the affinity store (Redis) could not be reached",
+                reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
+                metadata={"dependency": "redis"},
+                retry_after_s=self._policy.retry_after_s,
+            ) from error
+        finally:
+            if lease_in_doubt:
+                await self._return_lease(lease_id)
+
+    async def release(self, sandbox_id: str, lease_id: str) -> bool:
+        """ReleaseLease: False when it was already released or expired."""
+        released = await self._store.release(lease_id, sandbox_id)
+        if released:
+            LEASES.labels("released").inc()
+        return released
+
+    async def _move(
+        self, session_id: str, session_tier: str, lease_id: str, found: NoRecord | MustMove
+    ) -> ClaimResult:
+        policy = self._policy
+        if isinstance(found, NoRecord):
+            return await self._store.claim(
+                session_id=session_id,
+                session_tier=session_tier,
+                filtered=policy.filtered,
+                lease_ttl_ms=policy.lease_ttl_ms,
+                lease_id=lease_id,
+                record_ttl_ms=policy.record_ttl_ms,
+            )
+        return await self._store.replace(
+            session_id=session_id,
+            session_tier=session_tier,
+            filtered=policy.filtered,
+            lease_ttl_ms=policy.lease_ttl_ms,
+            lease_id=lease_id,
+            record_ttl_ms=policy.record_ttl_ms,
+            expected_sandbox_id=found.sandbox_id,
+            reason=found.reason,
+        )
+
+    def _placed(
+        self,
+        leased: Leased,
+        lease_id: str,
+        outcome: Outcome,
+        tier_label: str,
+        found: NoRecord | MustMove | None = None,
+    ) -> Placement:
+        reset = None
+        if isinstance(found, MustMove) and leased.reset_at_ms is not None:
+            reset = Reset(
+                from_sandbox_id=found.sandbox_id,
+                to_sandbox_id=leased.sandbox_id,
+                at_ms=leased.reset_at_ms,
+                reason=ResetReason(found.reason),
+            )
+            RESETS.labels(tier_label, reset.reason.name.lower()).inc()
+            log.info(
+                "session moved to a fresh workspace",
+                extra={
+                    "from_sandbox_id": reset.from_sandbox_id,
+                    "to_sandbox_id": reset.to_sandbox_id,
+                    "reason": reset.reason.name,
+                },
+            )
+        PLACEMENTS.labels(tier_label, outcome.value).inc()
+        LEASES.labels("acquired").inc()
+        span = trace.get_current_span()
+        span.set_attribute("turnstile.sandbox_id", leased.sandbox_id)
+        span.set_attribute("turnstile.placement", outcome.value)
+        return Placement(
+            sandbox_id=leased.sandbox_id,
+            tier=leased.tier,
+            lease_id=lease_id,
+            lease_expires_ms=leased.lease_expires_ms,
+            endpoint=leased.endpoint,
+            outcome=outcome,
+            reset=reset,
+        )
+
+    async def _return_lease(self, lease_id: str) -> None:
+        """Return a lease a failed or cancelled call may hold, even if cancelled again."""
+        task = asyncio.ensure_future(self._store.release(lease_id))
+        self._returns.add(task)
+        task.add_done_callback(self._returns.discard)
+        try:
+            if await asyncio.shield(task):
+                LEASES.labels("returned").inc()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning(
+                "could not return the lease of a failed placement; it expires on its own",
+                extra={"lease_id": lease_id},
+                exc_info=True,
+            )
+
+    async def close(self) -> None:
+        """Wait for lease returns still in flight (shutdown, before Redis closes)."""
+        await asyncio.gather(*self._returns, return_exceptions=True)
+
+    def _busy(self, session_id: str, busy: Busy) -> RichError:
+        trace.get_current_span().set_attribute("turnstile.sandbox_id", busy.sandbox_id)
+        return RichError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"sandbox {busy.sandbox_id} of session {session_id} is busy "
+            f"({busy.leases} of {busy.capacity} turns)",
+            reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_BUSY),
+            metadata={
+                "sandbox_id": busy.sandbox_id,
+                "session_id": session_id,
+                "tier": busy.tier,
+                "leases": str(busy.leases),
+                "capacity": str(busy.capacity),
+            },
+            retry_after_s=self._policy.retry_after_s,
+        )
+
+    def _pending(self, session_id: str, pending: Pending) -> RichError:
+        trace.get_current_span().set_attribute("turnstile.sandbox_id", pending.sandbox_id)
+        return RichError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"sandbox {pending.sandbox_id} of session {session_id} is away; it keeps the "
+            f"session for {pending.remaining_grace_ms} ms more",
+            reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_PENDING),
+            metadata={
+                "sandbox_id": pending.sandbox_id,
+                "session_id": session_id,
+                "remaining_grace_ms": str(pending.remaining_grace_ms),
+            },
+            retry_after_s=pending_retry_after_s(
+                pending.remaining_grace_ms, self._policy.retry_after_s
+            ),
+        )
+
+    def _exhausted(self, session_tier: str) -> RichError:
+        where = f"tier {session_tier!r}" if self._policy.filtered else "any tier"
+        return RichError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"no sandbox in {where} has a free slot",
+            reason=reason_name(common_pb2.ERROR_REASON_TIER_EXHAUSTED),
+            metadata={"tier": session_tier},
+            retry_after_s=self._policy.retry_after_s,
+            quota_violations=(
+                QuotaViolation(
+                    subject=f"tier:{session_tier}",
+                    description="every present sandbox is at capacity, or none is attached",
+                ),
+            ),
+        )
+
+    def _contended(self, session_id: str) -> RichError:
+        return RichError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"session {session_id} kept moving under concurrent turns; retry",
+            reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_BUSY),
+            metadata={"session_id": session_id},
+            retry_after_s=self._policy.retry_after_s,
+        )

@@ -1,0 +1,1 @@
+"""Lua scripts of the affinity store (see ``turnstile_affinity.store``)."""

@@ -1,0 +1,127 @@
+-- Shared by every affinity script: prepended to each at load time (store.py),
+-- so key names, time and the load index are written once.
+--
+-- Every script takes ARGV[1] = key prefix and ARGV[2] = clock offset in ms
+-- (0 in production; tests move time forward without sleeping). Time is Redis
+-- TIME, never a replica's clock: replicas' clocks differ.
+--
+-- All keys share one hash tag, {affinity}, so each script touches one slot. Keys
+-- of a chosen sandbox are derived here from the prefix, which a cluster allows
+-- only because they share that slot.
+local B = ARGV[1] .. "{affinity}:"
+local OFFSET = tonumber(ARGV[2])
+local PRUNE_BATCH = 64
+
+local K_LOAD_ALL = B .. "load:all"
+local K_PRESENCE_EXPIRY = B .. "presence-expiry"
+local K_LEASE_EXPIRY = B .. "lease-expiry"
+local K_LEASE_SANDBOX = B .. "lease-sandbox"
+
+local function k_session(id) return B .. "session:" .. id end
+local function k_presence(sb) return B .. "presence:" .. sb end
+local function k_leases(sb) return B .. "leases:" .. sb end
+local function k_detached(sb) return B .. "detached:" .. sb end
+local function k_wake(sb) return B .. "wake:" .. sb end
+local function k_load_tier(tier) return B .. "load:tier:" .. tier end
+
+local function now_ms()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + OFFSET
+end
+
+-- Presence of a sandbox as {tier, capacity, expires, endpoint}, or nil when it
+-- has none or it expired (heartbeats stopped).
+local function presence(sb, now)
+  local p = redis.call("HMGET", k_presence(sb), "tier", "capacity", "expires", "endpoint")
+  if not p[3] or tonumber(p[3]) <= now then return nil end
+  return {tier = p[1], capacity = tonumber(p[2]), expires = tonumber(p[3]), endpoint = p[4] or ""}
+end
+
+-- Put a present sandbox's load (leases / capacity) into both indexes: all
+-- sandboxes, and its tier. Ties order by sandbox id (sorted-set order).
+local function refresh_load(sb, now)
+  local p = presence(sb, now)
+  if not p then return end
+  local load = redis.call("ZCARD", k_leases(sb)) / p.capacity
+  redis.call("ZADD", K_LOAD_ALL, load, sb)
+  redis.call("ZADD", k_load_tier(p.tier), load, sb)
+end
+
+local function unindex(sb, tier)
+  redis.call("ZREM", K_LOAD_ALL, sb)
+  redis.call("ZREM", k_load_tier(tier), sb)
+end
+
+-- Drop expired leases and expired presence, a bounded batch per call, so the
+-- load index stays exact without a sweeper. Amortised O(log n) per entry.
+local function prune(now)
+  local touched = {}
+  local leases = redis.call("ZRANGEBYSCORE", K_LEASE_EXPIRY, "-inf", now, "LIMIT", 0, PRUNE_BATCH)
+  for _, lease in ipairs(leases) do
+    local sb = redis.call("HGET", K_LEASE_SANDBOX, lease)
+    redis.call("ZREM", K_LEASE_EXPIRY, lease)
+    redis.call("HDEL", K_LEASE_SANDBOX, lease)
+    if sb then
+      redis.call("ZREM", k_leases(sb), lease)
+      touched[#touched + 1] = sb
+    end
+  end
+  local gone = redis.call("ZRANGEBYSCORE", K_PRESENCE_EXPIRY, "-inf", now, "LIMIT", 0, PRUNE_BATCH)
+  for _, member in ipairs(gone) do
+    redis.call("ZREM", K_PRESENCE_EXPIRY, member)
+    local slash = string.find(member, "/", 1, true)
+    local tier, sb = string.sub(member, 1, slash - 1), string.sub(member, slash + 1)
+    local p = presence(sb, now)
+    if not p then
+      redis.call("DEL", k_presence(sb))
+      unindex(sb, tier)
+    elseif p.tier ~= tier then
+      redis.call("ZREM", k_load_tier(tier), sb)
+    end
+  end
+  for _, sb in ipairs(touched) do refresh_load(sb, now) end
+end
+
+-- The least-loaded present sandbox with a free slot in a load index, with its
+-- presence; nil when none. O(log n): the index is a sorted set by load. Stale
+-- entries met on the way are repaired, a few at most.
+local function least_loaded(load_key, tier, now)
+  for _ = 1, 8 do
+    local found = redis.call("ZRANGEBYSCORE", load_key, "-inf", "(1", "LIMIT", 0, 1)
+    local sb = found[1]
+    if not sb then return nil end
+    local p = presence(sb, now)
+    if not p then
+      redis.call("ZREM", load_key, sb)
+    elseif tier and p.tier ~= tier then
+      redis.call("ZREM", load_key, sb)
+    elseif redis.call("ZCARD", k_leases(sb)) < p.capacity then
+      return sb, p
+    else
+      refresh_load(sb, now)
+    end
+  end
+  return nil
+end
+
+-- Take a lease on a sandbox; returns its expiry (ms). The lease is in the
+-- sandbox's lease set and in the global expiry index, and it knows its sandbox.
+local function take_lease(sb, lease, ttl_ms, now)
+  local expires = now + ttl_ms
+  redis.call("ZADD", k_leases(sb), expires, lease)
+  redis.call("PEXPIRE", k_leases(sb), ttl_ms)
+  redis.call("ZADD", K_LEASE_EXPIRY, expires, lease)
+  redis.call("HSET", K_LEASE_SANDBOX, lease, sb)
+  refresh_load(sb, now)
+  return expires
+end
+
+-- Choose where a session without a usable sandbox goes: the least-loaded
+-- sandbox of its tier (or of all sandboxes when tiers do not filter).
+local function pick(session_tier, filtered, now)
+  if filtered == "1" then
+    return least_loaded(k_load_tier(session_tier), session_tier, now)
+  end
+  return least_loaded(K_LOAD_ALL, nil, now)
+end
+

@@ -1,0 +1,26 @@
+-- First turn: claim the least-loaded sandbox of the session's tier (SPEC T7).
+--
+-- Compare-and-claim: the record is written only if the session has none, so
+-- concurrent first turns converge on whichever claim landed first.
+--
+-- ARGV: 3 session id, 4 session tier, 5 filtered, 6 lease ttl ms, 7 lease id,
+-- 8 record ttl ms.
+--
+-- Returns {"first", sandbox, tier, lease_expires, endpoint} (a lease was
+-- taken), {"exists", sandbox} (another turn claimed first: run place.lua again)
+-- or {"exhausted"} (no sandbox of the tier has a free slot).
+local session, session_tier, filtered = ARGV[3], ARGV[4], ARGV[5]
+local lease_ttl_ms, lease, record_ttl_ms = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+
+local now = now_ms()
+prune(now)
+
+local key = k_session(session)
+local current = redis.call("HGET", key, "sandbox")
+if current then return {"exists", current} end
+
+local sb, p = pick(session_tier, filtered, now)
+if not sb then return {"exhausted"} end
+redis.call("HSET", key, "sandbox", sb, "tier", session_tier)
+redis.call("PEXPIRE", key, record_ttl_ms)
+return {"first", sb, p.tier, take_lease(sb, lease, lease_ttl_ms, now), p.endpoint}

@@ -1,0 +1,18 @@
+-- List present workers, least loaded first (ListWorkers).
+--
+-- ARGV: 3 tier ("" for every worker), 4 filter ("1" when ARGV[3] names a tier).
+-- Returns a flat list of {sandbox, tier, capacity, leases, labels_json} groups.
+local now = now_ms()
+prune(now)
+local index = K_LOAD_ALL
+if ARGV[4] == "1" then index = k_load_tier(ARGV[3]) end
+local out = {}
+for _, sb in ipairs(redis.call("ZRANGE", index, 0, -1)) do
+  local p = redis.call("HMGET", k_presence(sb), "tier", "capacity", "labels", "expires")
+  if p[4] and tonumber(p[4]) > now then
+    for _, v in ipairs({sb, p[1], p[2], redis.call("ZCARD", k_leases(sb)), p[3]}) do
+      out[#out + 1] = v
+    end
+  end
+end
+return out

@@ -1,0 +1,368 @@
+"""The Redis affinity store: sessions, presence, detach marks, leases, load index.
+
+Every operation is one Lua script (``scripts/*.lua``, each prefixed with
+``scripts/_lib.lua`` for the shared key names, time and load index), so each
+decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``:
+
+========================  =====================================================
+``session:<id>``          hash: sandbox, tier, last reset; expires after the TTL
+``presence:<sandbox>``    hash: owner stream, tier, capacity, labels, expiry
+``presence-expiry``       sorted set ``<tier>/<sandbox>`` by expiry (pruning)
+``detached:<sandbox>``    detach mark: ms when it left (or was first seen gone)
+``wake:<sandbox>``        marker: this absence's wake was sent
+``leases:<sandbox>``      sorted set of lease ids by expiry
+``lease-expiry``          sorted set of every lease id by expiry (pruning)
+``lease-sandbox``         hash: lease id → sandbox
+``load:all``              sorted set of present sandboxes by leases/capacity
+``load:tier:<tier>``      the same, per tier label value
+========================  =====================================================
+
+Time inside scripts is Redis ``TIME`` plus :attr:`Clock.offset_ms` (always 0 in
+production; tests move it forward to cross a grace period without sleeping).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from turnstile_platform.redis_client import read_script
+
+_PACKAGE = "turnstile_affinity.scripts"
+
+
+@dataclass
+class Clock:
+    """Milliseconds added to Redis ``TIME`` in every script (tests only move it)."""
+
+    offset_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names, as ``_lib.lua`` builds them (for tests and operators)."""
+
+    prefix: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}{{affinity}}:"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.base}session:{session_id}"
+
+    def presence(self, sandbox_id: str) -> str:
+        return f"{self.base}presence:{sandbox_id}"
+
+    def detached(self, sandbox_id: str) -> str:
+        return f"{self.base}detached:{sandbox_id}"
+
+    def wake(self, sandbox_id: str) -> str:
+        return f"{self.base}wake:{sandbox_id}"
+
+    def leases(self, sandbox_id: str) -> str:
+        return f"{self.base}leases:{sandbox_id}"
+
+    def load(self, tier: str | None = None) -> str:
+        return f"{self.base}load:all" if tier is None else f"{self.base}load:tier:{tier}"
+
+    @property
+    def presence_expiry(self) -> str:
+        return f"{self.base}presence-expiry"
+
+    @property
+    def lease_expiry(self) -> str:
+        return f"{self.base}lease-expiry"
+
+    @property
+    def lease_sandbox(self) -> str:
+        return f"{self.base}lease-sandbox"
+
+
+# Results of place.lua ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A lease was taken on ``sandbox_id`` (hit, first turn or fallback)."""
+
+    sandbox_id: str
+    tier: str
+    lease_expires_ms: int
+    endpoint: str
+    reset_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class NoRecord:
+    """The session has no record: a first turn."""
+
+
+@dataclass(frozen=True)
+class Busy:
+    sandbox_id: str
+    tier: str
+    leases: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The session's sandbox is absent within the grace; ``woke``: wake it now."""
+
+    sandbox_id: str
+    remaining_grace_ms: int
+    woke: bool
+
+
+@dataclass(frozen=True)
+class MustMove:
+    """The session's sandbox is gone past the grace (``grace``) or re-tiered."""
+
+    sandbox_id: str
+    reason: str
+
+
+# Results of claim.lua / replace.lua -------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordMoved:
+    """Another turn claimed or moved the session first: place again."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """No sandbox of the tier has a free slot."""
+
+
+PlaceResult = Leased | NoRecord | Busy | Pending | MustMove
+ClaimResult = Leased | RecordMoved | Exhausted
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    sandbox_id: str
+    tier: str
+    expires_ms: int
+    reset_from: str | None
+    reset_to: str | None
+    reset_at_ms: int | None
+    reset_reason: str | None
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    sandbox_id: str
+    tier: str
+    capacity: int
+    leases: int
+    labels: dict[str, str]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class AffinityStore:
+    """Typed calls of the affinity scripts against one Redis."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str, clock: Clock | None = None) -> None:
+        self.redis = redis
+        self.keys = Keys(prefix)
+        self.clock = clock or Clock()
+        lib = read_script(_PACKAGE, "_lib.lua")
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(lib + read_script(_PACKAGE, f"{name}.lua"))
+            for name in (
+                "place",
+                "claim",
+                "replace",
+                "release",
+                "attach",
+                "heartbeat",
+                "detach",
+                "session",
+                "workers",
+            )
+        }
+
+    async def _run(self, name: str, *args: str | int) -> Any:
+        argv: list[str | int] = [self.keys.prefix, self.clock.offset_ms, *args]
+        return await self._scripts[name](keys=[], args=argv)
+
+    # Placement -------------------------------------------------------------------
+
+    async def place(
+        self,
+        *,
+        session_id: str,
+        session_tier: str,
+        filtered: bool,
+        grace_ms: int,
+        lease_ttl_ms: int,
+        lease_id: str,
+        record_ttl_ms: int,
+    ) -> PlaceResult:
+        """The session's recorded sandbox, leased if present with capacity."""
+        reply = await self._run(
+            "place",
+            session_id,
+            session_tier,
+            "1" if filtered else "0",
+            grace_ms,
+            lease_ttl_ms,
+            lease_id,
+            record_ttl_ms,
+            record_ttl_ms,  # a detach mark lives as long as the records that may name it
+        )
+        kind = _s(reply[0])
+        if kind == "hit":
+            return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]))
+        if kind == "first":
+            return NoRecord()
+        if kind == "busy":
+            return Busy(_s(reply[1]), _s(reply[2]), int(reply[3]), int(reply[4]))
+        if kind == "pending":
+            return Pending(_s(reply[1]), int(reply[2]), int(reply[3]) == 1)
+        if kind == "fallback":
+            return MustMove(_s(reply[1]), _s(reply[2]))
+        raise ValueError(f"place.lua returned {reply!r}")
+
+    async def claim(
+        self,
+        *,
+        session_id: str,
+        session_tier: str,
+        filtered: bool,
+        lease_ttl_ms: int,
+        lease_id: str,
+        record_ttl_ms: int,
+    ) -> ClaimResult:
+        """Compare-and-claim a first turn's sandbox: least loaded in the tier."""
+        reply = await self._run(
+            "claim",
+            session_id,
+            session_tier,
+            "1" if filtered else "0",
+            lease_ttl_ms,
+            lease_id,
+            record_ttl_ms,
+        )
+        return _claim_result(reply)
+
+    async def replace(
+        self,
+        *,
+        session_id: str,
+        session_tier: str,
+        filtered: bool,
+        lease_ttl_ms: int,
+        lease_id: str,
+        record_ttl_ms: int,
+        expected_sandbox_id: str,
+        reason: str,
+    ) -> ClaimResult:
+        """Compare-and-set the session onto the least-loaded sandbox of its tier."""
+        reply = await self._run(
+            "replace",
+            session_id,
+            session_tier,
+            "1" if filtered else "0",
+            lease_ttl_ms,
+            lease_id,
+            record_ttl_ms,
+            expected_sandbox_id,
+            reason,
+        )
+        return _claim_result(reply)
+
+    async def release(self, lease_id: str, sandbox_id: str = "") -> bool:
+        """Return a lease; False if it was already gone (or held on another sandbox)."""
+        return int(await self._run("release", lease_id, sandbox_id)) == 1
+
+    # Presence --------------------------------------------------------------------
+
+    async def attach(
+        self,
+        *,
+        sandbox_id: str,
+        owner: str,
+        tier: str,
+        capacity: int,
+        labels: Mapping[str, str],
+        endpoint: str,
+        presence_ttl_ms: int,
+    ) -> str:
+        """Clear the detach mark, then put presence; returns the previous owner or ""."""
+        reply = await self._run(
+            "attach",
+            sandbox_id,
+            owner,
+            tier,
+            capacity,
+            json.dumps(dict(labels), sort_keys=True),
+            endpoint,
+            presence_ttl_ms,
+        )
+        return _s(reply)
+
+    async def heartbeat(self, *, sandbox_id: str, owner: str, presence_ttl_ms: int) -> str:
+        """``ok``, ``missing`` (attach again) or ``superseded`` (a newer stream owns it)."""
+        return _s(await self._run("heartbeat", sandbox_id, owner, presence_ttl_ms))
+
+    async def detach(self, *, sandbox_id: str, owner: str, mark_ttl_ms: int) -> bool:
+        """Remove presence, then write the detach mark; False if not this owner's."""
+        return int(await self._run("detach", sandbox_id, owner, mark_ttl_ms)) == 1
+
+    # Reads -----------------------------------------------------------------------
+
+    async def session(self, session_id: str) -> SessionRecord | None:
+        reply: Sequence[Any] = await self._run("session", session_id)
+        if not reply:
+            return None
+        now_ms, pttl = int(reply[0]), int(reply[1])
+        fields = {_s(reply[i]): _s(reply[i + 1]) for i in range(2, len(reply), 2)}
+        reset_at = fields.get("reset_at")
+        return SessionRecord(
+            sandbox_id=fields.get("sandbox", ""),
+            tier=fields.get("tier", ""),
+            expires_ms=now_ms + max(pttl, 0),
+            reset_from=fields.get("reset_from"),
+            reset_to=fields.get("reset_to"),
+            reset_at_ms=int(reset_at) if reset_at else None,
+            reset_reason=fields.get("reset_reason"),
+        )
+
+    async def workers(self, tier: str | None) -> list[WorkerView]:
+        """Present workers, least loaded first; ``tier`` None for all of them."""
+        reply: Sequence[Any] = await self._run("workers", tier or "", "0" if tier is None else "1")
+        return [
+            WorkerView(
+                sandbox_id=_s(reply[i]),
+                tier=_s(reply[i + 1]),
+                capacity=int(reply[i + 2]),
+                leases=int(reply[i + 3]),
+                labels=json.loads(_s(reply[i + 4])),
+            )
+            for i in range(0, len(reply), 5)
+        ]
+
+
+def _claim_result(reply: Sequence[Any]) -> ClaimResult:
+    kind = _s(reply[0])
+    if kind in ("first", "fallback"):
+        reset_at = int(reply[5]) if kind == "fallback" else None
+        return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]), reset_at)
+    if kind in ("exists", "changed"):
+        return RecordMoved(_s(reply[1]))
+    if kind == "exhausted":
+        return Exhausted()
+    raise ValueError(f"affinity script returned {reply!r}")

@@ -1,0 +1,71 @@
+"""Request validation: bad input is INVALID_ARGUMENT naming the field, and changes nothing."""
+
+from __future__ import annotations
+
+import re
+
+from turnstile_clientkeys import is_label_value
+from turnstile_contracts import affinity_pb2
+from turnstile_platform.errors import bad_field
+from turnstile_platform.tiers import TIER_LABEL, TierConfig, UnknownTierError
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_LEASE_ID = re.compile(r"[0-9a-f]{32}")
+
+MAX_CAPACITY = 1024
+MAX_LABELS = 64
+MAX_LABEL_KEY = 253
+MAX_LABEL_VALUE = 63
+
+
+def session_id(value: str, field: str = "session_id") -> str:
+    if not _SESSION_ID.fullmatch(value):
+        raise bad_field(field, "must be 1 to 128 characters of [A-Za-z0-9._:-]")
+    return value
+
+
+def sandbox_id(value: str, field: str = "sandbox_id") -> str:
+    if not is_label_value(value):
+        raise bad_field(field, "must be a Kubernetes label value of 1 to 63 characters")
+    return value
+
+
+def session_tier(tiers: TierConfig, requested: str) -> str:
+    """The tier a Place is served in (the default tier for an empty one)."""
+    try:
+        return tiers.session_tier(requested)
+    except UnknownTierError as error:
+        raise bad_field("tier", str(error)) from None
+
+
+def list_tier(value: str) -> str | None:
+    """ListWorkers' tier: None for every worker."""
+    if not value:
+        return None
+    if not is_label_value(value):
+        raise bad_field("tier", "must be empty or a Kubernetes label value")
+    return value
+
+
+def lease_id(value: str) -> str:
+    if not _LEASE_ID.fullmatch(value):
+        raise bad_field("lease_id", "must be a lease id returned by Place")
+    return value
+
+
+def hello(message: affinity_pb2.Hello) -> affinity_pb2.Hello:
+    """A worker's Hello: sandbox id, capacity, and labels within the contract's bounds."""
+    sandbox_id(message.sandbox_id, "hello.sandbox_id")
+    if not 1 <= message.capacity <= MAX_CAPACITY:
+        raise bad_field("hello.capacity", f"must be 1 to {MAX_CAPACITY}")
+    if len(message.labels) > MAX_LABELS:
+        raise bad_field("hello.labels", f"at most {MAX_LABELS} labels")
+    for key, value in message.labels.items():
+        if not 1 <= len(key) <= MAX_LABEL_KEY:
+            raise bad_field("hello.labels", f"keys are 1 to {MAX_LABEL_KEY} characters")
+        if len(value) > MAX_LABEL_VALUE:
+            raise bad_field(f"hello.labels[{key}]", f"at most {MAX_LABEL_VALUE} characters")
+    tier = message.labels.get(TIER_LABEL, "")
+    if tier and not is_label_value(tier):
+        raise bad_field(f"hello.labels[{TIER_LABEL}]", "must be a Kubernetes label value")
+    return message

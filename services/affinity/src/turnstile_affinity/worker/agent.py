@@ -1,0 +1,171 @@
+"""The worker agent's connection to the relay: hello, heartbeats, goodbye, reconnects.
+
+One stream at a time. The Welcome says how often to heartbeat and how long
+presence lasts; a stream whose acks stop for that long is treated as dead (the
+relay or the network went away without closing it) and replaced. Any stream
+end other than our own Goodbye leads to a reconnect with exponential backoff
+and jitter, reset once a new stream is welcomed. A Hello the relay refuses as
+invalid is not retried: the configuration must change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+
+import grpc
+import grpc.aio
+
+from turnstile_affinity.worker.settings import WorkerSettings
+from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]
+#: What ``read()`` returns at the end of a stream (not in grpc-stubs).
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
+
+
+class HelloRefusedError(Exception):
+    """The relay refused the Hello as invalid; reconnecting would not help."""
+
+
+class StreamEndedError(Exception):
+    """The relay ended the stream, or stopped answering."""
+
+
+class WorkerAgent:
+    """Keeps one worker's presence at the relay until :attr:`stop` is set."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.stop = asyncio.Event()
+        #: Set while a stream is welcomed (tests and logs use it).
+        self.attached = asyncio.Event()
+
+    async def run(self) -> None:
+        """Attach, and re-attach after failures, until :attr:`stop`; then Goodbye."""
+        settings = self.settings
+        backoff = settings.reconnect_initial_s
+        async with grpc.aio.insecure_channel(settings.affinity_addr) as channel:
+            stub: affinity_pb2_grpc.AffinityServiceAsyncStub = (
+                affinity_pb2_grpc.AffinityServiceStub(channel)
+            )
+            while not self.stop.is_set():
+                welcomed = False
+                try:
+                    welcomed = await self._stream(stub)
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        raise HelloRefusedError(error.details() or "") from error
+                    log.warning(
+                        "relay stream failed; reconnecting",
+                        extra={"code": error.code().name, "detail": error.details()},
+                    )
+                except StreamEndedError as ended:
+                    log.warning("relay stream ended; reconnecting", extra={"why": str(ended)})
+                finally:
+                    self.attached.clear()
+                if self.stop.is_set():
+                    break
+                if welcomed:
+                    backoff = settings.reconnect_initial_s
+                delay = backoff * random.uniform(0.5, 1.0)
+                backoff = min(backoff * 2, settings.reconnect_max_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=delay)
+
+    async def _stream(self, stub: affinity_pb2_grpc.AffinityServiceAsyncStub) -> bool:
+        """One stream's life. Returns True after a clean Goodbye; raises otherwise."""
+        settings = self.settings
+        call: Call = stub.Attach(None)  # None: messages are written with call.write
+        try:
+            hello = affinity_pb2.Hello(
+                sandbox_id=settings.sandbox_id, labels=settings.labels, capacity=settings.capacity
+            )
+            await call.write(affinity_pb2.AttachRequest(hello=hello))
+            first = await call.read()
+            if not isinstance(first, affinity_pb2.AttachResponse) or not first.HasField("welcome"):
+                await _raise_status(call)
+                raise StreamEndedError("no Welcome")
+            welcome = first.welcome
+            interval = max(welcome.heartbeat_interval.ToTimedelta().total_seconds(), 0.05)
+            silence = max(welcome.presence_ttl.ToTimedelta().total_seconds(), interval * 2)
+            self.attached.set()
+            log.info(
+                "attached to the relay",
+                extra={"sandbox_id": settings.sandbox_id, "labels": settings.labels},
+            )
+            await self._heartbeats(call, interval, silence)
+            return True
+        finally:
+            if not call.done():
+                call.cancel()
+
+    async def _heartbeats(self, call: Call, interval: float, silence: float) -> None:
+        """Heartbeat every ``interval`` until stop (then Goodbye) or the stream dies."""
+        loop = asyncio.get_running_loop()
+        last_ack = loop.time()
+        reader = asyncio.ensure_future(call.read())
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            next_beat = loop.time() + interval
+            while True:
+                timeout = max(0.0, next_beat - loop.time())
+                done, _ = await asyncio.wait(
+                    {reader, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopping in done:
+                    await self._goodbye(call, reader)
+                    return
+                if reader in done:
+                    message = reader.result()
+                    if message is _EOF:
+                        await _raise_status(call)
+                        raise StreamEndedError("the relay closed the stream")
+                    last_ack = loop.time()
+                    reader = asyncio.ensure_future(call.read())
+                    continue
+                if loop.time() - last_ack > silence:
+                    raise StreamEndedError(f"no answer from the relay for {silence:.1f}s")
+                await call.write(affinity_pb2.AttachRequest(heartbeat=affinity_pb2.Heartbeat()))
+                next_beat = loop.time() + interval
+        finally:
+            for task in (reader, stopping):
+                task.cancel()
+            await asyncio.gather(reader, stopping, return_exceptions=True)
+
+    async def _goodbye(self, call: Call, reader: asyncio.Future[object]) -> None:
+        """Say Goodbye and wait, briefly, until the relay has removed presence.
+
+        The relay ends the stream only after its teardown (presence removed, detach
+        mark written), so the stream's status means the teardown is done.
+        """
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            await call.write(affinity_pb2.AttachRequest(goodbye=affinity_pb2.Goodbye()))
+            await call.done_writing()
+        try:
+            async with asyncio.timeout(self.settings.goodbye_timeout_s):
+                message = await reader
+                while message is not _EOF:
+                    message = await call.read()
+                await call.code()
+        except (TimeoutError, grpc.aio.AioRpcError):
+            log.warning("the relay did not confirm the Goodbye")
+            return
+        log.info("said goodbye to the relay", extra={"sandbox_id": self.settings.sandbox_id})
+
+
+async def _raise_status(call: Call) -> None:
+    """Raise the stream's error status, if it ended with one."""
+    code = await call.code()
+    if code != grpc.StatusCode.OK:
+        raise grpc.aio.AioRpcError(
+            code,
+            await call.initial_metadata(),
+            await call.trailing_metadata(),
+            await call.details(),
+            None,
+        )

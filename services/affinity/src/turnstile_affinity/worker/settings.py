@@ -1,0 +1,97 @@
+"""Settings of the worker agent, read from the environment.
+
+=============================  ===========================================================
+``TURNSTILE_WORKER_SANDBOX_ID``  the sandbox this worker is the runtime of (required)
+``TURNSTILE_WORKER_KIND``        ``container`` (default) or ``microvm``
+``TURNSTILE_WORKER_TIER``        the tier label; unset: the kind's default tier (its name);
+                                 set but empty: no tier label at all (SPEC T1)
+``TURNSTILE_WORKER_CAPACITY``    concurrent turns it serves (default 1)
+``TURNSTILE_WORKER_ENDPOINT``    optional address it serves on, sent as the ``endpoint`` label
+``TURNSTILE_AFFINITY_ADDR``      the affinity relay (default ``127.0.0.1:50053``)
+=============================  ===========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from turnstile_affinity.labels import ENDPOINT_LABEL
+from turnstile_clientkeys import is_label_value
+from turnstile_platform.settings import LogFormat
+from turnstile_platform.tiers import TIER_LABEL
+
+WorkerKind = Literal["container", "microvm"]
+
+
+class WorkerSettings(BaseSettings):
+    """Every worker-agent knob with its default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TURNSTILE_WORKER_", extra="ignore", frozen=True, validate_default=True
+    )
+
+    sandbox_id: str
+    """The sandbox this worker is the runtime of: a label value of 1 to 63 characters."""
+
+    kind: WorkerKind = "container"
+    """What runs the sandbox; its name is the default tier."""
+
+    tier: str | None = None
+    """The ``turnstile.dev/tier`` label. Unset (None): the kind's default tier. Set but
+    empty: no tier label (the relay then counts the worker as unlabelled)."""
+
+    capacity: int = Field(default=1, ge=1, le=1024)
+    """Concurrent turns this worker serves."""
+
+    endpoint: str = Field(default="", max_length=63)
+    """Address it serves on (host:port), returned by Place; empty sends no label."""
+
+    affinity_addr: str = Field(
+        default="127.0.0.1:50053",
+        validation_alias=AliasChoices("TURNSTILE_AFFINITY_ADDR", "affinity_addr"),
+    )
+    """Where the affinity relay listens (any replica: presence is shared)."""
+
+    reconnect_initial_s: float = Field(default=0.1, gt=0, le=60)
+    """First wait before reconnecting after the relay went away; doubles each time."""
+
+    reconnect_max_s: float = Field(default=5.0, gt=0, le=300)
+    """Longest wait between reconnection attempts (with jitter)."""
+
+    goodbye_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    """On SIGTERM/SIGINT, how long to wait for the relay to close after Goodbye."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", validation_alias=AliasChoices("TURNSTILE_LOG_LEVEL", "log_level")
+    )
+    log_format: LogFormat = Field(
+        default="json", validation_alias=AliasChoices("TURNSTILE_LOG_FORMAT", "log_format")
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> Self:
+        if not is_label_value(self.sandbox_id):
+            raise ValueError("TURNSTILE_WORKER_SANDBOX_ID must be a label value of 1 to 63 chars")
+        if self.tier and not is_label_value(self.tier):
+            raise ValueError("TURNSTILE_WORKER_TIER must be empty or a Kubernetes label value")
+        return self
+
+    @property
+    def tier_label(self) -> str | None:
+        """The tier this worker advertises, or None to send no tier label (SPEC T1)."""
+        if self.tier is None:
+            return self.kind
+        return self.tier or None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The Hello's labels."""
+        labels: dict[str, str] = {}
+        if (tier := self.tier_label) is not None:
+            labels[TIER_LABEL] = tier
+        if self.endpoint:
+            labels[ENDPOINT_LABEL] = self.endpoint
+        return labels
