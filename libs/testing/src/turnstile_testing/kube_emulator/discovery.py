@@ -1,0 +1,57 @@
+"""The minimal discovery documents kubectl needs before it will talk about pods.
+
+kubectl asks for aggregated discovery first; answering with plain ``application/json`` legacy
+documents makes it fall back to ``/api`` + ``/api/v1``, which is all a pods-only server needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SERVER_VERSION: dict[str, Any] = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-turnstile-emulator",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.23.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+API_GROUP_LIST: dict[str, Any] = {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+
+CORE_V1_RESOURCES: dict[str, Any] = {
+    "kind": "APIResourceList",
+    "groupVersion": "v1",
+    "resources": [
+        {
+            "name": "pods",
+            "singularName": "pod",
+            "namespaced": True,
+            "kind": "Pod",
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            "shortNames": ["po"],
+            "categories": ["all"],
+        },
+        {
+            "name": "pods/status",
+            "singularName": "",
+            "namespaced": True,
+            "kind": "Pod",
+            "verbs": ["get", "patch", "update"],
+        },
+    ],
+}
+
+
+def api_versions(server_address: str) -> dict[str, Any]:
+    """The ``/api`` document (legacy core group versions)."""
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
+    }

@@ -1,0 +1,508 @@
+"""The HTTP face of the emulator and its test-facing Python API (:class:`KubeEmulator`).
+
+Routes are the core/v1 pod endpoints kubernetes-asyncio and kubectl use, plus the discovery
+documents kubectl reads first. Every error leaves as a ``Status`` object. Test hooks act on the
+same store the HTTP handlers use, synchronously, so a test can change the world between two
+client calls without racing the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from aiohttp import web
+
+from turnstile_testing.kube_emulator import discovery
+from turnstile_testing.kube_emulator.errors import ApiError, bad_request, status_object
+from turnstile_testing.kube_emulator.faults import Fault, FaultInjector, PathMatcher
+from turnstile_testing.kube_emulator.patches import apply_patch
+from turnstile_testing.kube_emulator.selectors import FieldSelector, LabelSelector, PodFilter
+from turnstile_testing.kube_emulator.store import Control, PodStore, StoredPod, Subscription, encode
+from turnstile_testing.kube_emulator.watch import WatchOptions, WatchStream, error_line
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+_log = logging.getLogger(__name__)
+_JSON = "application/json"
+_TRUE = frozenset({"1", "t", "true"})
+_FALSE = frozenset({"0", "f", "false", ""})
+
+
+def parse_bool(name: str, value: str | None) -> bool:
+    """Query booleans as Go's ``strconv.ParseBool`` reads them (``watch=True`` included)."""
+    if value is None:
+        return False
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise bad_request(f'invalid boolean value for "{name}": {value}')
+
+
+def _parse_int(name: str, value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise bad_request(f'invalid integer value for "{name}": {value}') from None
+
+
+def _json_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=_JSON)
+
+
+def _error_response(error: ApiError) -> web.Response:
+    return _json_response(encode(error.status()), error.code)
+
+
+def _pod_list_body(
+    resource_version: int, items: list[bytes], token: str | None, remaining: int | None
+) -> bytes:
+    meta: dict[str, Any] = {"resourceVersion": str(resource_version)}
+    if token:
+        meta["continue"] = token
+    if remaining is not None:
+        meta["remainingItemCount"] = remaining
+    return (
+        b'{"kind":"PodList","apiVersion":"v1","metadata":'
+        + encode(meta)
+        + b',"items":['
+        + b",".join(items)
+        + b"]}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request as the emulator saw it (for assertions such as "it re-listed after 410")."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+
+    @property
+    def is_watch(self) -> bool:
+        """Whether this was a watch request."""
+        return self.query.get("watch", "").lower() in _TRUE
+
+
+class KubeEmulator:
+    """A pods-only Kubernetes API server on ``127.0.0.1:<free port>`` for tests.
+
+    Use as ``async with KubeEmulator() as kube:``; point clients at :attr:`url` or use
+    :meth:`api_client`. ``bookmark_interval`` is how often watches with
+    ``allowWatchBookmarks=true`` get a BOOKMARK (the real server: about a minute);
+    ``history_limit`` bounds the event history (older versions then get 410 Expired).
+    """
+
+    def __init__(
+        self,
+        *,
+        bookmark_interval: float = 60.0,
+        history_limit: int | None = 100_000,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.store = PodStore(history_limit=history_limit)
+        self.faults = FaultInjector()
+        self.requests: list[RecordedRequest] = []
+        self.bookmark_interval = bookmark_interval
+        self._host = host
+        self._port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._streams: dict[Subscription, web.Request] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Bind a free port and start serving."""
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024**2)
+        self._add_routes(app)
+        # handler_cancellation: a watch handler is cancelled when its client goes away, so the
+        # subscription is released instead of waiting forever on an idle queue.
+        runner = web.AppRunner(
+            app, handle_signals=False, access_log=None, handler_cancellation=True
+        )
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._host, 0))
+        self._port = sock.getsockname()[1]
+        site = web.SockSite(runner, sock, shutdown_timeout=1.0)
+        await site.start()
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """End every watch gracefully, then stop serving."""
+        self.end_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`)."""
+        if self._port is None:
+            raise RuntimeError("the emulator is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``, the value for ``Configuration.host`` or ``--server``."""
+        return f"http://{self._host}:{self.port}"
+
+    def api_client(self) -> ApiClient:
+        """A kubernetes-asyncio ``ApiClient`` for this server (the caller closes it)."""
+        from kubernetes_asyncio.client import ApiClient, Configuration
+
+        configuration = Configuration(host=self.url)
+        return ApiClient(configuration=configuration)
+
+    # ----------------------------------------------------------------- test hooks
+
+    @property
+    def resource_version(self) -> int:
+        """The latest resourceVersion."""
+        return self.store.resource_version
+
+    @property
+    def watch_count(self) -> int:
+        """Number of open watch streams."""
+        return len(self.store.subscribers)
+
+    async def wait_for_watches(self, count: int, timeout: float = 5.0) -> None:
+        """Wait until exactly ``count`` watches are open (e.g. "the client is now watching")."""
+        async with asyncio.timeout(timeout):
+            await self.store.wait_subscribers(lambda n: n == count)
+
+    def cut_watches(self) -> int:
+        """Drop every watch connection abruptly (no end of stream); return how many.
+
+        Clients see a broken connection mid-stream, like an API server restart or a network cut.
+        """
+        subs = list(self.store.subscribers)
+        for sub in subs:
+            request = self._streams.get(sub)
+            if request is not None and request.transport is not None:
+                request.transport.abort()
+            sub.queue.put_nowait(Control.CUT)
+            self.store.unsubscribe(sub)
+        return len(subs)
+
+    def end_watches(self) -> int:
+        """End every watch stream cleanly (as a server-side timeout does); return how many."""
+        subs = list(self.store.subscribers)
+        for sub in subs:
+            sub.queue.put_nowait(Control.END)
+            self.store.unsubscribe(sub)
+        return len(subs)
+
+    def compact(self, keep: int = 0) -> int:
+        """Forget history but the last ``keep`` events; older versions then get 410 Expired."""
+        return self.store.compact(keep)
+
+    def inject_failure(
+        self,
+        status: int,
+        *,
+        method: str | None = None,
+        path: PathMatcher = None,
+        times: int = 1,
+        reason: str | None = None,
+        message: str | None = None,
+        watch: bool | None = None,
+    ) -> Fault:
+        """Fail the next ``times`` requests matching ``method``/``path``/``watch`` with ``status``.
+
+        Example: ``kube.inject_failure(409, method="PATCH", path=r".*/pods/p1")``.
+        """
+        return self.faults.add(Fault(status, method, path, times, reason, message, watch))
+
+    def clear_failures(self) -> None:
+        """Remove every injected failure."""
+        self.faults.clear()
+
+    def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The truth: every current pod (copies), sorted by namespace and name."""
+        return [p.thaw() for p in self.store.all(namespace)]
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod (a copy), or None."""
+        try:
+            return self.store.get(namespace, name).thaw()
+        except ApiError:
+            return None
+
+    def create_pod(
+        self, namespace: str, body: dict[str, Any], *, validate: bool = True
+    ) -> dict[str, Any]:
+        """Create a pod without HTTP (fast seeding); same rules and events as a POST."""
+        return self.store.create(namespace, body, validate=validate).thaw()
+
+    def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """Delete a pod without HTTP; same rules and events as a DELETE."""
+        return self.store.delete(namespace, name).thaw()
+
+    def mutate_pod(
+        self, namespace: str, name: str, change: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
+        """Edit a pod in place of a kubelet/scheduler (no validation); emits MODIFIED."""
+        return self.store.mutate(namespace, name, change).thaw()
+
+    def set_pod_phase(
+        self, namespace: str, name: str, phase: str, *, ready: bool | None = None
+    ) -> dict[str, Any]:
+        """Set ``status.phase`` (and, if ``ready`` is given, the Ready condition)."""
+
+        def change(pod: dict[str, Any]) -> None:
+            status = pod.setdefault("status", {})
+            status["phase"] = phase
+            if ready is not None:
+                conditions = [c for c in status.get("conditions", []) if c.get("type") != "Ready"]
+                conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+                status["conditions"] = conditions
+
+        return self.mutate_pod(namespace, name, change)
+
+    def set_node_name(self, namespace: str, name: str, node: str | None) -> dict[str, Any]:
+        """Bind (or unbind, with None) a pod to a node, as the scheduler's binding does."""
+
+        def change(pod: dict[str, Any]) -> None:
+            spec = pod.setdefault("spec", {})
+            if node is None:
+                spec.pop("nodeName", None)
+            else:
+                spec["nodeName"] = node
+
+        return self.mutate_pod(namespace, name, change)
+
+    # ----------------------------------------------------------------- HTTP
+
+    def _add_routes(self, app: web.Application) -> None:
+        pods = "/api/v1/namespaces/{namespace}/pods"
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/api", self._api)
+        app.router.add_get("/apis", self._apis)
+        app.router.add_get("/api/v1", self._core_v1)
+        app.router.add_get("/api/v1/pods", self._list_or_watch)
+        app.router.add_get(pods, self._list_or_watch)
+        app.router.add_post(pods, self._create)
+        for suffix, sub in (("/{name}", None), ("/{name}/status", "status")):
+            app.router.add_get(pods + suffix, self._get)
+            app.router.add_put(pods + suffix, self._make_update(sub))
+            app.router.add_patch(pods + suffix, self._make_patch(sub))
+        app.router.add_delete(pods + "/{name}", self._delete)
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        query = dict(request.query)
+        self.requests.append(
+            RecordedRequest(
+                request.method, request.path, query, request.headers.get("Content-Type", "")
+            )
+        )
+        try:
+            injected = self.faults.take(
+                request.method, request.path, query.get("watch", "").lower() in _TRUE
+            )
+            if injected is not None:
+                return _error_response(injected)
+            if "dryRun" in query:
+                raise bad_request("the emulator does not implement dryRun")
+            return await handler(request)
+        except ApiError as exc:
+            return _error_response(exc)
+        except web.HTTPNotFound:
+            return _json_response(
+                encode(
+                    status_object(
+                        404, "the server could not find the requested resource", "NotFound", {}
+                    )
+                ),
+                404,
+            )
+        except web.HTTPMethodNotAllowed:
+            return _json_response(
+                encode(
+                    status_object(
+                        405,
+                        "the server does not allow this method on the requested resource",
+                        "MethodNotAllowed",
+                        {},
+                    )
+                ),
+                405,
+            )
+
+    async def _version(self, _: web.Request) -> web.Response:
+        return _json_response(encode(discovery.SERVER_VERSION))
+
+    async def _api(self, _: web.Request) -> web.Response:
+        return _json_response(encode(discovery.api_versions(f"{self._host}:{self.port}")))
+
+    async def _apis(self, _: web.Request) -> web.Response:
+        return _json_response(encode(discovery.API_GROUP_LIST))
+
+    async def _core_v1(self, _: web.Request) -> web.Response:
+        return _json_response(encode(discovery.CORE_V1_RESOURCES))
+
+    @staticmethod
+    def _filter(request: web.Request) -> PodFilter:
+        q = request.query
+        return PodFilter(
+            request.match_info.get("namespace"),
+            LabelSelector.parse(q.get("labelSelector")),
+            FieldSelector.parse(q.get("fieldSelector")),
+        )
+
+    async def _list_or_watch(self, request: web.Request) -> web.StreamResponse:
+        flt = self._filter(request)
+        q = request.query
+        if parse_bool("watch", q.get("watch")):
+            return await self._watch(request, flt)
+        page = self.store.list(
+            flt,
+            resource_version=q.get("resourceVersion"),
+            resource_version_match=q.get("resourceVersionMatch"),
+            limit=_parse_int("limit", q.get("limit")),
+            continue_token=q.get("continue"),
+        )
+        return _json_response(
+            _pod_list_body(page.resource_version, page.items, page.continue_token, page.remaining)
+        )
+
+    async def _watch(self, request: web.Request, flt: PodFilter) -> web.StreamResponse:
+        q = request.query
+        send_initial = parse_bool("sendInitialEvents", q.get("sendInitialEvents"))
+        bookmarks = parse_bool("allowWatchBookmarks", q.get("allowWatchBookmarks"))
+        timeout = _parse_int("timeoutSeconds", q.get("timeoutSeconds"))
+        response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
+        response.enable_chunked_encoding()
+        try:
+            rv = "0" if send_initial else q.get("resourceVersion")
+            sub = self.store.subscribe(flt, rv)
+        except ApiError as exc:
+            if exc.code != 410:
+                raise
+            # The API server accepts the watch, then reports the expiry as an ERROR event.
+            await response.prepare(request)
+            await response.write(error_line(exc))
+            await response.write_eof()
+            return response
+        self._streams[sub] = request
+        outcome: str | None = None
+        try:
+            await response.prepare(request)
+            stream = WatchStream(
+                self.store,
+                sub,
+                WatchOptions(
+                    bookmarks=bookmarks,
+                    bookmark_interval=self.bookmark_interval,
+                    timeout=None if timeout is None or timeout <= 0 else float(timeout),
+                    initial_events_end_bookmark=send_initial and bookmarks,
+                ),
+            )
+            outcome = await stream.run(response.write)
+        finally:
+            self.store.unsubscribe(sub)
+            self._streams.pop(sub, None)
+        if outcome == Control.CUT:
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    def _stored(self, request: web.Request) -> StoredPod:
+        return self.store.get(request.match_info["namespace"], request.match_info["name"])
+
+    async def _get(self, request: web.Request) -> web.Response:
+        return _json_response(self._stored(request).raw)
+
+    @staticmethod
+    async def _json_body(request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise bad_request(f"error decoding request body: {exc}") from None
+
+    async def _create(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        stored = self.store.create(request.match_info["namespace"], body)
+        return _json_response(stored.raw, 201)
+
+    def _make_update(
+        self, subresource: str | None
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def update(request: web.Request) -> web.Response:
+            body = await self._json_body(request)
+            stored = self.store.replace(
+                request.match_info["namespace"],
+                request.match_info["name"],
+                body,
+                subresource=subresource,
+            )
+            return _json_response(stored.raw)
+
+        return update
+
+    def _make_patch(
+        self, subresource: str | None
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def patch(request: web.Request) -> web.Response:
+            raw = await request.read()
+            current = self._stored(request)
+            patched = apply_patch(request.headers.get("Content-Type", ""), current.thaw(), raw)
+            stored = self.store.replace(
+                request.match_info["namespace"],
+                request.match_info["name"],
+                patched,
+                subresource=subresource,
+            )
+            return _json_response(stored.raw)
+
+        return patch
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        options: Any = {}
+        if raw.strip():
+            try:
+                options = json.loads(raw)
+            except ValueError as exc:
+                raise bad_request(f"error decoding DeleteOptions: {exc}") from None
+        preconditions = options.get("preconditions") if isinstance(options, dict) else None
+        stored = self.store.delete(
+            request.match_info["namespace"],
+            request.match_info["name"],
+            preconditions if isinstance(preconditions, dict) else None,
+        )
+        return _json_response(stored.raw)
