@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
@@ -64,6 +65,8 @@ class Reflector:
         self.resource_version = ""
         self.lists = 0
         self._task: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event()
+        self._waiting = 0
 
     def start(self) -> None:
         if self._task is None:
@@ -79,6 +82,25 @@ class Reflector:
     async def wait_synced(self, timeout: float | None = None) -> None:
         async with asyncio.timeout(timeout):
             await self.synced.wait()
+
+    async def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
+        """Wait until ``condition()`` holds, checked after each list and watch event
+        (e.g. "the cache has reached resourceVersion N")."""
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    progress = self._progress
+                    if condition():
+                        return
+                    await progress.wait()
+        finally:
+            self._waiting -= 1
+
+    def _advanced(self) -> None:
+        if self._waiting:
+            progress, self._progress = self._progress, asyncio.Event()
+            progress.set()
 
     async def _run(self) -> None:
         backoff = self._backoff_s
@@ -127,6 +149,7 @@ class Reflector:
         self.resource_version = version
         self.lists += 1
         self.synced.set()
+        self._advanced()
         metrics.REFLECTOR_PODS.set(len(self.index))
         metrics.REFLECTOR_LIST_SECONDS.observe(time.perf_counter() - started)
         log.info("reflector: listed %d pods at resourceVersion %s", len(pods), version or "(none)")
@@ -146,4 +169,5 @@ class Reflector:
             counter = _EVENT_COUNTERS.get(event.type)
             if counter is not None:
                 counter.inc()
+            self._advanced()
         metrics.REFLECTOR_PODS.set(len(index))

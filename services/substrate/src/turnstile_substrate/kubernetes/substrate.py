@@ -67,6 +67,9 @@ class KubernetesSubstrate:
         self._reflector: Reflector | None = None
         self._pool: WarmPool | None = None
         self._nodes = tuple(settings.nodes)
+        #: pods stop_runtime deleted that the cache may still show (until the reflector
+        #: sees them go), so find_running does not answer with a pod just stopped
+        self._stopped: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,7 +126,8 @@ class KubernetesSubstrate:
         sandbox must never be created twice nor refused (SPEC S5).
         """
         for pod in self.index.live_pods(sandbox_id):
-            return _runtime(pod, CreateKind.COLD)
+            if pod.name not in self._stopped:
+                return _runtime(pod, CreateKind.COLD)
         for pod in await self.api.list_selected(self._sandbox_selector(sandbox_id)):
             if pod.live:
                 return _runtime(pod, CreateKind.COLD)
@@ -152,6 +156,8 @@ class KubernetesSubstrate:
                 continue
             if await self.api.delete(pod.name, uid=pod.uid) and pod.live:
                 stopped = True
+            self._stopped.add(pod.name)
+        self._stopped.intersection_update(self.index.pods)
         return stopped
 
     def count_live(

@@ -254,8 +254,11 @@ class WarmPool:
                 raise
             except Exception:
                 log.exception("warm-pool refill failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for may swallow a cancellation
+            # that races with the event, and stop() would then wait forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
 
 
 def _reason(error: BaseException) -> str:
