@@ -68,6 +68,7 @@ async def test_ctrl_c_stops_every_service_and_every_runtime_and_exits_zero(
         assert "stopping 1 sandbox runtime(s)" in output
 
 
+@pytest.mark.slow  # about 15 s: the stack stops a dead substrate's orphans
 async def test_a_runtime_orphaned_by_a_killed_substrate_is_stopped_with_the_stack(
     tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
 ) -> None:
