@@ -55,9 +55,9 @@ class Substrate:
 
 @pytest.fixture
 async def substrate() -> AsyncIterator[Substrate]:
-    servicer = CountingSubstrate()
+    servicer = CountingSubstrate()  # type: ignore[abstract]  # only the count
     server = grpc.aio.server()
-    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -113,7 +113,7 @@ async def start_admission(
         yield start
     finally:
         for one in running:
-            await one.channel.close()
+            await one.channel.close(None)
             await one.app.stop()
 
 

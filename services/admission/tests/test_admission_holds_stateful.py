@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -21,7 +22,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from turnstile_admission.policies import PolicyName
+from turnstile_admission.policies import (
+    CapSettings,
+    ConcurrencySettings,
+    PolicyName,
+    RateSettings,
+)
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings
 
@@ -51,14 +57,14 @@ class HoldsMachine(RuleBasedStateMachine):
                 test_clock=True,
                 hold_ttl_s=5,
                 pending_ttl_s=5,
-                rate={
-                    "default_rate_per_s": RATE,
-                    "default_burst": BURST,
-                    "cluster_rate_per_s": CLUSTER_RATE,
-                    "cluster_burst": CLUSTER_BURST,
-                },
-                cap={"default_cap": 1000},
-                concurrency={"default_limit": 2},
+                rate=RateSettings(
+                    default_rate_per_s=RATE,
+                    default_burst=BURST,
+                    cluster_rate_per_s=CLUSTER_RATE,
+                    cluster_burst=CLUSTER_BURST,
+                ),
+                cap=CapSettings(default_cap=1000),
+                concurrency=ConcurrencySettings(default_limit=2),
             ),
         )
         self.now = 1_000_000_000
@@ -140,7 +146,8 @@ class HoldsMachine(RuleBasedStateMachine):
         hold_id = data.draw(st.sampled_from(self.closed))
         answer = self.run(self.store.cancel(hold_id))
         assert not answer.cancelled
-        assert answer.client_tokens == 0 and answer.cluster_tokens == 0
+        assert answer.client_tokens == 0
+        assert answer.cluster_tokens == 0
 
     @rule(ms=st.integers(min_value=1, max_value=6_000))
     def advance_clock(self, ms: int) -> None:

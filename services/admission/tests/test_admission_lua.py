@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.policies import PolicyName
+from turnstile_admission.policies import (
+    CapSettings,
+    PolicyName,
+)
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings
 
@@ -20,13 +22,13 @@ SLOTS_ONLY = {**CAP_ONLY, PolicyName.CAP: 0, PolicyName.SLOTS: 2}
 
 
 @pytest.fixture
-async def store(redis: aioredis.Redis, redis_prefix: str) -> AsyncIterator[AdmissionStore]:
+async def store(redis: aioredis.Redis, redis_prefix: str) -> AdmissionStore:
     settings = AdmissionSettings(
-        redis_prefix=redis_prefix, test_clock=True, cap={"default_cap": 2}, hold_ttl_s=10
+        redis_prefix=redis_prefix, test_clock=True, cap=CapSettings(default_cap=2), hold_ttl_s=10
     )
     store = AdmissionStore(redis, settings)
     await store.set_test_clock(NOW)
-    yield store
+    return store
 
 
 def args(hold: str, sandbox: str, modes: Any = ALL, **extra: Any) -> AdmitArgs:

@@ -20,7 +20,9 @@ REFUSED = admission_pb2.DECISION_REFUSED
 
 
 def request(
-    sandbox_id: str, kind: int = common_pb2.ACTIVATION_KIND_COLD_CREATE, **extra: Any
+    sandbox_id: str,
+    kind: common_pb2.ActivationKind.ValueType = common_pb2.ACTIVATION_KIND_COLD_CREATE,
+    **extra: Any,
 ) -> Any:
     return admission_pb2.AdmitRequest(
         sandbox_id=sandbox_id,

@@ -38,19 +38,23 @@ async def usage(stub: Any, client_id: str) -> Any:
 
 
 async def test_usage_shows_live_pending_tokens_in_flight_and_slots(
-    start_admission: Any, substrate: Any
+    start_admission: Any, substrate: Any, redis: aioredis.Redis
 ) -> None:
     substrate.servicer.live["acme"] = {"old-1"}
-    running = await start_admission(client_allowlist=("acme",))
+    running = await start_admission(client_allowlist=("acme",), test_clock=True)
+    await redis.set(running.keys.test_clock, 1_000_000)  # no refill between the calls
     first = await running.stub.Admit(cold("sb-1", candidate_nodes=["n1"]))
     await running.stub.Admit(cold("sb-2"))
     await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=first.hold_id))
     shown = await usage(running.stub, "acme")
-    assert shown.key.key == "acme" and shown.key.key_set_version == 1
+    assert shown.key.key == "acme"
+    assert shown.key.key_set_version == 1
     assert shown.live == 1
     assert (shown.pending, shown.cap) == (2, 20)
-    assert shown.client_capacity == 20 and shown.client_tokens == pytest.approx(18, abs=0.1)
-    assert shown.cluster_capacity == 200 and shown.cluster_tokens == pytest.approx(198, abs=0.5)
+    assert shown.client_capacity == 20
+    assert shown.client_tokens == pytest.approx(18)
+    assert shown.cluster_capacity == 200
+    assert shown.cluster_tokens == pytest.approx(198)
     assert (shown.in_flight, shown.concurrency_limit) == (1, 10)  # sb-1 committed
     assert dict(shown.node_slots_held) == {"n1": 1}
 
@@ -85,7 +89,8 @@ async def test_uncommitted_hold_frees_its_slot_and_lease_when_it_expires(
     assert blocked.decision == admission_pb2.DECISION_REFUSED
     await redis.set(running.keys.test_clock, 1_000_000 + 60_000)  # the hold's TTL
     after = await running.stub.Admit(cold("sb-2", candidate_nodes=["n1"]))
-    assert after.decision == ADMITTED and after.node == "n1"
+    assert after.decision == ADMITTED
+    assert after.node == "n1"
     late = await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=held.hold_id))
     assert not late.committed
 
@@ -128,6 +133,7 @@ async def test_limits_change_applies_on_the_next_decision_without_restart(
 
 
 def test_limits_reject_invalid_values() -> None:
+    bad: Any
     for bad in ({"cap": -1}, {"rate": 0}, {"burst": 0.5}, {"cap": 1.5}, {"bogus": 1}, []):
         with pytest.raises(LimitsError):
             Limits.parse(bad)

@@ -1,0 +1,274 @@
+"""Admit throughput and latency beside two ceilings measured in the same run.
+
+    uv run python services/admission/bench/bench_admit.py [--seconds 4]
+
+Every server runs in its own process on 127.0.0.1 (uvloop), the load comes from
+this process over one channel, all against a private redis-server of the run's
+own (so INFO commandstats counts only this benchmark):
+
+* echo     — a grpc.aio server that returns the request: the gRPC ceiling;
+* evalsha  — a grpc.aio server whose handler runs one small EVALSHA: the ceiling
+             of anything that does one Redis round trip per call;
+* admit    — the admission service, COLD_CREATE with every policy enforced
+             (cap with a live count from a stub substrate in its own process,
+             rate, concurrency, node slots), and RESUME (concurrency only, no
+             live count). Limits are set high so every call takes the full path.
+
+Each is measured at 1 and 64 calls in flight: calls/s, p50 and p99. Admit is
+reported as a ratio of each ceiling; Redis commands per decision come from the
+INFO commandstats delta over the Admit runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import redis.asyncio as aioredis
+import uvloop
+
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+from turnstile_testing.processes import RedisProcess, free_port, port_open
+
+ECHO = "/bench.Echo/Echo"
+BYTES: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
+
+
+# --- servers (run as subprocesses) ------------------------------------------------
+
+
+async def serve_echo(port: int, redis_url: str) -> None:
+    async def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    await _serve(port, echo)
+
+
+async def serve_evalsha(port: int, redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+
+    async def one_evalsha(request: bytes, context: Any) -> bytes:
+        await script(keys=["bench:{adm}:ceiling"], args=[])
+        return request
+
+    await _serve(port, one_evalsha)
+
+
+async def _serve(port: int, behaviour: Any) -> None:
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(
+        behaviour, request_deserializer=BYTES, response_serializer=BYTES
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+class StubSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    async def CountLiveSandboxes(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return substrate_pb2.CountLiveSandboxesResponse(
+            known=substrate_pb2.CountLiveSandboxesResponse.Known(live=0)
+        )
+
+
+async def serve_substrate(port: int, redis_url: str) -> None:
+    server = grpc.aio.server()
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(StubSubstrate(), server)  # type: ignore[abstract]
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+SERVERS = {"echo": serve_echo, "evalsha": serve_evalsha, "substrate": serve_substrate}
+
+
+# --- load ---------------------------------------------------------------------------
+
+
+async def measure(
+    call: Callable[[], Awaitable[Any]], in_flight: int, seconds: float
+) -> dict[str, float]:
+    for _ in range(200):  # warm up connections, script cache, JIT-free but caches
+        await call()
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "calls": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+    }
+
+
+def _admit(stub: Any, make: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    return lambda: stub.Admit(make())
+
+
+def spawn(kind: str, port: int, redis_url: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(port), redis_url])
+    _wait(port)
+    return proc
+
+
+def _wait(port: int) -> None:
+    deadline = time.monotonic() + 20
+    while not port_open("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on {port}")
+        time.sleep(0.05)
+
+
+async def commandstats(client: aioredis.Redis) -> dict[str, int]:
+    info = await client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+async def bench(seconds: float) -> None:
+    redis_proc = RedisProcess().start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = {name: free_port() for name in ("echo", "evalsha", "substrate", "admission")}
+        for name in ("echo", "evalsha", "substrate"):
+            procs.append(spawn(name, ports[name], redis_proc.url))
+        env = {
+            **os.environ,
+            "TURNSTILE_PORT": str(ports["admission"]),
+            "TURNSTILE_METRICS_PORT": "0",
+            "TURNSTILE_REDIS_URL": redis_proc.url,
+            "TURNSTILE_SUBSTRATE_ADDR": f"127.0.0.1:{ports['substrate']}",
+            "TURNSTILE_CLIENT_ALLOWLIST": '["acme"]',
+            "TURNSTILE_LOG_LEVEL": "WARNING",
+            "TURNSTILE_CAP__DEFAULT_CAP": "1000000",
+            "TURNSTILE_RATE__DEFAULT_BURST": "1000000",
+            "TURNSTILE_RATE__CLUSTER_BURST": "1000000",
+            "TURNSTILE_CONCURRENCY__DEFAULT_LIMIT": "1000000",
+            "TURNSTILE_SLOTS__DEFAULT_PER_NODE": "100000",
+            "TURNSTILE_HOLD_TTL_S": "5",
+            "TURNSTILE_PENDING_TTL_S": "5",
+            "OTEL_TRACES_EXPORTER": "none",
+        }
+        command = [sys.executable, "-m", "turnstile_admission"]
+        procs.append(subprocess.Popen(command, env=env))  # noqa: ASYNC220 - start-up only
+        _wait(ports["admission"])
+
+        results: dict[str, dict[int, dict[str, float]]] = {}
+        sequence = iter(range(10**9))
+
+        def cold() -> admission_pb2.AdmitRequest:
+            return admission_pb2.AdmitRequest(
+                sandbox_id=f"sb-{next(sequence)}",
+                client=common_pb2.ActivationClient(client_id="acme"),
+                kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+                candidate_nodes=["node-a", "node-b", "node-c"],
+            )
+
+        def resume() -> admission_pb2.AdmitRequest:
+            request = cold()
+            request.kind = common_pb2.ACTIVATION_KIND_RESUME
+            del request.candidate_nodes[:]
+            return request
+
+        payload = cold().SerializeToString()
+        redis = aioredis.Redis.from_url(redis_proc.url)
+        for name in ("echo", "evalsha"):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[name]}") as channel:
+                echo = channel.unary_unary(
+                    ECHO, request_serializer=BYTES, response_deserializer=BYTES
+                )
+                results[name] = {
+                    n: await measure(functools.partial(echo, payload), n, seconds) for n in (1, 64)
+                }
+        decisions = 0
+        before = await commandstats(redis)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as channel:
+            stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
+            for name, make in (("admit_cold", cold), ("admit_resume", resume)):
+                results[name] = {}
+                for n in (1, 64):
+                    answer = await stub.Admit(make())
+                    assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
+                    results[name][n] = await measure(_admit(stub, make), n, seconds)
+                    decisions += int(results[name][n]["calls"]) + 201
+        after = await commandstats(redis)
+        await redis.aclose()
+        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        report(results, delta, decisions)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=15)
+        redis_proc.close()
+
+
+def report(
+    results: dict[str, dict[int, dict[str, float]]], delta: dict[str, int], decisions: int
+) -> None:
+    print(
+        f"{'server':<14}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'/echo':>8}{'/evalsha':>10}"
+    )
+    for name, by_n in results.items():
+        for n, r in by_n.items():
+            echo = r["rps"] / results["echo"][n]["rps"]
+            evalsha = r["rps"] / results["evalsha"][n]["rps"]
+            print(
+                f"{name:<14}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+                f"{echo:>8.2f}{evalsha:>10.2f}"
+            )
+    top_level = delta.get("evalsha", 0) + delta.get("eval", 0) + delta.get("script|load", 0)
+    total = sum(v for k, v in delta.items() if k not in ("info",))
+    print(f"\ndecisions: {decisions}")
+    print(f"scripts (EVALSHA/EVAL) per decision: {top_level / decisions:.3f}")
+    print(
+        f"all commands per decision (incl. those inside the script and the key-set "
+        f"watcher's polls): {total / decisions:.2f}"
+    )
+    print("commandstats delta:", {k: v for k, v in sorted(delta.items()) if v})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
+    parser.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "REDIS_URL"))
+    args = parser.parse_args()
+    if args.serve:
+        kind, port, url = args.serve
+        uvloop.run(SERVERS[kind](int(port), url))
+    else:
+        uvloop.run(bench(args.seconds))
+
+
+if __name__ == "__main__":
+    main()
