@@ -359,6 +359,6 @@ async def start_service(
 
 
 @pytest.fixture
-async def harness(start_service: StartService, migrated_url: str) -> Harness:
+async def harness(migrated_url: str, start_service: StartService) -> Harness:
     """A substrate service on a migrated database of its own."""
     return await start_service(migrated_url)

@@ -10,6 +10,7 @@ bounded key, limit and current value in ``ErrorInfo``, its retry hint in
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,12 +18,16 @@ from typing import cast
 
 import grpc
 import grpc.aio
+from opentelemetry import trace
 from prometheus_client import Counter
 
 from turnstile_clientkeys import Client, to_proto
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
+from turnstile_platform import peers, tracing
+from turnstile_platform.channels import service_config
 from turnstile_platform.errors import QuotaViolation, RichError, decode, reason_name
 from turnstile_platform.peers import Peer
+from turnstile_platform.settings import ServiceSettings
 from turnstile_substrate.runtime import CapGate, CreateKind
 
 log = logging.getLogger(__name__)
@@ -125,6 +130,41 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
     )
 
 
+def admission_peer(
+    settings: ServiceSettings, provider: trace.TracerProvider | None
+) -> Peer[admission_pb2_grpc.AdmissionServiceStub]:
+    """The channel to admission: the platform's retry policy and tracing, but no
+    deadline in the service config; :class:`AdmissionClient` sets one on every call.
+
+    grpcio 1.85 can end calls with DEADLINE_EXCEEDED long before a deadline taken
+    from the channel's service config, when the process is busy (seen here in
+    tens of milliseconds against a 2 s deadline while runtimes start; known
+    upstream as grpc/grpc#34547 and #40633). A deadline set on the call itself
+    is exact.
+    """
+    config = json.loads(
+        service_config(
+            peers.ADMISSION,
+            timeout_s=settings.rpc_timeout_s,
+            idempotent_methods=peers.IDEMPOTENT[peers.ADMISSION],
+        )
+    )
+    for method in config["methodConfig"]:
+        method.pop("timeout", None)
+    channel = grpc.aio.insecure_channel(
+        settings.admission_addr,
+        options=[
+            ("grpc.service_config", json.dumps(config)),
+            ("grpc.enable_retries", 1),
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.keepalive_time_ms", 30_000),
+        ],
+        interceptors=tracing.client_interceptors(provider or trace.get_tracer_provider()),
+    )
+    return Peer(admission_pb2_grpc.AdmissionServiceStub(channel), channel)
+
+
 class AdmissionClient:
     """Calls the admission service for the activation orchestration."""
 
@@ -133,8 +173,12 @@ class AdmissionClient:
         peer: Peer[admission_pb2_grpc.AdmissionServiceStub],
         *,
         retry_after_s: float,
+        timeout_s: float,
     ) -> None:
+        """``timeout_s`` is each call's deadline, set on the call itself (see
+        :func:`admission_peer`)."""
         self._peer = peer
+        self._timeout_s = timeout_s
         # The peer's channel is grpc.aio: its stub's calls are awaitable.
         self._stub = cast("admission_pb2_grpc.AdmissionServiceAsyncStub", peer.stub)
         self._retry_after_s = retry_after_s
@@ -164,7 +208,7 @@ class AdmissionClient:
             candidate_nodes=list(candidate_nodes),
         )
         try:
-            response = await self._stub.Admit(request)
+            response = await self._stub.Admit(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as error:
             raise self._peer_error(error) from error
         if response.decision != admission_pb2.DECISION_ADMITTED:
@@ -179,7 +223,9 @@ class AdmissionClient:
         and an uncommitted hold only expires on its own.
         """
         try:
-            await self._stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=hold_id))
+            await self._stub.CommitHold(
+                admission_pb2.CommitHoldRequest(hold_id=hold_id), timeout=self._timeout_s
+            )
             HOLD_OUTCOMES.labels("committed").inc()
         except grpc.aio.AioRpcError as error:
             HOLD_OUTCOMES.labels("commit_failed").inc()
@@ -191,7 +237,9 @@ class AdmissionClient:
     async def cancel(self, hold_id: str) -> None:
         """Cancel the hold of an activation that failed (best effort, logged)."""
         try:
-            await self._stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=hold_id))
+            await self._stub.CancelHold(
+                admission_pb2.CancelHoldRequest(hold_id=hold_id), timeout=self._timeout_s
+            )
             HOLD_OUTCOMES.labels("cancelled").inc()
         except grpc.aio.AioRpcError as error:
             HOLD_OUTCOMES.labels("cancel_failed").inc()
@@ -204,7 +252,7 @@ class AdmissionClient:
         """Free what the stopped sandbox holds in admission (its node slot)."""
         try:
             await self._stub.ReleaseSandbox(
-                admission_pb2.ReleaseSandboxRequest(sandbox_id=sandbox_id)
+                admission_pb2.ReleaseSandboxRequest(sandbox_id=sandbox_id), timeout=self._timeout_s
             )
         except grpc.aio.AioRpcError as error:
             raise self._peer_error(error) from error
@@ -237,7 +285,7 @@ class AdmissionClient:
                 return
             try:
                 usage = await self._stub.GetUsage(
-                    admission_pb2.GetUsageRequest(client=to_proto(client))
+                    admission_pb2.GetUsageRequest(client=to_proto(client)), timeout=self._timeout_s
                 )
             except grpc.aio.AioRpcError as error:
                 CAP_GATE_CHECKS.labels("unavailable").inc()

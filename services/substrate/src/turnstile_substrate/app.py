@@ -13,7 +13,7 @@ from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import redis_from_settings
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
-from turnstile_substrate.admission import AdmissionClient
+from turnstile_substrate.admission import AdmissionClient, admission_peer
 from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.health import Check, HealthMonitor
 from turnstile_substrate.runtime import Substrate
@@ -72,7 +72,9 @@ async def create_app(
     monitor.add("postgres", postgres_ok)
 
     admission = AdmissionClient(
-        peers.admission(settings, app.tracer_provider), retry_after_s=settings.retry_after_s
+        admission_peer(settings, app.tracer_provider),
+        retry_after_s=settings.retry_after_s,
+        timeout_s=settings.rpc_timeout_s,
     )
     app.add_cleanup(admission.close)
 
