@@ -8,6 +8,7 @@ history, inject failures, move pods through phases). See ``server.py`` for the A
 
 from turnstile_testing.kube_emulator.errors import ApiError
 from turnstile_testing.kube_emulator.faults import Fault
+from turnstile_testing.kube_emulator.manifests import pod_manifest
 from turnstile_testing.kube_emulator.selectors import FieldSelector, LabelSelector, PodFilter
 from turnstile_testing.kube_emulator.server import KubeEmulator, RecordedRequest
 from turnstile_testing.kube_emulator.store import PodStore
@@ -21,4 +22,5 @@ __all__ = [
     "PodFilter",
     "PodStore",
     "RecordedRequest",
+    "pod_manifest",
 ]

@@ -1,4 +1,4 @@
-"""The minimal discovery documents kubectl needs before it will talk about pods.
+"""The minimal discovery documents (and namespaces) kubectl needs before it will talk about pods.
 
 kubectl asks for aggregated discovery first; answering with plain ``application/json`` legacy
 documents makes it fall back to ``/api`` + ``/api/v1``, which is all a pods-only server needs.
@@ -27,6 +27,14 @@ CORE_V1_RESOURCES: dict[str, Any] = {
     "groupVersion": "v1",
     "resources": [
         {
+            "name": "namespaces",
+            "singularName": "namespace",
+            "namespaced": False,
+            "kind": "Namespace",
+            "verbs": ["get"],
+            "shortNames": ["ns"],
+        },
+        {
             "name": "pods",
             "singularName": "pod",
             "namespaced": True,
@@ -54,4 +62,15 @@ def api_versions(server_address: str) -> dict[str, Any]:
         "serverAddressByClientCIDRs": [
             {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
         ],
+    }
+
+
+def namespace(name: str) -> dict[str, Any]:
+    """Every namespace exists in the emulator; kubectl reads one to explain a pod's 404."""
+    return {
+        "kind": "Namespace",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
     }

@@ -104,7 +104,8 @@ class KubeEmulator:
     Use as ``async with KubeEmulator() as kube:``; point clients at :attr:`url` or use
     :meth:`api_client`. ``bookmark_interval`` is how often watches with
     ``allowWatchBookmarks=true`` get a BOOKMARK (the real server: about a minute);
-    ``history_limit`` bounds the event history (older versions then get 410 Expired).
+    ``history_limit`` bounds the event history (older versions then get 410 Expired);
+    ``record_requests=False`` stops filling :attr:`requests` (for long benchmarks).
     """
 
     def __init__(
@@ -113,10 +114,12 @@ class KubeEmulator:
         bookmark_interval: float = 60.0,
         history_limit: int | None = 100_000,
         host: str = "127.0.0.1",
+        record_requests: bool = True,
     ) -> None:
         self.store = PodStore(history_limit=history_limit)
         self.faults = FaultInjector()
         self.requests: list[RecordedRequest] = []
+        self.record_requests = record_requests
         self.bookmark_interval = bookmark_interval
         self._host = host
         self._port: int | None = None
@@ -144,14 +147,18 @@ class KubeEmulator:
         # handler_cancellation: a watch handler is cancelled when its client goes away, so the
         # subscription is released instead of waiting forever on an idle queue.
         runner = web.AppRunner(
-            app, handle_signals=False, access_log=None, handler_cancellation=True
+            app,
+            handle_signals=False,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=1.0,
         )
         await runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, 0))
         self._port = sock.getsockname()[1]
-        site = web.SockSite(runner, sock, shutdown_timeout=1.0)
+        site = web.SockSite(runner, sock)
         await site.start()
         self._runner = runner
 
@@ -307,6 +314,7 @@ class KubeEmulator:
         app.router.add_get("/api", self._api)
         app.router.add_get("/apis", self._apis)
         app.router.add_get("/api/v1", self._core_v1)
+        app.router.add_get("/api/v1/namespaces/{namespace}", self._namespace)
         app.router.add_get("/api/v1/pods", self._list_or_watch)
         app.router.add_get(pods, self._list_or_watch)
         app.router.add_post(pods, self._create)
@@ -321,11 +329,12 @@ class KubeEmulator:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         query = dict(request.query)
-        self.requests.append(
-            RecordedRequest(
-                request.method, request.path, query, request.headers.get("Content-Type", "")
+        if self.record_requests:
+            self.requests.append(
+                RecordedRequest(
+                    request.method, request.path, query, request.headers.get("Content-Type", "")
+                )
             )
-        )
         try:
             injected = self.faults.take(
                 request.method, request.path, query.get("watch", "").lower() in _TRUE
@@ -370,6 +379,9 @@ class KubeEmulator:
 
     async def _core_v1(self, _: web.Request) -> web.Response:
         return _json_response(encode(discovery.CORE_V1_RESOURCES))
+
+    async def _namespace(self, request: web.Request) -> web.Response:
+        return _json_response(encode(discovery.namespace(request.match_info["namespace"])))
 
     @staticmethod
     def _filter(request: web.Request) -> PodFilter:

@@ -344,9 +344,12 @@ class PodStore:
         current = self.get(namespace, name)
         obj = current.thaw()
         change(obj)
-        obj["metadata"]["resourceVersion"] = current.obj["metadata"]["resourceVersion"]
+        meta = obj["metadata"]
+        meta["resourceVersion"] = current.obj["metadata"]["resourceVersion"]
         if obj == current.obj:
             return current
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return self._commit(DELETED, obj, current)
         return self._commit(MODIFIED, obj, current)
 
     def delete(

@@ -1,0 +1,198 @@
+"""Fidelity checks: the real kubectl, pointed at the emulator, must work as against a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.kube_emulator import pod_manifest as pod_body
+
+KUBECTL = shutil.which("kubectl")
+
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed; the fidelity checks need the real client"
+)
+
+Result = tuple[int, str, str]
+Kubectl = Callable[..., Awaitable[Result]]
+
+
+def _argv(kube: KubeEmulator, home: Path, args: tuple[str, ...]) -> list[str]:
+    assert KUBECTL is not None
+    return [KUBECTL, f"--server={kube.url}", f"--cache-dir={home / 'cache'}", "-n", "ns", *args]
+
+
+def _env(home: Path) -> dict[str, str]:
+    # A private HOME and an empty kubeconfig: nothing from the machine leaks into the run.
+    return {"HOME": str(home), "KUBECONFIG": str(home / "none"), "PATH": os.environ["PATH"]}
+
+
+@pytest.fixture
+def kubectl(kube: KubeEmulator, tmp_path: Path) -> Kubectl:
+    async def run(*args: str) -> Result:
+        proc = await asyncio.create_subprocess_exec(
+            *_argv(kube, tmp_path, args),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=_env(tmp_path),
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    return run
+
+
+@pytest.fixture
+def seeded(kube: KubeEmulator) -> KubeEmulator:
+    kube.create_pod("ns", pod_body("web-1", {"app": "web", "tier": "front"}))
+    kube.create_pod("ns", pod_body("web-2", {"app": "web"}))
+    kube.create_pod("ns", pod_body("db-1", {"app": "db"}))
+    return kube
+
+
+def names(output: str) -> list[str]:
+    return [item["metadata"]["name"] for item in json.loads(output)["items"]]
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("app=web", ["web-1", "web-2"]),
+        ("app in (web,db),!tier", ["db-1", "web-2"]),
+        ("app!=web", ["db-1"]),
+        ("tier", ["web-1"]),
+    ],
+)
+async def test_kubectl_get_with_a_label_selector(
+    seeded: KubeEmulator, kubectl: Kubectl, selector: str, expected: list[str]
+) -> None:
+    code, out, err = await kubectl("get", "pods", "-l", selector, "-o", "json")
+
+    assert code == 0, err
+    assert names(out) == expected
+
+
+async def test_kubectl_get_with_a_field_selector(seeded: KubeEmulator, kubectl: Kubectl) -> None:
+    seeded.set_pod_phase("ns", "db-1", "Running")
+
+    code, out, err = await kubectl(
+        "get", "pods", "--field-selector", "status.phase=Running", "-o", "json"
+    )
+
+    assert code == 0, err
+    assert names(out) == ["db-1"]
+
+
+async def test_kubectl_get_missing_pod_reports_not_found(
+    seeded: KubeEmulator, kubectl: Kubectl
+) -> None:
+    code, _, err = await kubectl("get", "pod", "ghost", "-o", "json")
+
+    assert code != 0
+    assert 'pods "ghost" not found' in err
+
+
+async def test_kubectl_label_patches_the_pod(seeded: KubeEmulator, kubectl: Kubectl) -> None:
+    code, out, err = await kubectl("label", "pod", "web-2", "tier=back")
+
+    assert code == 0, err
+    assert "labeled" in out
+    assert seeded.pod("ns", "web-2")["metadata"]["labels"] == {"app": "web", "tier": "back"}  # type: ignore[index]
+    patches = [r for r in seeded.requests if r.method == "PATCH"]
+    assert [p.content_type for p in patches] == ["application/merge-patch+json"]
+
+
+async def test_kubectl_label_with_a_stale_resource_version_conflicts(
+    seeded: KubeEmulator, kubectl: Kubectl
+) -> None:
+    seeded.set_pod_phase("ns", "web-1", "Running")  # moves web-1 past version 1
+
+    code, _, err = await kubectl("label", "pod", "web-1", "claimed=yes", "--resource-version=1")
+
+    assert code != 0
+    assert "the object has been modified" in err
+    assert "claimed" not in seeded.pod("ns", "web-1")["metadata"]["labels"]  # type: ignore[index]
+
+
+async def test_kubectl_delete_waits_for_the_pod_to_go(
+    seeded: KubeEmulator, kubectl: Kubectl
+) -> None:
+    code, out, err = await kubectl("delete", "pod", "db-1")
+
+    assert code == 0, err
+    assert 'pod "db-1" deleted' in out
+    assert seeded.pod("ns", "db-1") is None
+
+
+@pytest.fixture
+async def watching_kubectl(
+    seeded: KubeEmulator, tmp_path: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    proc = await asyncio.create_subprocess_exec(
+        *_argv(seeded, tmp_path, ("get", "pods", "--watch", "-o", "json", "--output-watch-events")),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=_env(tmp_path),
+    )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+async def read_events(proc: asyncio.subprocess.Process, count: int) -> list[dict[str, Any]]:
+    """Decode ``count`` pretty-printed JSON documents from kubectl's stdout."""
+    assert proc.stdout is not None
+    decoder = json.JSONDecoder()
+    buffer = ""
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(20):
+        while len(events) < count:
+            chunk = await proc.stdout.read(65536)
+            assert chunk, "kubectl stopped before printing the expected events"
+            buffer += chunk.decode()
+            while True:
+                stripped = buffer.lstrip()
+                if not stripped:
+                    break
+                try:
+                    event, end = decoder.raw_decode(stripped)
+                except ValueError:
+                    break
+                events.append(event)
+                buffer = stripped[end:]
+    return events
+
+
+async def test_kubectl_watch_prints_added_modified_and_deleted(
+    seeded: KubeEmulator, watching_kubectl: asyncio.subprocess.Process
+) -> None:
+    initial = await read_events(watching_kubectl, 3)
+    await seeded.wait_for_watches(1)
+    seeded.mutate_pod("ns", "web-1", lambda p: p["metadata"]["labels"].update(seen="yes"))
+    seeded.delete_pod("ns", "db-1")
+    later = await read_events(watching_kubectl, 2)
+
+    assert sorted((e["type"], e["object"]["metadata"]["name"]) for e in initial) == [
+        ("ADDED", "db-1"),
+        ("ADDED", "web-1"),
+        ("ADDED", "web-2"),
+    ]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in later] == [
+        ("MODIFIED", "web-1"),
+        ("DELETED", "db-1"),
+    ]
+    assert later[0]["object"]["metadata"]["labels"]["seen"] == "yes"
+    watch_requests = [r for r in seeded.requests if r.is_watch]
+    assert watch_requests[0].query["resourceVersion"] == "3"
