@@ -32,11 +32,13 @@ MAX_TIERS = 64
 
 
 class TierConfigError(ValueError):
-    """The tier configuration is invalid; ``field`` names the bad setting."""
+    """The tier configuration is invalid; ``field`` names the bad setting
+    (``tiers`` or ``default_tier``) and ``detail`` says what is wrong with it."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
         self.field = field
+        self.detail = detail
 
 
 class UnknownTierError(ValueError):

@@ -70,6 +70,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         tiers=tiers,
         heartbeat_interval_ms=_ms(settings.heartbeat_interval_s),
         presence_ttl_ms=_ms(settings.presence_ttl_s),
+        retry_after_s=settings.retry_after_s,
     )
     affinity_pb2_grpc.add_AffinityServiceServicer_to_server(servicer, app.server)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry import trace
 
+from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.metrics import LEASES, PLACEMENTS, RESETS
 from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.store import (
@@ -44,7 +45,6 @@ from turnstile_affinity.store import (
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import QuotaViolation, RichError, reason_name
-from turnstile_platform.redis_client import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
@@ -111,55 +111,48 @@ class Placer:
         span = trace.get_current_span()
         span.set_attribute("turnstile.session_id", session_id)
         span.set_attribute("turnstile.tier", session_tier)
-        tier_label = session_tier if self._policy.filtered else "*"
+        policy = self._policy
+        tier_label = session_tier if policy.filtered else "*"
         lease_id = uuid.uuid4().hex
         lease_in_doubt = False
         try:
-            for _ in range(MAX_ROUNDS):
-                lease_in_doubt = True
-                found = await self._store.place(
-                    session_id=session_id,
-                    session_tier=session_tier,
-                    filtered=self._policy.filtered,
-                    grace_ms=self._policy.grace_ms,
-                    lease_ttl_ms=self._policy.lease_ttl_ms,
-                    lease_id=lease_id,
-                    record_ttl_ms=self._policy.record_ttl_ms,
-                )
-                lease_in_doubt = False
-                if isinstance(found, Leased):
-                    return self._placed(found, lease_id, Outcome.HIT, tier_label)
-                if isinstance(found, Busy):
-                    PLACEMENTS.labels(tier_label, "busy").inc()
-                    raise self._busy(session_id, found)
-                if isinstance(found, Pending):
-                    PLACEMENTS.labels(tier_label, "pending").inc()
-                    if found.woke and self._waker is not None:
-                        self._waker.wake(
-                            found.sandbox_id, session_tier if self._policy.filtered else ""
-                        )
-                    raise self._pending(session_id, found)
-                lease_in_doubt = True
-                moved = await self._move(session_id, session_tier, lease_id, found)
-                lease_in_doubt = False
-                if isinstance(moved, Leased):
-                    outcome = Outcome.FIRST if isinstance(found, NoRecord) else Outcome.FALLBACK
-                    return self._placed(moved, lease_id, outcome, tier_label, found)
-                if isinstance(moved, Exhausted):
-                    PLACEMENTS.labels(tier_label, "exhausted").inc()
-                    raise self._exhausted(session_tier)
-                log.debug(
-                    "placement raced another turn; placing again", extra={"session_id": session_id}
-                )
-            raise self._contended(session_id)
-        except UNREACHABLE as error:
-            raise RichError(
-                grpc.StatusCode.UNAVAILABLE,
-                "the affinity store (Redis) could not be reached",
-                reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
-                metadata={"dependency": "redis"},
-                retry_after_s=self._policy.retry_after_s,
-            ) from error
+            with store_reachable(policy.retry_after_s):
+                for _ in range(MAX_ROUNDS):
+                    lease_in_doubt = True
+                    found = await self._store.place(
+                        session_id=session_id,
+                        session_tier=session_tier,
+                        filtered=policy.filtered,
+                        grace_ms=policy.grace_ms,
+                        lease_ttl_ms=policy.lease_ttl_ms,
+                        lease_id=lease_id,
+                        record_ttl_ms=policy.record_ttl_ms,
+                    )
+                    lease_in_doubt = False
+                    if isinstance(found, Leased):
+                        return self._placed(found, lease_id, Outcome.HIT, tier_label)
+                    if isinstance(found, Busy):
+                        PLACEMENTS.labels(tier_label, "busy").inc()
+                        raise self._busy(session_id, found)
+                    if isinstance(found, Pending):
+                        PLACEMENTS.labels(tier_label, "pending").inc()
+                        if found.woke and self._waker is not None:
+                            self._waker.wake(
+                                found.sandbox_id, session_tier if policy.filtered else ""
+                            )
+                        raise self._pending(session_id, found)
+                    lease_in_doubt = True
+                    moved = await self._move(session_id, session_tier, lease_id, found)
+                    lease_in_doubt = False
+                    if isinstance(moved, Leased):
+                        first = isinstance(found, NoRecord)
+                        outcome = Outcome.FIRST if first else Outcome.FALLBACK
+                        return self._placed(moved, lease_id, outcome, tier_label, found)
+                    if isinstance(moved, Exhausted):
+                        PLACEMENTS.labels(tier_label, "exhausted").inc()
+                        raise self._exhausted(session_tier)
+                    log.debug("placement raced another turn", extra={"session_id": session_id})
+                raise self._contended(session_id)
         finally:
             if lease_in_doubt:
                 await self._return_lease(lease_id)

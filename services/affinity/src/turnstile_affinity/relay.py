@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, EXCLUDED
 from turnstile_affinity.store import AffinityStore
+from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.tiers import TIER_LABEL, TierConfig
 
 log = logging.getLogger(__name__)
@@ -93,12 +94,23 @@ class Relay:
         return attachment
 
     async def heartbeat(self, attachment: Attachment) -> None:
-        """Extend presence; re-attach if it vanished; raise :class:`SupersededError`."""
-        status = await self._store.heartbeat(
-            sandbox_id=attachment.sandbox_id,
-            owner=attachment.owner,
-            presence_ttl_ms=self._presence_ttl_ms,
-        )
+        """Extend presence; re-attach if it vanished; raise :class:`SupersededError`.
+
+        A heartbeat that cannot reach Redis keeps the stream: presence may lapse
+        meanwhile, and the first heartbeat that gets through attaches again.
+        """
+        try:
+            status = await self._store.heartbeat(
+                sandbox_id=attachment.sandbox_id,
+                owner=attachment.owner,
+                presence_ttl_ms=self._presence_ttl_ms,
+            )
+        except UNREACHABLE:
+            log.warning(
+                "could not extend a worker's presence: Redis unreachable",
+                extra={"sandbox_id": attachment.sandbox_id},
+            )
+            return
         if status == "missing":
             log.warning(
                 "presence of an attached worker was gone; attaching it again",

@@ -11,6 +11,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from opentelemetry import trace
 
 from turnstile_affinity import validation
+from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
 from turnstile_affinity.relay import Relay, SupersededError
 from turnstile_affinity.store import AffinityStore, SessionRecord
@@ -89,7 +90,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         tiers: TierConfig,
         heartbeat_interval_ms: int,
         presence_ttl_ms: int,
+        retry_after_s: float,
     ) -> None:
+        self._retry_after_s = retry_after_s
         self._placer = placer
         self._relay = relay
         self._store = store
@@ -112,14 +115,16 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         sandbox_id = validation.sandbox_id(request.sandbox_id)
         lease_id = validation.lease_id(request.lease_id)
         trace.get_current_span().set_attribute("turnstile.sandbox_id", sandbox_id)
-        released = await self._placer.release(sandbox_id, lease_id)
+        with store_reachable(self._retry_after_s):
+            released = await self._placer.release(sandbox_id, lease_id)
         return affinity_pb2.ReleaseLeaseResponse(released=released)
 
     async def GetSession(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.GetSessionRequest, context: Context
     ) -> affinity_pb2.GetSessionResponse:
         session_id = validation.session_id(request.session_id)
-        record = await self._store.session(session_id)
+        with store_reachable(self._retry_after_s):
+            record = await self._store.session(session_id)
         if record is None:
             raise RichError(
                 grpc.StatusCode.NOT_FOUND,
@@ -133,7 +138,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         self, request: affinity_pb2.ListWorkersRequest, context: Context
     ) -> affinity_pb2.ListWorkersResponse:
         tier = validation.list_tier(request.tier)
-        workers = await self._store.workers(tier)
+        with store_reachable(self._retry_after_s):
+            workers = await self._store.workers(tier)
         return affinity_pb2.ListWorkersResponse(
             workers=[
                 affinity_pb2.Worker(
@@ -156,7 +162,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         if first is None or first.WhichOneof("message") != "hello":
             raise bad_field("hello", "the stream's first message must be a Hello")
         hello = validation.hello(first.hello)
-        attachment = await self._relay.attach(hello.sandbox_id, hello.labels, hello.capacity)
+        with store_reachable(self._retry_after_s):
+            attachment = await self._relay.attach(hello.sandbox_id, hello.labels, hello.capacity)
         try:
             yield affinity_pb2.AttachResponse(welcome=self._welcome)
             async for message in request_iterator:

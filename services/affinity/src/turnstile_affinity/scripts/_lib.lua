@@ -39,12 +39,15 @@ end
 
 -- Put a present sandbox's load (leases / capacity) into both indexes: all
 -- sandboxes, and its tier. Ties order by sandbox id (sorted-set order).
-local function refresh_load(sb, now)
-  local p = presence(sb, now)
-  if not p then return end
+local function set_load(sb, p)
   local load = redis.call("ZCARD", k_leases(sb)) / p.capacity
   redis.call("ZADD", K_LOAD_ALL, load, sb)
   redis.call("ZADD", k_load_tier(p.tier), load, sb)
+end
+
+local function refresh_load(sb, now)
+  local p = presence(sb, now)
+  if p then set_load(sb, p) end
 end
 
 local function unindex(sb, tier)
@@ -98,21 +101,22 @@ local function least_loaded(load_key, tier, now)
     elseif redis.call("ZCARD", k_leases(sb)) < p.capacity then
       return sb, p
     else
-      refresh_load(sb, now)
+      set_load(sb, p)
     end
   end
   return nil
 end
 
--- Take a lease on a sandbox; returns its expiry (ms). The lease is in the
--- sandbox's lease set and in the global expiry index, and it knows its sandbox.
-local function take_lease(sb, lease, ttl_ms, now)
+-- Take a lease on a present sandbox (p: its presence); returns the lease's
+-- expiry (ms). The lease is in the sandbox's lease set and in the global expiry
+-- index, and it knows its sandbox.
+local function take_lease(sb, p, lease, ttl_ms, now)
   local expires = now + ttl_ms
   redis.call("ZADD", k_leases(sb), expires, lease)
   redis.call("PEXPIRE", k_leases(sb), ttl_ms)
   redis.call("ZADD", K_LEASE_EXPIRY, expires, lease)
   redis.call("HSET", K_LEASE_SANDBOX, lease, sb)
-  refresh_load(sb, now)
+  set_load(sb, p)
   return expires
 end
 

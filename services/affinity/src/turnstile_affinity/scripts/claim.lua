@@ -23,4 +23,4 @@ local sb, p = pick(session_tier, filtered, now)
 if not sb then return {"exhausted"} end
 redis.call("HSET", key, "sandbox", sb, "tier", session_tier)
 redis.call("PEXPIRE", key, record_ttl_ms)
-return {"first", sb, p.tier, take_lease(sb, lease, lease_ttl_ms, now), p.endpoint}
+return {"first", sb, p.tier, take_lease(sb, p, lease, lease_ttl_ms, now), p.endpoint}

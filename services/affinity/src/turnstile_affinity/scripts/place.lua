@@ -34,7 +34,7 @@ if p then
   end
   -- A record written in another tier is honoured: its sandbox is in this one.
   if record[2] ~= session_tier then redis.call("HSET", key, "tier", session_tier) end
-  return {"hit", sb, p.tier, take_lease(sb, lease, lease_ttl_ms, now), p.endpoint}
+  return {"hit", sb, p.tier, take_lease(sb, p, lease, lease_ttl_ms, now), p.endpoint}
 end
 
 -- Absent. Grace counts from the detach mark, or from first sight of the

@@ -26,4 +26,4 @@ if not sb then return {"exhausted"} end
 redis.call("HSET", key, "sandbox", sb, "tier", session_tier,
   "reset_from", expected, "reset_to", sb, "reset_at", now, "reset_reason", reason)
 redis.call("PEXPIRE", key, record_ttl_ms)
-return {"fallback", sb, p.tier, take_lease(sb, lease, lease_ttl_ms, now), p.endpoint, now}
+return {"fallback", sb, p.tier, take_lease(sb, p, lease, lease_ttl_ms, now), p.endpoint, now}

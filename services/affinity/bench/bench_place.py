@@ -1,0 +1,355 @@
+"""Place benchmark: throughput and latency against ceilings measured in the same run.
+
+    uv run python services/affinity/bench/bench_place.py [--seconds 3] [--concurrency 64]
+
+What it runs, each server in its own process on 127.0.0.1, all against one
+private redis-server (so INFO commandstats counts only this run):
+
+- ceiling ``echo``: a bare grpc.aio unary echo;
+- ceiling ``evalsha``: the same, whose handler runs one EVALSHA;
+- the affinity service itself (``create_app``), tiers ``small`` (10 sandboxes)
+  and ``big`` (10,000 sandboxes), presence put through its own attach script.
+
+It reports, for an affinity hit (the session's sandbox present with a free
+slot) and for a first turn (least-loaded selection through the tier's load
+index): calls/s and p50/p99 with 64 calls in flight and with one, the ratio to
+the EVALSHA ceiling (a hit is one gRPC call and one EVALSHA, so that ceiling is
+its bound), Redis commands and round trips per placement, and how p99 moves
+from 10 to 10,000 sandboxes in one tier. Each turn releases its lease with
+ReleaseLease (itself one gRPC call and one EVALSHA), as a real turn does; the
+ratio compares RPCs/s (Place + ReleaseLease) with the ceiling's calls/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+import redis.asyncio as aioredis
+import uvloop
+
+from turnstile_affinity.app import create_app
+from turnstile_affinity.settings import AffinitySettings
+from turnstile_affinity.store import AffinityStore
+from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform.tiers import TIER_LABEL
+from turnstile_testing.processes import RedisProcess
+
+PREFIX = "bench:"
+SMALL, BIG = 10, 10_000
+CAPACITY = 1024
+
+
+# Servers (child processes) -----------------------------------------------------------
+
+
+async def _serve_ceiling(kind: str, redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+    server = grpc.aio.server()
+
+    async def call(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        if kind == "evalsha":
+            await script(keys=["bench:ceiling"])
+        return request
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Ceiling", {"Call": grpc.unary_unary_rpc_method_handler(call)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+
+async def _serve_affinity(redis_url: str) -> None:
+    settings = AffinitySettings(
+        redis_url=redis_url,  # type: ignore[arg-type]
+        redis_prefix=PREFIX,
+        port=0,
+        metrics_port=0,
+        tiers="small,big",
+        wake_enabled=False,
+        heartbeat_interval_s=300,
+        presence_ttl_s=900,
+        log_level="WARNING",
+    )
+    app = await create_app(settings)
+    print(await app.start(), flush=True)
+    await app.server.wait_for_termination()
+
+
+def _start_server(kind: str, redis_url: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind, "--redis", redis_url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "none"},
+    )
+    assert proc.stdout is not None
+    port = proc.stdout.readline().strip()
+    return proc, f"127.0.0.1:{port}"
+
+
+# Load generation ---------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    calls: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.seconds
+
+    def pct(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _drive(step: Callable[[int], Awaitable[float]], concurrency: int, seconds: float) -> Run:
+    """Run ``step(worker)`` (returning the timed latency) from ``concurrency`` loops."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def loop(worker: int) -> None:
+        while time.perf_counter() < deadline:
+            latencies.append(await step(worker))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(i) for i in range(concurrency)))
+    return Run(len(latencies), time.perf_counter() - started, latencies)
+
+
+async def _ceiling(address: str, concurrency: int, seconds: float) -> Run:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary("/bench.Ceiling/Call")
+
+        async def step(_: int) -> float:
+            t = time.perf_counter()
+            await call(b"x")
+            return (time.perf_counter() - t) * 1000
+
+        await _drive(step, concurrency, 0.5)  # warm-up
+        return await _drive(step, concurrency, seconds)
+
+
+async def _place_turns(
+    stub: affinity_pb2_grpc.AffinityServiceAsyncStub,
+    tier: str,
+    concurrency: int,
+    seconds: float,
+    *,
+    first_turns: bool,
+) -> Run:
+    """Turns of Place (timed) then ReleaseLease; hits reuse one session per loop."""
+    sessions = [f"{tier}-hit-{i}" for i in range(concurrency)]
+    for session in sessions:  # first turns, so the timed ones are hits
+        placed = await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier=tier))
+        await stub.ReleaseLease(
+            affinity_pb2.ReleaseLeaseRequest(sandbox_id=placed.sandbox_id, lease_id=placed.lease_id)
+        )
+
+    async def step(worker: int) -> float:
+        session = f"{tier}-first-{uuid.uuid4().hex}" if first_turns else sessions[worker]
+        t = time.perf_counter()
+        placed = await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier=tier))
+        elapsed = (time.perf_counter() - t) * 1000
+        await stub.ReleaseLease(
+            affinity_pb2.ReleaseLeaseRequest(sandbox_id=placed.sandbox_id, lease_id=placed.lease_id)
+        )
+        return elapsed
+
+    await _drive(step, concurrency, 0.5)  # warm-up
+    return await _drive(step, concurrency, seconds)
+
+
+async def _commands_per(
+    redis: aioredis.Redis, action: Callable[[], Awaitable[None]], n: int
+) -> tuple[float, float]:
+    """(Redis commands, EVALSHA round trips) per ``action``, from INFO commandstats."""
+    await redis.config_resetstat()
+    for _ in range(n):
+        await action()
+    stats = await redis.info("commandstats")
+    total = sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_config", "cmdstat_info"))
+    evalsha = stats.get("cmdstat_evalsha", {}).get("calls", 0)
+    return total / n, evalsha / n
+
+
+async def _populate(redis_url: str) -> None:
+    """Put presence for both tiers through the service's own attach script."""
+    redis = aioredis.Redis.from_url(redis_url)
+    store = AffinityStore(redis, PREFIX)
+    sandboxes = [(f"s{i:03d}", "small") for i in range(SMALL)]
+    sandboxes += [(f"b{i:05d}", "big") for i in range(BIG)]
+    for start in range(0, len(sandboxes), 100):
+        await asyncio.gather(
+            *(
+                store.attach(
+                    sandbox_id=sandbox_id,
+                    owner="bench",
+                    tier=tier,
+                    capacity=CAPACITY,
+                    labels={TIER_LABEL: tier},
+                    endpoint="",
+                    presence_ttl_ms=900_000,
+                )
+                for sandbox_id, tier in sandboxes[start : start + 100]
+            )
+        )
+    await redis.aclose()
+
+
+def _row(name: str, run: Run, ceiling: float | None = None, rpcs_per_call: int = 1) -> str:
+    ratio = f"{run.rate * rpcs_per_call / ceiling:5.2f}" if ceiling else "    -"
+    return (
+        f"{name:<44} {run.rate:7.0f}/s  p50 {run.pct(0.50):6.2f} ms  "
+        f"p99 {run.pct(0.99):6.2f} ms  ratio {ratio}"
+    )
+
+
+async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
+    redis_proc = RedisProcess().start()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        url = redis_proc.url
+        results: dict[str, object] = {}
+        print(
+            f"private redis-server on {url}; {seconds:.0f} s per phase, {concurrency} in flight\n"
+        )
+
+        await _populate(url)
+        echo_proc, echo = _start_server("echo", url)
+        evalsha_proc, evalsha = _start_server("evalsha", url)
+        affinity_proc, affinity = _start_server("affinity", url)
+        procs += [echo_proc, evalsha_proc, affinity_proc]
+        half = seconds / 2
+        async with grpc.aio.insecure_channel(affinity) as channel:
+            stub: affinity_pb2_grpc.AffinityServiceAsyncStub = (
+                affinity_pb2_grpc.AffinityServiceStub(channel)
+            )
+
+            def turns(tier: str, n: int, length: float, first: bool) -> Awaitable[Run]:
+                return _place_turns(stub, tier, n, length, first_turns=first)
+
+            # Each affinity phase runs right after a ceiling phase of the same shape,
+            # so a ratio compares two figures taken a few seconds apart on a noisy box.
+            echo_c = await _ceiling(echo, concurrency, seconds)
+            echo_1 = await _ceiling(echo, 1, half)
+            eval_c = await _ceiling(evalsha, concurrency, seconds)
+            hit_small = await turns("small", concurrency, seconds, False)
+            eval_c2 = await _ceiling(evalsha, concurrency, seconds)
+            hit_big = await turns("big", concurrency, seconds, False)
+            eval_1 = await _ceiling(evalsha, 1, half)
+            hit_small_1 = await turns("small", 1, half, False)
+            eval_12 = await _ceiling(evalsha, 1, half)
+            hit_big_1 = await turns("big", 1, half, False)
+            first_small = await turns("small", concurrency, seconds, True)
+            first_big = await turns("big", concurrency, seconds, True)
+            first_small_1 = await turns("small", 1, half, True)
+            first_big_1 = await turns("big", 1, half, True)
+
+            redis = aioredis.Redis.from_url(url)
+            placed = await stub.Place(affinity_pb2.PlaceRequest(session_id="count", tier="big"))
+            await stub.ReleaseLease(
+                affinity_pb2.ReleaseLeaseRequest(
+                    sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
+                )
+            )
+
+            async def hit() -> None:
+                await stub.Place(affinity_pb2.PlaceRequest(session_id="count", tier="big"))
+
+            async def first() -> None:
+                session = f"count-{uuid.uuid4().hex}"
+                await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier="big"))
+
+            hit_cmds, hit_trips = await _commands_per(redis, hit, 500)
+            first_cmds, first_trips = await _commands_per(redis, first, 500)
+            await redis.aclose()
+
+        print(f"{'':<44} {'rate':>9}  {'':>14}  {'':>14}  RPCs/s ÷ ceiling before it")
+        print(_row("ceiling: gRPC echo, 64 in flight", echo_c))
+        print(_row("ceiling: gRPC echo, sequential", echo_1))
+        print(_row("ceiling: gRPC + 1 EVALSHA, 64 in flight", eval_c))
+        print(_row(f"Place hit, {SMALL} sandboxes, 64 in flight", hit_small, eval_c.rate, 2))
+        print(_row("ceiling: gRPC + 1 EVALSHA, 64 in flight", eval_c2))
+        print(_row(f"Place hit, {BIG} sandboxes, 64 in flight", hit_big, eval_c2.rate, 2))
+        print(_row("ceiling: gRPC + 1 EVALSHA, sequential", eval_1))
+        print(_row(f"Place hit, {SMALL} sandboxes, sequential", hit_small_1, eval_1.rate, 2))
+        print(_row("ceiling: gRPC + 1 EVALSHA, sequential", eval_12))
+        print(_row(f"Place hit, {BIG} sandboxes, sequential", hit_big_1, eval_12.rate, 2))
+        print(_row(f"first turn, {SMALL} sandboxes, 64 in flight", first_small))
+        print(_row(f"first turn, {BIG} sandboxes, 64 in flight", first_big))
+        print(_row(f"first turn, {SMALL} sandboxes, sequential", first_small_1))
+        print(_row(f"first turn, {BIG} sandboxes, sequential", first_big_1))
+        print(
+            f"\nRedis per placement: hit {hit_cmds:.1f} commands in {hit_trips:.1f} round trip(s); "
+            f"first turn {first_cmds:.1f} commands in {first_trips:.1f} round trip(s)"
+        )
+        print(
+            f"sequential p99 from {SMALL} to {BIG} sandboxes: hit {hit_small_1.pct(0.99):.2f} → "
+            f"{hit_big_1.pct(0.99):.2f} ms; first turn {first_small_1.pct(0.99):.2f} → "
+            f"{first_big_1.pct(0.99):.2f} ms"
+        )
+        results = {
+            "ceiling_echo_per_s": round(echo_c.rate),
+            "ceiling_evalsha_per_s": round(eval_c.rate),
+            "hit_turns_per_s": round(hit_small.rate),
+            "hit_rpc_ratio_to_evalsha_ceiling": round(hit_small.rate * 2 / eval_c.rate, 2),
+            "hit_p50_ms": round(hit_small.pct(0.5), 2),
+            "hit_p99_ms": round(hit_small.pct(0.99), 2),
+            "hit_sequential_p50_ms": round(hit_small_1.pct(0.5), 2),
+            "hit_sequential_p99_ms": round(hit_small_1.pct(0.99), 2),
+            "ceiling_evalsha_sequential_p50_ms": round(eval_1.pct(0.5), 2),
+            "hit_sequential_p99_ms_10k": round(hit_big_1.pct(0.99), 2),
+            "first_sequential_p99_ms_10": round(first_small_1.pct(0.99), 2),
+            "first_sequential_p99_ms_10k": round(first_big_1.pct(0.99), 2),
+            "first_p99_ms_10": round(first_small.pct(0.99), 2),
+            "first_p99_ms_10k": round(first_big.pct(0.99), 2),
+            "redis_commands_per_hit": round(hit_cmds, 1),
+            "redis_commands_per_first_turn": round(first_cmds, 1),
+            "round_trips_per_hit": hit_trips,
+            "round_trips_per_first_turn": first_trips,
+        }
+        print("\n" + json.dumps(results))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+        redis_proc.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each phase")
+    parser.add_argument("--concurrency", type=int, default=64, help="calls in flight")
+    parser.add_argument("--serve", choices=["echo", "evalsha", "affinity"], help=argparse.SUPPRESS)
+    parser.add_argument("--redis", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "affinity":
+        uvloop.run(_serve_affinity(args.redis))
+    elif args.serve:
+        uvloop.run(_serve_ceiling(args.serve, args.redis))
+    else:
+        uvloop.run(_bench(args.seconds, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()

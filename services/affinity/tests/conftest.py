@@ -1,0 +1,252 @@
+"""Fixtures of the affinity tests: real Redis, the real service over gRPC, real workers.
+
+``affinity`` starts the service in-process on a free port (more than one
+replica may share a Redis prefix, as in production); ``worker`` starts a real
+worker agent against it, in-process (its process dying does not matter) or as
+a subprocess (``python -m turnstile_affinity.worker``) where it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_affinity.app import create_app
+from turnstile_affinity.settings import AffinitySettings
+from turnstile_affinity.store import AffinityStore, Clock, Keys
+from turnstile_affinity.worker.agent import WorkerAgent
+from turnstile_affinity.worker.settings import WorkerSettings
+from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform.errors import RichError, decode
+from turnstile_platform.server import GrpcService
+
+UNSET: Any = object()
+
+
+@dataclass
+class Affinity:
+    """One running affinity replica and a client of it."""
+
+    app: GrpcService
+    settings: AffinitySettings
+    clock: Clock
+    channel: grpc.aio.Channel
+    stub: affinity_pb2_grpc.AffinityServiceAsyncStub
+    keys: Keys
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.app.port}"
+
+    async def place(self, session_id: str, tier: str = "") -> affinity_pb2.PlaceResponse:
+        return await self.stub.Place(affinity_pb2.PlaceRequest(session_id=session_id, tier=tier))
+
+    async def refused(self, session_id: str, tier: str = "") -> RichError:
+        """Place, expecting a refusal; returns it decoded."""
+        try:
+            response = await self.place(session_id, tier)
+        except grpc.aio.AioRpcError as error:
+            return decode(error)
+        raise AssertionError(f"expected a refusal, got {response}")
+
+    async def release(self, placed: affinity_pb2.PlaceResponse) -> bool:
+        request = affinity_pb2.ReleaseLeaseRequest(
+            sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
+        )
+        return (await self.stub.ReleaseLease(request)).released
+
+    async def workers(self, tier: str = "") -> dict[str, affinity_pb2.Worker]:
+        listed = await self.stub.ListWorkers(affinity_pb2.ListWorkersRequest(tier=tier))
+        return {w.sandbox_id: w for w in listed.workers}
+
+    async def stop(self) -> None:
+        await self.channel.close(None)
+        await self.app.stop()
+
+
+StartAffinity = Callable[..., Awaitable[Affinity]]
+
+
+@pytest.fixture
+async def affinity(redis_url: str, redis_prefix: str) -> AsyncIterator[StartAffinity]:
+    """Start affinity replicas sharing this test's Redis prefix; stopped at the end."""
+    running: list[Affinity] = []
+
+    async def start(clock: Clock | None = None, **overrides: Any) -> Affinity:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "redis_prefix": redis_prefix,
+            "port": 0,
+            "metrics_port": 0,
+            "wake_enabled": False,
+            "heartbeat_interval_s": 0.2,
+            "presence_ttl_s": 5.0,
+            "shutdown_grace_s": 0.2,
+            "log_format": "text",
+        }
+        values.update(overrides)
+        settings = AffinitySettings(**values)
+        clock = clock or Clock()
+        app = await create_app(settings, clock=clock)
+        await app.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
+        stub: affinity_pb2_grpc.AffinityServiceAsyncStub = affinity_pb2_grpc.AffinityServiceStub(
+            channel
+        )
+        replica = Affinity(app, settings, clock, channel, stub, Keys(redis_prefix))
+        running.append(replica)
+        return replica
+
+    yield start
+    for replica in reversed(running):
+        await replica.stop()
+
+
+@dataclass
+class Worker:
+    """A worker agent running in this process."""
+
+    agent: WorkerAgent
+    task: asyncio.Task[None]
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.agent.settings.sandbox_id
+
+    async def attached(self, timeout: float = 10) -> None:
+        await asyncio.wait_for(self.agent.attached.wait(), timeout)
+
+    async def stop(self) -> None:
+        """SIGTERM's path: Goodbye, then the agent returns."""
+        self.agent.stop.set()
+        await asyncio.wait_for(self.task, 10)
+
+
+StartWorker = Callable[..., Awaitable[Worker]]
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[StartWorker]:
+    """Start in-process worker agents (attached when returned); stopped at the end."""
+    running: list[Worker] = []
+
+    async def start(
+        address: str,
+        sandbox_id: str,
+        tier: str | None = UNSET,
+        *,
+        capacity: int = 4,
+        wait: bool = True,
+        **overrides: Any,
+    ) -> Worker:
+        values: dict[str, Any] = {
+            "sandbox_id": sandbox_id,
+            "capacity": capacity,
+            "affinity_addr": address,
+            "reconnect_initial_s": 0.05,
+            "reconnect_max_s": 0.2,
+        }
+        if tier is not UNSET:
+            values["tier"] = tier
+        values.update(overrides)
+        agent = WorkerAgent(WorkerSettings(**values))
+        handle = Worker(agent, asyncio.create_task(agent.run()))
+        running.append(handle)
+        if wait:
+            await handle.attached()
+        return handle
+
+    yield start
+    for handle in running:
+        handle.agent.stop.set()
+    for handle in running:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(handle.task, 10)
+
+
+@dataclass
+class WorkerProcess:
+    """``python -m turnstile_affinity.worker`` as a child process."""
+
+    proc: asyncio.subprocess.Process
+    sandbox_id: str
+    lines: list[dict[str, Any]] = field(default_factory=list)
+
+    async def wait_for_log(self, message: str, timeout: float = 15) -> dict[str, Any]:
+        """Read the agent's JSON log lines until one has ``message``."""
+        assert self.proc.stderr is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                raw = await self.proc.stderr.readline()
+                if not raw:
+                    raise AssertionError(f"worker exited before logging {message!r}: {self.lines}")
+                with contextlib.suppress(ValueError):
+                    line: dict[str, Any] = json.loads(raw)
+                    self.lines.append(line)
+                    if line.get("message") == message:
+                        return line
+
+    async def terminate(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        return await asyncio.wait_for(self.proc.wait(), 15)
+
+
+StartWorkerProcess = Callable[..., Awaitable[WorkerProcess]]
+
+
+@pytest.fixture
+async def worker_process() -> AsyncIterator[StartWorkerProcess]:
+    """Start worker agents as subprocesses; killed at the end if still running."""
+    running: list[WorkerProcess] = []
+
+    async def start(address: str, sandbox_id: str, **env: str) -> WorkerProcess:
+        environment = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TURNSTILE_WORKER_", "TURNSTILE_AFFINITY_ADDR"))
+        }
+        environment.update(
+            {
+                "TURNSTILE_WORKER_SANDBOX_ID": sandbox_id,
+                "TURNSTILE_AFFINITY_ADDR": address,
+                "TURNSTILE_WORKER_RECONNECT_MAX_S": "0.2",
+                "TURNSTILE_LOG_FORMAT": "json",
+                **env,
+            }
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "turnstile_affinity.worker",
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        handle = WorkerProcess(proc, sandbox_id)
+        running.append(handle)
+        return handle
+
+    yield start
+    for handle in running:
+        if handle.proc.returncode is None:
+            handle.proc.kill()
+            await handle.proc.wait()
+
+
+@pytest.fixture
+def store(redis: aioredis.Redis, redis_prefix: str) -> AffinityStore:
+    """The store itself, for script tests (its clock starts at offset 0)."""
+    return AffinityStore(redis, redis_prefix, Clock())

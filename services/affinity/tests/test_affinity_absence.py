@@ -1,0 +1,315 @@
+"""Absent sandboxes: pending for the grace, wakes, fallback with a reset (SPEC T4, T7, T9).
+
+Time inside the store's scripts is Redis TIME plus a clock offset the tests
+move forward, so a grace period is crossed without sleeping through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_affinity.store import Clock
+from turnstile_contracts import affinity_pb2, substrate_pb2, substrate_pb2_grpc
+from turnstile_testing.processes import free_port
+
+if TYPE_CHECKING:
+    from conftest import Affinity, StartAffinity, StartWorker, Worker
+
+HIT = affinity_pb2.PLACEMENT_OUTCOME_HIT
+FALLBACK = affinity_pb2.PLACEMENT_OUTCOME_FALLBACK
+GRACE_S = 30.0
+
+
+async def tier_a(
+    affinity: StartAffinity, worker: StartWorker, clock: Clock | None = None, **settings: Any
+) -> tuple[Affinity, dict[str, Worker]]:
+    """Tiers a and b; a1, a2 in a and b1 in b, capacity 16 each.
+
+    Presence outlives the clock jumps across the grace (it lasts 120 s).
+    """
+    settings = {"presence_ttl_s": 120.0, **settings}
+    service = await affinity(clock, tiers="a,b", grace_s=GRACE_S, **settings)
+    workers = {
+        sandbox_id: await worker(service.address, sandbox_id, sandbox_id[0], capacity=16)
+        for sandbox_id in ("a1", "a2", "b1")
+    }
+    return service, workers
+
+
+async def session_on_a1(service: Affinity, session_id: str = "chat") -> None:
+    placed = await service.place(session_id, "a")
+    assert placed.sandbox_id == "a1"
+    await service.release(placed)
+
+
+async def test_an_absent_sandbox_is_pending_for_the_grace_then_the_session_falls_back_in_tier(
+    affinity: StartAffinity, worker: StartWorker, redis: aioredis.Redis
+) -> None:
+    clock = Clock()
+    service, workers = await tier_a(affinity, worker, clock)
+    await session_on_a1(service)
+    await workers["a1"].stop()  # Goodbye: presence removed, then the detach mark written
+
+    pending = await service.refused("chat", "a")
+    assert pending.code == grpc.StatusCode.UNAVAILABLE
+    assert pending.reason == "SANDBOX_PENDING"
+    assert pending.metadata["sandbox_id"] == "a1"
+    assert GRACE_S * 1000 - 2000 < int(pending.metadata["remaining_grace_ms"]) <= GRACE_S * 1000
+    assert pending.retry_after_s == 10
+
+    clock.offset_ms += int(GRACE_S * 1000) - 2500
+    later = await service.refused("chat", "a")
+    assert later.reason == "SANDBOX_PENDING"
+    assert later.retry_after_s == 3  # ceil(≈2.5 s) (SPEC T9)
+    assert (await service.workers("a"))["a2"].leases == 0  # waiting took nothing
+
+    clock.offset_ms += 2600
+    moved = await service.place("chat", "a")
+    assert (moved.sandbox_id, moved.outcome, moved.tier) == ("a2", FALLBACK, "a")
+    assert moved.reset.reason == affinity_pb2.RESET_REASON_GRACE_EXPIRED
+    assert (moved.reset.from_sandbox_id, moved.reset.to_sandbox_id) == ("a1", "a2")
+    session = await service.stub.GetSession(affinity_pb2.GetSessionRequest(session_id="chat"))
+    assert session.sandbox_id == "a2"
+    assert session.last_reset == moved.reset
+    await service.release(moved)
+
+    again = await service.place("chat", "a")
+    assert (again.sandbox_id, again.outcome) == ("a2", HIT)
+    assert not again.HasField("reset")
+
+
+async def test_pending_retry_hint_is_at_least_one_second(
+    affinity: StartAffinity, worker: StartWorker
+) -> None:
+    clock = Clock()
+    service, workers = await tier_a(affinity, worker, clock, retry_after_s=4)
+    await session_on_a1(service)
+    await workers["a1"].stop()
+    clock.offset_ms += int(GRACE_S * 1000) - 200
+    pending = await service.refused("chat", "a")
+    assert 0 < int(pending.metadata["remaining_grace_ms"]) <= 200
+    assert pending.retry_after_s == 1
+
+
+async def test_detach_marks_expire_after_the_affinity_ttl(
+    affinity: StartAffinity, worker: StartWorker, redis: aioredis.Redis
+) -> None:
+    service, workers = await tier_a(affinity, worker, affinity_ttl_s=120)
+    await session_on_a1(service)
+    assert not await redis.exists(service.keys.detached("a1"))
+    await workers["a1"].stop()
+    assert 118_000 < await redis.pttl(service.keys.detached("a1")) <= 120_000
+    # A first-sight mark (no detach was seen) expires the same way.
+    await redis.delete(service.keys.detached("a1"))
+    await service.refused("chat", "a")
+    assert 118_000 < await redis.pttl(service.keys.detached("a1")) <= 120_000
+    # The session record lives as long after its last turn.
+    assert 118_000 < await redis.pttl(service.keys.session("chat")) <= 120_000
+
+
+async def test_a_returning_worker_clears_its_mark_and_keeps_its_sessions(
+    affinity: StartAffinity, worker: StartWorker, redis: aioredis.Redis
+) -> None:
+    clock = Clock()
+    service, workers = await tier_a(affinity, worker, clock)
+    await session_on_a1(service)
+    await workers["a1"].stop()
+    await service.refused("chat", "a")
+    clock.offset_ms += int(GRACE_S * 1000) - 1000
+    returned = await worker(service.address, "a1", "a", capacity=16)
+    assert not await redis.exists(service.keys.detached("a1"))
+    back = await service.place("chat", "a")
+    assert (back.sandbox_id, back.outcome) == ("a1", HIT)
+    await service.release(back)
+    # A later absence counts its grace afresh.
+    await returned.stop()
+    pending = await service.refused("chat", "a")
+    assert int(pending.metadata["remaining_grace_ms"]) > GRACE_S * 1000 - 2000
+
+
+async def test_two_concurrent_fallbacks_past_the_grace_move_the_session_once(
+    affinity: StartAffinity, worker: StartWorker
+) -> None:
+    clock = Clock()
+    one, workers = await tier_a(affinity, worker, clock)
+    two = await affinity(clock, tiers="a,b", grace_s=GRACE_S, presence_ttl_s=120.0)
+    await worker(one.address, "a3", "a", capacity=16)
+    await session_on_a1(one)
+    await workers["a1"].stop()
+    clock.offset_ms += int(GRACE_S * 1000) + 1000
+    placed = await asyncio.gather(*((one if i % 2 else two).place("chat", "a") for i in range(10)))
+    assert len({p.sandbox_id for p in placed}) == 1, placed
+    assert Counter(p.outcome for p in placed) == {FALLBACK: 1, HIT: 9}
+    resets = [p.reset for p in placed if p.HasField("reset")]
+    assert len(resets) == 1
+    assert resets[0].from_sandbox_id == "a1"
+    session = await one.stub.GetSession(affinity_pb2.GetSessionRequest(session_id="chat"))
+    assert session.last_reset == resets[0]
+
+
+# A relay restart that loses presence ------------------------------------------------
+
+
+async def _start_affinity_process(
+    redis_url: str, redis_prefix: str, port: int
+) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "TURNSTILE_PORT": str(port),
+        "TURNSTILE_METRICS_PORT": "0",
+        "TURNSTILE_REDIS_URL": redis_url,
+        "TURNSTILE_REDIS_PREFIX": redis_prefix,
+        "TURNSTILE_TIERS": "a,b",
+        "TURNSTILE_GRACE_S": str(GRACE_S),
+        "TURNSTILE_WAKE_ENABLED": "false",
+        "TURNSTILE_HEARTBEAT_INTERVAL_S": "0.2",
+        "TURNSTILE_PRESENCE_TTL_S": "5",
+        "TURNSTILE_LOG_FORMAT": "text",
+        "OTEL_TRACES_EXPORTER": "none",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnstile_affinity",
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    async with asyncio.timeout(15):
+        while b" serving" not in (line := await proc.stderr.readline()):
+            assert line, "the affinity process exited before serving"
+    return proc
+
+
+@pytest.fixture
+async def crashable(redis_url: str, redis_prefix: str) -> AsyncIterator[Any]:
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(port: int) -> asyncio.subprocess.Process:
+        proc = await _start_affinity_process(redis_url, redis_prefix, port)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_after_a_relay_crash_sessions_wait_from_first_sight_and_return_to_their_sandbox(
+    affinity: StartAffinity, worker: StartWorker, crashable: Any, redis: aioredis.Redis
+) -> None:
+    port = free_port()
+    relay = await crashable(port)
+    clock = Clock()
+    placer = await affinity(clock, tiers="a,b", grace_s=GRACE_S, presence_ttl_s=5)
+    a1 = await worker(f"127.0.0.1:{port}", "a1", "a", capacity=16)
+    await worker(f"127.0.0.1:{port}", "a2", "a", capacity=16)
+    await session_on_a1(placer)
+
+    relay.kill()  # no teardown runs: presence stays until it expires, no detach mark
+    await relay.wait()
+    clock.offset_ms += 5_100  # past the presence ttl
+    assert await placer.workers("a") == {}
+    assert not await redis.exists(placer.keys.detached("a1"))
+
+    first = await placer.refused("chat", "a")
+    assert first.reason == "SANDBOX_PENDING"
+    assert GRACE_S * 1000 - 1000 < int(first.metadata["remaining_grace_ms"]) <= GRACE_S * 1000
+    assert await redis.exists(placer.keys.detached("a1"))  # first sight, shared by replicas
+    clock.offset_ms += 4_000
+    second = await placer.refused("chat", "a")
+    assert (
+        int(second.metadata["remaining_grace_ms"])
+        <= int(first.metadata["remaining_grace_ms"]) - 4000
+    )
+
+    # The relay comes back on the same address; the workers reconnect by themselves.
+    await affinity(clock, tiers="a,b", grace_s=GRACE_S, port=port, presence_ttl_s=5)
+    await a1.attached()
+    back = await placer.place("chat", "a")
+    assert (back.sandbox_id, back.outcome) == ("a1", HIT)
+
+
+# Wakes ------------------------------------------------------------------------------
+
+
+class CountingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    """A real SubstrateService server that records Activate calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[substrate_pb2.ActivateRequest] = []
+        self.changed = asyncio.Condition()
+
+    async def Activate(
+        self,
+        request: substrate_pb2.ActivateRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> substrate_pb2.ActivateResponse:
+        async with self.changed:
+            self.calls.append(request)
+            self.changed.notify_all()
+        return substrate_pb2.ActivateResponse(
+            sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
+            outcome=substrate_pb2.OUTCOME_CREATED,
+        )
+
+    async def wait_for_calls(self, count: int) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(lambda: len(self.calls) >= count), 10)
+
+
+@pytest.fixture
+async def substrate() -> AsyncIterator[tuple[CountingSubstrate, str]]:
+    servicer = CountingSubstrate()  # type: ignore[abstract]  # only Activate is served
+    server = grpc.aio.server()
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    await server.stop(None)
+
+
+async def test_an_absence_wakes_its_sandbox_exactly_once_through_substrate_with_inherit(
+    affinity: StartAffinity,
+    worker: StartWorker,
+    substrate: tuple[CountingSubstrate, str],
+) -> None:
+    counting, address = substrate
+    settings: dict[str, Any] = {"wake_enabled": True, "substrate_addr": address}
+    one, workers = await tier_a(affinity, worker, **settings)
+    two = await affinity(tiers="a,b", grace_s=GRACE_S, **settings)
+    await session_on_a1(one)
+    await workers["a1"].stop()
+
+    turns = [(one if i % 2 else two).refused("chat", "a") for i in range(20)]
+    refusals = await asyncio.gather(*turns)
+    assert {r.reason for r in refusals} == {"SANDBOX_PENDING"}
+    await counting.wait_for_calls(1)
+    await asyncio.sleep(0.3)  # any second wake (there must be none) would have arrived
+    assert len(counting.calls) == 1
+    call = counting.calls[0]
+    assert call.sandbox_id == "a1"
+    assert call.client.WhichOneof("client") == "inherit"
+    assert call.tier == "a"
+
+    # The worker comes back, then leaves again: a new absence, a new wake.
+    back = await worker(one.address, "a1", "a", capacity=16)
+    assert (await one.place("chat", "a")).outcome == HIT
+    await back.stop()
+    await asyncio.gather(*(two.refused("chat", "a") for _ in range(5)))
+    await counting.wait_for_calls(2)
+    assert [c.sandbox_id for c in counting.calls] == ["a1", "a1"]
