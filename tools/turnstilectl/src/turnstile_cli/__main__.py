@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from turnstile_cli.cli import run
+
 
 def main() -> None:
-    print("turnstilectl: commands land with the CLI issue", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""Prometheus metrics of the Kubernetes substrate.
+
+Labels are bounded: tiers come from settings, reasons and event types are fixed
+sets. No metric here names a client.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REFLECTOR_EVENTS = Counter(
+    "turnstile_substrate_reflector_events_total",
+    "Watch events the reflector applied, by type (ADDED, MODIFIED, DELETED, BOOKMARK).",
+    ["type"],
+)
+REFLECTOR_RELISTS = Counter(
+    "turnstile_substrate_reflector_relists_total",
+    "Re-lists after a failed watch or list, by reason (gone, disconnect, error).",
+    ["reason"],
+)
+REFLECTOR_WATCHES = Counter(
+    "turnstile_substrate_reflector_watches_total",
+    "Watches that ended, by how (clean: the server's timeout; failures re-list instead).",
+    ["end"],
+)
+REFLECTOR_PODS = Gauge(
+    "turnstile_substrate_reflector_pods",
+    "Pods in the reflector's cache after its last list or watch.",
+)
+REFLECTOR_LIST_SECONDS = Histogram(
+    "turnstile_substrate_reflector_list_seconds",
+    "Duration of one full (paged) list.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+WARM_CLAIMS = Counter(
+    "turnstile_substrate_warm_claims_total",
+    "Warm-pool claims by tier and result (adopted, failed).",
+    ["tier", "result"],
+)
+WARM_INVALIDATIONS = Counter(
+    "turnstile_substrate_warm_invalidations_total",
+    "Warm pods discarded after a failed adoption (SPEC S6), by tier and reason "
+    "(conflict, not_found, error).",
+    ["tier", "reason"],
+)
+WARM_CREATED = Counter(
+    "turnstile_substrate_warm_pods_created_total",
+    "Warm pods the refill loop created, by tier.",
+    ["tier"],
+)
+COLD_CREATES = Counter(
+    "turnstile_substrate_pods_created_total",
+    "Sandbox pods created cold (including restores), by tier and result (created, failed, "
+    "refused: the cap gate refused before the create).",
+    ["tier", "result"],
+)

@@ -1,0 +1,173 @@
+"""The reflector: a list-then-watch cache of sandbox pods (SPEC S3).
+
+One loop, the shape client-go's reflector has:
+
+1. **List** every matching pod, page by page (``limit``/``continue``), and
+   install the result whole into the :class:`PodIndex` — the list is the truth at
+   its resourceVersion, so whatever happened while we were not watching (pods
+   deleted, labels changed) is reconciled by replacement, not by diffing.
+2. **Watch** from that resourceVersion with bookmarks, applying each event to the
+   index and remembering the newest version seen (bookmarks move it forward
+   without an object, so a quiet watch does not fall behind compaction).
+3. When the watch ends cleanly (``timeoutSeconds`` elapsed), watch again from
+   the remembered version. When it fails — ``410 Gone`` (the version was
+   compacted away), a broken connection, any error — **re-list** and start over.
+   Errors back off exponentially; a 410 re-lists at once.
+
+kubernetes-asyncio's ``Watch`` helper is not used: it raises on 410 and builds a
+``V1Pod`` per event. The stream is read as raw JSON lines instead (see
+:mod:`turnstile_substrate.kubernetes.api`).
+
+``synced`` is set once the first list is installed; until then counts are
+unknown and the substrate is not ready. After that the cache keeps serving while
+a re-list runs: a brief gap is an error of the kind SPEC P6 accepts (rare,
+temporary, corrected by the next list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from turnstile_substrate.kubernetes import metrics
+from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
+from turnstile_substrate.kubernetes.index import PodIndex
+from turnstile_substrate.kubernetes.podinfo import PodInfo
+from turnstile_substrate.kubernetes.settings import KubernetesSettings
+
+log = logging.getLogger(__name__)
+
+#: A watch that ends cleanly sooner than this is treated as suspicious and backed off,
+#: so a server that ends every watch at once cannot spin the loop.
+_MIN_CLEAN_WATCH_S = 1.0
+
+_EVENT_COUNTERS = {
+    kind: metrics.REFLECTOR_EVENTS.labels(type=kind)
+    for kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
+}
+
+
+class Reflector:
+    """Keeps a :class:`PodIndex` equal to the API server's pods matching a selector."""
+
+    def __init__(self, api: PodsApi, index: PodIndex, settings: KubernetesSettings) -> None:
+        self._api = api
+        self.index = index
+        self._selector = settings.label_selector
+        self._page_size = settings.list_page_size
+        self._backoff_s = settings.relist_backoff_s
+        self._backoff_max_s = settings.relist_backoff_max_s
+        self.synced = asyncio.Event()
+        #: newest resourceVersion applied to the index
+        self.resource_version = ""
+        self.lists = 0
+        self._task: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event()
+        self._waiting = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="k8s-reflector")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        async with asyncio.timeout(timeout):
+            await self.synced.wait()
+
+    async def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
+        """Wait until ``condition()`` holds, checked after each list and watch event
+        (e.g. "the cache has reached resourceVersion N")."""
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    progress = self._progress
+                    if condition():
+                        return
+                    await progress.wait()
+        finally:
+            self._waiting -= 1
+
+    def _advanced(self) -> None:
+        if self._waiting:
+            progress, self._progress = self._progress, asyncio.Event()
+            progress.set()
+
+    async def _run(self) -> None:
+        backoff = self._backoff_s
+        while True:
+            try:
+                await self.relist()
+                backoff = self._backoff_s
+                while True:
+                    started = time.monotonic()
+                    await self._watch_once()
+                    metrics.REFLECTOR_WATCHES.labels(end="clean").inc()
+                    if time.monotonic() - started < _MIN_CLEAN_WATCH_S:
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, self._backoff_max_s)
+            except asyncio.CancelledError:
+                raise
+            except KubeApiError as error:
+                if error.gone:
+                    metrics.REFLECTOR_RELISTS.labels(reason="gone").inc()
+                    log.info("reflector: resourceVersion expired, re-listing")
+                    continue
+                metrics.REFLECTOR_RELISTS.labels(reason="error").inc()
+                log.warning("reflector: API error %s; re-listing in %.1fs", error, backoff)
+            except Exception as error:  # a cut connection, a timeout, a malformed line
+                metrics.REFLECTOR_RELISTS.labels(reason="disconnect").inc()
+                log.warning(
+                    "reflector: watch or list failed (%s: %s); re-listing in %.1fs",
+                    type(error).__name__,
+                    error,
+                    backoff,
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._backoff_max_s)
+
+    async def relist(self) -> None:
+        """List every pod and install the result whole; the watch resumes from its version."""
+        started = time.perf_counter()
+        pods: list[PodInfo] = []
+        page = await self._api.list_page(self._selector, self._page_size)
+        version = page.resource_version
+        pods.extend(page.pods)
+        while page.continue_token:
+            page = await self._api.list_page(self._selector, self._page_size, page.continue_token)
+            pods.extend(page.pods)
+        self.index.replace(pods)
+        self.resource_version = version
+        self.lists += 1
+        self.synced.set()
+        self._advanced()
+        metrics.REFLECTOR_PODS.set(len(self.index))
+        metrics.REFLECTOR_LIST_SECONDS.observe(time.perf_counter() - started)
+        log.info("reflector: listed %d pods at resourceVersion %s", len(pods), version or "(none)")
+
+    async def _watch_once(self) -> None:
+        """Apply one watch's events; return when it ends cleanly, raise when it fails."""
+        index = self.index
+        async for event in self._api.watch(self._selector, self.resource_version):
+            pod = event.pod
+            if pod is not None:
+                if event.type == "DELETED":
+                    index.delete(pod.name)
+                else:
+                    index.upsert(pod)
+            if event.resource_version:
+                self.resource_version = event.resource_version
+            counter = _EVENT_COUNTERS.get(event.type)
+            if counter is not None:
+                counter.inc()
+            self._advanced()
+        metrics.REFLECTOR_PODS.set(len(index))

@@ -1,0 +1,146 @@
+"""Settings of the Kubernetes substrate, read from ``TURNSTILE_K8S_*`` variables.
+
+Every knob has its default on its field. The substrate service nests or builds
+one :class:`KubernetesSettings`; tests build it with ``api_host`` pointing at the
+API-server emulator.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from turnstile_clientkeys import is_label_value
+from turnstile_substrate.runtime import LABEL_MANAGED_BY, MANAGED_BY
+
+DEFAULT_LABEL_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+
+class KubernetesSettings(BaseSettings):
+    """Where pods live, what they look like, the warm pool and the reflector's timing."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TURNSTILE_K8S_", extra="ignore", frozen=True, validate_default=True
+    )
+
+    # ------------------------------------------------------------------ connection
+
+    api_host: str | None = None
+    """An API server URL used as is, without credentials (``http://127.0.0.1:PORT``);
+    meant for the test emulator and ``kubectl proxy``. Unset: in-cluster or kubeconfig."""
+
+    in_cluster: bool | None = None
+    """Use the pod's service account. Unset: in-cluster when ``KUBERNETES_SERVICE_HOST``
+    is set, kubeconfig otherwise."""
+
+    kubeconfig: str | None = None
+    """Path of the kubeconfig file; unset uses ``$KUBECONFIG`` or ``~/.kube/config``."""
+
+    context: str | None = None
+    """kubeconfig context; unset uses the current context."""
+
+    namespace: str = Field(default="turnstile-sandboxes", min_length=1, max_length=63)
+    """Namespace of every sandbox pod; the reflector watches only it."""
+
+    request_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """Deadline of one non-watch API call (create, patch, delete, one list page)."""
+
+    # ------------------------------------------------------------------ pod template
+
+    image: str = Field(default="ghcr.io/turnstile/sandbox-runtime:latest", min_length=1)
+    """Container image of a sandbox runtime."""
+
+    image_pull_policy: str = "IfNotPresent"
+    """``imagePullPolicy`` of the runtime container."""
+
+    container_name: str = "runtime"
+    """Name of the runtime container."""
+
+    cpu_request: str = "250m"
+    """CPU request of the runtime container; empty leaves it out."""
+
+    memory_request: str = "512Mi"
+    """Memory request of the runtime container; empty leaves it out."""
+
+    cpu_limit: str = ""
+    """CPU limit of the runtime container; empty (the default) sets none."""
+
+    memory_limit: str = "1Gi"
+    """Memory limit of the runtime container; empty sets none."""
+
+    service_account: str = ""
+    """``serviceAccountName`` of sandbox pods; empty uses the namespace default."""
+
+    termination_grace_s: int = Field(default=10, ge=0, le=3600)
+    """``terminationGracePeriodSeconds`` of sandbox pods."""
+
+    extra_labels: dict[str, str] = Field(default_factory=dict)
+    """Labels put on every pod besides Turnstile's own (JSON object). A term added to
+    ``label_selector`` must be satisfied by these."""
+
+    name_prefix: str = Field(default="ts", pattern=r"^[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?$")
+    """Prefix of pod names: ``<prefix>-<sandbox>-<random>``, ``<prefix>-warm-<tier>-<random>``."""
+
+    # ------------------------------------------------------------------ placement
+
+    nodes: tuple[str, ...] = ()
+    """Candidate nodes a cold create may land on, reported to admission's node-slot
+    policy (JSON list). Empty: no candidates are reported and the slot check does not
+    apply. Pods are not pinned; the scheduler still places them."""
+
+    # ------------------------------------------------------------------ warm pool
+
+    warm_pool_sizes: dict[str, int] = Field(default_factory=dict)
+    """Warm pods to keep per tier (JSON object, e.g. ``{"default": 4}``); a tier absent
+    or 0 has no warm pool and every activation there is a cold create."""
+
+    warm_pool_interval_s: float = Field(default=2.0, gt=0, le=300)
+    """Longest wait between two warm-pool refill checks; a claim or a change the
+    reflector sees wakes the loop sooner."""
+
+    warm_require_running: bool = True
+    """Only claim warm pods whose phase is Running (started and scheduled). False also
+    claims Pending ones: faster hand-out, but the sandbox may wait for its pod."""
+
+    # ------------------------------------------------------------------ reflector
+
+    label_selector: str = DEFAULT_LABEL_SELECTOR
+    """Which pods the reflector lists and watches. Every pod the substrate creates
+    carries ``app.kubernetes.io/managed-by=turnstile``."""
+
+    list_page_size: int = Field(default=500, ge=1, le=10_000)
+    """Pods per page of the reflector's list (``limit`` + ``continue``)."""
+
+    watch_timeout_s: int = Field(default=300, ge=1, le=3600)
+    """``timeoutSeconds`` of one watch; when it ends cleanly the reflector resumes from
+    the last resourceVersion it saw, without re-listing."""
+
+    watch_read_grace_s: float = Field(default=30.0, gt=0, le=600)
+    """How much longer than ``watch_timeout_s`` a silent watch connection may stay open
+    before the reflector declares it dead and re-lists."""
+
+    relist_backoff_s: float = Field(default=0.5, gt=0, le=60)
+    """First wait before re-listing after an error; doubles up to ``relist_backoff_max_s``."""
+
+    relist_backoff_max_s: float = Field(default=15.0, gt=0, le=600)
+    """Longest wait between re-list attempts while the API server fails."""
+
+    @field_validator("warm_pool_sizes")
+    @classmethod
+    def _sizes(cls, value: dict[str, int]) -> dict[str, int]:
+        for tier, size in value.items():
+            if not is_label_value(tier):
+                raise ValueError(f"tier {tier!r} is not a valid label value")
+            if not 0 <= size <= 1000:
+                raise ValueError(f"warm pool size of {tier!r} must be 0..1000")
+        return value
+
+    @model_validator(mode="after")
+    def _backoff(self) -> KubernetesSettings:
+        if self.relist_backoff_max_s < self.relist_backoff_s:
+            raise ValueError("relist_backoff_max_s must be at least relist_backoff_s")
+        return self
+
+    def warm_size(self, tier: str) -> int:
+        """The configured warm-pool size of ``tier`` (0 when none)."""
+        return self.warm_pool_sizes.get(tier, 0)

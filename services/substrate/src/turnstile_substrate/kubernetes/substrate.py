@@ -1,0 +1,240 @@
+"""``KubernetesSubstrate``: the :class:`~turnstile_substrate.runtime.Substrate` on pods.
+
+* counts come from the reflector's index (O(1), SPEC S3/S4); before its first
+  list they are unknown and :meth:`ready` is False;
+* a runtime is a pod labelled with its sandbox id and — set at creation, never
+  changed — the activating client's id (SPEC S2);
+* :meth:`ensure_runtime` runs the cap gate before every pod it makes the
+  sandbox's: each warm adoption and each cold create (SPEC S5, P1); it claims
+  warm pods first when the plan says so, then falls back to a cold create, and
+  on failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+
+from kubernetes_asyncio import client as k8s
+
+from turnstile_clientkeys import Resolver
+from turnstile_substrate.kubernetes import metrics, template
+from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
+from turnstile_substrate.kubernetes.index import PodIndex
+from turnstile_substrate.kubernetes.podinfo import PodInfo
+from turnstile_substrate.kubernetes.reflector import Reflector
+from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
+from turnstile_substrate.runtime import (
+    LABEL_SANDBOX_ID,
+    CapGate,
+    CountUnknown,
+    CreateKind,
+    LiveCount,
+    Plan,
+    Runtime,
+    RuntimeSpec,
+)
+
+log = logging.getLogger(__name__)
+
+#: Failed warm adoptions one activation tolerates before it creates cold; each
+#: failure has already discarded its pod, so this only bounds the latency.
+MAX_WARM_ATTEMPTS = 3
+
+
+class KubernetesSubstrate:
+    """Sandbox runtimes as pods in one namespace."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        resolver: Resolver,
+        *,
+        api_client: k8s.ApiClient | None = None,
+    ) -> None:
+        """``api_client`` is used as given and not closed; without one, :meth:`start`
+        connects per ``settings`` and :meth:`close` closes the connection."""
+        self.settings = settings
+        self._resolver = resolver
+        self._api_client = api_client
+        self._owns_client = api_client is None
+        self.index = PodIndex(resolver, on_warm_change=self._warm_changed)
+        self._api: PodsApi | None = None
+        self._reflector: Reflector | None = None
+        self._pool: WarmPool | None = None
+        self._nodes = tuple(settings.nodes)
+        #: pods stop_runtime deleted that the cache may still show (until the reflector
+        #: sees them go), so find_running does not answer with a pod just stopped
+        self._stopped: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._api_client is None:
+            self._api_client = await connect(self.settings)
+        self._api = PodsApi(self._api_client, self.settings)
+        self._reflector = Reflector(self._api, self.index, self.settings)
+        self._pool = WarmPool(self._api, self.index, self.settings, self._reflector.synced)
+        self._reflector.start()
+        self._pool.start()
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.stop()
+        if self._reflector is not None:
+            await self._reflector.stop()
+        if self._owns_client and self._api_client is not None:
+            await self._api_client.close()
+            self._api_client = None
+
+    def ready(self) -> bool:
+        return self._reflector is not None and self._reflector.synced.is_set()
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait for the reflector's first list (tests, and start-up probes)."""
+        await self.reflector.wait_synced(timeout)
+
+    @property
+    def reflector(self) -> Reflector:
+        if self._reflector is None:
+            raise RuntimeError("the Kubernetes substrate is not started")
+        return self._reflector
+
+    @property
+    def pool(self) -> WarmPool:
+        if self._pool is None:
+            raise RuntimeError("the Kubernetes substrate is not started")
+        return self._pool
+
+    @property
+    def api(self) -> PodsApi:
+        if self._api is None:
+            raise RuntimeError("the Kubernetes substrate is not started")
+        return self._api
+
+    # ------------------------------------------------------------------ Substrate
+
+    async def find_running(self, sandbox_id: str) -> Runtime | None:
+        """The sandbox's live pod: from the cache, else from the API server.
+
+        A miss in the cache is confirmed with a list by label, because the
+        reflector may not have seen a pod created a moment ago; a running
+        sandbox must never be created twice nor refused (SPEC S5).
+        """
+        for pod in self.index.live_pods(sandbox_id):
+            if pod.name not in self._stopped:
+                return _runtime(pod, CreateKind.COLD)
+        for pod in await self.api.list_selected(self._sandbox_selector(sandbox_id)):
+            if pod.live:
+                return _runtime(pod, CreateKind.COLD)
+        return None
+
+    def plan(self, spec: RuntimeSpec) -> Plan:
+        if spec.restore:
+            return Plan(CreateKind.RESTORE, self._nodes)
+        if self._pool is not None and self._pool.claimable(spec.tier) is not None:
+            return Plan(CreateKind.WARM)
+        return Plan(CreateKind.COLD, self._nodes)
+
+    async def ensure_runtime(self, spec: RuntimeSpec, plan: Plan, cap_gate: CapGate) -> Runtime:
+        if plan.kind is CreateKind.WARM:
+            runtime = await self._claim_warm(spec, cap_gate)
+            if runtime is not None:
+                return runtime
+        kind = CreateKind.RESTORE if spec.restore else CreateKind.COLD
+        return await self._create(spec, kind, cap_gate)
+
+    async def stop_runtime(self, sandbox_id: str) -> bool:
+        """Delete every pod of the sandbox (as the API server knows them)."""
+        stopped = False
+        for pod in await self.api.list_selected(self._sandbox_selector(sandbox_id)):
+            if pod.deleting:
+                continue
+            if await self.api.delete(pod.name, uid=pod.uid) and pod.live:
+                stopped = True
+            self._stopped.add(pod.name)
+        self._stopped.intersection_update(self.index.pods)
+        return stopped
+
+    def count_live(
+        self, key: str, exclude_sandbox_id: str | None, pending: Collection[str]
+    ) -> LiveCount | CountUnknown:
+        if not self.ready():
+            return CountUnknown("not_synced", "the pod reflector has not finished its first list")
+        live, live_pending = self.index.count_live(key, exclude_sandbox_id, pending)
+        return LiveCount(live, live_pending)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _claim_warm(self, spec: RuntimeSpec, cap_gate: CapGate) -> Runtime | None:
+        """Adopt the next warm pod of the tier; None when none could be adopted."""
+        pool = self.pool
+        for _ in range(MAX_WARM_ATTEMPTS):
+            pod = pool.reserve(spec.tier)
+            if pod is None:
+                return None
+            try:
+                await cap_gate()
+            except BaseException:
+                pool.release(pod)
+                raise
+            try:
+                adopted = await pool.adopt(pod, spec)
+            except AdoptionFailedError as error:
+                log.info("warm claim for sandbox %s failed: %s", spec.sandbox_id, error)
+                continue
+            return _runtime(adopted, CreateKind.WARM)
+        return None
+
+    async def _create(self, spec: RuntimeSpec, kind: CreateKind, cap_gate: CapGate) -> Runtime:
+        try:
+            await cap_gate()
+        except BaseException:
+            metrics.COLD_CREATES.labels(tier=spec.tier, result="refused").inc()
+            raise
+        body = template.sandbox_pod(self.settings, spec)
+        name = body["metadata"]["name"]
+        try:
+            pod = await self.api.create(body)
+        except BaseException as error:
+            metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
+            if not (isinstance(error, KubeApiError) and 400 <= error.status < 500):
+                # The outcome is unknown (timeout, 5xx, cancelled): the pod may exist.
+                await asyncio.shield(self._remove_created(name, spec.sandbox_id))
+            raise
+        metrics.COLD_CREATES.labels(tier=spec.tier, result="created").inc()
+        return _runtime(pod, kind)
+
+    async def _remove_created(self, name: str, sandbox_id: str) -> None:
+        """Delete a pod this call may have created; never raises."""
+        try:
+            obj = await self.api.read(name)
+            if obj is None:
+                return
+            meta = obj["metadata"]
+            if (meta.get("labels") or {}).get(LABEL_SANDBOX_ID) == sandbox_id:
+                await self.api.delete(name, uid=meta.get("uid"))
+        except Exception as error:
+            log.warning("cleaning up pod %s after a failed create failed: %s", name, error)
+
+    def _sandbox_selector(self, sandbox_id: str) -> str:
+        return f"{self.settings.label_selector},{LABEL_SANDBOX_ID}={sandbox_id}"
+
+    def _warm_changed(self) -> None:
+        if self._pool is not None:
+            self._pool.wake()
+
+
+def _runtime(pod: PodInfo, kind: CreateKind) -> Runtime:
+    return Runtime(
+        sandbox_id=pod.sandbox_id or "",
+        name=pod.name,
+        kind=kind,
+        client_label=pod.client_label,
+        tier=pod.tier,
+        node=pod.node,
+    )

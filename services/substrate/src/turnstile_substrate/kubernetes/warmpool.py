@@ -1,0 +1,278 @@
+"""The warm pool (SPEC S6): pre-created pods per tier, claimed by an optimistic label patch.
+
+**Claims.** A claim reserves the oldest claimable warm pod of its tier (so two
+claims in one replica never race for the same pod), then adopts it with a
+label patch carrying the resourceVersion the reflector saw. Of two replicas
+claiming one pod, the API server applies one patch and answers 409 to the other.
+
+**A failed adoption invalidates the pod, whatever the failure.** The pod is
+marked *spent* — this replica never offers it again — and discarded: deleted,
+unless it now demonstrably belongs to another claim (it carries another claim's
+token: that claimer won the race and the pod is its sandbox now). It is never
+returned to the pool: a returned pod would be first in line again, and a
+refusal that repeats (an admission webhook, a quota on the pod) would fail
+every later claim. A discard that fails is retried by the refill loop.
+
+**Refill.** One background loop per replica keeps each tier at its configured
+size: ``available = warm pods the reflector sees − reserved − spent + created
+but not yet seen``. Replicas share one view (the API server's), so two replicas
+may both fill the same deficit; the excess is trimmed deterministically (every
+replica picks the same victims: the highest names), with a resourceVersion
+precondition so a pod adopted meanwhile is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from turnstile_substrate.kubernetes import metrics, template
+from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
+from turnstile_substrate.kubernetes.index import PodIndex
+from turnstile_substrate.kubernetes.podinfo import PodInfo
+from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.runtime import LABEL_SANDBOX_ID, RuntimeSpec
+
+log = logging.getLogger(__name__)
+
+#: Annotation the adoption patch writes: which claim won the pod.
+ANNOTATION_CLAIM = "turnstile.dev/claim"
+
+#: How long a created warm pod is counted before the reflector shows it; after
+#: that it is assumed gone (deleted before it was ever seen).
+_UNSEEN_TTL_S = 60.0
+
+
+class AdoptionFailedError(Exception):
+    """A warm pod could not be adopted; it has been invalidated."""
+
+    def __init__(self, pod: str, reason: str, cause: BaseException) -> None:
+        super().__init__(f"adopting warm pod {pod} failed ({reason}): {cause}")
+        self.pod = pod
+        self.reason = reason
+
+
+class WarmPool:
+    """Claims and refills warm pods; one per substrate replica."""
+
+    def __init__(
+        self,
+        api: PodsApi,
+        index: PodIndex,
+        settings: KubernetesSettings,
+        synced: asyncio.Event,
+    ) -> None:
+        self._api = api
+        self._index = index
+        self._settings = settings
+        self._synced = synced
+        #: reserved by an in-flight claim of this replica
+        self._claiming: set[str] = set()
+        #: adopted or invalidated here: never offered again (until the reflector drops it)
+        self._spent: set[str] = set()
+        #: invalidated pods whose discard has not succeeded yet → the claim token tried
+        self._discard_pending: dict[str, str] = {}
+        #: created here, not yet seen by the reflector → (tier, deadline)
+        self._unseen: dict[str, tuple[str, float]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="k8s-warm-pool")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def wake(self) -> None:
+        """Ask the refill loop to look again now (a claim, a warm pod came or went)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ claims
+
+    def claimable(self, tier: str) -> PodInfo | None:
+        """The pod the next claim in ``tier`` would try, if any."""
+        require_running = self._settings.warm_require_running
+        for pod in self._index.warm(tier):
+            if pod.name in self._claiming or pod.name in self._spent:
+                continue
+            if require_running and pod.phase != "Running":
+                continue
+            return pod
+        return None
+
+    def reserve(self, tier: str) -> PodInfo | None:
+        """Reserve the next claimable pod of ``tier`` for one claim."""
+        pod = self.claimable(tier)
+        if pod is not None:
+            self._claiming.add(pod.name)
+        return pod
+
+    def release(self, pod: PodInfo) -> None:
+        """Give back a reservation that was never tried (the cap gate refused first)."""
+        self._claiming.discard(pod.name)
+
+    async def adopt(self, pod: PodInfo, spec: RuntimeSpec) -> PodInfo:
+        """Adopt a reserved pod for ``spec``; on any failure invalidate it and raise
+        :class:`AdoptionFailedError`."""
+        token = secrets.token_hex(8)
+        body = template.adoption_patch(spec, pod.resource_version)
+        body["metadata"]["annotations"] = {ANNOTATION_CLAIM: token}
+        try:
+            adopted = await self._api.patch(pod.name, body)
+        except BaseException as error:
+            reason = _reason(error)
+            self._spent.add(pod.name)
+            self._claiming.discard(pod.name)
+            metrics.WARM_CLAIMS.labels(tier=spec.tier, result="failed").inc()
+            metrics.WARM_INVALIDATIONS.labels(tier=spec.tier, reason=reason).inc()
+            log.info("warm pod %s invalidated after a failed adoption (%s)", pod.name, reason)
+            self._discard_pending[pod.name] = token
+            await asyncio.shield(self._discard(pod.name))
+            self.wake()
+            if isinstance(error, Exception):
+                raise AdoptionFailedError(pod.name, reason, error) from error
+            raise
+        self._spent.add(pod.name)
+        self._claiming.discard(pod.name)
+        metrics.WARM_CLAIMS.labels(tier=spec.tier, result="adopted").inc()
+        self.wake()
+        return adopted
+
+    async def _discard(self, name: str) -> None:
+        """Delete an invalidated pod unless another claim now owns it; never raises."""
+        token = self._discard_pending.get(name)
+        if token is None:
+            return
+        try:
+            for _ in range(3):
+                current = await self._api.read(name)
+                if current is None or _owned_by_other_claim(current, token):
+                    break
+                meta = current["metadata"]
+                try:
+                    await self._api.delete(
+                        name, uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
+                    )
+                    break
+                except KubeApiError as error:
+                    if not error.conflict:
+                        raise
+                    # changed between read and delete: look again
+            else:
+                return  # kept changing; the refill loop tries again
+        except Exception as error:
+            log.warning("discarding warm pod %s failed (%s); will retry", name, error)
+            return
+        self._discard_pending.pop(name, None)
+
+    # ------------------------------------------------------------------ refill
+
+    def available(self, tier: str) -> int:
+        """Warm pods of ``tier`` that are or will be claimable (Pending ones included)."""
+        count = sum(
+            1
+            for pod in self._index.warm(tier)
+            if pod.name not in self._claiming and pod.name not in self._spent
+        )
+        return count + sum(1 for t, _ in self._unseen.values() if t == tier)
+
+    async def reconcile(self) -> None:
+        """One refill pass: prune bookkeeping, retry discards, fill or trim every tier."""
+        self._prune()
+        for name in list(self._discard_pending):
+            await self._discard(name)
+        tiers = set(self._settings.warm_pool_sizes) | set(self._index.warm_tiers())
+        for tier in sorted(tiers):
+            size = self._settings.warm_size(tier)
+            have = self.available(tier)
+            if have < size:
+                await asyncio.gather(*(self._create(tier) for _ in range(size - have)))
+            elif have > size:
+                await self._trim(tier, have - size)
+
+    async def _create(self, tier: str) -> None:
+        body = template.warm_pod(self._settings, tier)
+        name = body["metadata"]["name"]
+        self._unseen[name] = (tier, time.monotonic() + _UNSEEN_TTL_S)
+        try:
+            await self._api.create(body)
+        except Exception as error:
+            self._unseen.pop(name, None)
+            log.warning("creating a warm pod in tier %s failed: %s", tier, error)
+            return
+        metrics.WARM_CREATED.labels(tier=tier).inc()
+
+    async def _trim(self, tier: str, excess: int) -> None:
+        candidates = sorted(
+            (
+                pod
+                for pod in self._index.warm(tier)
+                if pod.name not in self._claiming and pod.name not in self._spent
+            ),
+            key=lambda pod: pod.name,
+        )
+        for pod in candidates[-excess:]:
+            try:
+                await self._api.delete(pod.name, uid=pod.uid, resource_version=pod.resource_version)
+            except KubeApiError as error:
+                # 409: adopted or changed since the reflector saw it; look again next pass
+                log.info("trimming warm pod %s skipped: %s", pod.name, error)
+                continue
+            self._spent.add(pod.name)
+
+    def _prune(self) -> None:
+        pods = self._index.pods
+        now = time.monotonic()
+        self._spent = {
+            name for name in self._spent if (pod := pods.get(name)) is not None and pod.is_warm
+        }
+        self._unseen = {
+            name: (tier, deadline)
+            for name, (tier, deadline) in self._unseen.items()
+            if name not in pods and deadline > now
+        }
+
+    async def _run(self) -> None:
+        await self._synced.wait()
+        interval = self._settings.warm_pool_interval_s
+        while True:
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("warm-pool refill failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for may swallow a cancellation
+            # that races with the event, and stop() would then wait forever
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, KubeApiError):
+        if error.conflict:
+            return "conflict"
+        if error.not_found:
+            return "not_found"
+    return "error"
+
+
+def _owned_by_other_claim(pod: dict[str, Any], token: str) -> bool:
+    """The pod was adopted by a claim other than ours (so it is that sandbox's now)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    claim = (meta.get("annotations") or {}).get(ANNOTATION_CLAIM)
+    return LABEL_SANDBOX_ID in labels and claim != token

@@ -1,0 +1,222 @@
+"""``admit``, ``hold commit|cancel``, ``usage``: the admission service, directly.
+
+``admit`` runs every policy and, when admitted, takes a hold exactly as the
+substrate would before creating a runtime: commit or cancel it afterwards (an
+uncommitted hold expires on its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from turnstile_cli.clients import add_client_options, client_from_args, describe
+from turnstile_cli.commands.base import Subparsers, command
+from turnstile_cli.context import Context
+from turnstile_cli.exits import Exit
+from turnstile_cli.output import kv_table, proto_dict, retry_text, when
+from turnstile_contracts import admission_pb2, common_pb2
+
+KINDS = {
+    "cold": common_pb2.ACTIVATION_KIND_COLD_CREATE,
+    "warm": common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+    "resume": common_pb2.ACTIVATION_KIND_RESUME,
+    "restore": common_pb2.ACTIVATION_KIND_RESTORE,
+}
+
+VERDICT_STYLES = {
+    admission_pb2.VERDICT_PASS: "green",
+    admission_pb2.VERDICT_REFUSE: "bold red",
+    admission_pb2.VERDICT_SHADOW_REFUSE: "yellow",
+    admission_pb2.VERDICT_UNKNOWN: "magenta",
+    admission_pb2.VERDICT_SKIPPED: "dim",
+}
+
+
+def register(sub: Subparsers) -> None:
+    admit = command(
+        sub,
+        "admit",
+        _admit,
+        service="admission",
+        help="ask admission whether a client may activate a sandbox now (takes a hold)",
+    )
+    admit.add_argument("sandbox_id")
+    add_client_options(admit, forms=("client", "native", "unattributed"))
+    admit.add_argument("--kind", choices=sorted(KINDS), default="cold", help="default: cold")
+    admit.add_argument("--tier", default="", help="the sandbox's tier (informational)")
+    admit.add_argument(
+        "--node", action="append", default=[], help="a candidate node (repeat); checks node slots"
+    )
+    admit.add_argument(
+        "--commit", action="store_true", help="commit the hold at once (as a finished activation)"
+    )
+    admit.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel the hold at once (a dry run: takes nothing)",
+    )
+
+    hold = command(sub, "hold", _hold, service="admission", help="commit or cancel a hold")
+    hold.add_argument("verb", choices=("commit", "cancel"))
+    hold.add_argument("hold_id")
+
+    usage = command(
+        sub,
+        "usage",
+        _usage,
+        service="admission",
+        help="a client's bounded key: live, pending, tokens, in flight",
+    )
+    add_client_options(usage, forms=("client", "native", "unattributed"))
+
+
+async def _admit(args: argparse.Namespace, ctx: Context) -> int:
+    if args.commit and args.cancel:
+        ctx.out.failure("--commit and --cancel exclude each other")
+        return Exit.USAGE
+    request = admission_pb2.AdmitRequest(
+        sandbox_id=args.sandbox_id,
+        client=client_from_args(args),
+        kind=KINDS[args.kind],
+        tier=args.tier,
+        candidate_nodes=args.node,
+    )
+    async with ctx.admission() as stub:
+        response = await stub.Admit(request)
+        settled: str | None = None
+        if response.decision == admission_pb2.DECISION_ADMITTED and (args.commit or args.cancel):
+            if args.commit:
+                done = await stub.CommitHold(
+                    admission_pb2.CommitHoldRequest(hold_id=response.hold_id)
+                )
+                settled = "committed" if done.committed else "already settled"
+            else:
+                undone = await stub.CancelHold(
+                    admission_pb2.CancelHoldRequest(hold_id=response.hold_id)
+                )
+                settled = "cancelled" if undone.cancelled else "already settled"
+    payload = proto_dict(response)
+    if settled is not None:
+        payload["hold_settled"] = settled
+    ctx.out.emit(payload, lambda console: render_admit(console, args.sandbox_id, response, settled))
+    refused = response.decision == admission_pb2.DECISION_REFUSED
+    return Exit.REFUSED if refused else Exit.OK
+
+
+def render_admit(
+    console: Console,
+    sandbox_id: str,
+    response: admission_pb2.AdmitResponse,
+    settled: str | None = None,
+) -> None:
+    key = response.key
+    key_text = f"{key.key} ({_key_kind(key.kind)}, key set v{key.key_set_version})"
+    if response.decision == admission_pb2.DECISION_ADMITTED:
+        console.print(f"[bold green]✓ admitted[/] sandbox [bold]{sandbox_id}[/] as {key_text}")
+        rows: dict[str, object] = {"hold": response.hold_id}
+        if settled:
+            rows["hold state"] = settled
+        else:
+            rows["hold expires"] = when(response.hold_expires_at)
+        if response.node:
+            rows["node"] = response.node
+    else:
+        policy = _policy(response.refused_by)
+        console.print(
+            f"[bold red]✗ refused[/] sandbox [bold]{sandbox_id}[/] as {key_text} "
+            f"by the [bold]{policy}[/] policy"
+        )
+        rows = {"limit": response.limit, "current": response.current}
+        if response.HasField("retry_after"):
+            rows["retry"] = retry_text(response.retry_after.ToTimedelta().total_seconds())
+    if response.message:
+        rows["summary"] = response.message
+    console.print(kv_table(rows))
+    console.print(verdicts_table(response.verdicts))
+
+
+def verdicts_table(verdicts: object) -> Table:
+    table = Table(title="policies, in evaluation order", title_justify="left")
+    for column in ("policy", "mode", "verdict", "limit", "current", "detail"):
+        table.add_column(column)
+    for v in verdicts:  # type: ignore[attr-defined]
+        style = VERDICT_STYLES.get(v.verdict, "")
+        verdict = admission_pb2.Verdict.Name(v.verdict).removeprefix("VERDICT_").lower()
+        table.add_row(
+            _policy(v.policy),
+            admission_pb2.PolicyMode.Name(v.mode).removeprefix("POLICY_MODE_").lower(),
+            f"[{style}]{verdict}[/]" if style else verdict,
+            str(v.limit) if v.limit else "-",
+            str(v.current),
+            v.detail,
+        )
+    return table
+
+
+async def _hold(args: argparse.Namespace, ctx: Context) -> int:
+    async with ctx.admission() as stub:
+        if args.verb == "commit":
+            committed = await stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=args.hold_id))
+            ctx.out.emit(
+                proto_dict(committed),
+                lambda c: c.print(
+                    "[green]✓ committed[/]" if committed.committed else "already settled or expired"
+                ),
+            )
+            return Exit.OK
+        cancelled = await stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=args.hold_id))
+
+    def show(console: Console) -> None:
+        if not cancelled.cancelled:
+            console.print("already settled or expired: nothing returned")
+            return
+        console.print(
+            f"[green]✓ cancelled[/]: {cancelled.client_tokens_returned:g} token(s) back to the "
+            f"key's bucket, {cancelled.cluster_tokens_returned:g} to the cluster's"
+        )
+
+    ctx.out.emit(proto_dict(cancelled), show)
+    return Exit.OK
+
+
+async def _usage(args: argparse.Namespace, ctx: Context) -> int:
+    client = client_from_args(args)
+    async with ctx.admission() as stub:
+        usage = await stub.GetUsage(admission_pb2.GetUsageRequest(client=client))
+    ctx.out.emit(proto_dict(usage), lambda console: render_usage(console, describe(client), usage))
+    return Exit.OK
+
+
+def render_usage(console: Console, who: str, usage: admission_pb2.GetUsageResponse) -> None:
+    key = usage.key
+    console.print(
+        f"[bold]{who}[/] → key [bold]{key.key}[/] ({_key_kind(key.kind)}, "
+        f"key set v{key.key_set_version})"
+    )
+    live = str(usage.live) if usage.HasField("live") else "unknown (the substrate cannot count)"
+    rows: dict[str, object] = {
+        "live": live,
+        "pending": usage.pending,
+        "cap": f"{(usage.live if usage.HasField('live') else 0) + usage.pending} of {usage.cap}"
+        if usage.HasField("live")
+        else f"{usage.pending} pending of {usage.cap}",
+        "tokens": f"{usage.client_tokens:.1f} of {usage.client_capacity:g}",
+        "cluster tokens": f"{usage.cluster_tokens:.1f} of {usage.cluster_capacity:g}",
+        "in flight": f"{usage.in_flight} of {usage.concurrency_limit}",
+    }
+    if usage.node_slots_held:
+        rows["node slots held"] = ", ".join(
+            f"{node}={held}" for node, held in sorted(usage.node_slots_held.items())
+        )
+    console.print(kv_table(rows))
+
+
+def _policy(policy: admission_pb2.Policy.ValueType) -> str:
+    return admission_pb2.Policy.Name(policy).removeprefix("POLICY_").lower()
+
+
+def _key_kind(kind: common_pb2.KeyKind.ValueType) -> str:
+    return common_pb2.KeyKind.Name(kind).removeprefix("KEY_KIND_").lower()

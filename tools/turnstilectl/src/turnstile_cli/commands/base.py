@@ -1,0 +1,78 @@
+"""How a subcommand is declared: its parser, its handler, the service it talks to."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from turnstile_cli.context import Context
+
+Handler = Callable[[argparse.Namespace, Context], Awaitable[int]]
+Subparsers = Any  # argparse's _SubParsersAction is private
+
+
+def common_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """Options accepted before the subcommand and after it.
+
+    The subcommand's copy defaults to SUPPRESS so that it only overrides the
+    top-level value when given (``turnstilectl place s1 --json`` works too).
+    """
+    default = argparse.SUPPRESS
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("common options")
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=default if suppress else False,
+        help="print one JSON object on stdout (errors too), for scripts",
+    )
+    group.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default=default if suppress else "auto",
+        help="colour in human output (default: auto; NO_COLOR is honoured)",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        default=default if suppress else 10.0,
+        help="deadline of each call (default: 10)",
+    )
+    for service, port in (("admission", 50051), ("substrate", 50052), ("affinity", 50053)):
+        group.add_argument(
+            f"--{service}",
+            metavar="HOST:PORT",
+            default=default if suppress else None,
+            help=f"the {service} service (default: $TURNSTILE_{service.upper()}_ADDR "
+            f"or 127.0.0.1:{port})",
+        )
+    return parser
+
+
+COMMON = common_options(suppress=True)
+
+
+def command(
+    subparsers: Subparsers,
+    name: str,
+    handler: Handler,
+    *,
+    help: str,
+    service: str | None = None,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add a subcommand; ``service`` adds ``--target`` for that service's address."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=description or help, parents=[COMMON]
+    )
+    parser.set_defaults(handler=handler, action=name, service=service)
+    if service is not None:
+        parser.add_argument(
+            "--target",
+            metavar="HOST:PORT",
+            help=f"the {service} service's address (default: $TURNSTILE_{service.upper()}_ADDR "
+            "or the local stack's)",
+        )
+    return parser

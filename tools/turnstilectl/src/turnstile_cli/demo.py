@@ -1,0 +1,490 @@
+"""``demo``: a short story told against the running local stack, step by step.
+
+1. two clients activate sandboxes in two tiers;
+2. one hits its in-flight cap (concurrency);
+3. one is refused by the rate limiter, waits the hint it was given, and gets in;
+4. sessions are placed in two tiers, and stick to their sandbox;
+5. a worker is killed: its session is "pending" during the grace period (the
+   wake affinity sends on the client's behalf is refused: it is out of tokens);
+6. the session falls back to another sandbox of its tier, with a workspace reset.
+
+Each step runs under a root span of its own, so its trace id (printed) finds
+the whole path in Jaeger when ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at it.
+Limits are set through admission's admin path (``turnstile-admission-limits``)
+and the key set through :class:`turnstile_clientkeys.KeySetStore`, on the
+stack's Redis. Client ids carry a per-run suffix, so the story can be told
+again on the same stack; the run's allowlist entries and limits are removed at
+the end, its sandboxes are left running to look at.
+
+Killing a worker needs its pid, which the Direct substrate reports as the
+runtime name (``proc-<pid>``): this step works against the local stack only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc.aio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from rich.console import Console
+from rich.markup import escape
+from rich.rule import Rule
+
+from turnstile_cli.commands.admission import render_admit
+from turnstile_cli.commands.affinity import render_place, reset_warning
+from turnstile_cli.commands.base import Subparsers, command
+from turnstile_cli.commands.substrate import render_activate
+from turnstile_cli.context import Context
+from turnstile_cli.exits import Exit
+from turnstile_cli.output import render_error
+from turnstile_cli.stack.config import find_command
+from turnstile_clientkeys import KeySetStore
+from turnstile_contracts import (
+    admission_pb2,
+    affinity_pb2,
+    common_pb2,
+    substrate_pb2,
+)
+from turnstile_platform import tracing
+from turnstile_platform.errors import RichError, decode
+from turnstile_platform.redis_client import create_redis
+from turnstile_platform.settings import ServiceSettings
+
+T = TypeVar("T")
+
+STEPS = 6
+
+
+class DemoError(Exception):
+    """The story could not go on; the message says why."""
+
+
+def register(sub: Subparsers) -> None:
+    demo = command(
+        sub,
+        "demo",
+        _demo,
+        help="tell a short story against the running local stack (turnstilectl up)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    demo.add_argument("--redis-url", help="the stack's Redis (default: $TURNSTILE_REDIS_URL)")
+    demo.add_argument(
+        "--redis-prefix", help="the stack's prefix (default: $TURNSTILE_REDIS_PREFIX)"
+    )
+    demo.add_argument(
+        "--max-wait",
+        type=float,
+        default=180.0,
+        help="longest wait for a worker or for the grace period to pass (default 180 s)",
+    )
+
+
+@dataclass
+class Story:
+    ctx: Context
+    console: Console
+    tracer: trace.Tracer
+    redis_url: str
+    redis_prefix: str
+    max_wait_s: float
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:4])
+    traces: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def acme(self) -> str:
+        return f"acme-{self.run}"
+
+    @property
+    def globex(self) -> str:
+        return f"globex-{self.run}"
+
+    def sandbox(self, name: str) -> str:
+        return f"{name}-{self.run}"
+
+    # -- narration ---------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def step(self, number: int, title: str, text: str) -> AsyncIterator[None]:
+        self.console.print()
+        self.console.print(Rule(f"[bold]{number}/{STEPS}  {escape(title)}", align="left"))
+        self.console.print(f"[dim]{escape(text)}[/]")
+        with self.tracer.start_as_current_span(f"demo {number}: {title}") as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            yield
+        self.traces.append({"step": f"{number}. {title}", "trace_id": trace_id})
+        self.console.print(f"[dim]trace[/] [bold blue]{trace_id}[/]")
+
+    def shell(self, line: str) -> None:
+        self.console.print(f"[bold]$[/] [cyan]{escape(line)}[/]")
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[italic]{escape(text)}[/]")
+
+    # -- calls ---------------------------------------------------------------
+
+    async def activate(
+        self, sandbox_id: str, client_id: str, tier: str
+    ) -> substrate_pb2.ActivateResponse:
+        self.shell(f"turnstilectl activate {sandbox_id} --client {client_id} --tier {tier}")
+        async with self.ctx.substrate() as stub:
+            response = await stub.Activate(
+                substrate_pb2.ActivateRequest(
+                    sandbox_id=sandbox_id,
+                    client=common_pb2.ActivationClient(client_id=client_id),
+                    tier=tier,
+                )
+            )
+        render_activate(self.console, response)
+        return response
+
+    async def place(self, session_id: str, tier: str) -> affinity_pb2.PlaceResponse:
+        """One turn: Place, show it (reset warning first), release the lease."""
+        self.shell(f"turnstilectl place {session_id} --tier {tier} --release")
+        async with self.ctx.affinity() as stub:
+            response = await stub.Place(affinity_pb2.PlaceRequest(session_id=session_id, tier=tier))
+            released = await stub.ReleaseLease(
+                affinity_pb2.ReleaseLeaseRequest(
+                    sandbox_id=response.sandbox_id, lease_id=response.lease_id
+                )
+            )
+        if response.HasField("reset"):
+            self.console.print(
+                f"[bold black on yellow] WARNING [/] "
+                f"[yellow]{escape(reset_warning(response.reset, session_id))}[/]"
+            )
+        render_place(self.console, session_id, response, released.released)
+        return response
+
+    def refused(self, error: RichError, action: str) -> None:
+        self.console.print(render_error(error, action=action))
+
+    def set_limits(self, key: str, limits: dict[str, float]) -> None:
+        text = json.dumps(limits)
+        self.shell(f"turnstile-admission-limits set {key} '{text}'")
+        self._limits("set", key, text)
+
+    def _limits(self, *args: str) -> None:
+        binary = find_command("turnstile-admission-limits")
+        if binary is None:
+            raise DemoError("turnstile-admission-limits is not installed (uv sync)")
+        env = {
+            **os.environ,
+            "TURNSTILE_REDIS_URL": self.redis_url,
+            "TURNSTILE_REDIS_PREFIX": self.redis_prefix,
+        }
+        done = subprocess.run([binary, *args], env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise DemoError(f"turnstile-admission-limits {' '.join(args)}: {done.stderr.strip()}")
+
+    async def keys(self, *, allow: tuple[str, ...] = (), remove: tuple[str, ...] = ()) -> int:
+        redis = create_redis(self.redis_url, timeout_s=5.0)
+        try:
+            keyset = await KeySetStore(redis, self.redis_prefix).change(allow=allow, remove=remove)
+        finally:
+            await redis.aclose()
+        return keyset.version
+
+    async def wait_for_worker(self, sandbox_id: str, *, present: bool = True) -> None:
+        """Until the sandbox's worker is attached to the relay (or, ``present=False``, gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        async with self.ctx.affinity() as stub:
+            while loop.time() < deadline:
+                workers = await stub.ListWorkers(affinity_pb2.ListWorkersRequest())
+                if any(w.sandbox_id == sandbox_id for w in workers.workers) == present:
+                    return
+                await asyncio.sleep(0.1)
+        raise DemoError(
+            f"the worker of {sandbox_id} never {'attached to' if present else 'left'} the relay"
+        )
+
+    # -- the story -----------------------------------------------------------
+
+    async def tell(self) -> None:
+        self.console.print(
+            f"[bold]Turnstile demo[/] (run {self.run}): admission → substrate → affinity, "
+            f"against {self.ctx.targets.admission}, {self.ctx.targets.substrate}, "
+            f"{self.ctx.targets.affinity}"
+        )
+        container = await self.activations()
+        await self.in_flight_cap()
+        await self.rate_refusal()
+        microvm_session = await self.two_tiers(container)
+        killed = await self.kill_worker(microvm_session)
+        await self.fallback(microvm_session, killed)
+
+    async def activations(self) -> str:
+        acme_box = self.sandbox("acme-1")
+        async with self.step(
+            1,
+            "Two clients activate sandboxes",
+            f"{self.acme} and {self.globex} get a bucket of their own (the allowlist), then "
+            f"activate sandboxes: {self.acme} in the container tier, {self.globex} two in "
+            "microvm. Each activation is admitted (cap, rate, concurrency) before its runtime "
+            "is created, and charged to a bounded key.",
+        ):
+            self.shell(f"turnstilectl keys allow {self.acme} {self.globex}")
+            version = await self.keys(allow=(self.acme, self.globex))
+            self.say(f"key set is now version {version}; every replica has it within a second")
+            await asyncio.sleep(1.0)
+            await self.activate(acme_box, self.acme, "container")
+            for n in (1, 2):
+                await self.activate(self.sandbox(f"globex-{n}"), self.globex, "microvm")
+        return acme_box
+
+    async def in_flight_cap(self) -> None:
+        async with self.step(
+            2,
+            f"{self.acme} hits its cap",
+            "Its limits allow 2 activations in flight. Two slow activations hold their "
+            "admission (a hold each, as the substrate takes while a runtime starts); the third "
+            "is refused with the limit, the current value and when to retry. On Kubernetes the "
+            "live-sandbox cap refuses the same way (CAP_EXCEEDED); the Direct substrate cannot "
+            "count live sandboxes, so locally that verdict is 'unknown' and admits.",
+        ):
+            self.set_limits(self.acme, {"concurrency": 2})
+            holds: list[str] = []
+            async with self.ctx.admission() as stub:
+                for n in (1, 2, 3):
+                    sandbox_id = self.sandbox(f"acme-slow-{n}")
+                    self.shell(f"turnstilectl admit {sandbox_id} --client {self.acme}")
+                    response = await stub.Admit(
+                        admission_pb2.AdmitRequest(
+                            sandbox_id=sandbox_id,
+                            client=common_pb2.ActivationClient(client_id=self.acme),
+                            kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+                        )
+                    )
+                    render_admit(self.console, sandbox_id, response)
+                    if response.decision == admission_pb2.DECISION_ADMITTED:
+                        holds.append(response.hold_id)
+                if len(holds) != 2:
+                    raise DemoError(f"expected 2 of 3 admitted, got {len(holds)}")
+                for hold_id in holds:
+                    self.shell(f"turnstilectl hold cancel {hold_id}")
+                    await stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=hold_id))
+            self.say("both holds cancelled: their tokens went back, nothing stays pending")
+
+    async def rate_refusal(self) -> None:
+        async with self.step(
+            3,
+            f"{self.acme} is rate limited, waits, and gets in",
+            "Now its bucket holds 2 tokens and refills at one every 2 s. Activations take a "
+            "token each until one is refused; the refusal says when a token is back, and the "
+            "retry after that long is admitted.",
+        ):
+            self.set_limits(self.acme, {"rate": 0.5, "burst": 2})
+            for n in range(2, 7):
+                sandbox_id = self.sandbox(f"acme-{n}")
+                try:
+                    await self.activate(sandbox_id, self.acme, "container")
+                except grpc.aio.AioRpcError as raw:
+                    error = decode(raw)
+                    if error.reason != "RATE_LIMITED":
+                        raise
+                    self.refused(error, "activate")
+                    wait = error.retry_after_s or 1.0
+                    self.say(f"waiting {wait:.1f} s as told, then retrying")
+                    await asyncio.sleep(wait)
+                    again = functools.partial(self.activate, sandbox_id, self.acme, "container")
+                    await self.retry(again)
+                    return
+            raise DemoError("no activation was rate limited")
+
+    async def retry(self, call: Callable[[], Awaitable[T]], attempts: int = 5) -> T:
+        """Call again while the answer is a retryable refusal, waiting its hint."""
+        for _ in range(attempts - 1):
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as raw:
+                error = decode(raw)
+                if error.retry_after_s is None:
+                    raise
+                self.refused(error, "retry")
+                await asyncio.sleep(error.retry_after_s)
+        return await call()
+
+    async def two_tiers(self, container_box: str) -> tuple[str, str]:
+        chat_a, chat_b = self.sandbox("chat-a"), self.sandbox("chat-b")
+        async with self.step(
+            4,
+            "Sessions are placed in two tiers, and stay",
+            "A session's first turn goes to the least-loaded sandbox of its tier; later turns "
+            "go back to the same sandbox (its workspace is there).",
+        ):
+            for sandbox_id in (
+                container_box,
+                self.sandbox("globex-1"),
+                self.sandbox("globex-2"),
+            ):
+                await self.wait_for_worker(sandbox_id)
+            first_a = await self.place(chat_a, "container")
+            first_b = await self.place(chat_b, "microvm")
+            again = await self.place(chat_b, "microvm")
+            if again.sandbox_id != first_b.sandbox_id:
+                raise DemoError("the second turn did not stick to its sandbox")
+            self.say(
+                f"{chat_a} is on {first_a.sandbox_id} ({first_a.tier}); "
+                f"{chat_b} is on {first_b.sandbox_id} ({first_b.tier}), twice"
+            )
+        return chat_b, first_b.sandbox_id
+
+    async def kill_worker(self, session: tuple[str, str]) -> str:
+        chat_b, sandbox_id = session
+        async with self.step(
+            5,
+            f"The worker of {sandbox_id} is killed",
+            f"First {self.globex} spends its last activation token, so that the wake affinity "
+            "sends on its behalf (Activate with client=inherit) is refused. Then the worker "
+            f"process is killed. {chat_b}'s next turns are 'pending' while the grace period "
+            "runs: retryable, with a hint when to come back.",
+        ):
+            self.set_limits(self.globex, {"rate": 0.01, "burst": 1})
+            for n in range(3, 6):
+                try:
+                    await self.activate(self.sandbox(f"globex-{n}"), self.globex, "microvm")
+                except grpc.aio.AioRpcError as raw:
+                    error = decode(raw)
+                    if error.reason != "RATE_LIMITED":
+                        raise
+                    self.refused(error, "activate")
+                    break
+            else:
+                raise DemoError(f"{self.globex} was never out of tokens")
+            async with self.ctx.substrate() as stub:
+                got = await stub.GetSandbox(substrate_pb2.GetSandboxRequest(sandbox_id=sandbox_id))
+            pid = _runtime_pid(got.sandbox)
+            self.shell(f"kill -KILL -{pid}   # the runtime's process group")
+            os.killpg(pid, signal.SIGKILL)
+            await self.wait_for_worker(sandbox_id, present=False)
+            self.say(f"the relay saw {sandbox_id}'s stream end: it is absent, detach mark written")
+        return sandbox_id
+
+    async def fallback(self, session: tuple[str, str], killed: str) -> None:
+        chat_b, _ = session
+        async with self.step(
+            6,
+            f"{chat_b} waits out the grace, then falls back",
+            "Each turn is answered 'pending' until the grace period ends; the wake was "
+            "refused, so the sandbox does not come back. The session then moves to the "
+            "least-loaded sandbox of its tier, and the move is reported as a workspace reset.",
+        ):
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.max_wait_s
+            while True:
+                try:
+                    response = await self.place(chat_b, "microvm")
+                except grpc.aio.AioRpcError as raw:
+                    error = decode(raw)
+                    if error.reason != "SANDBOX_PENDING" or loop.time() > deadline:
+                        raise
+                    self.refused(error, "place")
+                    await asyncio.sleep(error.retry_after_s or 1.0)
+                    continue
+                if not response.HasField("reset"):
+                    if response.sandbox_id == killed:
+                        raise DemoError(f"{killed} came back: the wake was not refused")
+                    raise DemoError("the session moved without a workspace reset")
+                return
+
+
+def _runtime_pid(sandbox: substrate_pb2.Sandbox) -> int:
+    name = sandbox.runtime_name
+    if sandbox.substrate != "direct" or not name.startswith("proc-"):
+        raise DemoError(
+            f"{sandbox.sandbox_id} runs on {sandbox.substrate or 'an unknown substrate'} "
+            f"({name or 'no runtime'}): killing a worker needs the local stack"
+        )
+    pid = int(name.removeprefix("proc-"))
+    with contextlib.suppress(OSError):
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"turnstile-worker" in command or b"turnstile_affinity" in command:
+            return pid
+    raise DemoError(f"process {pid} is not {sandbox.sandbox_id}'s worker on this host")
+
+
+async def _demo(args: argparse.Namespace, ctx: Context) -> int:
+    defaults = ServiceSettings()
+    provider = tracing.create_tracer_provider("turnstilectl-demo")
+    story = Story(
+        ctx=Context(
+            out=ctx.out, targets=ctx.targets, timeout_s=ctx.timeout_s, tracer_provider=provider
+        ),
+        console=ctx.out.console if not ctx.out.json_mode else Console(quiet=True),
+        tracer=provider.get_tracer("turnstile_cli.demo"),
+        redis_url=args.redis_url or str(defaults.redis_url),
+        redis_prefix=args.redis_prefix or defaults.redis_prefix,
+        max_wait_s=args.max_wait,
+    )
+    code: int = Exit.OK
+    failure: str | None = None
+    try:
+        await story.tell()
+    except DemoError as error:
+        failure, code = str(error), Exit.ERROR
+    except grpc.aio.AioRpcError as raw:
+        rpc_error = decode(raw)
+        story.refused(rpc_error, "demo step")
+        failure, code = f"{rpc_error.code.name}: {rpc_error.message}", Exit.ERROR
+    finally:
+        await _cleanup(story)
+        await asyncio.to_thread(_flush, provider)
+    payload: dict[str, Any] = {"run": story.run, "steps": story.traces, "completed": code == 0}
+    if failure:
+        payload["error"] = failure
+    ctx.out.emit(payload, lambda console: _summary(console, story, failure))
+    return code
+
+
+async def _cleanup(story: Story) -> None:
+    """Remove the run's allowlist entries and limits; its sandboxes stay to look at."""
+    with contextlib.suppress(Exception):
+        await story.keys(remove=(story.acme, story.globex))
+    for key in (story.acme, story.globex):
+        with contextlib.suppress(Exception):
+            story._limits("clear", key)
+
+
+def _flush(provider: TracerProvider) -> None:
+    provider.force_flush(5000)
+    provider.shutdown()
+
+
+def _summary(console: Console, story: Story, failure: str | None) -> None:
+    console.print()
+    if failure:
+        console.print(f"[bold red]The story stopped:[/] {escape(failure)}")
+    else:
+        console.print("[bold green]The end.[/] Look around:")
+        for line in (
+            "turnstilectl sandboxes",
+            "turnstilectl workers",
+            f"turnstilectl sessions {story.sandbox('chat-a')} {story.sandbox('chat-b')}",
+            f"turnstilectl usage --client {story.acme}",
+        ):
+            console.print(f"  [cyan]{line}[/]")
+    if story.traces:
+        exported = tracing.exporter_configured()
+        console.print(
+            "Traces of each step"
+            + (
+                " (open http://localhost:16686/trace/<id> in Jaeger):"
+                if exported
+                else " (not exported: set OTEL_EXPORTER_OTLP_ENDPOINT for the stack and the demo):"
+            )
+        )
+        for entry in story.traces:
+            console.print(f"  [bold blue]{entry['trace_id']}[/]  {escape(entry['step'])}")

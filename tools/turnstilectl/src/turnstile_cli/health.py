@@ -1,0 +1,39 @@
+"""gRPC health checks of the three services (``status`` and ``up`` use them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+async def check(target: str, *, timeout_s: float = 1.0) -> str:
+    """The overall health status name (``SERVING``, ``NOT_SERVING``) or ``UNREACHABLE``."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return "UNREACHABLE"
+            return error.code().name
+    name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    return name
+
+
+async def wait_serving(target: str, *, timeout_s: float, interval_s: float = 0.1) -> bool:
+    """Poll until ``target`` reports SERVING; False if it did not within ``timeout_s``.
+
+    Polling, not ``Watch``: before the server exists there is no stream to watch,
+    and a refused connection must be retried anyway.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        if await check(target, timeout_s=min(1.0, timeout_s)) == "SERVING":
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(interval_s)

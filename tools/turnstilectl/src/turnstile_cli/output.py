@@ -1,0 +1,193 @@
+"""Where a command's answer goes: rich tables for people, JSON for scripts.
+
+Every command builds one JSON-able payload and, for people, a renderer. In
+``--json`` mode only the payload is printed (one object on stdout, errors too,
+so a script reads one stream and the exit code); otherwise the renderer draws
+on a rich console. Warnings a person must not miss (a workspace reset) are
+printed before anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from google.protobuf import json_format, message
+from google.protobuf.timestamp_pb2 import Timestamp
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from turnstile_platform.errors import RichError
+
+Renderer = Callable[[Console], None]
+
+
+def proto_dict(msg: message.Message) -> dict[str, Any]:
+    """A message as JSON-able data: proto field names, enum names, every field."""
+    data: dict[str, Any] = json_format.MessageToDict(
+        msg,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+    return data
+
+
+def error_dict(error: RichError) -> dict[str, Any]:
+    """A decoded error as JSON-able data."""
+    return {
+        "code": error.code.name,
+        "reason": error.reason,
+        "message": error.message,
+        "metadata": dict(error.metadata),
+        "retry_after_s": error.retry_after_s,
+        "quota_violations": [
+            {"subject": v.subject, "description": v.description} for v in error.quota_violations
+        ],
+        "field_violations": [
+            {"field": v.field, "description": v.description} for v in error.field_violations
+        ],
+    }
+
+
+def when(ts: Timestamp) -> str:
+    """A timestamp as local wall-clock time and how far it is from now."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "-"
+    at = ts.ToDatetime(tzinfo=UTC)
+    delta = (at - datetime.now(UTC)).total_seconds()
+    ago = f"in {human_seconds(delta)}" if delta >= 0 else f"{human_seconds(-delta)} ago"
+    return f"{at.astimezone().strftime('%H:%M:%S')} ({ago})"
+
+
+def human_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f} s".replace(".0 s", " s")
+    if seconds < 120:
+        return f"{round(seconds)} s"
+    if seconds < 7200:
+        return f"{round(seconds / 60)} min"
+    return f"{round(seconds / 3600)} h"
+
+
+def retry_text(seconds: float) -> str:
+    """``retry in N s`` with N rounded up: retrying sooner is refused again."""
+    return f"retry in {max(0, math.ceil(seconds - 1e-9))} s"
+
+
+def kv_table(rows: Mapping[str, object], *, title: str | None = None) -> Table:
+    """A two-column key/value table."""
+    table = Table.grid(padding=(0, 2))
+    if title:
+        table.title = title
+        table.title_justify = "left"
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for name, value in rows.items():
+        table.add_row(name, value if isinstance(value, Table) else escape(str(value)))
+    return table
+
+
+class Output:
+    """A command's way out: ``emit`` once, ``warning`` before it when needed."""
+
+    def __init__(
+        self,
+        *,
+        json_mode: bool = False,
+        color: bool | None = None,
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+    ) -> None:
+        self.json_mode = json_mode
+        self._stdout = stdout or sys.stdout
+        no_color = color is False
+        force = color is True or None
+        self.console = Console(
+            file=self._stdout, no_color=no_color, force_terminal=force, highlight=False
+        )
+        self.err = Console(
+            file=stderr or sys.stderr, no_color=no_color, force_terminal=force, highlight=False
+        )
+
+    def emit(self, payload: Mapping[str, Any], human: Renderer) -> None:
+        if self.json_mode:
+            self.print_json(payload)
+        else:
+            human(self.console)
+
+    def print_json(self, payload: Mapping[str, Any]) -> None:
+        self._stdout.write(json.dumps(payload, sort_keys=True, default=str) + "\n")
+        self._stdout.flush()
+
+    def warning(self, text: str) -> None:
+        """A warning a person must see first (no-op in JSON mode: it is in the payload)."""
+        if not self.json_mode:
+            self.console.print(f"[bold black on yellow] WARNING [/] [yellow]{escape(text)}[/]")
+
+    def note(self, text: str) -> None:
+        """Progress for people, on stderr so it never mixes with data."""
+        if not self.json_mode:
+            self.err.print(f"[dim]{escape(text)}[/]")
+
+    def failure(self, text: str) -> None:
+        """A failure that is not an RPC error (bad config, nothing listening)."""
+        if self.json_mode:
+            self.print_json({"error": {"code": "", "reason": "", "message": text}})
+        else:
+            self.console.print(f"[bold red]error:[/] {escape(text)}")
+
+    def rpc_error(self, error: RichError, *, action: str) -> None:
+        """A decoded RPC error: reason, limit, current value and when to retry."""
+        if self.json_mode:
+            self.print_json({"error": error_dict(error)})
+            return
+        self.console.print(render_error(error, action=action))
+
+
+def render_error(error: RichError, *, action: str) -> Table:
+    """The human form of an error: what was refused and why, and what to do."""
+    from turnstile_cli.exits import Exit, for_error
+
+    exit_code = for_error(error)
+    label, style = {
+        Exit.REFUSED: ("refused", "bold red"),
+        Exit.RETRYABLE: ("not yet", "bold yellow"),
+        Exit.USAGE: ("invalid", "bold red"),
+    }.get(exit_code, ("failed", "bold red"))
+    headline = (
+        f"[{style}]✗ {action} {label}[/]: "
+        + escape(error.reason or error.code.name)
+        + f" [dim]({error.code.name})[/]"
+    )
+    rows: dict[str, object] = {}
+    if error.message:
+        rows["why"] = error.message
+    meta = dict(error.metadata)
+    for name in ("key", "policy", "bucket", "limit", "current", "sandbox_id", "tier"):
+        if name in meta:
+            rows[name] = meta.pop(name)
+    meta.pop("key_set_version", None)
+    for name, value in sorted(meta.items()):
+        rows[name] = value
+    if not error.reason and error.code.name == "UNAVAILABLE":
+        rows["hint"] = "is the service running there? try: turnstilectl status (or --target)"
+    for violation in error.field_violations:
+        rows[f"field {violation.field}"] = violation.description
+    for quota in error.quota_violations:
+        rows[f"quota {quota.subject}"] = quota.description
+    table = Table.grid(padding=(0, 2))
+    table.add_column()
+    table.add_row(headline)
+    if rows:
+        table.add_row(kv_table(rows))
+    if error.retry_after_s is not None:
+        table.add_row(f"[bold]→ {retry_text(error.retry_after_s)}[/]")
+    return table

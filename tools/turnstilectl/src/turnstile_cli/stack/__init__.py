@@ -1,0 +1,1 @@
+"""The local stack: Redis/PostgreSQL checks, migrations, the three services as processes."""

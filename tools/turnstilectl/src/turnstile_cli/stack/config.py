@@ -1,0 +1,114 @@
+"""What the local stack runs: three services, their ports, and their environment.
+
+Every setting a service reads is passed as its ``TURNSTILE_*`` variable; the
+user's own environment comes first, so anything not set here (a policy mode,
+``OTEL_EXPORTER_OTLP_ENDPOINT``) reaches the services unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Tiers of the local stack: two, so placement inside a tier can be seen.
+LOCAL_TIERS = "container,microvm"
+
+#: The local stack's grace period: short, so a killed worker's sessions fall
+#: back within the demo (production default: 60 s).
+LOCAL_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    command: str
+    port: int
+    metrics_port: int
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "turnstile:"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/turnstile"
+    ports: tuple[int, int, int] = (50051, 50052, 50053)
+    metrics_ports: tuple[int, int, int] = (9091, 9092, 9093)
+    tiers: str = LOCAL_TIERS
+    default_tier: str = ""
+    grace_s: float = LOCAL_GRACE_S
+    state_dir: Path = Path(".run/direct")
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def addresses(self) -> tuple[str, str, str]:
+        a, s, f = self.ports
+        return f"127.0.0.1:{a}", f"127.0.0.1:{s}", f"127.0.0.1:{f}"
+
+    def common_env(self) -> dict[str, str]:
+        admission, substrate, affinity = self.addresses
+        return {
+            "TURNSTILE_HOST": "127.0.0.1",
+            "TURNSTILE_REDIS_URL": self.redis_url,
+            "TURNSTILE_REDIS_PREFIX": self.redis_prefix,
+            "TURNSTILE_ADMISSION_ADDR": admission,
+            "TURNSTILE_SUBSTRATE_ADDR": substrate,
+            "TURNSTILE_AFFINITY_ADDR": affinity,
+            "TURNSTILE_TIERS": self.tiers,
+            "TURNSTILE_DEFAULT_TIER": self.default_tier,
+            "TURNSTILE_LOG_FORMAT": "text",
+            "TURNSTILE_LOG_LEVEL": self.log_level,
+            # Find the workspace's commands (services, the worker agent) first.
+            "PATH": os.pathsep.join([str(bin_dir()), os.environ.get("PATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def services(self) -> list[ServiceSpec]:
+        (a, s, f), (ma, ms, mf) = self.ports, self.metrics_ports
+        return [
+            ServiceSpec("admission", "turnstile-admission", a, ma),
+            ServiceSpec(
+                "substrate",
+                "turnstile-substrate",
+                s,
+                ms,
+                {
+                    "TURNSTILE_SUBSTRATE_KIND": "direct",
+                    "TURNSTILE_DATABASE_URL": self.database_url,
+                    "TURNSTILE_DIRECT_STATE_DIR": str(self.state_dir.absolute()),
+                },
+            ),
+            ServiceSpec(
+                "affinity", "turnstile-affinity", f, mf, {"TURNSTILE_GRACE_S": f"{self.grace_s:g}"}
+            ),
+        ]
+
+    def environment(self, spec: ServiceSpec) -> dict[str, str]:
+        return {
+            **os.environ,
+            **self.common_env(),
+            "TURNSTILE_PORT": str(spec.port),
+            "TURNSTILE_METRICS_PORT": str(spec.metrics_port),
+            **spec.env,
+            **self.extra_env,
+        }
+
+
+def bin_dir() -> Path:
+    """The directory of this interpreter's console scripts (the uv workspace's)."""
+    return Path(sys.executable).parent
+
+
+def find_command(name: str) -> str | None:
+    local = bin_dir() / name
+    if local.exists():
+        return str(local)
+    return shutil.which(name)

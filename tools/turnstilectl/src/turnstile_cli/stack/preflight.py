@@ -1,0 +1,116 @@
+"""Before starting anything: tiers valid, commands present, ports free, Redis and
+PostgreSQL answering, the database there and migrated."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from turnstile_cli.stack.config import StackConfig, find_command
+from turnstile_cli.stack.logs import LogPrinter
+from turnstile_platform.tiers import TierConfigError, parse_tiers
+
+
+class PreflightError(Exception):
+    """The stack cannot start; the message says what to do."""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_tiers(config: StackConfig) -> None:
+    try:
+        parse_tiers(config.tiers, config.default_tier)
+    except TierConfigError as error:
+        raise PreflightError(f"tier configuration: {error}") from None
+
+
+def check_commands(config: StackConfig) -> None:
+    missing = [
+        name
+        for name in [s.command for s in config.services()]
+        + ["turnstile-migrate", "turnstile-worker"]
+        if find_command(name) is None
+    ]
+    if missing:
+        raise PreflightError(
+            f"not installed: {', '.join(missing)}; run `uv sync` (./scripts/up does it)"
+        )
+
+
+def check_ports(config: StackConfig) -> None:
+    for port in (*config.ports, *config.metrics_ports):
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                raise PreflightError(
+                    f"port {port} is in use: is a stack already running? (turnstilectl status)"
+                ) from None
+
+
+async def check_redis(url: str) -> None:
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        await client.ping()
+    except Exception as error:
+        raise PreflightError(
+            f"Redis does not answer at {redacted(url)} ({error}); ./scripts/up starts one"
+        ) from None
+    finally:
+        await client.aclose()
+
+
+async def ensure_database(url: str) -> bool:
+    """Create the database of ``url`` when missing; True if it was created."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/") or "postgres"
+    try:
+        admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")), timeout=5)
+    except Exception as error:
+        raise PreflightError(
+            f"PostgreSQL does not answer at {redacted(url)} ({error}); ./scripts/up starts one"
+        ) from None
+    try:
+        if await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            return False
+        quoted = '"' + name.replace('"', '""') + '"'
+        try:
+            await admin.execute(f"CREATE DATABASE {quoted}")
+        except asyncpg.DuplicateDatabaseError:
+            return False
+        return True
+    finally:
+        await admin.close()
+
+
+async def migrate(config: StackConfig, printer: LogPrinter) -> None:
+    """Run ``turnstile-migrate`` (idempotent) against the stack's database."""
+    command = find_command("turnstile-migrate")
+    assert command is not None
+    env = {**config.common_env(), "TURNSTILE_DATABASE_URL": config.database_url}
+    import os
+
+    proc = await asyncio.create_subprocess_exec(
+        command,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    await printer.pump("migrate", proc.stdout)
+    if await proc.wait() != 0:
+        raise PreflightError(f"turnstile-migrate failed (exit {proc.returncode})")

@@ -1,0 +1,307 @@
+"""Run the local stack in the foreground until Ctrl-C or SIGTERM, then stop it all.
+
+Start: preflight (tiers, commands, ports, Redis, PostgreSQL, migrations), then
+the three services, each the leader of its own session and process group, and
+each waited for until gRPC health says SERVING.
+
+Stop, in an order that leaves nothing behind:
+
+1. the substrate deactivates every running sandbox (the Direct substrate does
+   not stop runtimes when it exits: they outlive restarts by design); each
+   worker says goodbye, which also ends its relay stream;
+2. affinity gets SIGTERM, then substrate and admission; any group still there
+   after the grace gets SIGKILL;
+3. whatever is still below the runner (a runtime whose substrate died: the
+   runner is a child subreaper, so it inherited it) gets SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+from dataclasses import dataclass
+
+import grpc.aio
+from rich.console import Console
+from rich.table import Table
+
+from turnstile_cli.health import wait_serving
+from turnstile_cli.stack import procs
+from turnstile_cli.stack.config import ServiceSpec, StackConfig, find_command
+from turnstile_cli.stack.logs import LogPrinter
+from turnstile_cli.stack.preflight import (
+    PreflightError,
+    check_commands,
+    check_ports,
+    check_redis,
+    check_tiers,
+    ensure_database,
+    migrate,
+    redacted,
+)
+from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform.tiers import parse_tiers
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """If the runner itself is killed, each service still gets SIGTERM."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class Running:
+    spec: ServiceSpec
+    proc: asyncio.subprocess.Process
+    pump: asyncio.Task[None]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+
+class Stack:
+    def __init__(
+        self,
+        config: StackConfig,
+        console: Console,
+        *,
+        startup_timeout_s: float = 60.0,
+        stop_grace_s: float = 15.0,
+    ) -> None:
+        self.config = config
+        self.console = console
+        self.printer = LogPrinter(console)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.running: dict[str, Running] = {}
+
+    def say(self, text: str) -> None:
+        self.printer.line("stack", text)
+
+    async def run(self) -> int:
+        """Start, serve until a signal or a service dies, stop. Returns the exit code."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            try:
+                await self.preflight()
+            except PreflightError as error:
+                self.console.print(f"[bold red]cannot start the stack:[/] {error}")
+                return 1
+            if not procs.become_subreaper():
+                self.say("could not become a subreaper: orphaned runtimes may survive a crash")
+            if not await self.start(stop):
+                await self.stop()
+                return 1
+            self.banner()
+            died = await self.wait_for_stop_or_death(stop)
+            if died is not None:
+                self.say(f"{died} exited unexpectedly (exit {self.running[died].proc.returncode})")
+            await self.stop()
+            return 1 if died is not None else 0
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def preflight(self) -> None:
+        check_tiers(self.config)
+        check_commands(self.config)
+        check_ports(self.config)
+        await check_redis(self.config.redis_url)
+        if await ensure_database(self.config.database_url):
+            self.say(f"created database {redacted(self.config.database_url)}")
+        self.say("applying migrations")
+        await migrate(self.config, self.printer)
+
+    async def start(self, stop: asyncio.Event) -> bool:
+        for spec in self.config.services():
+            command = find_command(spec.command)
+            assert command is not None
+            proc = await asyncio.create_subprocess_exec(
+                command,
+                env=self.config.environment(spec),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+            assert proc.stdout is not None
+            pump = asyncio.create_task(self.printer.pump(spec.name, proc.stdout))
+            self.running[spec.name] = Running(spec, proc, pump)
+            self.say(f"started {spec.name} (pid {proc.pid}) on {spec.address}")
+        waits = {
+            name: asyncio.create_task(
+                wait_serving(r.spec.address, timeout_s=self.startup_timeout_s)
+            )
+            for name, r in self.running.items()
+        }
+        exits = {name: asyncio.create_task(r.proc.wait()) for name, r in self.running.items()}
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            pending = set(waits.values())
+            while pending:
+                done, _ = await asyncio.wait(
+                    [*pending, *exits.values(), stopped], return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopped in done:
+                    self.say("interrupted while starting")
+                    return False
+                for name, task in exits.items():
+                    if task in done:
+                        self.say(f"{name} exited during start-up (exit {task.result()})")
+                        return False
+                for name, task in waits.items():
+                    if task in done and task in pending:
+                        pending.discard(task)
+                        if not task.result():
+                            self.say(f"{name} did not report SERVING in time")
+                            return False
+                        self.say(f"{name} is SERVING")
+            return True
+        finally:
+            for task in [*waits.values(), *exits.values(), stopped]:
+                task.cancel()
+
+    def banner(self) -> None:
+        config = self.config
+        table = Table(title="Turnstile is up — Ctrl-C stops everything", title_justify="left")
+        for column in ("service", "gRPC", "metrics", "pid"):
+            table.add_column(column)
+        for name, r in self.running.items():
+            metrics = (
+                f"http://127.0.0.1:{r.spec.metrics_port}/metrics" if r.spec.metrics_port else "off"
+            )
+            table.add_row(name, r.spec.address, metrics, str(r.proc.pid))
+        self.console.print(table)
+        tiers = parse_tiers(config.tiers, config.default_tier)
+        otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        rows = {
+            "Redis": f"{redacted(config.redis_url)} (prefix {config.redis_prefix})",
+            "PostgreSQL": redacted(config.database_url),
+            "tiers": (
+                ", ".join(f"{t} (default)" if t == tiers.default else t for t in tiers.declared)
+                + f"; grace {config.grace_s:g} s"
+                if tiers.enabled
+                else f"none; grace {config.grace_s:g} s"
+            ),
+            "runtimes": f"{config.state_dir.absolute()} (each sandbox's log: <id>/runtime.log)",
+            "traces": f"OTLP → {otlp}"
+            if otlp
+            else "not exported (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. Jaeger's :4317)",
+            "try": "turnstilectl demo · turnstilectl status · turnstilectl --help",
+        }
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold cyan")
+        grid.add_column()
+        for name, value in rows.items():
+            grid.add_row(name, value)
+        self.console.print(grid)
+
+    async def wait_for_stop_or_death(self, stop: asyncio.Event) -> str | None:
+        exits = {asyncio.create_task(r.proc.wait()): name for name, r in self.running.items()}
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*exits, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in [*exits, stopped]:
+                task.cancel()
+        if stopped in done:
+            return None
+        return next(exits[task] for task in done if task in exits)
+
+    async def stop(self) -> None:
+        self.say("stopping")
+        substrate = self.running.get("substrate")
+        if substrate is not None and substrate.alive:
+            await self.deactivate_sandboxes(substrate.spec.address)
+        await self.terminate(["affinity"])
+        await self.terminate([n for n in self.running if n != "affinity"])
+        await self.sweep()
+        self.say("stopped")
+
+    async def terminate(self, names: list[str]) -> None:
+        """SIGTERM the services' groups; SIGKILL what is left after the grace."""
+        targets = [self.running[n] for n in names if n in self.running]
+        for r in targets:
+            if r.alive:
+                r.signal_group(signal.SIGTERM)
+        for r in targets:
+            try:
+                await asyncio.wait_for(r.proc.wait(), self.stop_grace_s)
+            except TimeoutError:
+                self.say(f"{r.spec.name} ignored SIGTERM for {self.stop_grace_s:g} s: SIGKILL")
+            # Whatever is left in the group (the leader, or a child it left).
+            r.signal_group(signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(r.proc.wait(), 5)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(r.pump, 2)
+
+    async def deactivate_sandboxes(self, address: str) -> None:
+        """Stop every running sandbox through the substrate (best effort, bounded)."""
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+                running: list[str] = []
+                token = ""
+                while True:
+                    page = await stub.ListSandboxes(
+                        substrate_pb2.ListSandboxesRequest(page_size=1000, page_token=token),
+                        timeout=5,
+                    )
+                    running += [
+                        s.sandbox_id
+                        for s in page.sandboxes
+                        if s.state != substrate_pb2.SANDBOX_STATE_STOPPED
+                    ]
+                    token = page.next_page_token
+                    if not token:
+                        break
+                if running:
+                    self.say(f"stopping {len(running)} sandbox runtime(s)")
+                await asyncio.gather(
+                    *(
+                        stub.Deactivate(
+                            substrate_pb2.DeactivateRequest(sandbox_id=sandbox_id),
+                            timeout=self.stop_grace_s,
+                        )
+                        for sandbox_id in running
+                    ),
+                    return_exceptions=True,
+                )
+        except grpc.aio.AioRpcError as error:
+            self.say(f"could not deactivate sandboxes ({error.code().name}); sweeping instead")
+
+    async def sweep(self) -> None:
+        """Stop anything still below the runner: runtimes orphaned by a dead substrate."""
+        left = procs.descendants(os.getpid())
+        if left:
+            self.say(
+                f"stopping {len(left)} leftover process(es): "
+                + ", ".join(f"{p.command}[{p.pid}]" for p in left)
+            )
+            for proc in left:
+                procs.signal_proc(proc, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + min(self.stop_grace_s, 5.0)
+            while any(procs.alive(p) for p in left) and loop.time() < deadline:
+                procs.reap_orphans()
+                await asyncio.sleep(0.05)
+            for proc in left:
+                procs.signal_proc(proc, signal.SIGKILL)
+        procs.reap_orphans()

@@ -1,0 +1,282 @@
+"""Commands against small gRPC servers of the test's own (real sockets): what a
+person sees, what a script reads, and which exit code each answer gets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf import timestamp_pb2
+
+from turnstile_cli.cli import run
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    affinity_pb2,
+    affinity_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+from turnstile_platform.errors import QuotaViolation, RichError, abort
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    """Refuses ``limited-*`` (rate), answers ``busy-*`` as unavailable, creates the rest."""
+
+    async def Activate(
+        self, request: substrate_pb2.ActivateRequest, context: Context
+    ) -> substrate_pb2.ActivateResponse:
+        if request.sandbox_id.startswith("limited"):
+            await abort(
+                context,
+                RichError(
+                    code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    message="refused by rate for key acme: 0 of 2 (client bucket)",
+                    reason="RATE_LIMITED",
+                    metadata={"key": "acme", "policy": "rate", "limit": "2", "current": "0"},
+                    retry_after_s=1.2,
+                    quota_violations=(QuotaViolation("acme", "rate: current 0 of limit 2"),),
+                ),
+            )
+        if request.sandbox_id.startswith("down"):
+            await abort(
+                context,
+                RichError(
+                    code=grpc.StatusCode.UNAVAILABLE,
+                    message="admission is unavailable; retry",
+                    reason="DEPENDENCY_UNAVAILABLE",
+                    retry_after_s=1.0,
+                ),
+            )
+        if request.sandbox_id.startswith("bad"):
+            await abort(
+                context,
+                RichError(
+                    code=grpc.StatusCode.INVALID_ARGUMENT,
+                    message="client.client_id: must not be empty",
+                    reason="INVALID_FIELD",
+                ),
+            )
+        return substrate_pb2.ActivateResponse(
+            sandbox=substrate_pb2.Sandbox(
+                sandbox_id=request.sandbox_id, tier=request.tier, runtime_name="proc-1"
+            ),
+            outcome=substrate_pb2.OUTCOME_CREATED,
+            charged_client_id=request.client.client_id,
+            key=common_pb2.BoundedKey(
+                key=request.client.client_id, kind=common_pb2.KEY_KIND_OWN, key_set_version=3
+            ),
+        )
+
+
+class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
+    """Moves ``moved-*`` sessions with a workspace reset; ``pending-*`` wait."""
+
+    released: list[str]
+
+    def __init__(self) -> None:
+        self.released = []
+
+    async def Place(
+        self, request: affinity_pb2.PlaceRequest, context: Context
+    ) -> affinity_pb2.PlaceResponse:
+        if request.session_id.startswith("pending"):
+            await abort(
+                context,
+                RichError(
+                    code=grpc.StatusCode.UNAVAILABLE,
+                    message="sandbox sb-1 is away",
+                    reason="SANDBOX_PENDING",
+                    metadata={"sandbox_id": "sb-1"},
+                    retry_after_s=3,
+                ),
+            )
+        response = affinity_pb2.PlaceResponse(
+            sandbox_id="sb-2",
+            tier="microvm",
+            lease_id="lease-1",
+            outcome=affinity_pb2.PLACEMENT_OUTCOME_HIT,
+        )
+        if request.session_id.startswith("moved"):
+            response.outcome = affinity_pb2.PLACEMENT_OUTCOME_FALLBACK
+            response.reset.CopyFrom(
+                affinity_pb2.WorkspaceReset(
+                    from_sandbox_id="sb-1",
+                    to_sandbox_id="sb-2",
+                    at=timestamp_pb2.Timestamp(seconds=1_800_000_000),
+                    reason=affinity_pb2.RESET_REASON_GRACE_EXPIRED,
+                )
+            )
+        return response
+
+    async def ReleaseLease(
+        self, request: affinity_pb2.ReleaseLeaseRequest, context: Context
+    ) -> affinity_pb2.ReleaseLeaseResponse:
+        self.released.append(request.lease_id)
+        return affinity_pb2.ReleaseLeaseResponse(released=True)
+
+
+class Admission(admission_pb2_grpc.AdmissionServiceServicer):
+    async def Admit(
+        self, request: admission_pb2.AdmitRequest, context: Context
+    ) -> admission_pb2.AdmitResponse:
+        return admission_pb2.AdmitResponse(
+            decision=admission_pb2.DECISION_REFUSED,
+            key=common_pb2.BoundedKey(key="shared", kind=common_pb2.KEY_KIND_SHARED),
+            refused_by=admission_pb2.POLICY_CONCURRENCY,
+            limit=2,
+            current=2,
+            verdicts=[
+                admission_pb2.PolicyVerdict(
+                    policy=admission_pb2.POLICY_CONCURRENCY,
+                    mode=admission_pb2.POLICY_MODE_ENFORCE,
+                    verdict=admission_pb2.VERDICT_REFUSE,
+                    limit=2,
+                    current=2,
+                )
+            ],
+        )
+
+    async def GetUsage(
+        self, request: admission_pb2.GetUsageRequest, context: Context
+    ) -> admission_pb2.GetUsageResponse:
+        return admission_pb2.GetUsageResponse(
+            key=common_pb2.BoundedKey(key=request.client.client_id, kind=common_pb2.KEY_KIND_OWN),
+            pending=2,
+            cap=20,
+            client_tokens=1.5,
+            client_capacity=2,
+            cluster_tokens=100,
+            cluster_capacity=200,
+            in_flight=1,
+            concurrency_limit=10,
+        )
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[dict[str, str], Affinity]]:
+    server = grpc.aio.server()
+    # Partial servers: only the RPCs the CLI calls here are implemented.
+    affinity = Affinity()  # type: ignore[abstract]
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(Substrate(), server)  # type: ignore[abstract]
+    affinity_pb2_grpc.add_AffinityServiceServicer_to_server(affinity, server)
+    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(Admission(), server)  # type: ignore[abstract]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        yield {"admission": address, "substrate": address, "affinity": address}, affinity
+    finally:
+        await server.stop(None)
+
+
+async def _cli(
+    capsys: pytest.CaptureFixture[str], targets: dict[str, str], *argv: str
+) -> tuple[int, str]:
+    flags = [f"--{name}={address}" for name, address in targets.items()]
+    code = await asyncio.to_thread(run, [*flags, "--color", "never", *argv])
+    return code, capsys.readouterr().out
+
+
+async def test_a_rate_refusal_shows_reason_limit_current_and_retry_and_exits_3(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = await _cli(capsys, servers[0], "activate", "limited-1", "--client", "acme")
+    assert code == 3
+    for text in ("RATE_LIMITED", "limit", "2", "current", "0", "retry in 2 s", "acme"):
+        assert text in out
+
+
+async def test_json_errors_carry_the_decoded_details_for_scripts(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = await _cli(capsys, servers[0], "activate", "limited-1", "--client", "a", "--json")
+    error = json.loads(out)["error"]
+    assert code == 3
+    assert error["reason"] == "RATE_LIMITED"
+    assert error["retry_after_s"] == pytest.approx(1.2)
+    assert error["metadata"]["limit"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["activate", "sb-1", "--client", "acme"], 0),
+        (["activate", "down-1", "--client", "acme"], 4),
+        (["activate", "bad-1", "--client", "acme"], 2),
+        (["place", "pending-1"], 4),
+        (["admit", "sb-1", "--client", "acme"], 3),
+        (["usage", "--client", "acme"], 0),
+    ],
+)
+async def test_exit_codes_tell_refused_from_retryable_from_invalid(
+    servers: tuple[dict[str, str], Affinity],
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    expected: int,
+) -> None:
+    code, _ = await _cli(capsys, servers[0], *argv)
+    assert code == expected
+
+
+async def test_an_unreachable_service_is_retryable_with_a_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = await _cli(capsys, {"affinity": "127.0.0.1:1"}, "place", "s1", "--timeout", "2")
+    assert code == 4
+    assert "turnstilectl status" in out
+
+
+async def test_a_workspace_reset_is_the_first_thing_printed(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = await _cli(capsys, servers[0], "place", "moved-1", "--tier", "microvm")
+    assert code == 0
+    first = out.lstrip().splitlines()[0]
+    assert first.startswith("WARNING")
+    warning = out[: out.index("✓")]
+    assert "from sb-1 to sb-2" in " ".join(warning.split())
+    assert "(fallback)" in out
+
+
+async def test_place_without_reset_prints_no_warning_and_release_returns_the_lease(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    targets, affinity = servers
+    code, out = await _cli(capsys, targets, "place", "s-1", "--release", "--json")
+    assert code == 0
+    answer = json.loads(out)
+    assert answer["lease_released"] is True
+    assert "reset" not in answer
+    assert affinity.released == ["lease-1"]
+
+
+async def test_per_command_target_overrides_the_global_address(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = servers[0]["substrate"]
+    code, _ = await _cli(
+        capsys,
+        {"substrate": "127.0.0.1:1"},
+        "activate",
+        "sb-1",
+        "--client",
+        "acme",
+        "--target",
+        real,
+    )
+    assert code == 0
+
+
+def test_a_command_without_its_client_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as raised:
+        run(["activate", "sb-1"])
+    assert raised.value.code == 2

@@ -1,0 +1,59 @@
+"""The demo, end to end, against a stack of real processes started by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from stack_harness import run_stack
+
+
+@pytest.mark.slow  # about 30 s: a whole stack, six steps, a grace period
+@pytest.mark.timeout(120)
+async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        grace_s=2.0,
+    ) as stack:
+        await stack.wait_serving()
+        human = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "turnstile_cli", "demo", "--color", "never", "--max-wait", "40"],
+            env=stack.env(),
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=False,
+        )
+        assert human.returncode == 0, human.stdout + human.stderr
+        out = human.stdout
+        for beat in (
+            "1/6",
+            "✗ refused",  # the in-flight cap
+            "RATE_LIMITED",
+            "(first)",
+            "(hit)",
+            "SANDBOX_PENDING",
+            "(fallback)",
+            "The end.",
+        ):
+            assert beat in out, f"{beat!r} missing from:\n{out}"
+        # The reset is the first thing printed for the fallback turn.
+        fallback_turn = out.rsplit("$ turnstilectl place", 1)[1]
+        assert fallback_turn.splitlines()[1].lstrip().startswith("WARNING")
+
+        summary = out.split("Traces of each step", 1)[1]
+        trace_ids = re.findall(r"^\s+([0-9a-f]{32})\s+\d\. ", summary, flags=re.MULTILINE)
+        assert len(set(trace_ids)) == 6, summary
+        assert await asyncio.to_thread(stack.interrupt) == 0, stack.output()

@@ -1,0 +1,106 @@
+"""The local stack: up on free ports, SERVING, and nothing left after Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from turnstile_cli.stack import procs
+from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+import grpc.aio
+from stack_harness import RunningStack, run_stack
+
+
+async def _activate(stack: RunningStack, sandbox_id: str) -> substrate_pb2.ActivateResponse:
+    async with grpc.aio.insecure_channel(stack.addresses[1]) as channel:
+        stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+        response: substrate_pb2.ActivateResponse = await stub.Activate(
+            substrate_pb2.ActivateRequest(
+                sandbox_id=sandbox_id,
+                client=common_pb2.ActivationClient(client_id="acme"),
+                tier="container",
+            ),
+            timeout=20,
+        )
+        return response
+
+
+def _tree(stack: RunningStack) -> list[procs.Proc]:
+    return procs.descendants(stack.proc.pid)
+
+
+async def _wait_gone(left: list[procs.Proc], timeout_s: float = 10.0) -> list[procs.Proc]:
+    for _ in range(int(timeout_s / 0.05)):
+        alive = [p for p in left if procs.alive(p)]
+        if not alive:
+            return []
+        await asyncio.sleep(0.05)
+    return [p for p in left if procs.alive(p)]
+
+
+async def test_ctrl_c_stops_every_service_and_every_runtime_and_exits_zero(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    with run_stack(
+        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
+    ) as stack:
+        await stack.wait_serving()
+        activated = await _activate(stack, "sb-stack-1")
+        runtime_pid = int(activated.sandbox.runtime_name.removeprefix("proc-"))
+        tree = _tree(stack)
+        names = {p.command for p in tree}
+        assert runtime_pid in {p.pid for p in tree}, names
+        assert len(tree) >= 4, names  # three services and a runtime, at least
+
+        code = await asyncio.to_thread(stack.interrupt)
+
+        assert code == 0, stack.output()
+        assert await _wait_gone(tree) == []
+        output = stack.output()
+        assert "Turnstile is up" in output
+        assert "stopping 1 sandbox runtime(s)" in output
+
+
+@pytest.mark.slow  # about 15 s: the stack stops a dead substrate's orphans
+async def test_a_runtime_orphaned_by_a_killed_substrate_is_stopped_with_the_stack(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    with run_stack(
+        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
+    ) as stack:
+        await stack.wait_serving()
+        activated = await _activate(stack, "sb-stack-2")
+        runtime_pid = int(activated.sandbox.runtime_name.removeprefix("proc-"))
+        substrate = next(
+            p
+            for p in procs.descendants(stack.proc.pid)
+            if p.ppid == stack.proc.pid
+            and any(c.pid == runtime_pid for c in procs.descendants(p.pid))
+        )
+        runtime = procs.read(runtime_pid)
+        assert runtime is not None
+        # The runtime is in a session of its own: killing the substrate's group
+        # leaves it running, re-parented to the stack runner (a subreaper).
+        os.killpg(substrate.pid, signal.SIGKILL)
+
+        code = await asyncio.to_thread(stack.proc.wait, 60)
+
+        assert code == 1, stack.output()
+        assert "substrate exited unexpectedly" in stack.output()
+        assert await _wait_gone([runtime]) == [], stack.output()
+
+
+@pytest.mark.parametrize("ports", ["1,2", "a,b,c", "1,2,70000"])
+def test_up_refuses_ports_that_are_not_three_ports(ports: str) -> None:
+    from turnstile_cli.cli import run
+
+    with pytest.raises(SystemExit) as raised:
+        run(["up", "--grpc-ports", ports])
+    assert raised.value.code == 2
