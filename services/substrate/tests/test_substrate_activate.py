@@ -29,6 +29,18 @@ def environment(pid: int) -> list[bytes]:
         return environ.read().split(b"\0")
 
 
+async def test_a_sandbox_activated_without_a_tier_runs_in_the_default_tier(
+    migrated_url: str, start_service: StartService
+) -> None:
+    harness = await start_service(migrated_url, tiers="container,microvm")
+    response = await harness.activate("sb-1", "acme")
+    assert response.sandbox.tier == "container"
+    [row] = await harness.rows("SELECT tier FROM sandboxes")
+    assert row["tier"] == "container"
+    # The worker is labelled with it: an unlabelled worker is excluded from placement.
+    assert b"TURNSTILE_WORKER_TIER=container" in environment(harness.processes()["sb-1"])
+
+
 async def test_activate_starts_a_real_process_and_records_its_attribution(
     harness: Harness,
 ) -> None:

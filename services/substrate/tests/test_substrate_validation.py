@@ -10,6 +10,7 @@ import pytest
 
 from turnstile_contracts import common_pb2, substrate_pb2
 from turnstile_platform.errors import RichError
+from turnstile_platform.tiers import TierConfig, parse_tiers
 from turnstile_substrate import contract
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def test_a_bad_activate_request_names_its_fields(
     request_: substrate_pb2.ActivateRequest, fields: list[str] | None
 ) -> None:
     with pytest.raises(RichError) as raised:
-        contract.activate_request(request_)
+        contract.activate_request(request_, TierConfig())
 
     error = raised.value
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -60,9 +61,20 @@ def test_a_bad_activate_request_names_its_fields(
     assert error.metadata["field"] == named[0]
 
 
+def test_an_empty_tier_is_the_default_tier_and_an_undeclared_one_is_refused() -> None:
+    tiers = parse_tiers("container,microvm", "microvm")
+    assert contract.activate_request(activate(tier=""), tiers)[2] == "microvm"
+    assert contract.activate_request(activate(tier="container"), tiers)[2] == "container"
+    with pytest.raises(RichError) as raised:
+        contract.activate_request(activate(tier="gpu"), tiers)
+    assert [v.field for v in raised.value.field_violations] == ["tier"]
+    # No tiers configured: any label value goes, and empty stays empty (no label).
+    assert contract.activate_request(activate(tier=""), TierConfig())[2] == ""
+
+
 def test_a_client_id_that_is_no_label_value_is_accepted_and_charged_as_shared() -> None:
     sandbox_id, client, tier = contract.activate_request(
-        activate(client=Client(client_id="Acme Corp"))
+        activate(client=Client(client_id="Acme Corp")), TierConfig()
     )
     assert (sandbox_id, client.client_id, tier) == ("sb-1", "Acme Corp", "")
 

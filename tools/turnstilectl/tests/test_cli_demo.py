@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from stack_harness import run_stack
+from turnstile_testing.stack import run_stack
 
 
 @pytest.mark.slow  # about 30 s: a whole stack, six steps, a grace period

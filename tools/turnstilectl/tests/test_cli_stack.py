@@ -5,17 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
+import grpc.aio
 import pytest
 
 from turnstile_cli.stack import procs
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
-
-sys.path.insert(0, str(Path(__file__).parent))
-import grpc.aio
-from stack_harness import RunningStack, run_stack
+from turnstile_testing.stack import RunningStack, run_stack
 
 
 async def _activate(stack: RunningStack, sandbox_id: str) -> substrate_pb2.ActivateResponse:

@@ -21,8 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Self
+
+from pydantic import model_validator
 
 from turnstile_clientkeys import MAX_LABEL_VALUE_LENGTH, is_label_value
+from turnstile_platform.settings import ServiceSettings
 
 #: The presence and pod label carrying a sandbox's tier (SPEC T1).
 TIER_LABEL = "turnstile.dev/tier"
@@ -119,3 +123,30 @@ def _declared(entries: Sequence[str]) -> tuple[str, ...]:
     if len(names) > MAX_TIERS:
         raise TierConfigError("tiers", f"{len(names)} tiers declared; at most {MAX_TIERS}")
     return tuple(names)
+
+
+class TieredSettings(ServiceSettings):
+    """Settings of a service that knows the tiers (affinity places in them, the
+    substrate labels runtimes with them): both read the same variables through the
+    one parser, so they agree on what the default tier is."""
+
+    tiers: str | None = None
+    """Declared tiers, comma-separated (``container,microvm``). Unset or blank: no
+    tiers, nothing is filtered and affinity alone applies (SPEC T6). Parsed by
+    :func:`turnstile_platform.tiers.parse_tiers`; invalid values stop start-up."""
+
+    default_tier: str | None = None
+    """The tier of a request that names none; unset means the first declared tier."""
+
+    @model_validator(mode="after")
+    def _valid_tiers(self) -> Self:
+        try:
+            parse_tiers(self.tiers, self.default_tier)
+        except TierConfigError as error:
+            raise ValueError(f"TURNSTILE_{error.field.upper()}: {error.detail}") from None
+        return self
+
+    @property
+    def tier_config(self) -> TierConfig:
+        """The parsed tier configuration (validated at start-up)."""
+        return parse_tiers(self.tiers, self.default_tier)

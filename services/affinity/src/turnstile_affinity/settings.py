@@ -6,23 +6,14 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from turnstile_platform.settings import ServiceSettings
-from turnstile_platform.tiers import TierConfig, TierConfigError, parse_tiers
+from turnstile_platform.tiers import TieredSettings
 
 
-class AffinitySettings(ServiceSettings):
+class AffinitySettings(TieredSettings):
     """Every affinity knob with its default."""
 
     port: int = Field(default=50053, ge=0, le=65535)
     metrics_port: int = Field(default=9093, ge=0, le=65535)
-
-    tiers: str | None = None
-    """Declared tiers, comma-separated (``container,microvm``). Unset or blank: no
-    tiers, nothing is filtered and affinity alone applies (SPEC T6). Parsed by
-    :func:`turnstile_platform.tiers.parse_tiers`; invalid values stop start-up."""
-
-    default_tier: str | None = None
-    """The tier of a Place that names none; unset means the first declared tier."""
 
     affinity_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400)
     """How long a session's record lives after its last turn (SPEC T3). Detach marks
@@ -55,18 +46,9 @@ class AffinitySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _valid(self) -> Self:
-        try:
-            parse_tiers(self.tiers, self.default_tier)
-        except TierConfigError as error:
-            raise ValueError(f"TURNSTILE_{error.field.upper()}: {error.detail}") from None
         if self.presence_ttl_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "TURNSTILE_PRESENCE_TTL_S must exceed TURNSTILE_HEARTBEAT_INTERVAL_S, "
                 "or every worker would flap between present and absent"
             )
         return self
-
-    @property
-    def tier_config(self) -> TierConfig:
-        """The parsed tier configuration (validated at start-up)."""
-        return parse_tiers(self.tiers, self.default_tier)

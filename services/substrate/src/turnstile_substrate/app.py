@@ -85,7 +85,7 @@ async def create_app(
 
     activator = Activator(substrate, pool, admission, settings)
     substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(
-        SubstrateServicer(activator, resolver), app.server
+        SubstrateServicer(activator, resolver, settings.tier_config), app.server
     )
     await monitor.start()
     app.add_cleanup(monitor.stop)

@@ -23,6 +23,7 @@ from turnstile_clientkeys import (
 )
 from turnstile_contracts import common_pb2, substrate_pb2
 from turnstile_platform.errors import FieldViolation, RichError, invalid_argument, reason_name
+from turnstile_platform.tiers import TierConfig, UnknownTierError
 from turnstile_substrate.activation import Activation, Outcome, SandboxView
 from turnstile_substrate.db.records import SandboxRecord
 from turnstile_substrate.runtime import CountUnknown, LiveCount, Runtime
@@ -84,8 +85,11 @@ class Violations:
 # -- requests ----------------------------------------------------------------
 
 
-def activate_request(request: substrate_pb2.ActivateRequest) -> tuple[str, Client, str]:
-    """``(sandbox_id, client, tier)`` of a valid ActivateRequest."""
+def activate_request(
+    request: substrate_pb2.ActivateRequest, tiers: TierConfig
+) -> tuple[str, Client, str]:
+    """``(sandbox_id, client, tier)`` of a valid ActivateRequest; an empty tier is the
+    default tier, so records, pod labels and workers always name a declared one."""
     violations = Violations()
     violations.label_value("sandbox_id", request.sandbox_id)
     client: Client | None = None
@@ -94,9 +98,14 @@ def activate_request(request: substrate_pb2.ActivateRequest) -> tuple[str, Clien
     except InvalidClientError as error:
         violations.add(error.field, error.description)
     violations.label_value("tier", request.tier, required=False)
+    tier = request.tier
+    try:
+        tier = tiers.session_tier(request.tier)
+    except UnknownTierError as error:
+        violations.add("tier", str(error))
     violations.check()
     assert client is not None
-    return request.sandbox_id, client, request.tier
+    return request.sandbox_id, client, tier
 
 
 def sandbox_id(value: str) -> str:

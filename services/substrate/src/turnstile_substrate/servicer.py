@@ -8,6 +8,7 @@ import grpc.aio
 
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
 
@@ -19,15 +20,16 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
     nothing), calls the :class:`Activator`, and maps the result to the contract.
     Errors are raised as ``RichError``; the platform interceptor sends them."""
 
-    def __init__(self, activator: Activator, resolver: Resolver) -> None:
+    def __init__(self, activator: Activator, resolver: Resolver, tiers: TierConfig) -> None:
         self._activator = activator
+        self._tiers = tiers
         self._resolver = resolver
         self._substrate = activator.substrate
 
     async def Activate(  # noqa: N802 - gRPC method names
         self, request: substrate_pb2.ActivateRequest, context: Context
     ) -> substrate_pb2.ActivateResponse:
-        sandbox_id, client, tier = contract.activate_request(request)
+        sandbox_id, client, tier = contract.activate_request(request, self._tiers)
         activation = await self._activator.activate(sandbox_id, client, tier)
         return contract.activate_response(activation, self._substrate.name)
 

@@ -7,12 +7,13 @@ from typing import Literal
 
 from pydantic import AnyUrl, Field
 
-from turnstile_platform.settings import PostgresUrl, ServiceSettings
+from turnstile_platform.settings import PostgresUrl
+from turnstile_platform.tiers import TieredSettings
 
 SubstrateKind = Literal["direct", "kubernetes"]
 
 
-class SubstrateSettings(ServiceSettings):
+class SubstrateSettings(TieredSettings):
     """Every substrate knob with its default."""
 
     port: int = Field(default=50052, ge=0, le=65535)

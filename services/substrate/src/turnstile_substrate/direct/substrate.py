@@ -221,8 +221,9 @@ class DirectSubstrate:
         }
         env.update(self._worker_env)
         env[ENV_SANDBOX_ID] = spec.sandbox_id
-        # Always set: the sandbox's tier, empty for the default tier (no label,
-        # SPEC T1/T6), never the worker kind's own default.
+        # Always set: the sandbox's tier as Activate resolved it (an empty request
+        # is the default tier; with no tiers configured it stays empty and the worker
+        # sends no label, SPEC T1/T6), never the worker kind's own default.
         env[ENV_TIER] = spec.tier
         return env
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from turnstile_cli.commands.base import Subparsers, command
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
-from turnstile_cli.health import check
+from turnstile_platform.health_check import check
 
 
 def register(sub: Subparsers) -> None:

@@ -28,7 +28,6 @@ import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.health import wait_serving
 from turnstile_cli.stack import procs
 from turnstile_cli.stack.config import ServiceSpec, StackConfig, find_command
 from turnstile_cli.stack.logs import LogPrinter
@@ -43,6 +42,7 @@ from turnstile_cli.stack.preflight import (
     redacted,
 )
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform.health_check import wait_serving
 from turnstile_platform.tiers import parse_tiers
 
 _PR_SET_PDEATHSIG = 1

@@ -1,4 +1,5 @@
-"""gRPC health checks of the three services (``status`` and ``up`` use them)."""
+"""Client-side gRPC health checks: what the CLI's ``status`` and ``up`` and the test
+kit ask of a running service."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Starting ``turnstilectl up`` as a real process on free ports, for the stack and demo tests."""
+"""The whole local stack (``turnstilectl up``) as a real process on free ports, for the
+stack, demo and end-to-end tests."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from turnstile_cli.health import wait_serving
+from turnstile_platform.health_check import wait_serving
 from turnstile_testing.processes import free_port
 
 
