@@ -9,7 +9,7 @@ or create a second runtime; their callers decide.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc.aio
 from opentelemetry import trace
@@ -50,6 +50,12 @@ class Peer(Generic[StubT]):
         await self.channel.close(grace=None)
 
 
+def _async(stub: Any) -> Any:
+    """A stub built on a grpc.aio channel is the async stub of mypy-protobuf's types
+    (its methods return awaitables); the generated constructor cannot say so."""
+    return stub
+
+
 def _channel(
     target: str,
     service: str,
@@ -73,9 +79,9 @@ def admission(
     *,
     target: str | None = None,
     timeout_s: float | None = None,
-) -> Peer[admission_pb2_grpc.AdmissionServiceStub]:
+) -> Peer[admission_pb2_grpc.AdmissionServiceAsyncStub]:
     channel = _channel(target or settings.admission_addr, ADMISSION, settings, provider, timeout_s)
-    return Peer(admission_pb2_grpc.AdmissionServiceStub(channel), channel)
+    return Peer(_async(admission_pb2_grpc.AdmissionServiceStub(channel)), channel)
 
 
 def substrate(
@@ -84,9 +90,9 @@ def substrate(
     *,
     target: str | None = None,
     timeout_s: float | None = None,
-) -> Peer[substrate_pb2_grpc.SubstrateServiceStub]:
+) -> Peer[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
     channel = _channel(target or settings.substrate_addr, SUBSTRATE, settings, provider, timeout_s)
-    return Peer(substrate_pb2_grpc.SubstrateServiceStub(channel), channel)
+    return Peer(_async(substrate_pb2_grpc.SubstrateServiceStub(channel)), channel)
 
 
 def affinity(
@@ -95,6 +101,6 @@ def affinity(
     *,
     target: str | None = None,
     timeout_s: float | None = None,
-) -> Peer[affinity_pb2_grpc.AffinityServiceStub]:
+) -> Peer[affinity_pb2_grpc.AffinityServiceAsyncStub]:
     channel = _channel(target or settings.affinity_addr, AFFINITY, settings, provider, timeout_s)
-    return Peer(affinity_pb2_grpc.AffinityServiceStub(channel), channel)
+    return Peer(_async(affinity_pb2_grpc.AffinityServiceStub(channel)), channel)

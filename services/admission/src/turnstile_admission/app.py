@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_admission.admitter import Admitter
@@ -12,7 +10,7 @@ from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.servicer import AdmissionServicer
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import KeySet, KeySetStore, KeySetWatcher, Resolver
-from turnstile_contracts import admission_pb2_grpc, substrate_pb2_grpc
+from turnstile_contracts import admission_pb2_grpc
 from turnstile_platform import peers, tracing
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import redis_from_settings
@@ -54,7 +52,7 @@ async def create_app(
         resolver,
         LiveCounter(
             # A stub on an aio channel is the async stub (grpc's own __new__ says so).
-            cast("substrate_pb2_grpc.SubstrateServiceAsyncStub", substrate.stub),
+            substrate.stub,
             settings.cap.live_count_timeout_s,
         ),
     )

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 from turnstile_affinity.placement import PlacementPolicy, Placer
 from turnstile_affinity.relay import Relay
 from turnstile_affinity.servicer import AffinityServicer
 from turnstile_affinity.settings import AffinitySettings
 from turnstile_affinity.store import AffinityStore, Clock
 from turnstile_affinity.wake import Waker
-from turnstile_contracts import affinity_pb2_grpc, substrate_pb2_grpc
+from turnstile_contracts import affinity_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import redis_from_settings
@@ -42,7 +40,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         )
         app.add_cleanup(substrate.close)
         # The stub is async at run time; its type stub only says so through __new__.
-        stub = cast("substrate_pb2_grpc.SubstrateServiceAsyncStub", substrate.stub)
+        stub = substrate.stub
         waker = Waker(stub, settings.wake_timeout_s)
         app.add_cleanup(waker.close)
 

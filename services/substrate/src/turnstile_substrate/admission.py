@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import grpc
 import grpc.aio
@@ -130,7 +129,7 @@ class AdmissionClient:
 
     def __init__(
         self,
-        peer: Peer[admission_pb2_grpc.AdmissionServiceStub],
+        peer: Peer[admission_pb2_grpc.AdmissionServiceAsyncStub],
         *,
         retry_after_s: float,
         timeout_s: float,
@@ -140,7 +139,7 @@ class AdmissionClient:
         self._peer = peer
         self._timeout_s = timeout_s
         # The peer's channel is grpc.aio: its stub's calls are awaitable.
-        self._stub = cast("admission_pb2_grpc.AdmissionServiceAsyncStub", peer.stub)
+        self._stub = peer.stub
         self._retry_after_s = retry_after_s
 
     async def close(self) -> None:

@@ -12,7 +12,6 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import cast
 
 from opentelemetry import trace
 
@@ -71,7 +70,7 @@ class Context:
         peer = peers.admission(self.settings(), self.tracer_provider)
         try:
             # A stub on a grpc.aio channel is the async stub.
-            yield cast("admission_pb2_grpc.AdmissionServiceAsyncStub", peer.stub)
+            yield peer.stub
         finally:
             await peer.close()
 
@@ -79,7 +78,7 @@ class Context:
     async def substrate(self) -> AsyncIterator[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
         peer = peers.substrate(self.settings(), self.tracer_provider)
         try:
-            yield cast("substrate_pb2_grpc.SubstrateServiceAsyncStub", peer.stub)
+            yield peer.stub
         finally:
             await peer.close()
 
@@ -87,6 +86,6 @@ class Context:
     async def affinity(self) -> AsyncIterator[affinity_pb2_grpc.AffinityServiceAsyncStub]:
         peer = peers.affinity(self.settings(), self.tracer_provider)
         try:
-            yield cast("affinity_pb2_grpc.AffinityServiceAsyncStub", peer.stub)
+            yield peer.stub
         finally:
             await peer.close()
