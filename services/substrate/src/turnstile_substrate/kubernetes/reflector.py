@@ -157,17 +157,19 @@ class Reflector:
     async def _watch_once(self) -> None:
         """Apply one watch's events; return when it ends cleanly, raise when it fails."""
         index = self.index
-        async for event in self._api.watch(self._selector, self.resource_version):
-            pod = event.pod
-            if pod is not None:
-                if event.type == "DELETED":
-                    index.delete(pod.name)
-                else:
-                    index.upsert(pod)
-            if event.resource_version:
-                self.resource_version = event.resource_version
-            counter = _EVENT_COUNTERS.get(event.type)
-            if counter is not None:
-                counter.inc()
-            self._advanced()
+        stream = self._api.watch(self._selector, self.resource_version)
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                pod = event.pod
+                if pod is not None:
+                    if event.type == "DELETED":
+                        index.delete(pod.name)
+                    else:
+                        index.upsert(pod)
+                if event.resource_version:
+                    self.resource_version = event.resource_version
+                counter = _EVENT_COUNTERS.get(event.type)
+                if counter is not None:
+                    counter.inc()
+                self._advanced()
         metrics.REFLECTOR_PODS.set(len(index))
