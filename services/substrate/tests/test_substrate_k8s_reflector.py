@@ -258,3 +258,19 @@ async def test_a_key_set_change_recharges_cached_pods_without_a_relist(
         assert sub.count_live(SHARED, None, ()) == LiveCount(1)
         assert sub.index.count_by_key() == truth(kube, keys)
         assert sub.reflector.lists == 1
+
+
+async def test_a_server_answering_410_repeatedly_is_relisted_each_time_then_watched(
+    kube: KubeEmulator,
+) -> None:
+    keys = resolver()
+    seed(kube, "s1")
+    refusals = kube.inject_failure(410, watch=True, times=4)
+    async with substrate(kube, keys) as sub:
+        await sub.wait_synced(5)
+        await kube.wait_for_watches(1)
+        assert refusals.hits == 4
+        assert sub.reflector.lists == 5
+        seed(kube, "s2")
+        await caught_up(sub, kube)
+        assert sub.count_live("acme", None, ()) == LiveCount(2)

@@ -9,6 +9,8 @@ Modules, each one concern:
 * :mod:`.reflector` — list-then-watch with bookmarks, re-list on 410 and disconnect;
 * :mod:`.template` — pod manifests and the adoption patch;
 * :mod:`.warmpool` — warm-pool claims (optimistic adoption, invalidation) and refill;
+* :mod:`.tasks` — clean-ups that survive their caller's cancellation;
+* :mod:`.metrics` — Prometheus metrics (bounded labels);
 * :mod:`.substrate` — ``KubernetesSubstrate``, the ``Substrate`` on pods.
 """
 

@@ -10,9 +10,10 @@ module adds what ``_preload_content=False`` skips: turning a non-2xx status into
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +139,9 @@ class PodsApi:
             if not token:
                 return pods
 
-    async def watch(self, label_selector: str, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def watch(
+        self, label_selector: str, resource_version: str
+    ) -> AsyncGenerator[WatchEvent, None]:
         """Events after ``resource_version`` until the server ends the watch.
 
         Raises :class:`KubeApiError` (410 when the version is too old, as an HTTP
@@ -223,8 +226,31 @@ class PodsApi:
                 raise KubeApiError.from_status(response.status, body)
         finally:
             response.release()
+        return decode(body)
+
+
+#: Bodies larger than this are decoded with the cyclic garbage collector paused.
+_PAUSE_GC_ABOVE = 256 * 1024
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    """Decode a JSON body; a large one (a list page) with the cyclic GC paused.
+
+    ``json.loads`` of a 500-pod page allocates hundreds of thousands of dicts and
+    lists, and each allocation burst triggers collections that scan every object
+    the process holds — the 50,000-pod cache included — for cycles that JSON
+    cannot contain. Pausing the collector for the (synchronous, await-free) decode
+    halves the reflector's list time; reference counting still frees everything.
+    """
+    if len(body) < _PAUSE_GC_ABOVE or not gc.isenabled():
         doc: dict[str, Any] = json.loads(body)
         return doc
+    gc.disable()
+    try:
+        doc = json.loads(body)
+    finally:
+        gc.enable()
+    return doc
 
 
 def parse_event(line: bytes) -> WatchEvent:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from turnstile_clientkeys import KeySet, Resolver
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 
+_NONE: frozenset[str] = frozenset()
+
 
 class PodIndex:
     """Cached pods by name, with the counting and warm-pool indexes kept in step."""
@@ -99,12 +101,17 @@ class PodIndex:
         """
         self._sync_keys()
         live = self._by_key.get(key, 0)
-        if exclude_sandbox_id:
+        if exclude_sandbox_id and exclude_sandbox_id in self._by_sandbox:
             live -= self._live_in_key(exclude_sandbox_id, key)
+        if not pending:
+            return live, _NONE
+        by_sandbox = self._by_sandbox
         live_pending = frozenset(
             sandbox_id
             for sandbox_id in pending
-            if sandbox_id != exclude_sandbox_id and self._live_in_key(sandbox_id, key)
+            if sandbox_id in by_sandbox
+            and sandbox_id != exclude_sandbox_id
+            and self._live_in_key(sandbox_id, key)
         )
         return live, live_pending
 

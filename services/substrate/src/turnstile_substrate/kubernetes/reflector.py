@@ -64,6 +64,8 @@ class Reflector:
         #: newest resourceVersion applied to the index
         self.resource_version = ""
         self.lists = 0
+        #: watch events applied (bookmarks included)
+        self.events = 0
         self._task: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()
         self._waiting = 0
@@ -104,36 +106,40 @@ class Reflector:
 
     async def _run(self) -> None:
         backoff = self._backoff_s
+        gone_in_a_row = 0
         while True:
+            events_at_list = self.events
             try:
                 await self.relist()
+                events_at_list = self.events
                 backoff = self._backoff_s
-                while True:
-                    started = time.monotonic()
-                    await self._watch_once()
-                    metrics.REFLECTOR_WATCHES.labels(end="clean").inc()
-                    if time.monotonic() - started < _MIN_CLEAN_WATCH_S:
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, self._backoff_max_s)
+                await self._watch_until_failure()
             except asyncio.CancelledError:
                 raise
-            except KubeApiError as error:
-                if error.gone:
-                    metrics.REFLECTOR_RELISTS.labels(reason="gone").inc()
-                    log.info("reflector: resourceVersion expired, re-listing")
+            except Exception as error:
+                gone = isinstance(error, KubeApiError) and error.gone
+                # a watch that made progress since the last list resets the streak
+                progressed = self.events > events_at_list
+                gone_in_a_row = (1 if progressed else gone_in_a_row + 1) if gone else 0
+                immediate = gone_in_a_row == 1  # a server repeating 410 gets the backoff
+                _log_failure(error, gone, 0.0 if immediate else backoff)
+                if immediate:
                     continue
-                metrics.REFLECTOR_RELISTS.labels(reason="error").inc()
-                log.warning("reflector: API error %s; re-listing in %.1fs", error, backoff)
-            except Exception as error:  # a cut connection, a timeout, a malformed line
-                metrics.REFLECTOR_RELISTS.labels(reason="disconnect").inc()
-                log.warning(
-                    "reflector: watch or list failed (%s: %s); re-listing in %.1fs",
-                    type(error).__name__,
-                    error,
-                    backoff,
-                )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._backoff_max_s)
+
+    async def _watch_until_failure(self) -> None:
+        """Watch, and watch again from the last version each time a watch ends cleanly."""
+        backoff = self._backoff_s
+        while True:
+            started = time.monotonic()
+            await self._watch_once()
+            metrics.REFLECTOR_WATCHES.labels(end="clean").inc()
+            if time.monotonic() - started < _MIN_CLEAN_WATCH_S:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._backoff_max_s)
+            else:
+                backoff = self._backoff_s
 
     async def relist(self) -> None:
         """List every pod and install the result whole; the watch resumes from its version."""
@@ -157,17 +163,37 @@ class Reflector:
     async def _watch_once(self) -> None:
         """Apply one watch's events; return when it ends cleanly, raise when it fails."""
         index = self.index
-        async for event in self._api.watch(self._selector, self.resource_version):
-            pod = event.pod
-            if pod is not None:
-                if event.type == "DELETED":
-                    index.delete(pod.name)
-                else:
-                    index.upsert(pod)
-            if event.resource_version:
-                self.resource_version = event.resource_version
-            counter = _EVENT_COUNTERS.get(event.type)
-            if counter is not None:
-                counter.inc()
-            self._advanced()
+        stream = self._api.watch(self._selector, self.resource_version)
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                pod = event.pod
+                if pod is not None:
+                    if event.type == "DELETED":
+                        index.delete(pod.name)
+                    else:
+                        index.upsert(pod)
+                if event.resource_version:
+                    self.resource_version = event.resource_version
+                counter = _EVENT_COUNTERS.get(event.type)
+                if counter is not None:
+                    counter.inc()
+                self.events += 1
+                self._advanced()
         metrics.REFLECTOR_PODS.set(len(index))
+
+
+def _log_failure(error: Exception, gone: bool, delay: float) -> None:
+    if gone:
+        metrics.REFLECTOR_RELISTS.labels(reason="gone").inc()
+        log.info("reflector: resourceVersion expired; re-listing in %.1fs", delay)
+    elif isinstance(error, KubeApiError):
+        metrics.REFLECTOR_RELISTS.labels(reason="error").inc()
+        log.warning("reflector: API error %s; re-listing in %.1fs", error, delay)
+    else:  # a cut connection, a read timeout, a malformed line
+        metrics.REFLECTOR_RELISTS.labels(reason="disconnect").inc()
+        log.warning(
+            "reflector: watch or list failed (%s: %s); re-listing in %.1fs",
+            type(error).__name__,
+            error,
+            delay,
+        )

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Collection
 
@@ -25,6 +24,7 @@ from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
 from turnstile_substrate.runtime import (
     LABEL_SANDBOX_ID,
@@ -70,6 +70,7 @@ class KubernetesSubstrate:
         #: pods stop_runtime deleted that the cache may still show (until the reflector
         #: sees them go), so find_running does not answer with a pod just stopped
         self._stopped: set[str] = set()
+        self._cleanups = Cleanups()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -87,6 +88,7 @@ class KubernetesSubstrate:
             await self._pool.stop()
         if self._reflector is not None:
             await self._reflector.stop()
+        await self._cleanups.wait()
         if self._owns_client and self._api_client is not None:
             await self._api_client.close()
             self._api_client = None
@@ -204,7 +206,7 @@ class KubernetesSubstrate:
             metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
             if not (isinstance(error, KubeApiError) and 400 <= error.status < 500):
                 # The outcome is unknown (timeout, 5xx, cancelled): the pod may exist.
-                await asyncio.shield(self._remove_created(name, spec.sandbox_id))
+                await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
             raise
         metrics.COLD_CREATES.labels(tier=spec.tier, result="created").inc()
         return _runtime(pod, kind)

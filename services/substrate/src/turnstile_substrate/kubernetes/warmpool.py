@@ -35,6 +35,7 @@ from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID, RuntimeSpec
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class WarmPool:
         self._unseen: dict[str, tuple[str, float]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._cleanups = Cleanups()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -93,6 +95,7 @@ class WarmPool:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._cleanups.wait()
 
     def wake(self) -> None:
         """Ask the refill loop to look again now (a claim, a warm pod came or went)."""
@@ -138,7 +141,7 @@ class WarmPool:
             metrics.WARM_INVALIDATIONS.labels(tier=spec.tier, reason=reason).inc()
             log.info("warm pod %s invalidated after a failed adoption (%s)", pod.name, reason)
             self._discard_pending[pod.name] = token
-            await asyncio.shield(self._discard(pod.name))
+            await self._cleanups.run(self._discard(pod.name))
             self.wake()
             if isinstance(error, Exception):
                 raise AdoptionFailedError(pod.name, reason, error) from error
