@@ -14,7 +14,19 @@ Modules, each one concern:
 * :mod:`.substrate` — ``KubernetesSubstrate``, the ``Substrate`` on pods.
 """
 
+from turnstile_clientkeys import Resolver
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.substrate import KubernetesSubstrate
+from turnstile_substrate.runtime import Substrate
+from turnstile_substrate.settings import SubstrateSettings
 
-__all__ = ["KubernetesSettings", "KubernetesSubstrate"]
+__all__ = ["KubernetesSettings", "KubernetesSubstrate", "create_substrate"]
+
+
+def create_substrate(settings: SubstrateSettings, resolver: Resolver) -> Substrate:
+    """The factory :mod:`turnstile_substrate.substrates` calls when
+    ``TURNSTILE_SUBSTRATE_KIND=kubernetes``. The Kubernetes substrate reads its own
+    ``TURNSTILE_K8S_*`` settings (invalid ones stop start-up, naming the variable);
+    the resolver is the service's, kept on the current key set."""
+    del settings  # nothing of the service's own settings shapes pods
+    return KubernetesSubstrate(KubernetesSettings(), resolver)

@@ -1,0 +1,147 @@
+"""The real admission and substrate services on the Kubernetes substrate, against
+the API-server emulator: the cap (SPEC P1, S4, S5) across the whole path.
+
+Admission counts a key's live sandboxes through the substrate's reflector and
+its own pending set; the substrate creates pods labelled with the client id and
+runs the cap again before each pod. Nothing here is a double of either service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+import pytest
+
+from turnstile_admission.app import create_app as create_admission
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+from turnstile_platform.errors import RichError, decode
+from turnstile_platform.server import GrpcService
+from turnstile_substrate.app import create_app as create_substrate
+from turnstile_substrate.db.migrate import apply_migrations
+from turnstile_substrate.runtime import LABEL_CLIENT_ID, LABEL_SANDBOX_ID
+from turnstile_substrate.settings import SubstrateSettings
+from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.processes import free_port
+
+NAMESPACE = "sandboxes"
+CAP = 10
+
+
+@dataclass
+class Stack:
+    kube: KubeEmulator
+    substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub
+    admission: admission_pb2_grpc.AdmissionServiceAsyncStub
+
+    def pods(self) -> list[dict[str, object]]:
+        return list(self.kube.pods(NAMESPACE))
+
+
+@pytest.fixture
+async def stack(
+    redis_url: str, redis_prefix: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Stack]:
+    await asyncio.to_thread(apply_migrations, database_url)
+    async with KubeEmulator(bookmark_interval=0.2) as kube:
+        monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
+        monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
+        admission_port = free_port()
+        common: dict[str, object] = {
+            "host": "127.0.0.1",
+            "metrics_port": 0,
+            "redis_url": redis_url,
+            "redis_prefix": redis_prefix,
+            "client_allowlist": ("acme",),
+            "shutdown_grace_s": 1.0,
+            "log_format": "text",
+        }
+        substrate_app = await create_substrate(
+            SubstrateSettings.model_validate(
+                {
+                    **common,
+                    "port": 0,
+                    "substrate_kind": "kubernetes",
+                    "database_url": database_url,
+                    "admission_addr": f"127.0.0.1:{admission_port}",
+                    "health_check_interval_s": 0.1,
+                }
+            )
+        )
+        await substrate_app.start()
+        admission_app = await create_admission(
+            AdmissionSettings.model_validate(
+                {
+                    **common,
+                    "port": admission_port,
+                    "substrate_addr": substrate_app.address,
+                    "cap": {"default_cap": CAP, "live_count_timeout_s": 5.0},
+                    "rate": {"default_burst": 1000, "cluster_burst": 1000},
+                    "concurrency": {"default_limit": 1000},
+                }
+            )
+        )
+        await admission_app.start()
+        apps: list[GrpcService] = [admission_app, substrate_app]
+        async with (
+            grpc.aio.insecure_channel(substrate_app.address) as sub,
+            grpc.aio.insecure_channel(admission_app.address) as adm,
+        ):
+            yield Stack(
+                kube,
+                substrate_pb2_grpc.SubstrateServiceStub(sub),
+                admission_pb2_grpc.AdmissionServiceStub(adm),
+            )
+        for app in apps:
+            await app.stop()
+
+
+async def _activate(stack: Stack, sandbox_id: str) -> substrate_pb2.ActivateResponse | RichError:
+    try:
+        return await stack.substrate.Activate(
+            substrate_pb2.ActivateRequest(
+                sandbox_id=sandbox_id, client=common_pb2.ActivationClient(client_id="acme")
+            )
+        )
+    except grpc.aio.AioRpcError as error:
+        return decode(error)
+
+
+async def test_a_hundred_concurrent_activations_under_a_cap_of_ten_leave_exactly_ten_pods(
+    stack: Stack,
+) -> None:
+    results = await asyncio.gather(*(_activate(stack, f"sb-{n:03}") for n in range(100)))
+
+    created = {
+        r.sandbox.sandbox_id for r in results if isinstance(r, substrate_pb2.ActivateResponse)
+    }
+    refused = [r for r in results if isinstance(r, RichError)]
+    assert len(created) == CAP, [str(r) for r in refused[:3]]
+    assert {(e.code, e.reason) for e in refused} == {
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "CAP_EXCEEDED")
+    }
+    pods = stack.pods()
+    labels = [p["metadata"]["labels"] for p in pods]  # type: ignore[index]
+    assert {lab[LABEL_SANDBOX_ID] for lab in labels} == created
+    assert {lab[LABEL_CLIENT_ID] for lab in labels} == {"acme"}
+
+    usage = await stack.admission.GetUsage(
+        admission_pb2.GetUsageRequest(client=common_pb2.ActivationClient(client_id="acme"))
+    )
+    assert usage.in_flight == 0  # every refused or finished attempt let its lease go
+    assert usage.live + usage.pending >= CAP
+    # And the cap holds afterwards: one more is refused, with the live count named.
+    again = await _activate(stack, "sb-late")
+    assert isinstance(again, RichError)
+    assert again.reason == "CAP_EXCEEDED"
+    assert len(stack.pods()) == CAP
