@@ -75,6 +75,13 @@ async def test_admit_drops_expired_pending_entries_and_those_seen_live(
     assert answer.pending_ids == ("sb-3",)
 
 
+async def test_admit_returns_pending_ids_only_near_the_cap(store: AdmissionStore) -> None:
+    far = await store.admit(args("h1", "sb-1", CAP_ONLY, live=0))  # 0 live + 1 pending < 2
+    assert (far.pending_count, far.pending_ids) == (1, ())
+    near = await store.admit(args("h2", "sb-2", CAP_ONLY, live=0))  # 0 live + 2 pending
+    assert (near.pending_count, sorted(near.pending_ids)) == (2, ["sb-1", "sb-2"])
+
+
 async def test_admit_asks_for_a_recount_only_when_unasked_ids_decide_the_cap(
     store: AdmissionStore,
 ) -> None:

@@ -17,7 +17,8 @@
 --           then per policy in order slots, concurrency, cap, rate:
 --             code (0 not evaluated, 1 within, 2 over, 3 unknown), limit, current,
 --             retry_ms (-1 none), detail,
---           the key's pending sandbox ids}
+--           the number of the key's pending entries,
+--           their sandbox ids when near the cap (live + pending >= cap), else none}
 -- outcome is 'admit', 'refuse', or 'recount' (nothing changed: the cap verdict
 -- depends on pending ids the count was not asked about; count again with these).
 
@@ -142,7 +143,19 @@ local function answer(outcome, expires, node)
   for _, r in ipairs({slots, conc, cap, rate}) do
     for _, v in ipairs(r) do out[#out + 1] = v end
   end
-  out[#out + 1] = redis.call('ZRANGE', KEYS[2], 0, -1)
+  -- The key's pending entries: how many, and their ids only near the cap. There
+  -- the next decision asks the substrate which are live already, so none counts
+  -- twice; far from the cap an overlap cannot change a verdict, and sending the
+  -- ids would make every decision cost O(pending) for nothing.
+  local pending_count, members = 0, {}
+  if cap_mode > 0 then
+    pending_count = redis.call('ZCARD', KEYS[2])
+    if live >= 0 and live + pending_count >= lim.cap then
+      members = redis.call('ZRANGE', KEYS[2], 0, -1)
+    end
+  end
+  out[#out + 1] = pending_count
+  out[#out + 1] = members
   return out
 end
 

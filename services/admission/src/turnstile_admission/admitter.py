@@ -141,7 +141,7 @@ class Admitter:
             return self._unreachable(key, activation, args.hold_id, error)
         self.pending_ids.put(key.key, answer.pending_ids)
         if modes[PolicyName.CAP]:
-            metrics.PENDING.labels(key.key).set(len(answer.pending_ids))
+            metrics.PENDING.labels(key.key).set(answer.pending_count)
         return self._from_answer(key, activation, args.hold_id, answer, count)
 
     def _from_answer(

@@ -56,6 +56,8 @@ class AdmitAnswer:
     node: str
     results: Mapping[PolicyName, RawResult]
     pending_ids: tuple[str, ...]
+    """The key's pending ids when near its cap (or on a recount); else empty."""
+    pending_count: int
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ class AdmissionStore:
         raw = await self._admit(keys=keys, args=argv)
         outcome = _s(raw[0])
         if outcome == "recount":
-            return AdmitAnswer(outcome, int(raw[1]), 0, "", {}, tuple(_s(m) for m in raw[4]))
+            members = tuple(_s(m) for m in raw[4])
+            return AdmitAnswer(outcome, int(raw[1]), 0, "", {}, members, len(members))
         results = {}
         for n, policy in enumerate(SCRIPT_ORDER):
             code, limit, current, retry_ms, detail = raw[4 + 5 * n : 9 + 5 * n]
@@ -163,7 +166,8 @@ class AdmissionStore:
             int(raw[2]),
             _s(raw[3]),
             results,
-            tuple(_s(m) for m in raw[24]),
+            tuple(_s(m) for m in raw[25]),
+            int(raw[24]),
         )
 
     async def commit(self, hold_id: str) -> bool:
