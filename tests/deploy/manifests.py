@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -69,6 +70,17 @@ def named(objects: list[Obj], kind: str, name: str) -> Obj:
     """The one object of this kind and name; fails the test if it is missing."""
     found = [obj for obj in of_kind(objects, kind) if obj["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def config_map(objects: list[Obj], name: str) -> Obj:
+    """The generated ConfigMap ``name`` (kustomize appends a content hash to the name)."""
+    found = [
+        obj
+        for obj in of_kind(objects, "ConfigMap")
+        if re.fullmatch(rf"{re.escape(name)}-[a-z0-9]{{10}}", obj["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"expected one generated ConfigMap {name}, found {len(found)}"
     return found[0]
 
 

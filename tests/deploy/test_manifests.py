@@ -13,6 +13,7 @@ the probe and environment conventions (docs/deploy.md lists them).
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from .manifests import (
     PORTS,
     SERVICES,
     Obj,
+    config_map,
     containers,
     env_value,
     named,
@@ -277,7 +279,7 @@ def test_substrate_may_only_manage_pods_in_its_namespace(built: Built, name: str
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
 def test_services_listen_where_their_peers_and_services_point(built: Built, name: str) -> None:
     objects = built(name)
-    (config,) = of_kind(objects, "ConfigMap")
+    config = config_map(objects, "turnstile-config")
     settings = config["data"]
     for service, (grpc_port, metrics_port) in PORTS.items():
         container = _container(objects, service)
@@ -302,11 +304,24 @@ def test_services_listen_where_their_peers_and_services_point(built: Built, name
     assert settings["TURNSTILE_HOST"] == "0.0.0.0"  # noqa: S104  (containers listen on all)
     assert settings["TURNSTILE_LOG_FORMAT"] == "json"
     assert 0 < float(settings["TURNSTILE_SHUTDOWN_DRAIN_DELAY_S"]) < 30
-    assert settings["TURNSTILE_SUBSTRATE_KIND"] == "kubernetes"
-    assert int(settings["TURNSTILE_WARM_POOL_SIZE"]) >= 1
-    assert settings["TURNSTILE_DEFAULT_TIER"] in settings["TURNSTILE_TIERS"].split(",")
     assert settings["TURNSTILE_REDIS_URL"].startswith("redis://")
     assert settings["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_substrate_alone_reads_the_kubernetes_substrate_settings(built: Built, name: str) -> None:
+    """Resizing the warm pool rolls substrate only; the other services never see it."""
+    objects = built(name)
+    substrate_config = config_map(objects, "turnstile-substrate-config")
+    reference = {"configMapRef": {"name": substrate_config["metadata"]["name"]}}
+    assert substrate_config["data"]["TURNSTILE_SUBSTRATE_KIND"] == "kubernetes"
+    assert json.loads(substrate_config["data"]["TURNSTILE_K8S_WARM_POOL_SIZES"])
+    for workload, template in workloads(objects):
+        for container in containers(template):
+            reads = reference in container.get("envFrom", [])
+            assert reads == (workload["metadata"]["name"] == "turnstile-substrate"), workload
+    shared = config_map(objects, "turnstile-config")["data"]
+    assert not [k for k in shared if k.startswith("TURNSTILE_K8S_")], "substrate's own settings"
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
@@ -324,7 +339,7 @@ def test_database_url_comes_from_a_secret(built: Built, name: str) -> None:
 
 def test_dev_stack_points_turnstile_at_its_own_stores(built: Built) -> None:
     objects = built("dev")
-    (config,) = of_kind(objects, "ConfigMap")
+    config = config_map(objects, "turnstile-config")
     assert config["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"
     assert config["data"]["TURNSTILE_REDIS_URL"] == "redis://redis:6379/0"
     jaeger = named(objects, "Deployment", "jaeger")["spec"]["template"]["spec"]["containers"][0]
@@ -359,7 +374,7 @@ def test_migration_job_runs_turnstile_migrate_once(built: Built, name: str) -> N
 def test_production_pins_every_image_to_one_release(built: Built) -> None:
     objects = built("production")
     images = {c["image"] for _, t in workloads(objects) for c in containers(t)}
-    sandbox = env_value(_container(objects, "substrate"), "TURNSTILE_SANDBOX_IMAGE")
+    sandbox = env_value(_container(objects, "substrate"), "TURNSTILE_K8S_IMAGE")
     assert sandbox is not None
     tags = set()
     for image in [*images, sandbox]:

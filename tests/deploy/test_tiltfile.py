@@ -143,7 +143,7 @@ def test_worker_image_reaches_sandbox_pods_through_substrate_env(
         for c in containers(substrate["spec"]["template"])
         for e in c.get("env", [])
     }
-    assert env["TURNSTILE_SANDBOX_IMAGE"] == "turnstile-worker"
+    assert env["TURNSTILE_K8S_IMAGE"] == "turnstile-worker"
 
 
 def test_every_built_image_is_deployed_and_every_turnstile_image_is_built(

@@ -124,7 +124,8 @@ class Worker:
 
     @property
     def sandbox_id(self) -> str:
-        return self.agent.settings.sandbox_id
+        assert self.agent.sandbox_id is not None, "the worker has not learnt its sandbox id yet"
+        return self.agent.sandbox_id
 
     async def attached(self, timeout: float = 10) -> None:
         await asyncio.wait_for(self.agent.attached.wait(), timeout)
@@ -145,13 +146,14 @@ async def worker() -> AsyncIterator[StartWorker]:
 
     async def start(
         address: str,
-        sandbox_id: str,
+        sandbox_id: str | None,
         tier: str | None = UNSET,
         *,
         capacity: int = 4,
         wait: bool = True,
         **overrides: Any,
     ) -> Worker:
+        """``sandbox_id=None``: the worker reads it from ``sandbox_id_file`` (an override)."""
         values: dict[str, Any] = {
             "sandbox_id": sandbox_id,
             "capacity": capacity,
@@ -213,14 +215,16 @@ async def worker_process() -> AsyncIterator[StartWorkerProcess]:
     running: list[WorkerProcess] = []
 
     async def start(address: str, sandbox_id: str, **env: str) -> WorkerProcess:
+        """``sandbox_id=""`` sets no ``TURNSTILE_WORKER_SANDBOX_ID`` (give its file in ``env``)."""
         environment = {
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("TURNSTILE_WORKER_", "TURNSTILE_AFFINITY_ADDR"))
         }
+        if sandbox_id:
+            environment["TURNSTILE_WORKER_SANDBOX_ID"] = sandbox_id
         environment.update(
             {
-                "TURNSTILE_WORKER_SANDBOX_ID": sandbox_id,
                 "TURNSTILE_AFFINITY_ADDR": address,
                 "TURNSTILE_WORKER_RECONNECT_MAX_S": "0.2",
                 "TURNSTILE_LOG_FORMAT": "json",

@@ -15,10 +15,12 @@ from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstra
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
+    LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
     LABEL_TIER,
     MANAGED_BY,
+    WORKER_NAME,
     CreateKind,
     LiveCount,
     Plan,
@@ -114,6 +116,7 @@ async def test_a_cold_pod_carries_the_template_and_the_sandbox_client_tier_label
             LABEL_CLIENT_ID: "acme",
             LABEL_TIER: "default",
             LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_NAME: WORKER_NAME,
             "a": "b",
         }
         [container] = pod["spec"]["containers"]

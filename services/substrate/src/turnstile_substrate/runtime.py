@@ -21,6 +21,10 @@ LABEL_TIER = "turnstile.dev/tier"
 LABEL_POOL = "turnstile.dev/pool"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "turnstile"
+#: Every sandbox pod is ``app.kubernetes.io/name=turnstile-worker``: the label the
+#: NetworkPolicies (deploy/kustomize) select sandbox pods by.
+LABEL_NAME = "app.kubernetes.io/name"
+WORKER_NAME = "turnstile-worker"
 
 
 class CreateKind(enum.Enum):

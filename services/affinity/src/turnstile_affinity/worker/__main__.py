@@ -1,7 +1,8 @@
 """``turnstile-worker``: keep this sandbox's presence at the relay until SIGTERM/SIGINT.
 
-Exits 0 after a Goodbye on SIGTERM/SIGINT; 2 when the settings are invalid or the
-relay refuses the Hello as invalid (retrying would not help).
+Exits 0 after a Goodbye on SIGTERM/SIGINT (or on SIGTERM while it still waits for
+its sandbox id); 2 when the settings are invalid, the pod labels name an invalid
+sandbox id, or the relay refuses the Hello as invalid (retrying would not help).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uvloop
 from pydantic import ValidationError
 
 from turnstile_affinity.worker.agent import HelloRefusedError, WorkerAgent
+from turnstile_affinity.worker.podlabels import SandboxIdError
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_platform.logs import configure_logging
 
@@ -31,12 +33,15 @@ async def _run(settings: WorkerSettings) -> int:
     except HelloRefusedError as refused:
         log.error("the relay refused this worker's Hello", extra={"detail": str(refused)})
         return 2
+    except SandboxIdError as invalid:
+        log.error("the pod labels name an invalid sandbox id", extra={"detail": str(invalid)})
+        return 2
     return 0
 
 
 def main() -> None:
     try:
-        settings = WorkerSettings()  # type: ignore[call-arg]  # sandbox_id comes from the environment
+        settings = WorkerSettings()
     except ValidationError as error:
         print(f"turnstile-worker: invalid settings:\n{error}", file=sys.stderr)
         sys.exit(2)

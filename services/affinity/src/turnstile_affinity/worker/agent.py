@@ -6,6 +6,9 @@ relay or the network went away without closing it) and replaced. Any stream
 end other than our own Goodbye leads to a reconnect with exponential backoff
 and jitter, reset once a new stream is welcomed. A Hello the relay refuses as
 invalid is not retried: the configuration must change.
+
+A worker in a warm-pool pod does not know its sandbox yet: it waits, without
+connecting, until the pod's labels file names one (:mod:`.podlabels`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import random
 import grpc
 import grpc.aio
 
+from turnstile_affinity.worker.podlabels import wait_for_sandbox_id
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
 
@@ -44,10 +48,28 @@ class WorkerAgent:
         self.stop = asyncio.Event()
         #: Set while a stream is welcomed (tests and logs use it).
         self.attached = asyncio.Event()
+        #: Set once the worker waits for its sandbox id (a warm pod not yet adopted).
+        self.waiting_for_sandbox = asyncio.Event()
+        #: The sandbox this worker serves: from settings, or once read from the labels file.
+        self.sandbox_id: str | None = settings.sandbox_id
 
     async def run(self) -> None:
-        """Attach, and re-attach after failures, until :attr:`stop`; then Goodbye."""
+        """Learn the sandbox id if need be, then attach, and re-attach after failures,
+        until :attr:`stop`; then Goodbye. Raises
+        :class:`~turnstile_affinity.worker.podlabels.SandboxIdError` when the labels
+        file names an invalid sandbox id."""
         settings = self.settings
+        if self.sandbox_id is None:
+            assert settings.sandbox_id_file is not None  # the settings require one of the two
+            self.sandbox_id = await wait_for_sandbox_id(
+                settings.sandbox_id_file,
+                settings.sandbox_id_poll_s,
+                self.stop,
+                self.waiting_for_sandbox,
+            )
+            if self.sandbox_id is None:  # stopped before adoption: never attached
+                return
+        sandbox_id = self.sandbox_id
         backoff = settings.reconnect_initial_s
         async with grpc.aio.insecure_channel(settings.affinity_addr) as channel:
             stub: affinity_pb2_grpc.AffinityServiceAsyncStub = (
@@ -55,7 +77,7 @@ class WorkerAgent:
             )
             while not self.stop.is_set():
                 try:
-                    await self._stream(stub)
+                    await self._stream(stub, sandbox_id)
                 except grpc.aio.AioRpcError as error:
                     if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                         raise HelloRefusedError(error.details() or "") from error
@@ -77,13 +99,15 @@ class WorkerAgent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=delay)
 
-    async def _stream(self, stub: affinity_pb2_grpc.AffinityServiceAsyncStub) -> None:
+    async def _stream(
+        self, stub: affinity_pb2_grpc.AffinityServiceAsyncStub, sandbox_id: str
+    ) -> None:
         """One stream's life. Returns after a clean Goodbye; raises otherwise."""
         settings = self.settings
         call: Call = stub.Attach(None)  # None: messages are written with call.write
         try:
             hello = affinity_pb2.Hello(
-                sandbox_id=settings.sandbox_id, labels=settings.labels, capacity=settings.capacity
+                sandbox_id=sandbox_id, labels=settings.labels, capacity=settings.capacity
             )
             await call.write(affinity_pb2.AttachRequest(hello=hello))
             first = await call.read()
@@ -96,7 +120,7 @@ class WorkerAgent:
             self.attached.set()
             log.info(
                 "attached to the relay",
-                extra={"sandbox_id": settings.sandbox_id, "labels": settings.labels},
+                extra={"sandbox_id": sandbox_id, "labels": settings.labels},
             )
             await self._heartbeats(call, interval, silence)
         finally:
@@ -154,7 +178,7 @@ class WorkerAgent:
         except (TimeoutError, grpc.aio.AioRpcError):
             log.warning("the relay did not confirm the Goodbye")
             return
-        log.info("said goodbye to the relay", extra={"sandbox_id": self.settings.sandbox_id})
+        log.info("said goodbye to the relay", extra={"sandbox_id": self.sandbox_id})
 
 
 async def _raise_status(call: Call) -> None:

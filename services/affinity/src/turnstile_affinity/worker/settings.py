@@ -1,18 +1,21 @@
 """Settings of the worker agent, read from the environment.
 
-=============================  ===========================================================
-``TURNSTILE_WORKER_SANDBOX_ID``  the sandbox this worker is the runtime of (required)
-``TURNSTILE_WORKER_KIND``        ``container`` (default) or ``microvm``
-``TURNSTILE_WORKER_TIER``        the tier label; unset: the kind's default tier (its name);
-                                 set but empty: no tier label at all (SPEC T1)
-``TURNSTILE_WORKER_CAPACITY``    concurrent turns it serves (default 1)
-``TURNSTILE_WORKER_ENDPOINT``    optional address it serves on, sent as the ``endpoint`` label
-``TURNSTILE_AFFINITY_ADDR``      the affinity relay (default ``127.0.0.1:50053``)
-=============================  ===========================================================
+====================================  ==========================================================
+``TURNSTILE_WORKER_SANDBOX_ID``       the sandbox this worker is the runtime of, or:
+``TURNSTILE_WORKER_SANDBOX_ID_FILE``  a downward-API labels file to wait on until the pod
+                                      carries ``turnstile.dev/sandbox-id`` (set one of the two)
+``TURNSTILE_WORKER_KIND``             ``container`` (default) or ``microvm``
+``TURNSTILE_WORKER_TIER``             the tier label; unset: the kind's default tier (its name);
+                                      set but empty: no tier label at all (SPEC T1)
+``TURNSTILE_WORKER_CAPACITY``         concurrent turns it serves (default 1)
+``TURNSTILE_WORKER_ENDPOINT``         optional address it serves on, sent as ``endpoint``
+``TURNSTILE_AFFINITY_ADDR``           the affinity relay (default ``127.0.0.1:50053``)
+====================================  ==========================================================
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Self
 
 from pydantic import AliasChoices, Field, model_validator
@@ -33,8 +36,18 @@ class WorkerSettings(BaseSettings):
         env_prefix="TURNSTILE_WORKER_", extra="ignore", frozen=True, validate_default=True
     )
 
-    sandbox_id: str
-    """The sandbox this worker is the runtime of: a label value of 1 to 63 characters."""
+    sandbox_id: str | None = None
+    """The sandbox this worker is the runtime of: a label value of 1 to 63 characters.
+    Unset: read from ``sandbox_id_file`` (one of the two must be set)."""
+
+    sandbox_id_file: Path | None = None
+    """A downward-API file of the pod's ``metadata.labels``. The worker waits until it
+    holds ``turnstile.dev/sandbox-id`` (a warm pod gets it when the substrate adopts
+    it), then attaches. Kubernetes sandbox pods use this; the Direct substrate sets
+    ``sandbox_id``."""
+
+    sandbox_id_poll_s: float = Field(default=0.5, gt=0, le=60)
+    """How often ``sandbox_id_file`` is read while it names no sandbox."""
 
     kind: WorkerKind = "container"
     """What runs the sandbox; its name is the default tier."""
@@ -73,7 +86,12 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _valid(self) -> Self:
-        if not is_label_value(self.sandbox_id):
+        if (self.sandbox_id is None) == (self.sandbox_id_file is None):
+            raise ValueError(
+                "set exactly one of TURNSTILE_WORKER_SANDBOX_ID and "
+                "TURNSTILE_WORKER_SANDBOX_ID_FILE"
+            )
+        if self.sandbox_id is not None and not is_label_value(self.sandbox_id):
             raise ValueError("TURNSTILE_WORKER_SANDBOX_ID must be a label value of 1 to 63 chars")
         if self.tier and not is_label_value(self.tier):
             raise ValueError("TURNSTILE_WORKER_TIER must be empty or a Kubernetes label value")

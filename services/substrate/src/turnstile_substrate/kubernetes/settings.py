@@ -7,13 +7,18 @@ API-server emulator.
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnstile_clientkeys import is_label_value
-from turnstile_substrate.runtime import LABEL_MANAGED_BY, MANAGED_BY
+from turnstile_substrate.runtime import LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY
 
 DEFAULT_LABEL_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+#: Label keys Turnstile sets itself; ``extra_labels`` may not set them (a warm pod
+#: with a sandbox-id label, or a pod outside the reflector's selector, would break it).
+_RESERVED_PREFIX = "turnstile.dev/"
+_RESERVED_KEYS = frozenset({LABEL_MANAGED_BY, LABEL_NAME})
 
 
 class KubernetesSettings(BaseSettings):
@@ -76,7 +81,35 @@ class KubernetesSettings(BaseSettings):
 
     extra_labels: dict[str, str] = Field(default_factory=dict)
     """Labels put on every pod besides Turnstile's own (JSON object). A term added to
-    ``label_selector`` must be satisfied by these."""
+    ``label_selector`` must be satisfied by these. ``turnstile.dev/*``,
+    ``app.kubernetes.io/managed-by`` and ``app.kubernetes.io/name`` are Turnstile's."""
+
+    run_as_user: int = Field(default=10001, ge=1)
+    """``runAsUser`` of sandbox pods (non-root: the namespace enforces the restricted
+    Pod Security Standard). 10001 is the user of the Turnstile images."""
+
+    run_as_group: int = Field(default=10001, ge=0)
+    """``runAsGroup`` of sandbox pods."""
+
+    tmp_size_limit: str = "256Mi"
+    """``sizeLimit`` of the emptyDir mounted on ``/tmp`` (the root filesystem is read-only);
+    empty sets none."""
+
+    # ------------------------------------------------------------------ worker agent
+
+    affinity_addr: str = Field(
+        default="127.0.0.1:50053",
+        validation_alias=AliasChoices(
+            "TURNSTILE_K8S_AFFINITY_ADDR", "TURNSTILE_AFFINITY_ADDR", "affinity_addr"
+        ),
+    )
+    """Where the worker in a sandbox pod reaches the affinity relay
+    (``TURNSTILE_AFFINITY_ADDR`` of the runtime container). Unset: the substrate's own
+    ``TURNSTILE_AFFINITY_ADDR``, right when sandbox pods share the services' namespace;
+    from another namespace, name the Service fully (``turnstile-affinity.turnstile.svc:50053``)."""
+
+    worker_capacity: int = Field(default=1, ge=1, le=1024)
+    """Concurrent turns each sandbox's worker serves (``TURNSTILE_WORKER_CAPACITY``)."""
 
     name_prefix: str = Field(default="ts", pattern=r"^[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?$")
     """Prefix of pod names: ``<prefix>-<sandbox>-<random>``, ``<prefix>-warm-<tier>-<random>``."""
@@ -133,6 +166,16 @@ class KubernetesSettings(BaseSettings):
                 raise ValueError(f"tier {tier!r} is not a valid label value")
             if not 0 <= size <= 1000:
                 raise ValueError(f"warm pool size of {tier!r} must be 0..1000")
+        return value
+
+    @field_validator("extra_labels")
+    @classmethod
+    def _extra_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if key.startswith(_RESERVED_PREFIX) or key in _RESERVED_KEYS:
+                raise ValueError(f"label {key!r} is set by Turnstile itself")
+            if not key or (label and not is_label_value(label)):
+                raise ValueError(f"label {key!r}: {label!r} is not a valid label value")
         return value
 
     @model_validator(mode="after")

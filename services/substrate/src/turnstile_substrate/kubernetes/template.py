@@ -9,7 +9,22 @@ Labels (SPEC S2, DESIGN "Kubernetes"):
   record is NULL (an inheriting activation of an unattributed sandbox);
 * ``turnstile.dev/tier`` — the tier;
 * ``turnstile.dev/pool`` — only on unclaimed warm pods; the adoption patch removes it;
-* ``app.kubernetes.io/managed-by: turnstile`` — what the reflector selects.
+* ``app.kubernetes.io/managed-by: turnstile`` — what the reflector selects;
+* ``app.kubernetes.io/name: turnstile-worker`` — what the NetworkPolicies select.
+
+The runtime container runs the worker agent (the image's command): it attaches
+to the affinity relay as the sandbox's presence. Its sandbox id is not in its
+environment, because a warm pod has none when it starts and a container's
+environment never changes. The worker reads it from a downward-API file of the
+pod's labels instead, which the kubelet rewrites after the adoption patch; it
+waits, unattached, until ``turnstile.dev/sandbox-id`` appears there. Cold pods
+take the same path (their file names the sandbox from the start), so both kinds
+of pod differ only in labels.
+
+Pods meet the restricted Pod Security Standard: non-root, no privilege
+escalation, no capabilities, the runtime's seccomp profile, a read-only root
+filesystem with an emptyDir on ``/tmp``, and no service-account token (a sandbox
+has no business with the API server).
 """
 
 from __future__ import annotations
@@ -22,10 +37,12 @@ from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
+    LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
     LABEL_TIER,
     MANAGED_BY,
+    WORKER_NAME,
     RuntimeSpec,
 )
 
@@ -33,6 +50,17 @@ from turnstile_substrate.runtime import (
 POOL_WARM = "warm"
 #: Annotation marking a pod created to restore a stopped sandbox's workspace.
 ANNOTATION_RESTORE = "turnstile.dev/restore"
+
+#: Where the downward-API volume of the pod's labels is mounted in the runtime container.
+PODINFO_DIR = "/etc/turnstile/podinfo"
+#: The labels file the worker reads its sandbox id from.
+LABELS_FILE = f"{PODINFO_DIR}/labels"
+
+#: Worker-agent variables the template sets (turnstile_affinity.worker.settings).
+ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
+ENV_SANDBOX_ID_FILE = "TURNSTILE_WORKER_SANDBOX_ID_FILE"
+ENV_TIER = "TURNSTILE_WORKER_TIER"
+ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
 
 #: Pod names stay within 63 characters so they are also valid hostnames.
 _MAX_NAME = 63
@@ -75,6 +103,7 @@ def sandbox_pod(settings: KubernetesSettings, spec: RuntimeSpec) -> dict[str, An
     return _pod(
         settings,
         name=sandbox_pod_name(settings, spec.sandbox_id),
+        tier=spec.tier,
         labels=sandbox_labels(spec),
         annotations=annotations,
     )
@@ -85,6 +114,7 @@ def warm_pod(settings: KubernetesSettings, tier: str) -> dict[str, Any]:
     return _pod(
         settings,
         name=warm_pod_name(settings, tier),
+        tier=tier,
         labels={LABEL_TIER: tier, LABEL_POOL: POOL_WARM},
         annotations={},
     )
@@ -102,10 +132,27 @@ def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
     return {"metadata": {"resourceVersion": resource_version, "labels": labels}}
 
 
+def worker_env(settings: KubernetesSettings, tier: str) -> list[dict[str, str]]:
+    """The runtime container's environment: what the worker agent needs to attach.
+
+    The tier is always set: the sandbox's tier as Activate resolved it (an empty
+    request is the default tier), or the warm pool's, which adoption keeps. With
+    no tiers configured it is empty and the worker sends no tier label (SPEC T1, T6).
+    """
+    env = {
+        ENV_AFFINITY_ADDR: settings.affinity_addr,
+        ENV_SANDBOX_ID_FILE: LABELS_FILE,
+        ENV_TIER: tier,
+        ENV_CAPACITY: str(settings.worker_capacity),
+    }
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
 def _pod(
     settings: KubernetesSettings,
     *,
     name: str,
+    tier: str,
     labels: dict[str, str],
     annotations: dict[str, str],
 ) -> dict[str, Any]:
@@ -115,22 +162,56 @@ def _pod(
         "name": settings.container_name,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
+        "env": worker_env(settings, tier),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the container's own emptyDir
+        ],
     }
     if requests or limits:
         container["resources"] = {
             part: values for part, values in (("requests", requests), ("limits", limits)) if values
         }
+    tmp: dict[str, Any] = {"sizeLimit": settings.tmp_size_limit} if settings.tmp_size_limit else {}
     spec: dict[str, Any] = {
         "containers": [container],
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": settings.termination_grace_s,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_group,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumes": [
+            {
+                "name": "podinfo",
+                "downwardAPI": {
+                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                },
+            },
+            {"name": "tmp", "emptyDir": tmp},
+        ],
     }
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": settings.namespace,
-        "labels": {**settings.extra_labels, **labels, LABEL_MANAGED_BY: MANAGED_BY},
+        "labels": {
+            **settings.extra_labels,
+            **labels,
+            LABEL_NAME: WORKER_NAME,
+            LABEL_MANAGED_BY: MANAGED_BY,
+        },
     }
     if annotations:
         metadata["annotations"] = annotations
