@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -20,6 +21,6 @@ async def kube() -> AsyncIterator[KubeEmulator]:
 
 
 @pytest.fixture
-async def v1(kube: KubeEmulator) -> AsyncIterator[client.CoreV1Api]:
+async def v1(kube: KubeEmulator) -> AsyncIterator[Any]:
     async with kube.api_client() as api:
         yield client.CoreV1Api(api)

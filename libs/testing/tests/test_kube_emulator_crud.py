@@ -15,12 +15,12 @@ from turnstile_testing.kube_emulator import pod_manifest as pod_body
 
 
 def status_of(exc: ApiException) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(exc.body)
+    body: dict[str, Any] = json.loads(exc.body or b"{}")
     return body
 
 
 async def test_create_fills_server_fields_and_get_returns_the_stored_object(
-    v1: client.CoreV1Api,
+    v1: Any,
 ) -> None:
     created = await v1.create_namespaced_pod("team-a", pod_body("p1", {"app": "web"}))
     fetched = await v1.read_namespaced_pod("p1", "team-a")
@@ -35,7 +35,7 @@ async def test_create_fills_server_fields_and_get_returns_the_stored_object(
     assert fetched.metadata.resource_version == created.metadata.resource_version
 
 
-async def test_resource_version_is_one_counter_across_namespaces(v1: client.CoreV1Api) -> None:
+async def test_resource_version_is_one_counter_across_namespaces(v1: Any) -> None:
     first = await v1.create_namespaced_pod("a", pod_body("p"))
     second = await v1.create_namespaced_pod("b", pod_body("p"))
     patched = await v1.patch_namespaced_pod("p", "a", {"metadata": {"labels": {"x": "1"}}})
@@ -45,7 +45,7 @@ async def test_resource_version_is_one_counter_across_namespaces(v1: client.Core
     assert len(set(versions)) == 3
 
 
-async def test_generate_name_gives_distinct_names_with_the_prefix(v1: client.CoreV1Api) -> None:
+async def test_generate_name_gives_distinct_names_with_the_prefix(v1: Any) -> None:
     body = pod_body("")
     body["metadata"] = {"generateName": "sandbox-"}
     names = {(await v1.create_namespaced_pod("ns", body)).metadata.name for _ in range(5)}
@@ -54,7 +54,7 @@ async def test_generate_name_gives_distinct_names_with_the_prefix(v1: client.Cor
     assert all(n.startswith("sandbox-") and len(n) == len("sandbox-") + 5 for n in names)
 
 
-async def test_duplicate_name_is_409_already_exists_status(v1: client.CoreV1Api) -> None:
+async def test_duplicate_name_is_409_already_exists_status(v1: Any) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
     with pytest.raises(ApiException) as caught:
         await v1.create_namespaced_pod("ns", pod_body("p1"))
@@ -73,7 +73,7 @@ async def test_duplicate_name_is_409_already_exists_status(v1: client.CoreV1Api)
 
 
 @pytest.mark.parametrize("verb", ["read", "patch", "replace", "delete"])
-async def test_missing_pod_is_404_not_found_status(v1: client.CoreV1Api, verb: str) -> None:
+async def test_missing_pod_is_404_not_found_status(v1: Any, verb: str) -> None:
     calls = {
         "read": lambda: v1.read_namespaced_pod("ghost", "ns"),
         "patch": lambda: v1.patch_namespaced_pod("ghost", "ns", {"metadata": {}}),
@@ -89,7 +89,7 @@ async def test_missing_pod_is_404_not_found_status(v1: client.CoreV1Api, verb: s
     assert status["message"] == 'pods "ghost" not found'
 
 
-async def test_pod_without_containers_is_rejected_as_invalid(v1: client.CoreV1Api) -> None:
+async def test_pod_without_containers_is_rejected_as_invalid(v1: Any) -> None:
     with pytest.raises(ApiException) as caught:
         await v1.create_namespaced_pod("ns", {"metadata": {"name": "p"}, "spec": {}})
 
@@ -97,7 +97,7 @@ async def test_pod_without_containers_is_rejected_as_invalid(v1: client.CoreV1Ap
     assert status_of(caught.value)["reason"] == "Invalid"
 
 
-async def test_invalid_label_value_is_rejected_as_invalid(v1: client.CoreV1Api) -> None:
+async def test_invalid_label_value_is_rejected_as_invalid(v1: Any) -> None:
     with pytest.raises(ApiException) as caught:
         await v1.create_namespaced_pod("ns", pod_body("p", {"owner": "team/a"}))
 
@@ -105,7 +105,7 @@ async def test_invalid_label_value_is_rejected_as_invalid(v1: client.CoreV1Api) 
 
 
 async def test_list_carries_the_current_resource_version_and_spans_namespaces(
-    v1: client.CoreV1Api,
+    v1: Any,
 ) -> None:
     await v1.create_namespaced_pod("a", pod_body("p1"))
     await v1.create_namespaced_pod("b", pod_body("p2"))
@@ -122,7 +122,7 @@ async def test_list_carries_the_current_resource_version_and_spans_namespaces(
 
 
 async def test_delete_returns_the_pod_with_the_deletion_version_and_removes_it(
-    v1: client.CoreV1Api, kube: KubeEmulator
+    v1: Any, kube: KubeEmulator
 ) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
     deleted = await v1.delete_namespaced_pod("p1", "ns", grace_period_seconds=30)
@@ -132,20 +132,22 @@ async def test_delete_returns_the_pod_with_the_deletion_version_and_removes_it(
     assert kube.pods() == []
 
 
-async def test_delete_with_stale_precondition_is_409(v1: client.CoreV1Api) -> None:
+async def test_delete_with_stale_precondition_is_409(v1: Any) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
     await v1.patch_namespaced_pod("p1", "ns", {"metadata": {"labels": {"x": "1"}}})
 
     with pytest.raises(ApiException) as caught:
         await v1.delete_namespaced_pod(
-            "p1", "ns", body=client.V1DeleteOptions(preconditions={"resourceVersion": "1"})
+            "p1",
+            "ns",
+            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version="1")),
         )
     assert caught.value.status == 409
     assert status_of(caught.value)["reason"] == "Conflict"
 
 
 async def test_put_with_stale_resource_version_is_409_and_current_one_succeeds(
-    v1: client.CoreV1Api,
+    v1: Any,
 ) -> None:
     pod = await v1.create_namespaced_pod("ns", pod_body("p1"))
     await v1.patch_namespaced_pod("p1", "ns", {"metadata": {"labels": {"x": "1"}}})
@@ -163,7 +165,7 @@ async def test_put_with_stale_resource_version_is_409_and_current_one_succeeds(
 
 
 async def test_main_resource_update_keeps_status_and_status_subresource_writes_it(
-    v1: client.CoreV1Api,
+    v1: Any,
 ) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
 
@@ -181,7 +183,7 @@ async def test_main_resource_update_keeps_status_and_status_subresource_writes_i
 
 
 async def test_update_that_changes_nothing_keeps_the_resource_version(
-    v1: client.CoreV1Api, kube: KubeEmulator
+    v1: Any, kube: KubeEmulator
 ) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1", {"a": "b"}))
     before = kube.resource_version
@@ -192,7 +194,7 @@ async def test_update_that_changes_nothing_keeps_the_resource_version(
     assert kube.resource_version == before
 
 
-async def test_spec_node_name_cannot_be_set_by_an_update(v1: client.CoreV1Api) -> None:
+async def test_spec_node_name_cannot_be_set_by_an_update(v1: Any) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
     with pytest.raises(ApiException) as caught:
         await v1.patch_namespaced_pod("p1", "ns", {"spec": {"nodeName": "node-1"}})
@@ -200,9 +202,7 @@ async def test_spec_node_name_cannot_be_set_by_an_update(v1: client.CoreV1Api) -
     assert caught.value.status == 422
 
 
-async def test_paginated_list_is_a_consistent_snapshot(
-    v1: client.CoreV1Api, kube: KubeEmulator
-) -> None:
+async def test_paginated_list_is_a_consistent_snapshot(v1: Any, kube: KubeEmulator) -> None:
     for i in range(5):
         kube.create_pod("ns", pod_body(f"p{i}"))
 
@@ -220,7 +220,7 @@ async def test_paginated_list_is_a_consistent_snapshot(
 
 
 async def test_continue_token_older_than_compaction_is_410_expired(
-    v1: client.CoreV1Api, kube: KubeEmulator
+    v1: Any, kube: KubeEmulator
 ) -> None:
     for i in range(3):
         kube.create_pod("ns", pod_body(f"p{i}"))
@@ -235,7 +235,7 @@ async def test_continue_token_older_than_compaction_is_410_expired(
 
 
 async def test_exact_list_rebuilds_an_old_version_until_it_is_compacted(
-    v1: client.CoreV1Api, kube: KubeEmulator
+    v1: Any, kube: KubeEmulator
 ) -> None:
     kube.create_pod("ns", pod_body("a", {"v": "1"}))
     at = str(kube.resource_version)
@@ -252,7 +252,7 @@ async def test_exact_list_rebuilds_an_old_version_until_it_is_compacted(
 
 
 async def test_pod_with_finalizer_is_marked_then_removed_when_the_finalizer_goes(
-    v1: client.CoreV1Api, kube: KubeEmulator
+    v1: Any, kube: KubeEmulator
 ) -> None:
     body = pod_body("p1")
     body["metadata"]["finalizers"] = ["turnstile.dev/cleanup"]
@@ -268,9 +268,7 @@ async def test_pod_with_finalizer_is_marked_then_removed_when_the_finalizer_goes
     assert kube.pod("ns", "p1") is None
 
 
-async def test_hooks_move_pods_and_the_truth_reflects_them(
-    v1: client.CoreV1Api, kube: KubeEmulator
-) -> None:
+async def test_hooks_move_pods_and_the_truth_reflects_them(v1: Any, kube: KubeEmulator) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
     kube.set_node_name("ns", "p1", "node-7")
     kube.set_pod_phase("ns", "p1", "Running", ready=True)
@@ -285,7 +283,7 @@ async def test_hooks_move_pods_and_the_truth_reflects_them(
 
 
 async def test_injected_failure_hits_only_the_next_matching_request(
-    v1: client.CoreV1Api, kube: KubeEmulator
+    v1: Any, kube: KubeEmulator
 ) -> None:
     await v1.create_namespaced_pod("ns", pod_body("p1"))
     fault = kube.inject_failure(500, method="PATCH", path=r"/api/v1/namespaces/ns/pods/p1")

@@ -18,13 +18,24 @@ import tempfile
 import time
 from pathlib import Path
 
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 nobody listens on right now, never one this process
+    handed out before.
+
+    The port is free when returned, not reserved: the kernel may offer the same
+    port to two calls in a row once the first probe socket is closed, and two
+    services of one stack told to share a port would split its connections."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no fresh free port on 127.0.0.1")
 
 
 def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
