@@ -10,12 +10,18 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-async def check(target: str, *, timeout_s: float = 1.0) -> str:
-    """The overall health status name (``SERVING``, ``NOT_SERVING``) or ``UNREACHABLE``."""
+async def check(target: str, *, timeout_s: float = 1.0, service: str = "") -> str:
+    """The health status name (``SERVING``, ``NOT_SERVING``) or ``UNREACHABLE``.
+
+    ``service`` asks about one service name instead of the server as a whole: a
+    server that does not serve it answers ``NOT_FOUND``, so a caller cannot
+    mistake another service on the same address for the one it expects."""
     async with grpc.aio.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            response = await stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.aio.AioRpcError as error:
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return "UNREACHABLE"
@@ -24,7 +30,9 @@ async def check(target: str, *, timeout_s: float = 1.0) -> str:
     return name
 
 
-async def wait_serving(target: str, *, timeout_s: float, interval_s: float = 0.1) -> bool:
+async def wait_serving(
+    target: str, *, timeout_s: float, interval_s: float = 0.1, service: str = ""
+) -> bool:
     """Poll until ``target`` reports SERVING; False if it did not within ``timeout_s``.
 
     Polling, not ``Watch``: before the server exists there is no stream to watch,
@@ -33,7 +41,7 @@ async def wait_serving(target: str, *, timeout_s: float, interval_s: float = 0.1
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        if await check(target, timeout_s=min(1.0, timeout_s)) == "SERVING":
+        if await check(target, timeout_s=min(1.0, timeout_s), service=service) == "SERVING":
             return True
         if loop.time() >= deadline:
             return False

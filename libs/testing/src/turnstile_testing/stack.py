@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
 from turnstile_testing.processes import free_port
 
@@ -42,8 +43,12 @@ class RunningStack:
         }
 
     async def wait_serving(self, timeout_s: float = 45.0) -> None:
+        services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
         results = await asyncio.gather(
-            *(wait_serving(a, timeout_s=timeout_s) for a in self.addresses)
+            *(
+                wait_serving(a, timeout_s=timeout_s, service=s)
+                for a, s in zip(self.addresses, services, strict=True)
+            )
         )
         if not all(results) or self.proc.poll() is not None:
             raise AssertionError(f"stack did not come up:\n{self.output()}")

@@ -42,10 +42,19 @@ from turnstile_cli.stack.preflight import (
     redacted,
 )
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
 from turnstile_platform.tiers import parse_tiers
 
 _PR_SET_PDEATHSIG = 1
+
+#: The service each process must serve: asking health about it (not the server as
+#: a whole) tells the runner the right service answers on the port it was given.
+SERVICE_NAMES = {
+    "admission": peers.ADMISSION,
+    "substrate": peers.SUBSTRATE,
+    "affinity": peers.AFFINITY,
+}
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -144,7 +153,11 @@ class Stack:
             self.say(f"started {spec.name} (pid {proc.pid}) on {spec.address}")
         waits = {
             name: asyncio.create_task(
-                wait_serving(r.spec.address, timeout_s=self.startup_timeout_s)
+                wait_serving(
+                    r.spec.address,
+                    timeout_s=self.startup_timeout_s,
+                    service=SERVICE_NAMES[r.spec.name],
+                )
             )
             for name, r in self.running.items()
         }
