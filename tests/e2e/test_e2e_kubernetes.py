@@ -135,13 +135,41 @@ async def test_a_hundred_concurrent_activations_under_a_cap_of_ten_leave_exactly
     assert {lab[LABEL_SANDBOX_ID] for lab in labels} == created
     assert {lab[LABEL_CLIENT_ID] for lab in labels} == {"acme"}
 
-    usage = await stack.admission.GetUsage(
-        admission_pb2.GetUsageRequest(client=common_pb2.ActivationClient(client_id="acme"))
-    )
-    assert usage.in_flight == 0  # every refused or finished attempt let its lease go
-    assert usage.live + usage.pending >= CAP
-    # And the cap holds afterwards: one more is refused, with the live count named.
+    # Once the reflector has seen every pod, each sandbox counts exactly once:
+    # live, and no longer pending (SPEC P6: no systematic drift).
+    usage = await _settled_usage(stack, live=CAP)
+    assert (usage.live, usage.pending, usage.in_flight) == (CAP, 0, 0)
+    # And the cap holds afterwards: one more is refused.
     again = await _activate(stack, "sb-late")
     assert isinstance(again, RichError)
     assert again.reason == "CAP_EXCEEDED"
     assert len(stack.pods()) == CAP
+
+
+async def test_a_full_cycle_leaves_no_drift_the_freed_room_is_exactly_reusable(
+    stack: Stack,
+) -> None:
+    first = await asyncio.gather(*(_activate(stack, f"a-{n}") for n in range(CAP)))
+    assert all(isinstance(r, substrate_pb2.ActivateResponse) for r in first)
+    await _settled_usage(stack, live=CAP)
+    for n in range(0, CAP, 2):
+        await stack.substrate.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id=f"a-{n}"))
+    await _settled_usage(stack, live=CAP // 2)
+    second = await asyncio.gather(*(_activate(stack, f"b-{n}") for n in range(CAP)))
+    admitted = [r for r in second if isinstance(r, substrate_pb2.ActivateResponse)]
+    assert len(admitted) == CAP // 2  # exactly the room freed, no more, no less
+    usage = await _settled_usage(stack, live=CAP)
+    assert (usage.pending, usage.in_flight) == (0, 0)
+    assert len(stack.pods()) == CAP
+
+
+async def _settled_usage(stack: Stack, *, live: int) -> admission_pb2.GetUsageResponse:
+    """GetUsage once the reflector shows ``live`` pods (it follows the API server's
+    watch, another task's progress: polled with a deadline)."""
+    request = admission_pb2.GetUsageRequest(client=common_pb2.ActivationClient(client_id="acme"))
+    async with asyncio.timeout(15):
+        while True:
+            usage = await stack.admission.GetUsage(request)
+            if usage.HasField("live") and usage.live == live:
+                return usage
+            await asyncio.sleep(0.05)

@@ -154,3 +154,14 @@ async def test_release_frees_only_a_committed_slot(store: AdmissionStore) -> Non
     await store.commit("h1")
     assert await store.release("sb-1")
     assert (await store.usage("acme")).node_slots_held == {}
+
+
+async def test_release_removes_a_stopped_sandboxs_pending_entry(store: AdmissionStore) -> None:
+    await store.admit(args("h1", "sb-1", CAP_ONLY))
+    await store.admit(args("h2", "sb-2", CAP_ONLY))
+    assert await store.commit("h1")
+    assert await store.commit("h2")
+    # sb-1 stops before the reflector ever saw it: it must not stay "pending".
+    assert await store.release("sb-1")
+    assert (await store.usage("acme")).pending_ids == ("sb-2",)
+    assert not await store.release("sb-1")

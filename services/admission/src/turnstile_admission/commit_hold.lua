@@ -1,24 +1,36 @@
 -- commit_hold.lua: the hold's activation is done (the runtime exists).
 -- Tokens stay spent, the concurrency lease is released, the pending entry stays
--- until the substrate sees the runtime live or it expires, and the node slot
--- becomes the sandbox's (until ReleaseSandbox, or the committed-slot backstop TTL).
+-- until the substrate sees the runtime live, the sandbox stops (ReleaseSandbox) or
+-- it expires, and the node slot becomes the sandbox's (until ReleaseSandbox, or the
+-- committed-slot backstop TTL). sandbox:<id> remembers both for ReleaseSandbox.
 --
 -- KEYS: 1 hold:<id>, 2 test clock
 -- ARGV: key base (every admission key shares one hash tag), hold_id,
---       committed slot ttl ms, use_test_clock
+--       committed slot ttl ms, use_test_clock, pending ttl ms
 -- Returns 1 when committed, 0 when the hold was committed, cancelled or expired.
 
 local base, hold_id, slot_ttl, use_test_clock = ARGV[1], ARGV[2], tonumber(ARGV[3]),
   tonumber(ARGV[4])
+local pending_ttl = tonumber(ARGV[5])
 local now = now_ms(use_test_clock, KEYS[2])
-local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node')
+local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node', 'pending')
 local key, sandbox, exp, lease, node = h[1], h[2], tonumber(h[3]), h[4], h[5]
+local pending = tonumber(h[6]) or 0
 if not key then return 0 end
 redis.call('DEL', KEYS[1])
 if exp <= now then return 0 end
 if lease == '1' then redis.call('ZREM', base .. 'inflight:' .. key, hold_id) end
+local sandbox_key = base .. 'sandbox:' .. sandbox
+if pending > 0 then
+  -- Which pending set holds this sandbox, so that stopping it removes the entry
+  -- (else a sandbox stopped before the reflector saw it stays "pending" until
+  -- its entry expires, and its room cannot be reused meanwhile).
+  redis.call('HSET', sandbox_key, 'key', key)
+  if redis.call('PTTL', sandbox_key) < pending_ttl then
+    redis.call('PEXPIRE', sandbox_key, pending_ttl)
+  end
+end
 if node and node ~= '' then
-  local sandbox_key = base .. 'sandbox:' .. sandbox
   local previous = redis.call('HGET', sandbox_key, 'node')
   if previous and previous ~= node then
     redis.call('ZREM', base .. 'slots:' .. previous, 's:' .. sandbox)
@@ -30,6 +42,8 @@ if node and node ~= '' then
   redis.call('SADD', base .. 'nodes', node)
   extend(base .. 'nodes', slot_ttl)
   redis.call('HSET', sandbox_key, 'node', node)
-  redis.call('PEXPIRE', sandbox_key, slot_ttl)
+  if redis.call('PTTL', sandbox_key) < slot_ttl then
+    redis.call('PEXPIRE', sandbox_key, slot_ttl)
+  end
 end
 return 1

@@ -173,8 +173,10 @@ class AdmissionStore:
     async def commit(self, hold_id: str) -> bool:
         k = self.keys
         ttl_ms = round(self._settings.slots.committed_ttl_s * 1000)
+        pending_ttl_ms = round(self._settings.pending_ttl_s * 1000)
         done = await self._commit(
-            keys=[k.hold(hold_id), k.test_clock], args=[k.base, hold_id, ttl_ms, self._clock]
+            keys=[k.hold(hold_id), k.test_clock],
+            args=[k.base, hold_id, ttl_ms, self._clock, pending_ttl_ms],
         )
         return bool(done)
 

@@ -1,11 +1,22 @@
--- release_sandbox.lua: a sandbox stopped; free the node slot it still holds.
+-- release_sandbox.lua: a sandbox stopped; free what it still holds: the node slot
+-- of its committed hold, and its pending entry (a stopped sandbox is neither live
+-- nor pending; without this its entry would count until it expires).
 --
 -- KEYS: 1 sandbox:<id>
 -- ARGV: key base, sandbox_id
--- Returns 1 when a slot was released, 0 when the sandbox held nothing.
+-- Returns 1 when anything was released, 0 when the sandbox held nothing.
 
 local base, sandbox = ARGV[1], ARGV[2]
-local node = redis.call('HGET', KEYS[1], 'node')
-if not node then return 0 end
+local h = redis.call('HMGET', KEYS[1], 'node', 'key')
+local node, key = h[1], h[2]
+if not node and not key then return 0 end
 redis.call('DEL', KEYS[1])
-return redis.call('ZREM', base .. 'slots:' .. node, 's:' .. sandbox)
+local released = 0
+if node then
+  released = released + redis.call('ZREM', base .. 'slots:' .. node, 's:' .. sandbox)
+end
+if key then
+  released = released + redis.call('ZREM', base .. 'pending:' .. key, sandbox)
+end
+if released > 0 then return 1 end
+return 0

@@ -101,8 +101,8 @@ class AdmissionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseSandbox(self, request, context):
-        """ReleaseSandbox frees what a stopped sandbox still holds (its node slot).
-        Idempotent.
+        """ReleaseSandbox frees what a stopped sandbox still holds: its node slot, and
+        its pending entry if the substrate never saw it live. Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -53,8 +53,8 @@ class AdmissionServiceStub:
     slot are released. A second cancel of the same hold returns nothing.
     """
     ReleaseSandbox: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReleaseSandboxRequest, _admission_pb2.ReleaseSandboxResponse]
-    """ReleaseSandbox frees what a stopped sandbox still holds (its node slot).
-    Idempotent.
+    """ReleaseSandbox frees what a stopped sandbox still holds: its node slot, and
+    its pending entry if the substrate never saw it live. Idempotent.
     """
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetUsageRequest, _admission_pb2.GetUsageResponse]
     """GetUsage shows a bounded key's usage for operators and the CLI."""
@@ -84,8 +84,8 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     slot are released. A second cancel of the same hold returns nothing.
     """
     ReleaseSandbox: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReleaseSandboxRequest, _admission_pb2.ReleaseSandboxResponse]  # type: ignore[assignment]
-    """ReleaseSandbox frees what a stopped sandbox still holds (its node slot).
-    Idempotent.
+    """ReleaseSandbox frees what a stopped sandbox still holds: its node slot, and
+    its pending entry if the substrate never saw it live. Idempotent.
     """
     GetUsage: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetUsageRequest, _admission_pb2.GetUsageResponse]  # type: ignore[assignment]
     """GetUsage shows a bounded key's usage for operators and the CLI."""
@@ -136,8 +136,8 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admission_pb2.ReleaseSandboxRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.ReleaseSandboxResponse, _abc.Awaitable[_admission_pb2.ReleaseSandboxResponse]]:
-        """ReleaseSandbox frees what a stopped sandbox still holds (its node slot).
-        Idempotent.
+        """ReleaseSandbox frees what a stopped sandbox still holds: its node slot, and
+        its pending entry if the substrate never saw it live. Idempotent.
         """
 
     @_abc_1.abstractmethod
