@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnstile_admission.app import create_app as create_admission
 from turnstile_admission.settings import AdmissionSettings
@@ -173,3 +174,51 @@ async def _settled_usage(stack: Stack, *, live: int) -> admission_pb2.GetUsageRe
             if usage.HasField("live") and usage.live == live:
                 return usage
             await asyncio.sleep(0.05)
+
+
+async def test_the_substrate_is_not_serving_until_its_reflector_has_listed(
+    redis_url: str, redis_prefix: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await asyncio.to_thread(apply_migrations, database_url)
+    async with KubeEmulator(bookmark_interval=0.2) as kube:
+        monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
+        monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
+        monkeypatch.setenv("TURNSTILE_K8S_RELIST_BACKOFF_S", "0.05")
+        # The API server refuses the reflector's lists until the fault is lifted.
+        fault = kube.inject_failure(503, method="GET", watch=False, times=10_000)
+        app = await create_substrate(
+            SubstrateSettings.model_validate(
+                {
+                    "host": "127.0.0.1",
+                    "port": 0,
+                    "metrics_port": 0,
+                    "redis_url": redis_url,
+                    "redis_prefix": redis_prefix,
+                    "substrate_kind": "kubernetes",
+                    "database_url": database_url,
+                    "health_check_interval_s": 0.05,
+                    "shutdown_grace_s": 1.0,
+                    "log_format": "text",
+                }
+            )
+        )
+        await app.start()
+        try:
+            async with grpc.aio.insecure_channel(app.address) as channel:
+                watch = health_pb2_grpc.HealthStub(channel).Watch(
+                    health_pb2.HealthCheckRequest(service="turnstile.substrate.v1.SubstrateService")
+                )
+                first = await watch.read()
+                assert first.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                count = await substrate_pb2_grpc.SubstrateServiceStub(channel).CountLiveSandboxes(
+                    substrate_pb2.CountLiveSandboxesRequest(key="acme")
+                )
+                assert count.unknown.reason == substrate_pb2.UNKNOWN_REASON_NOT_SYNCED
+                kube.clear_failures()
+                async with asyncio.timeout(10):
+                    while (await watch.read()).status != health_pb2.HealthCheckResponse.SERVING:
+                        pass
+                watch.cancel()
+            assert fault.hits >= 1  # it was refused, not merely not yet tried
+        finally:
+            await app.stop()
