@@ -55,7 +55,11 @@ pg_bin() {
 ensure_postgres() {
   local host port; host=$(url_host "$DATABASE_URL"); port=$(url_port "$DATABASE_URL" 5432)
   if answers "$host" "$port"; then return; fi
-  [ -n "$(pg_bin initdb)" ] || apt_install postgresql
+  if [ -z "$(pg_bin initdb)" ]; then
+    apt_install postgresql
+    # The Debian package may have started a cluster of its own on the default port.
+    if answers "$host" "$port"; then return; fi
+  fi
   local data="$RUN_DIR/postgres" runas=()
   mkdir -p "$RUN_DIR"
   # PostgreSQL refuses to run as root: run it as the postgres user, in a directory it owns.
