@@ -57,8 +57,15 @@ ensure_postgres() {
   if answers "$host" "$port"; then return; fi
   if [ -z "$(pg_bin initdb)" ]; then
     apt_install postgresql
-    # The Debian package may have started a cluster of its own on the default port.
-    if answers "$host" "$port"; then return; fi
+    # The Debian package may start a cluster of its own (password auth over TCP) on the
+    # default port: stop it, so the project's own trust-auth cluster can take the port.
+    if answers "$host" "$port" && command -v pg_ctlcluster >/dev/null; then
+      for conf in /etc/postgresql/*/main; do
+        [ -d "$conf" ] || continue
+        as_root pg_ctlcluster --skip-systemctl-redirect "$(basename "$(dirname "$conf")")" main stop \
+          || true
+      done
+    fi
   fi
   local data="$RUN_DIR/postgres" runas=()
   mkdir -p "$RUN_DIR"
