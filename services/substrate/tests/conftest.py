@@ -27,7 +27,7 @@ import grpc.aio
 import pytest
 from google.protobuf import duration_pb2
 
-from turnstile_clientkeys import is_label_value
+from turnstile_clientkeys import KeySet, Resolver, is_label_value
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -39,7 +39,9 @@ from turnstile_platform.errors import RichError, decode
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.app import create_app
 from turnstile_substrate.db.migrate import apply_migrations
+from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate
 from turnstile_substrate.settings import SubstrateSettings
+from turnstile_testing.kube_emulator import KubeEmulator
 
 IDLE_RUNTIME = f"{sys.executable} -m turnstile_substrate.direct.idle_runtime"
 
@@ -362,3 +364,47 @@ async def start_service(
 async def harness(migrated_url: str, start_service: StartService) -> Harness:
     """A substrate service on a migrated database of its own."""
     return await start_service(migrated_url)
+
+
+# -- the Kubernetes substrate on the API-server emulator -----------------------
+
+K8S_NAMESPACE = "sandboxes"
+
+StartSubstrate = Callable[..., contextlib.AbstractAsyncContextManager[KubernetesSubstrate]]
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    """An API-server emulator of this test's own, with quick bookmarks."""
+    async with KubeEmulator(bookmark_interval=0.05) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def substrate() -> StartSubstrate:
+    """``substrate(kube, **settings)``: a started, synced Kubernetes substrate on
+    ``kube`` with quick timings (``acme`` allowlisted), closed on exit."""
+
+    @contextlib.asynccontextmanager
+    async def start(kube: KubeEmulator, **overrides: Any) -> AsyncIterator[KubernetesSubstrate]:
+        settings: dict[str, Any] = {
+            "api_host": kube.url,
+            "namespace": K8S_NAMESPACE,
+            "relist_backoff_s": 0.01,
+            "relist_backoff_max_s": 0.05,
+            "warm_pool_interval_s": 0.05,
+            "warm_require_running": False,
+            **overrides,
+        }
+        sub = KubernetesSubstrate(
+            KubernetesSettings(**settings),
+            Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
+        )
+        await sub.start()
+        try:
+            await sub.wait_synced(5)
+            yield sub
+        finally:
+            await sub.close()
+
+    return start

@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from turnstile_clientkeys import KeySet, Resolver
-from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate
+from turnstile_substrate.kubernetes import KubernetesSubstrate
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
@@ -28,40 +25,15 @@ from turnstile_substrate.runtime import (
 )
 from turnstile_testing.kube_emulator import KubeEmulator, PodFilter
 
+if TYPE_CHECKING:
+    from conftest import StartSubstrate
+
 NS = "sandboxes"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 
 
 class CapRefusedError(Exception):
     """What a refusing cap gate raises in these tests."""
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(bookmark_interval=0.05) as emulator:
-        yield emulator
-
-
-@asynccontextmanager
-async def substrate(kube: KubeEmulator, **overrides: Any) -> AsyncIterator[KubernetesSubstrate]:
-    settings: dict[str, Any] = {
-        "api_host": kube.url,
-        "namespace": NS,
-        "relist_backoff_s": 0.01,
-        "relist_backoff_max_s": 0.05,
-        "warm_pool_interval_s": 0.05,
-        "warm_require_running": False,
-        **overrides,
-    }
-    sub = KubernetesSubstrate(
-        KubernetesSettings(**settings), Resolver(KeySet(version=1, allowlist=frozenset({"acme"})))
-    )
-    await sub.start()
-    try:
-        await sub.wait_synced(5)
-        yield sub
-    finally:
-        await sub.close()
 
 
 def seed_warm(kube: KubeEmulator, name: str) -> None:
@@ -101,6 +73,7 @@ def pod_writes(kube: KubeEmulator) -> list[str]:
 
 async def test_a_cold_pod_carries_the_template_and_the_sandbox_client_tier_labels(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     overrides = {"image": "registry.local/runtime:1", "cpu_limit": "2", "extra_labels": {"a": "b"}}
     async with substrate(kube, **overrides) as sub:
@@ -130,7 +103,9 @@ async def test_a_cold_pod_carries_the_template_and_the_sandbox_client_tier_label
         assert sub.count_live("acme", "Sandbox_1", ()) == LiveCount(0)
 
 
-async def test_a_null_record_creates_a_pod_without_a_client_label(kube: KubeEmulator) -> None:
+async def test_a_null_record_creates_a_pod_without_a_client_label(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube) as sub:
         runtime = await sub.ensure_runtime(spec("s1", None), Plan(CreateKind.COLD), no_gate)
         pod = kube.pod(NS, runtime.name)
@@ -142,6 +117,7 @@ async def test_a_null_record_creates_a_pod_without_a_client_label(kube: KubeEmul
 
 async def test_a_restore_plans_a_restore_with_the_candidate_nodes_and_marks_the_pod(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube, nodes=("n1", "n2")) as sub:
         plan = sub.plan(spec("s1", restore=True))
@@ -155,6 +131,7 @@ async def test_a_restore_plans_a_restore_with_the_candidate_nodes_and_marks_the_
 
 async def test_the_cap_gate_runs_before_every_pod_the_substrate_creates(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     for name in ("w1", "w2"):
         seed_warm(kube, name)
@@ -185,6 +162,7 @@ async def test_the_cap_gate_runs_before_every_pod_the_substrate_creates(
 
 async def test_a_refusing_cap_gate_creates_no_pod_and_claims_no_warm_pod(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     seed_warm(kube, "w1")
     async with substrate(kube) as sub:
@@ -204,7 +182,9 @@ async def test_a_refusing_cap_gate_creates_no_pod_and_claims_no_warm_pod(
         assert claimable.name == "w1"
 
 
-async def test_a_refused_create_leaves_no_pod_and_raises(kube: KubeEmulator) -> None:
+async def test_a_refused_create_leaves_no_pod_and_raises(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube) as sub:
         kube.inject_failure(500, method="POST", path=PODS)
         with pytest.raises(Exception, match="500"):
@@ -214,6 +194,7 @@ async def test_a_refused_create_leaves_no_pod_and_raises(kube: KubeEmulator) -> 
 
 async def test_a_create_cancelled_after_the_server_stored_the_pod_leaves_no_pod(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube) as sub:
         task = asyncio.create_task(sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate))
@@ -231,6 +212,7 @@ async def test_a_create_cancelled_after_the_server_stored_the_pod_leaves_no_pod(
 
 async def test_find_running_answers_from_the_api_server_when_the_cache_has_not_seen_the_pod(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube) as sub:
         runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
@@ -243,6 +225,7 @@ async def test_find_running_answers_from_the_api_server_when_the_cache_has_not_s
 
 async def test_stop_deletes_the_sandboxs_pods_and_find_running_forgets_it_at_once(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube) as sub:
         runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
@@ -259,7 +242,9 @@ async def test_stop_deletes_the_sandboxs_pods_and_find_running_forgets_it_at_onc
         assert sub.count_live("acme", None, ()) == LiveCount(0)
 
 
-async def test_the_substrate_never_changes_a_client_id_label_once_set(kube: KubeEmulator) -> None:
+async def test_the_substrate_never_changes_a_client_id_label_once_set(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     history = kube.store.subscribe(PodFilter(namespace=NS), None)
     async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
         await sub.reflector.wait_until(lambda: sub.index.warm_count("default") == 2, 5)

@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import pytest
-
 from turnstile_clientkeys import SHARED, KeySet, Resolver
 from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate
 from turnstile_substrate.runtime import (
@@ -24,12 +22,6 @@ from turnstile_substrate.runtime import (
 from turnstile_testing.kube_emulator import KubeEmulator
 
 NS = "sandboxes"
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(bookmark_interval=0.05) as emulator:
-        yield emulator
 
 
 @asynccontextmanager

@@ -4,15 +4,14 @@ races, invalidation of any failed adoption, refill and trim."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from turnstile_clientkeys import KeySet, Resolver
-from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate
+from turnstile_substrate.kubernetes import KubernetesSubstrate
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
@@ -26,35 +25,10 @@ from turnstile_substrate.runtime import (
 )
 from turnstile_testing.kube_emulator import KubeEmulator, PodFilter
 
+if TYPE_CHECKING:
+    from conftest import StartSubstrate
+
 NS = "sandboxes"
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(bookmark_interval=0.05) as emulator:
-        yield emulator
-
-
-@asynccontextmanager
-async def substrate(kube: KubeEmulator, **overrides: Any) -> AsyncIterator[KubernetesSubstrate]:
-    settings: dict[str, Any] = {
-        "api_host": kube.url,
-        "namespace": NS,
-        "relist_backoff_s": 0.01,
-        "relist_backoff_max_s": 0.05,
-        "warm_pool_interval_s": 0.05,
-        "warm_require_running": False,
-        **overrides,
-    }
-    sub = KubernetesSubstrate(
-        KubernetesSettings(**settings), Resolver(KeySet(version=1, allowlist=frozenset({"acme"})))
-    )
-    await sub.start()
-    try:
-        await sub.wait_synced(5)
-        yield sub
-    finally:
-        await sub.close()
 
 
 def warm_names(kube: KubeEmulator, tier: str = "default") -> list[str]:
@@ -97,7 +71,9 @@ def spec(sandbox: str, client: str | None = "acme") -> RuntimeSpec:
     return RuntimeSpec(sandbox_id=sandbox, tier="default", client_label=client)
 
 
-async def test_refill_keeps_each_tier_at_its_configured_size(kube: KubeEmulator) -> None:
+async def test_refill_keeps_each_tier_at_its_configured_size(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 2, "gpu": 1}) as sub:
         await warm_ready(sub, kube, 2)
         await until(sub, lambda: len(warm_names(kube, "gpu")) == 1)
@@ -112,7 +88,9 @@ async def test_refill_keeps_each_tier_at_its_configured_size(kube: KubeEmulator)
         assert len(kube.pods(NS)) == 4
 
 
-async def test_a_claim_adopts_a_warm_pod_by_a_versioned_label_patch(kube: KubeEmulator) -> None:
+async def test_a_claim_adopts_a_warm_pod_by_a_versioned_label_patch(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
@@ -135,7 +113,9 @@ async def test_a_claim_adopts_a_warm_pod_by_a_versioned_label_patch(kube: KubeEm
         assert patches[0].content_type == "application/strategic-merge-patch+json"
 
 
-async def test_a_claim_for_a_null_record_adopts_without_a_client_label(kube: KubeEmulator) -> None:
+async def test_a_claim_for_a_null_record_adopts_without_a_client_label(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
         await warm_ready(sub, kube, 1)
         runtime = await sub.ensure_runtime(spec("s1", None), Plan(CreateKind.WARM), no_gate)
@@ -147,6 +127,7 @@ async def test_a_claim_for_a_null_record_adopts_without_a_client_label(kube: Kub
 
 async def test_two_replicas_claiming_one_warm_pod_one_wins_and_the_loser_still_gets_a_sandbox(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with AsyncExitStack() as stack:
         replicas = [
@@ -199,7 +180,7 @@ async def test_two_replicas_claiming_one_warm_pod_one_wins_and_the_loser_still_g
     ("status", "reason"), [(409, "conflict"), (500, "error"), (422, "error"), (404, "not_found")]
 )
 async def test_a_failed_adoption_patch_discards_the_pod_and_the_claim_takes_the_next(
-    kube: KubeEmulator, status: int, reason: str
+    kube: KubeEmulator, substrate: StartSubstrate, status: int, reason: str
 ) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
         await warm_ready(sub, kube, 2)
@@ -215,6 +196,7 @@ async def test_a_failed_adoption_patch_discards_the_pod_and_the_claim_takes_the_
 
 async def test_an_adoption_whose_patch_landed_but_failed_for_the_caller_is_discarded(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
         await warm_ready(sub, kube, 1)
@@ -252,6 +234,7 @@ async def test_an_adoption_whose_patch_landed_but_failed_for_the_caller_is_disca
 
 async def test_a_pod_whose_discard_fails_is_never_offered_again_and_is_deleted_later(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
         await warm_ready(sub, kube, 2)
@@ -268,7 +251,9 @@ async def test_a_pod_whose_discard_fails_is_never_offered_again_and_is_deleted_l
         await until(sub, lambda: kube.pod(NS, first) is None)
 
 
-async def test_an_exhausted_pool_falls_back_to_a_cold_create(kube: KubeEmulator) -> None:
+async def test_an_exhausted_pool_falls_back_to_a_cold_create(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
@@ -280,7 +265,9 @@ async def test_an_exhausted_pool_falls_back_to_a_cold_create(kube: KubeEmulator)
         assert pod["metadata"]["labels"][LABEL_SANDBOX_ID] == "s1"
 
 
-async def test_only_running_warm_pods_are_claimable_by_default(kube: KubeEmulator) -> None:
+async def test_only_running_warm_pods_are_claimable_by_default(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 1}, warm_require_running=True) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
@@ -289,7 +276,9 @@ async def test_only_running_warm_pods_are_claimable_by_default(kube: KubeEmulato
         await until(sub, lambda: sub.plan(spec("s1")).kind is CreateKind.WARM)
 
 
-async def test_excess_warm_pods_are_trimmed_to_the_configured_size(kube: KubeEmulator) -> None:
+async def test_excess_warm_pods_are_trimmed_to_the_configured_size(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
     for i in range(4):
         kube.create_pod(
             NS,
@@ -315,6 +304,7 @@ async def test_excess_warm_pods_are_trimmed_to_the_configured_size(kube: KubeEmu
 
 async def test_concurrent_claims_in_one_replica_never_race_for_the_same_pod(
     kube: KubeEmulator,
+    substrate: StartSubstrate,
 ) -> None:
     async with substrate(kube, warm_pool_sizes={"default": 4}) as sub:
         await warm_ready(sub, kube, 4)
