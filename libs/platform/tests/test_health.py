@@ -8,7 +8,7 @@ import asyncio
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from turnstile_platform.health import monitor
+from turnstile_platform.health import HealthMonitor
 from turnstile_platform.redis_client import create_redis
 from turnstile_platform.server import GrpcService
 from turnstile_testing.probe import settings
@@ -30,7 +30,13 @@ async def test_redis_down_flips_health_and_its_return_restores_it(
 ) -> None:
     app = GrpcService("probe", settings(), service_names=["test.Probe"])
     client = create_redis(private_redis.url, timeout_s=0.2)
-    task = asyncio.create_task(monitor(app.health, "redis", client.ping, interval_s=0.05))
+    monitor = HealthMonitor(app.health, interval_s=0.05, timeout_s=0.2)
+
+    async def redis_ok() -> bool:
+        return bool(await client.ping())
+
+    monitor.add("redis", redis_ok)
+    await monitor.start()
     port = await app.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -44,8 +50,7 @@ async def test_redis_down_flips_health_and_its_return_restores_it(
             await asyncio.wait_for(_next_status(watch, SERVING), 5)
             watch.cancel()
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await monitor.stop()
         await client.aclose()
         await app.stop()
 

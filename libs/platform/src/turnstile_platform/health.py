@@ -8,6 +8,7 @@ config invalid) flips the overall status and every service name to NOT_SERVING.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -72,27 +73,54 @@ class HealthMap:
             await self.servicer.set(name, status)
 
 
-async def monitor(
-    health: HealthMap,
-    component: str,
-    probe: Callable[[], Awaitable[object]],
-    *,
-    interval_s: float = 2.0,
-    timeout_s: float = 1.0,
-) -> None:
-    """Probe a dependency forever and keep its health component current.
+Check = Callable[[], Awaitable[bool]]
 
-    A probe that raises or takes longer than ``timeout_s`` marks the component
-    unhealthy; run it as a background task and cancel it at shutdown.
+
+class HealthMonitor:
+    """Polls named dependency checks and publishes each to the health map.
+
+    A check that returns False, raises or takes longer than ``timeout_s`` marks
+    its component unhealthy; a component is unhealthy until its first check
+    passes. Start it after registering checks; stop it at shutdown.
     """
-    health.register(component)
-    while True:
+
+    def __init__(self, health: HealthMap, interval_s: float, timeout_s: float) -> None:
+        self._health = health
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._checks: dict[str, Check] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, component: str, check: Check) -> None:
+        """Track ``component`` (unhealthy until its first check passes)."""
+        self._health.register(component)
+        self._checks[component] = check
+
+    async def check_all(self) -> None:
+        """Run every check once and publish the results."""
+        results = await asyncio.gather(*(self._run(check) for check in self._checks.values()))
+        for component, healthy in zip(self._checks, results, strict=True):
+            await self._health.set(component, healthy)
+
+    async def start(self) -> None:
+        await self.check_all()
+        self._task = asyncio.create_task(self._loop(), name="health-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.check_all()
+
+    async def _run(self, check: Check) -> bool:
         try:
-            await asyncio.wait_for(probe(), timeout=timeout_s)
-            healthy = True
-        except asyncio.CancelledError:
-            raise
+            async with asyncio.timeout(self._timeout_s):
+                return await check()
         except Exception:
-            healthy = False
-        await health.set(component, healthy)
-        await asyncio.sleep(interval_s)
+            return False

@@ -9,13 +9,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from turnstile_clientkeys import KeySet, KeySetStore, KeySetWatcher, Resolver
 from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
+from turnstile_platform.health import Check, HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import redis_from_settings
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
 from turnstile_substrate.admission import AdmissionClient
 from turnstile_substrate.db.pool import create_pool
-from turnstile_substrate.health import Check, HealthMonitor
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
 from turnstile_substrate.settings import SubstrateSettings
