@@ -15,7 +15,7 @@ from turnstile_clientkeys.resolver import (
     Resolver,
     record_value,
 )
-from turnstile_clientkeys.store import KeySetStore, KeySetWatcher
+from turnstile_clientkeys.store import KeySetStore, KeySetWatcher, watch_keyset
 
 __all__ = [
     "MAX_LABEL_VALUE_LENGTH",
@@ -37,4 +37,5 @@ __all__ = [
     "parse_client",
     "record_value",
     "to_proto",
+    "watch_keyset",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
@@ -163,3 +163,20 @@ class KeySetWatcher:
                 await self.refresh()
             except Exception:
                 log.warning("key-set version check failed", exc_info=True)
+
+
+async def watch_keyset(
+    client: aioredis.Redis,
+    prefix: str,
+    resolver: Resolver,
+    *,
+    allowlist: Iterable[str] = (),
+    poll_interval_s: float = 0.5,
+) -> KeySetWatcher:
+    """Keep ``resolver`` on the stored key set, seeding it with ``allowlist`` when
+    Redis has none: what every service does at start. Stop the watcher at shutdown."""
+    watcher = KeySetWatcher(
+        KeySetStore(client, prefix), client, resolver, poll_interval_s=poll_interval_s
+    )
+    await watcher.start(KeySet(allowlist=frozenset(allowlist)))
+    return watcher

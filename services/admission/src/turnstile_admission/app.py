@@ -9,7 +9,7 @@ from turnstile_admission.live_count import LiveCounter
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.servicer import AdmissionServicer
 from turnstile_admission.settings import AdmissionSettings
-from turnstile_clientkeys import KeySet, KeySetStore, KeySetWatcher, Resolver
+from turnstile_clientkeys import Resolver, watch_keyset
 from turnstile_contracts import admission_pb2_grpc
 from turnstile_platform import peers, tracing
 from turnstile_platform.metrics import MetricsEndpoint
@@ -34,13 +34,13 @@ async def create_app(
     redis = redis_from_settings(settings)
     app.add_cleanup(redis.aclose)
     resolver = Resolver()
-    watcher = KeySetWatcher(
-        KeySetStore(redis, settings.redis_prefix),
+    watcher = await watch_keyset(
         redis,
+        settings.redis_prefix,
         resolver,
+        allowlist=settings.client_allowlist,
         poll_interval_s=settings.keyset_poll_interval_s,
     )
-    await watcher.start(KeySet(version=1, allowlist=frozenset(settings.client_allowlist)))
     app.add_cleanup(watcher.stop)
     # The live count has its own short deadline, passed per call: past it the cap
     # verdict is UNKNOWN and admits, rather than a decision waiting on the substrate.

@@ -6,7 +6,7 @@ import logging
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from turnstile_clientkeys import KeySet, KeySetStore, KeySetWatcher, Resolver
+from turnstile_clientkeys import Resolver, watch_keyset
 from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health import Check, HealthMonitor
@@ -47,13 +47,13 @@ async def create_app(
     if settings.substrate_kind == "kubernetes":
         redis = redis_from_settings(settings)
         app.add_cleanup(redis.aclose)
-        watcher = KeySetWatcher(
-            KeySetStore(redis, settings.redis_prefix),
+        watcher = await watch_keyset(
             redis,
+            settings.redis_prefix,
             resolver,
+            allowlist=settings.client_allowlist,
             poll_interval_s=settings.keyset_poll_interval_s,
         )
-        await watcher.start(KeySet(allowlist=frozenset(settings.client_allowlist)))
         app.add_cleanup(watcher.stop)
 
         async def redis_ok() -> bool:
