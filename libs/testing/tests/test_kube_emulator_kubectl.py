@@ -196,3 +196,59 @@ async def test_kubectl_watch_prints_added_modified_and_deleted(
     assert later[0]["object"]["metadata"]["labels"]["seen"] == "yes"
     watch_requests = [r for r in seeded.requests if r.is_watch]
     assert watch_requests[0].query["resourceVersion"] == "3"
+
+
+def _lease(name: str, holder: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"app": "turnstile"}},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 0},
+    }
+
+
+async def test_kubectl_gets_and_lists_leases(kube: KubeEmulator, kubectl: Kubectl) -> None:
+    kube.leases.create("ns", _lease("leader", "replica-a"))
+    kube.leases.create("other", _lease("elsewhere", "replica-b"))
+
+    code, out, err = await kubectl("get", "leases", "-o", "json")
+    assert code == 0, err
+    assert names(out) == ["leader"]
+    code, out, err = await kubectl("get", "lease.coordination.k8s.io", "leader", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["spec"]["holderIdentity"] == "replica-a"
+
+
+async def test_kubectl_get_missing_lease_reports_not_found(
+    kube: KubeEmulator, kubectl: Kubectl
+) -> None:
+    code, _, err = await kubectl("get", "lease", "ghost")
+
+    assert code != 0
+    assert 'leases.coordination.k8s.io "ghost" not found' in err
+
+
+async def test_kubectl_label_on_a_lease_with_a_stale_version_conflicts(
+    kube: KubeEmulator, kubectl: Kubectl
+) -> None:
+    created = kube.leases.create("ns", _lease("leader", "replica-a"))
+    stale = created["metadata"]["resourceVersion"]
+    code, _, err = await kubectl("label", "lease", "leader", "seen=yes")
+    assert code == 0, err
+
+    code, _, err = await kubectl(
+        "label", "lease", "leader", "again=yes", f"--resource-version={stale}"
+    )
+
+    assert code != 0
+    assert "the object has been modified" in err
+    labels = kube.lease("ns", "leader")["metadata"]["labels"]  # type: ignore[index]
+    assert labels == {"app": "turnstile", "seen": "yes"}
+
+
+async def test_kubectl_delete_lease(kube: KubeEmulator, kubectl: Kubectl) -> None:
+    kube.leases.create("ns", _lease("leader", "replica-a"))
+
+    code, out, err = await kubectl("delete", "lease", "leader")
+
+    assert code == 0, err
+    assert "deleted" in out
+    assert kube.lease("ns", "leader") is None

@@ -1,7 +1,8 @@
 """The minimal discovery documents (and namespaces) kubectl needs before it will talk about pods.
 
 kubectl asks for aggregated discovery first; answering with plain ``application/json`` legacy
-documents makes it fall back to ``/api`` + ``/api/v1``, which is all a pods-only server needs.
+documents makes it fall back to ``/api`` + ``/api/v1`` (pods) and ``/apis`` +
+``/apis/coordination.k8s.io/v1`` (leases).
 """
 
 from __future__ import annotations
@@ -20,7 +21,36 @@ SERVER_VERSION: dict[str, Any] = {
     "platform": "linux/amd64",
 }
 
-API_GROUP_LIST: dict[str, Any] = {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+_COORDINATION_V1 = {"groupVersion": "coordination.k8s.io/v1", "version": "v1"}
+
+COORDINATION_GROUP: dict[str, Any] = {
+    "kind": "APIGroup",
+    "apiVersion": "v1",
+    "name": "coordination.k8s.io",
+    "versions": [_COORDINATION_V1],
+    "preferredVersion": _COORDINATION_V1,
+}
+
+API_GROUP_LIST: dict[str, Any] = {
+    "kind": "APIGroupList",
+    "apiVersion": "v1",
+    "groups": [{k: v for k, v in COORDINATION_GROUP.items() if k not in ("kind", "apiVersion")}],
+}
+
+COORDINATION_V1_RESOURCES: dict[str, Any] = {
+    "kind": "APIResourceList",
+    "apiVersion": "v1",
+    "groupVersion": "coordination.k8s.io/v1",
+    "resources": [
+        {
+            "name": "leases",
+            "singularName": "lease",
+            "namespaced": True,
+            "kind": "Lease",
+            "verbs": ["create", "delete", "get", "list", "patch", "update"],
+        }
+    ],
+}
 
 CORE_V1_RESOURCES: dict[str, Any] = {
     "kind": "APIResourceList",

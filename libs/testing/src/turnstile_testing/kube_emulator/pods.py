@@ -35,10 +35,8 @@ def generate_name(prefix: str) -> str:
     return base + "".join(secrets.choice(_GENERATE_ALPHABET) for _ in range(5))
 
 
-def validate_metadata(pod: dict[str, Any]) -> None:
-    """Reject invalid names and labels with the 422 the API server would return."""
-    meta = pod["metadata"]
-    name = meta.get("name", "")
+def validate_name(name: str) -> None:
+    """A DNS-1123 subdomain, or the 422 the API server returns (pods, leases)."""
     if not name:
         raise invalid("", "metadata.name", "Required value: name or generateName is required")
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
@@ -49,6 +47,13 @@ def validate_metadata(pod: dict[str, Any]) -> None:
             "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
             "character",
         )
+
+
+def validate_metadata(pod: dict[str, Any]) -> None:
+    """Reject invalid names and labels with the 422 the API server would return."""
+    meta = pod["metadata"]
+    name = meta.get("name", "")
+    validate_name(name)
     labels = meta.get("labels") or {}
     if not isinstance(labels, dict):
         raise invalid(name, "metadata.labels", "Invalid value: labels must be a map")

@@ -23,6 +23,7 @@ from aiohttp import web
 from turnstile_testing.kube_emulator import discovery
 from turnstile_testing.kube_emulator.errors import ApiError, bad_request, status_object
 from turnstile_testing.kube_emulator.faults import Fault, FaultInjector, PathMatcher
+from turnstile_testing.kube_emulator.leases import LeaseStore
 from turnstile_testing.kube_emulator.patches import apply_patch
 from turnstile_testing.kube_emulator.selectors import FieldSelector, LabelSelector, PodFilter
 from turnstile_testing.kube_emulator.store import Control, PodStore, StoredPod, Subscription, encode
@@ -117,6 +118,7 @@ class KubeEmulator:
         record_requests: bool = True,
     ) -> None:
         self.store = PodStore(history_limit=history_limit)
+        self.leases = LeaseStore(self.store.next_version)
         self.faults = FaultInjector()
         self.requests: list[RecordedRequest] = []
         self.record_requests = record_requests
@@ -256,6 +258,13 @@ class KubeEmulator:
         """The truth: every current pod (copies), sorted by namespace and name."""
         return [p.thaw() for p in self.store.all(namespace)]
 
+    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One Lease (a copy), or None."""
+        try:
+            return self.leases.get(namespace, name)
+        except ApiError:
+            return None
+
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod (a copy), or None."""
         try:
@@ -323,6 +332,17 @@ class KubeEmulator:
             app.router.add_put(pods + suffix, self._make_update(sub))
             app.router.add_patch(pods + suffix, self._make_patch(sub))
         app.router.add_delete(pods + "/{name}", self._delete)
+        coordination = "/apis/coordination.k8s.io"
+        leases = coordination + "/v1/namespaces/{namespace}/leases"
+        app.router.add_get(coordination, self._coordination_group)
+        app.router.add_get(coordination + "/v1", self._coordination_v1)
+        app.router.add_get(coordination + "/v1/leases", self._list_leases)
+        app.router.add_get(leases, self._list_leases)
+        app.router.add_post(leases, self._create_lease)
+        app.router.add_get(leases + "/{name}", self._get_lease)
+        app.router.add_put(leases + "/{name}", self._replace_lease)
+        app.router.add_patch(leases + "/{name}", self._patch_lease)
+        app.router.add_delete(leases + "/{name}", self._delete_lease)
 
     @web.middleware
     async def _middleware(
@@ -382,6 +402,76 @@ class KubeEmulator:
 
     async def _namespace(self, request: web.Request) -> web.Response:
         return _json_response(encode(discovery.namespace(request.match_info["namespace"])))
+
+    async def _coordination_group(self, _: web.Request) -> web.Response:
+        return _json_response(encode(discovery.COORDINATION_GROUP))
+
+    async def _coordination_v1(self, _: web.Request) -> web.Response:
+        return _json_response(encode(discovery.COORDINATION_V1_RESOURCES))
+
+    # ----------------------------------------------------------------- leases
+
+    async def _list_leases(self, request: web.Request) -> web.Response:
+        if parse_bool("watch", request.query.get("watch")):
+            raise ApiError(405, "the emulator does not watch leases", "MethodNotAllowed")
+        items = self.leases.list(
+            request.match_info.get("namespace"), request.query.get("labelSelector")
+        )
+        body = {
+            "kind": "LeaseList",
+            "apiVersion": "coordination.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self.store.resource_version)},
+            "items": items,
+        }
+        return _json_response(encode(body))
+
+    async def _get_lease(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return _json_response(encode(self.leases.get(m["namespace"], m["name"])))
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        return _json_response(
+            encode(self.leases.create(request.match_info["namespace"], body)), 201
+        )
+
+    async def _replace_lease(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        body = await self._json_body(request)
+        return _json_response(encode(self.leases.replace(m["namespace"], m["name"], body)))
+
+    async def _patch_lease(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        raw = await request.read()
+        current = self.leases.get(m["namespace"], m["name"])
+        patched = apply_patch(request.headers.get("Content-Type", ""), current, raw)
+        return _json_response(encode(self.leases.replace(m["namespace"], m["name"], patched)))
+
+    async def _delete_lease(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        options = await self._delete_options(request)
+        preconditions = options.get("preconditions")
+        self.leases.delete(
+            m["namespace"],
+            m["name"],
+            preconditions if isinstance(preconditions, dict) else None,
+        )
+        return _json_response(
+            encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+        )
+
+    @staticmethod
+    async def _delete_options(request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw.strip():
+            return {}
+        try:
+            options = json.loads(raw)
+        except ValueError as exc:
+            raise bad_request(f"error decoding DeleteOptions: {exc}") from None
+        return options if isinstance(options, dict) else {}
+
+    # ----------------------------------------------------------------- pods
 
     @staticmethod
     def _filter(request: web.Request) -> PodFilter:

@@ -381,6 +381,12 @@ class PodStore:
             return self._commit(MODIFIED, obj, current)
         return self._commit(DELETED, current.thaw(), current)
 
+    def next_version(self) -> int:
+        """Take the next resourceVersion for a write of another kind (a Lease): one counter
+        for every object, as etcd has one revision. Pod history simply has a gap there."""
+        self._rv += 1
+        return self._rv
+
     def _commit(self, kind: str, obj: dict[str, Any], prev: StoredPod | None) -> StoredPod:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)

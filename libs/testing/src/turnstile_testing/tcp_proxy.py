@@ -1,0 +1,104 @@
+"""A loopback TCP proxy that a test can black-hole: the network between one client and a server.
+
+``blackhole()`` stops forwarding in both directions while keeping every connection open, as a
+partitioned network or a hung peer does (no reset, no error: calls just never answer);
+``restore()`` forwards again. New connections during a black hole are accepted and left silent.
+One proxy per client lets a test cut one replica off while the others keep talking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+from typing import Self
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port``."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._open = asyncio.Event()
+        self._open.set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    def blackhole(self) -> None:
+        """Stop forwarding (connections stay open and silent)."""
+        self._open.clear()
+
+    def restore(self) -> None:
+        """Forward again."""
+        self._open.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.transport.abort()
+            self._writers.discard(writer)
+            self._tasks.discard(task)
+            return
+        self._writers.add(up_writer)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            for w in (writer, up_writer):
+                w.transport.abort()
+                self._writers.discard(w)
+            self._tasks.discard(task)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await self._open.wait()
+            data = await reader.read(65536)
+            if not data:
+                with contextlib.suppress(OSError):
+                    writer.write_eof()
+                return
+            await self._open.wait()  # data read just before a black hole is held, not sent
+            writer.write(data)
+            await writer.drain()
