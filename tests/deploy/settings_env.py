@@ -111,7 +111,9 @@ def _value(var: Mapping[str, Any], workload: Obj, secrets: dict[str, Obj]) -> st
     source = var["valueFrom"]
     if "fieldRef" in source:
         path = source["fieldRef"]["fieldPath"]
-        assert path == "metadata.namespace", f"unexpected downward-API field {path}"
+        assert path in ("metadata.namespace", "metadata.name"), f"unexpected field {path}"
+        if path == "metadata.name":
+            return f"{workload['metadata']['name']}-0"  # a pod name of the workload
         namespace: str = workload["metadata"].get("namespace", "default")
         return namespace
     ref = source["secretKeyRef"]

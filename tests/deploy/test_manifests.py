@@ -240,17 +240,23 @@ def test_replicas_spread_across_nodes_and_zones(built: Built, name: str) -> None
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
-def test_substrate_may_only_manage_pods_in_its_namespace(built: Built, name: str) -> None:
+def test_substrate_may_only_manage_pods_and_its_lease_in_its_namespace(
+    built: Built, name: str
+) -> None:
     objects = built(name)
     assert not of_kind(objects, "ClusterRole")
     assert not of_kind(objects, "ClusterRoleBinding")
     (role,) = of_kind(objects, "Role")
     assert role["metadata"]["name"] == "turnstile-substrate"
-    (rule,) = role["rules"]
+    rule, lease_rule = role["rules"]
     assert rule["apiGroups"] == [""]
     assert rule["resources"] == ["pods"], "no subresources (exec, log, status), no other kinds"
     assert set(rule["verbs"]) == SUBSTRATE_POD_VERBS
     assert "resourceNames" not in rule
+    # Leader election: read, create and renew (an optimistic update) the Lease; no delete.
+    assert lease_rule["apiGroups"] == ["coordination.k8s.io"]
+    assert lease_rule["resources"] == ["leases"]
+    assert set(lease_rule["verbs"]) == {"get", "create", "update"}
 
     (binding,) = of_kind(objects, "RoleBinding")
     assert binding["roleRef"] == {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -19,7 +21,7 @@ from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
 from turnstile_substrate.settings import SubstrateSettings
-from turnstile_substrate.substrates import create_substrate
+from turnstile_substrate.substrates import create_leadership, create_substrate
 
 SERVICE_NAME = "turnstile-substrate"
 
@@ -78,9 +80,22 @@ async def create_app(
     )
     app.add_cleanup(admission.close)
 
-    substrate = create_substrate(settings, resolver)
+    # One leader per process for once-per-cluster work (warm pool, sweeps): elected over a
+    # Lease for Kubernetes, always this process for Direct (one host, no election).
+    leadership, close_leadership = await create_leadership(settings)
+    app.add_cleanup(close_leadership)
+    substrate = create_substrate(settings, resolver, leadership)
     await substrate.start()
     app.add_cleanup(substrate.close)
+    leader_task = asyncio.create_task(leadership.run(), name="leadership")
+
+    async def stop_leading() -> None:
+        # Before the substrate closes: leader work stops, a held lease is released.
+        leader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leader_task
+
+    app.add_cleanup(stop_leading)
     monitor.add("substrate", _ready(substrate))
 
     activator = Activator(substrate, pool, admission, settings)

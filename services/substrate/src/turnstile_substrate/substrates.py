@@ -13,9 +13,11 @@ sandboxes by bounded key.
 from __future__ import annotations
 
 import importlib
-from typing import Protocol, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, cast
 
 from turnstile_clientkeys import Resolver
+from turnstile_platform.leader import Leadership, LocalLeadership
 from turnstile_substrate.direct.substrate import DirectSubstrate
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.settings import SubstrateSettings
@@ -27,21 +29,53 @@ class SubstrateUnavailableError(RuntimeError):
     """The configured substrate is not part of this build."""
 
 
+Closer = Callable[[], Awaitable[None]]
+
+
 class _Factory(Protocol):
-    def __call__(self, settings: SubstrateSettings, resolver: Resolver) -> Substrate: ...
+    def __call__(
+        self, settings: SubstrateSettings, resolver: Resolver, leadership: Leadership | None
+    ) -> Substrate: ...
 
 
-def create_substrate(settings: SubstrateSettings, resolver: Resolver) -> Substrate:
-    """The substrate ``TURNSTILE_SUBSTRATE_KIND`` names (not started yet)."""
+class _LeadershipFactory(Protocol):
+    def __call__(self, settings: SubstrateSettings) -> Awaitable[tuple[Leadership, Closer]]: ...
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def create_leadership(settings: SubstrateSettings) -> tuple[Leadership, Closer]:
+    """The process's leader for once-per-cluster work, and what to close after it stops.
+
+    Direct runs its runtimes on one host, as one process: there is nothing to elect, so it
+    is always the leader (:class:`LocalLeadership`). Kubernetes runs as several replicas,
+    which elect one over a Lease (``TURNSTILE_K8S_LEADER_*``).
+    """
+    if settings.substrate_kind == "direct":
+        return LocalLeadership(), _nothing
+    factory = cast(_LeadershipFactory, _kubernetes().create_leadership)
+    return await factory(settings)
+
+
+def create_substrate(
+    settings: SubstrateSettings, resolver: Resolver, leadership: Leadership | None = None
+) -> Substrate:
+    """The substrate ``TURNSTILE_SUBSTRATE_KIND`` names (not started yet); its leader-only
+    work registers on ``leadership`` (None: it runs its own, as a single replica)."""
     if settings.substrate_kind == "direct":
         return DirectSubstrate(settings)
+    factory = cast(_Factory, _kubernetes().create_substrate)
+    return factory(settings, resolver, leadership)
+
+
+def _kubernetes() -> Any:
     try:
-        module = importlib.import_module(KUBERNETES_MODULE)
+        return importlib.import_module(KUBERNETES_MODULE)
     except ModuleNotFoundError as error:
         if error.name is not None and KUBERNETES_MODULE.startswith(error.name):
             raise SubstrateUnavailableError(
                 "TURNSTILE_SUBSTRATE_KIND=kubernetes, but this build has no Kubernetes substrate"
             ) from error
         raise
-    factory = cast(_Factory, module.create_substrate)
-    return factory(settings, resolver)

@@ -12,21 +12,51 @@ Modules, each one concern:
 * :mod:`.tasks` — clean-ups that survive their caller's cancellation;
 * :mod:`.metrics` — Prometheus metrics (bounded labels);
 * :mod:`.substrate` — ``KubernetesSubstrate``, the ``Substrate`` on pods.
+
+``create_leadership`` builds the process's leader elector (its own API connection, so
+lease renewals never queue behind pod calls); the substrate registers its leader-only
+work (warm-pool refill and trim, sweeps) on it.
 """
 
+from collections.abc import Awaitable, Callable
+
 from turnstile_clientkeys import Resolver
+from turnstile_platform.leader import LeaderElector, Leadership, default_identity
+from turnstile_substrate.kubernetes.api import connect
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.substrate import KubernetesSubstrate
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.settings import SubstrateSettings
 
-__all__ = ["KubernetesSettings", "KubernetesSubstrate", "create_substrate"]
+Closer = Callable[[], Awaitable[None]]
+
+__all__ = ["KubernetesSettings", "KubernetesSubstrate", "create_leadership", "create_substrate"]
 
 
-def create_substrate(settings: SubstrateSettings, resolver: Resolver) -> Substrate:
+async def create_leadership(settings: SubstrateSettings) -> tuple[Leadership, Closer]:
+    """The replica's :class:`LeaderElector` over the ``TURNSTILE_K8S_LEADER_*`` Lease, and
+    the closer of its API connection (call it after the elector has stopped)."""
+    del settings
+    k8s_settings = KubernetesSettings()
+    api_client = await connect(k8s_settings)
+    elector = LeaderElector(
+        api_client,
+        namespace=k8s_settings.leader_lease_namespace or k8s_settings.namespace,
+        lease_name=k8s_settings.leader_lease_name,
+        identity=k8s_settings.leader_identity or default_identity(),
+        lease_duration_s=k8s_settings.leader_lease_duration_s,
+        renew_deadline_s=k8s_settings.leader_renew_deadline_s,
+        retry_period_s=k8s_settings.leader_retry_period_s,
+    )
+    return elector, api_client.close
+
+
+def create_substrate(
+    settings: SubstrateSettings, resolver: Resolver, leadership: Leadership | None = None
+) -> Substrate:
     """The factory :mod:`turnstile_substrate.substrates` calls when
     ``TURNSTILE_SUBSTRATE_KIND=kubernetes``. The Kubernetes substrate reads its own
     ``TURNSTILE_K8S_*`` settings (invalid ones stop start-up, naming the variable);
     the resolver is the service's, kept on the current key set."""
     del settings  # nothing of the service's own settings shapes pods
-    return KubernetesSubstrate(KubernetesSettings(), resolver)
+    return KubernetesSubstrate(KubernetesSettings(), resolver, leadership=leadership)

@@ -135,6 +135,33 @@ class KubernetesSettings(BaseSettings):
     """Only claim warm pods whose phase is Running (started and scheduled). False also
     claims Pending ones: faster hand-out, but the sandbox may wait for its pod."""
 
+    # ------------------------------------------------------------------ leader election
+
+    leader_lease_name: str = Field(
+        default="turnstile-substrate-leader", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+    )
+    """Name of the ``coordination.k8s.io/v1`` Lease the substrate replicas elect their
+    leader with; only the leader refills and trims the warm pool and runs the sweeps."""
+
+    leader_lease_namespace: str = Field(default="", max_length=63)
+    """Namespace of that Lease; empty: ``namespace`` (where the substrate's Role already
+    applies)."""
+
+    leader_identity: str = Field(default="", max_length=128)
+    """This replica's holder identity; empty: ``$POD_NAME`` (else the hostname) plus a
+    random suffix, unique per process."""
+
+    leader_lease_duration_s: float = Field(default=15.0, ge=1, le=300)
+    """How long a lease not renewed stays held: a dead leader is replaced within it."""
+
+    leader_renew_deadline_s: float = Field(default=10.0, gt=0, le=300)
+    """A leader that could not renew for this long stops its leader-only work (before the
+    lease can pass to another replica). Must be below ``leader_lease_duration_s``."""
+
+    leader_retry_period_s: float = Field(default=2.0, gt=0, le=60)
+    """How often the leader renews and the others try to acquire. Must be below
+    ``leader_renew_deadline_s``."""
+
     # ------------------------------------------------------------------ reflector
 
     label_selector: str = DEFAULT_LABEL_SELECTOR
@@ -182,6 +209,13 @@ class KubernetesSettings(BaseSettings):
     def _backoff(self) -> KubernetesSettings:
         if self.relist_backoff_max_s < self.relist_backoff_s:
             raise ValueError("relist_backoff_max_s must be at least relist_backoff_s")
+        if not (
+            self.leader_retry_period_s < self.leader_renew_deadline_s < self.leader_lease_duration_s
+        ):
+            raise ValueError(
+                "leader election needs leader_retry_period_s < leader_renew_deadline_s "
+                "< leader_lease_duration_s"
+            )
         return self
 
     def warm_size(self, tier: str) -> int:

@@ -12,12 +12,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Collection
 
 from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
+from turnstile_platform.leader import Leadership, LocalLeadership
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
 from turnstile_substrate.kubernetes.index import PodIndex
@@ -55,9 +58,14 @@ class KubernetesSubstrate:
         resolver: Resolver,
         *,
         api_client: k8s.ApiClient | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         """``api_client`` is used as given and not closed; without one, :meth:`start`
-        connects per ``settings`` and :meth:`close` closes the connection."""
+        connects per ``settings`` and :meth:`close` closes the connection.
+
+        Leader-only work (the warm-pool refill and trim) registers on ``leadership``, which
+        its owner runs; without one the substrate runs a :class:`LocalLeadership` of its own
+        (a single replica: it always leads)."""
         self.settings = settings
         self._resolver = resolver
         self._api_client = api_client
@@ -71,6 +79,8 @@ class KubernetesSubstrate:
         #: sees them go), so find_running does not answer with a pod just stopped
         self._stopped: set[str] = set()
         self._cleanups = Cleanups()
+        self._leadership = leadership
+        self._local_leader: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -81,9 +91,17 @@ class KubernetesSubstrate:
         self._reflector = Reflector(self._api, self.index, self.settings)
         self._pool = WarmPool(self._api, self.index, self.settings, self._reflector.synced)
         self._reflector.start()
-        self._pool.start()
+        leadership = self._leadership
+        if leadership is None:
+            leadership = LocalLeadership()
+            self._local_leader = asyncio.create_task(leadership.run(), name="k8s-local-leader")
+        leadership.add_work("warm-pool", self._pool.run)
 
     async def close(self) -> None:
+        if self._local_leader is not None:
+            self._local_leader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._local_leader
         if self._pool is not None:
             await self._pool.stop()
         if self._reflector is not None:

@@ -13,12 +13,13 @@ returned to the pool: a returned pod would be first in line again, and a
 refusal that repeats (an admission webhook, a quota on the pod) would fail
 every later claim. A discard that fails is retried by the refill loop.
 
-**Refill.** One background loop per replica keeps each tier at its configured
-size: ``available = warm pods the reflector sees − reserved − spent + created
-but not yet seen``. Replicas share one view (the API server's), so two replicas
-may both fill the same deficit; the excess is trimmed deterministically (every
-replica picks the same victims: the highest names), with a resourceVersion
-precondition so a pod adopted meanwhile is left alone.
+**Refill.** Leader-only work (:meth:`WarmPool.run`, registered on the replica's
+leader elector): only the leader keeps each tier at its configured size, so a
+scale-up is not filled once per replica (a pod storm). ``available = warm pods
+the reflector sees − reserved − spent + created but not yet seen``; claims
+happen on every replica, and the leader sees them through its reflector. The
+excess is trimmed (the highest names first) with a resourceVersion precondition
+so a pod adopted meanwhile is left alone.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import secrets
 import time
 from typing import Any
 
+from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
@@ -81,17 +83,27 @@ class WarmPool:
         self._unseen: dict[str, tuple[str, float]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._cleanups = Cleanups()
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="k8s-warm-pool")
+    async def run(self, term: LeaderTerm) -> None:
+        """The refill loop, while this replica leads (cancelled when it stops leading)."""
+        if self._stopped:
+            await asyncio.Event().wait()  # stopped for good: idle until cancelled
+        log.info("warm pool refill starts (leader epoch %d)", term.epoch)
+        self._task = asyncio.current_task()
+        try:
+            await self._run()
+        finally:
+            self._task = None
 
     async def stop(self) -> None:
+        """Stop refilling for good (the loop, if running, is cancelled) and finish clean-ups."""
+        self._stopped = True
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and task is not asyncio.current_task():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
