@@ -62,7 +62,7 @@ async def _serve_ceiling(kind: str, redis_url: str) -> None:
     script = client.register_script("return redis.call('INCR', KEYS[1])")
     if kind == "platform":
         # The same handler behind the platform's bootstrap: tracing and RPC metrics.
-        settings = AffinitySettings(port=0, metrics_port=0)
+        settings = AffinitySettings(port=0, metrics_port=0, worker_attestation="off")
         server = GrpcService("bench", settings, service_names=[]).server
     else:
         server = grpc.aio.server()
@@ -93,6 +93,8 @@ async def _serve_affinity(redis_url: str) -> None:
         heartbeat_interval_s=300,
         presence_ttl_s=900,
         log_level="WARNING",
+        # Presence is put straight into Redis (_populate): no worker attaches.
+        worker_attestation="off",
     )
     app = await create_app(settings)
     print(await app.start(), flush=True)
@@ -216,6 +218,7 @@ async def _populate(redis_url: str) -> None:
                     labels={TIER_LABEL: tier},
                     endpoint="",
                     presence_ttl_ms=900_000,
+                    generation="bench",  # as if its credential was verified
                 )
                 for sandbox_id, tier in sandboxes[start : start + 100]
             )

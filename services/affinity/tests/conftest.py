@@ -4,6 +4,10 @@
 replica may share a Redis prefix, as in production); ``worker`` starts a real
 worker agent against it, in-process (its process dying does not matter) or as
 a subprocess (``python -m turnstile_affinity.worker``) where it does.
+
+Attestation is on, as in production: ``credentials`` mints sandbox credentials
+the way the substrate does (its own key pair, the real issuer writing the real
+Redis record), and the worker fixtures give each worker its sandbox's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -31,7 +36,9 @@ from turnstile_affinity.worker.agent import WorkerAgent
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
 from turnstile_platform.errors import RichError, decode
+from turnstile_platform.sandbox_credentials import CredentialIssuer, Issued, SigningKey
 from turnstile_platform.server import GrpcService
+from turnstile_testing.plugin import CredentialKeyFiles
 
 UNSET: Any = object()
 
@@ -80,8 +87,46 @@ class Affinity:
 StartAffinity = Callable[..., Awaitable[Affinity]]
 
 
+@dataclass
+class Credentials:
+    """Mints sandbox credentials as the substrate does, into files workers read."""
+
+    issuer: CredentialIssuer
+    keys: CredentialKeyFiles
+    directory: Path
+    issued: dict[str, Issued] = field(default_factory=dict)
+
+    async def issue(self, sandbox_id: str) -> Issued:
+        """A new runtime's credential (a new generation, recorded in Redis)."""
+        issued = await self.issuer.issue(sandbox_id)
+        self.issued[sandbox_id] = issued
+        return issued
+
+    async def file(self, sandbox_id: str) -> Path:
+        """A credential file for ``sandbox_id``: issued once, then the same file."""
+        path = self.directory / f"{sandbox_id}.credential"
+        if sandbox_id not in self.issued:
+            path.write_text((await self.issue(sandbox_id)).credential)
+        return path
+
+
 @pytest.fixture
-async def affinity(redis_url: str, redis_prefix: str) -> AsyncIterator[StartAffinity]:
+async def credentials(
+    redis: aioredis.Redis,
+    redis_prefix: str,
+    credential_keys: CredentialKeyFiles,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Credentials:
+    issuer = CredentialIssuer(
+        SigningKey.from_file(credential_keys.signing_key_file), redis, redis_prefix, ttl_s=3600
+    )
+    return Credentials(issuer, credential_keys, tmp_path_factory.mktemp("credentials"))
+
+
+@pytest.fixture
+async def affinity(
+    redis_url: str, redis_prefix: str, credentials: Credentials
+) -> AsyncIterator[StartAffinity]:
     """Start affinity replicas sharing this test's Redis prefix; stopped at the end."""
     running: list[Affinity] = []
 
@@ -96,6 +141,7 @@ async def affinity(redis_url: str, redis_prefix: str) -> AsyncIterator[StartAffi
             "presence_ttl_s": 5.0,
             "shutdown_grace_s": 0.2,
             "log_format": "text",
+            "worker_credential_public_keys_file": credentials.keys.public_keys_file,
         }
         values.update(overrides)
         settings = AffinitySettings(**values)
@@ -140,8 +186,11 @@ StartWorker = Callable[..., Awaitable[Worker]]
 
 
 @pytest.fixture
-async def worker() -> AsyncIterator[StartWorker]:
-    """Start in-process worker agents (attached when returned); stopped at the end."""
+async def worker(credentials: Credentials) -> AsyncIterator[StartWorker]:
+    """Start in-process worker agents (attached when returned); stopped at the end.
+
+    Each gets its sandbox's credential file unless ``credential_file`` is given.
+    """
     running: list[Worker] = []
 
     async def start(
@@ -163,6 +212,8 @@ async def worker() -> AsyncIterator[StartWorker]:
         }
         if tier is not UNSET:
             values["tier"] = tier
+        if sandbox_id is not None:
+            values["credential_file"] = await credentials.file(sandbox_id)
         values.update(overrides)
         agent = WorkerAgent(WorkerSettings(**values))
         handle = Worker(agent, asyncio.create_task(agent.run()))
@@ -210,8 +261,9 @@ StartWorkerProcess = Callable[..., Awaitable[WorkerProcess]]
 
 
 @pytest.fixture
-async def worker_process() -> AsyncIterator[StartWorkerProcess]:
-    """Start worker agents as subprocesses; killed at the end if still running."""
+async def worker_process(credentials: Credentials) -> AsyncIterator[StartWorkerProcess]:
+    """Start worker agents as subprocesses (each with its sandbox's credential file);
+    killed at the end if still running."""
     running: list[WorkerProcess] = []
 
     async def start(address: str, sandbox_id: str, **env: str) -> WorkerProcess:
@@ -223,6 +275,8 @@ async def worker_process() -> AsyncIterator[StartWorkerProcess]:
         }
         if sandbox_id:
             environment["TURNSTILE_WORKER_SANDBOX_ID"] = sandbox_id
+            path = await credentials.file(sandbox_id)
+            environment["TURNSTILE_WORKER_CREDENTIAL_FILE"] = str(path)
         environment.update(
             {
                 "TURNSTILE_AFFINITY_ADDR": address,

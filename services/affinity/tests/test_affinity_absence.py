@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -21,6 +22,7 @@ import redis.asyncio as aioredis
 
 from turnstile_affinity.store import Clock
 from turnstile_contracts import affinity_pb2, substrate_pb2, substrate_pb2_grpc
+from turnstile_testing.plugin import CredentialKeyFiles
 from turnstile_testing.processes import free_port
 
 if TYPE_CHECKING:
@@ -162,7 +164,7 @@ async def test_two_concurrent_fallbacks_past_the_grace_move_the_session_once(
 
 
 async def _start_affinity_process(
-    redis_url: str, redis_prefix: str, port: int
+    redis_url: str, redis_prefix: str, port: int, public_keys_file: Path
 ) -> asyncio.subprocess.Process:
     env = {
         **os.environ,
@@ -177,6 +179,7 @@ async def _start_affinity_process(
         "TURNSTILE_PRESENCE_TTL_S": "5",
         "TURNSTILE_LOG_FORMAT": "text",
         "OTEL_TRACES_EXPORTER": "none",
+        "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(public_keys_file),
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -194,11 +197,15 @@ async def _start_affinity_process(
 
 
 @pytest.fixture
-async def crashable(redis_url: str, redis_prefix: str) -> AsyncIterator[Any]:
+async def crashable(
+    redis_url: str, redis_prefix: str, credential_keys: CredentialKeyFiles
+) -> AsyncIterator[Any]:
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(port: int) -> asyncio.subprocess.Process:
-        proc = await _start_affinity_process(redis_url, redis_prefix, port)
+        proc = await _start_affinity_process(
+            redis_url, redis_prefix, port, credential_keys.public_keys_file
+        )
         procs.append(proc)
         return proc
 

@@ -15,6 +15,13 @@ from pydantic import ValidationError
 from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.settings import AffinitySettings
 
+
+@pytest.fixture(autouse=True)
+def _no_attestation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about tiers and timings, not attestation (tested below)."""
+    monkeypatch.setenv("TURNSTILE_WORKER_ATTESTATION", "off")
+
+
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiers.json"
 CASES: dict[str, list[dict[str, Any]]] = json.loads(FIXTURE.read_text(encoding="utf-8"))
 
@@ -49,6 +56,18 @@ def test_defaults_are_the_specified_ttl_and_grace() -> None:
     assert settings.affinity_ttl_s == 86_400
     assert settings.grace_s == 60
     assert not settings.tier_config.enabled
+
+
+def test_attestation_is_enforced_by_default_and_then_needs_public_keys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TURNSTILE_WORKER_ATTESTATION")
+    with pytest.raises(ValidationError, match="TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE"):
+        AffinitySettings()
+    keys = tmp_path / "public.pem"
+    settings = AffinitySettings(worker_credential_public_keys_file=keys)
+    assert settings.worker_attestation == "enforce"
+    assert AffinitySettings(worker_attestation="off").worker_credential_public_keys_file is None
 
 
 def test_presence_must_outlive_the_heartbeat_interval() -> None:

@@ -17,7 +17,7 @@ from turnstile_contracts import affinity_pb2
 from turnstile_platform.tiers import TIER_LABEL
 
 if TYPE_CHECKING:
-    from conftest import Affinity, StartAffinity, StartWorker, StartWorkerProcess
+    from conftest import Affinity, Credentials, StartAffinity, StartWorker, StartWorkerProcess
 
 
 def test_worker_tier_label_unset_uses_the_kind_set_but_empty_sends_none() -> None:
@@ -165,10 +165,13 @@ async def test_a_bad_hello_is_invalid_argument_naming_the_field(affinity: StartA
 
 
 async def test_a_newer_stream_takes_over_and_the_old_ones_teardown_leaves_it_alone(
-    affinity: StartAffinity, redis: aioredis.Redis
+    affinity: StartAffinity, redis: aioredis.Redis, credentials: Credentials
 ) -> None:
     service = await affinity()
-    hello = affinity_pb2.Hello(sandbox_id="s1", capacity=2, labels={TIER_LABEL: "a"})
+    credential = (await credentials.issue("s1")).credential
+    hello = affinity_pb2.Hello(
+        sandbox_id="s1", capacity=2, labels={TIER_LABEL: "a"}, credential=credential
+    )
     old = await _attach(service, hello)
     assert (await _read(old)).HasField("welcome")
     new = await _attach(service, hello)
@@ -189,10 +192,13 @@ async def test_a_newer_stream_takes_over_and_the_old_ones_teardown_leaves_it_alo
 
 
 async def test_welcome_carries_the_heartbeat_interval_and_presence_ttl(
-    affinity: StartAffinity,
+    affinity: StartAffinity, credentials: Credentials
 ) -> None:
     service = await affinity(heartbeat_interval_s=0.25, presence_ttl_s=1.5)
-    call = await _attach(service, affinity_pb2.Hello(sandbox_id="s1", capacity=1))
+    credential = (await credentials.issue("s1")).credential
+    call = await _attach(
+        service, affinity_pb2.Hello(sandbox_id="s1", capacity=1, credential=credential)
+    )
     welcome = (await _read(call)).welcome
     assert welcome.heartbeat_interval.ToMilliseconds() == 250
     assert welcome.presence_ttl.ToMilliseconds() == 1500

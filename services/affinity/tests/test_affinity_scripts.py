@@ -25,9 +25,15 @@ TTL_MS = 60_000
 
 
 async def attach(
-    store: AffinityStore, sandbox_id: str, tier: str = "a", capacity: int = 2, owner: str = ""
+    store: AffinityStore,
+    sandbox_id: str,
+    tier: str = "a",
+    capacity: int = 2,
+    owner: str = "",
+    generation: str = "g1",
 ) -> str:
-    return await store.attach(
+    """Attach with a verified credential of ``generation``; the previous owner."""
+    status, previous = await store.attach(
         sandbox_id=sandbox_id,
         owner=owner or f"owner-{sandbox_id}",
         tier=tier,
@@ -35,7 +41,10 @@ async def attach(
         labels={"turnstile.dev/tier": tier} if tier else {},
         endpoint="",
         presence_ttl_ms=TTL_MS,
+        generation=generation,
     )
+    assert status == "ok", (status, previous)
+    return previous
 
 
 def turn(session_id: str = "s", lease_id: str = "l1", **overrides: Any) -> Turn:
@@ -192,6 +201,78 @@ async def test_attach_clears_the_mark_and_the_wake_marker(store: AffinityStore) 
     assert await attach(store, "a1", owner="newer") == "owner-a1"
 
 
+async def snapshot(store: AffinityStore) -> dict[bytes, bytes | None]:
+    """Every key of the store, byte for byte (DUMP)."""
+    keys = [k async for k in store.redis.scan_iter(match=f"{store.keys.prefix}*", count=1000)]
+    return {k: await store.redis.dump(k) for k in sorted(keys)}
+
+
+async def _attach_status(
+    store: AffinityStore, sandbox_id: str, owner: str, generation: str
+) -> tuple[str, str]:
+    return await store.attach(
+        sandbox_id=sandbox_id,
+        owner=owner,
+        tier="a",
+        capacity=2,
+        labels={"turnstile.dev/tier": "a"},
+        endpoint="",
+        presence_ttl_ms=TTL_MS,
+        generation=generation,
+    )
+
+
+@pytest.mark.parametrize("record", ["revoked", "g2"])
+async def test_attach_with_a_revoked_or_superseded_generation_writes_nothing(
+    store: AffinityStore, record: str
+) -> None:
+    await attach(store, "a1", owner="real", generation="g2" if record == "g2" else "g1")
+    await store.redis.set(store.keys.detached("a1"), 1)
+    await store.redis.set(store.keys.wake("a1"), 1)
+    await store.redis.set(store.keys.credential("a1"), record, px=TTL_MS)
+    before = await snapshot(store)
+    ttl_before = await store.redis.pttl(store.keys.presence("a1"))
+    assert await _attach_status(store, "a1", "impostor", "g1") == ("revoked", "")
+    assert await snapshot(store) == before
+    assert 0 < await store.redis.pttl(store.keys.presence("a1")) <= ttl_before  # not extended
+
+
+async def test_attach_with_the_recorded_or_an_unrecorded_generation_takes_over(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "a1", owner="old", generation="g1")
+    await store.redis.set(store.keys.credential("a1"), "g1", px=TTL_MS)
+    assert await _attach_status(store, "a1", "new", "g1") == ("ok", "old")
+    # No record (Redis lost it): the credential's signed expiry is the bound.
+    await store.redis.delete(store.keys.credential("a1"))
+    assert await _attach_status(store, "a1", "newer", "g1") == ("ok", "new")
+
+
+async def test_attach_without_proof_never_takes_a_live_presence(store: AffinityStore) -> None:
+    await attach(store, "a1", owner="real")
+    await store.redis.set(store.keys.detached("a2"), 1)
+    before = await snapshot(store)
+    assert await _attach_status(store, "a1", "other", "") == ("taken", "real")
+    assert await snapshot(store) == before
+    # The owner itself re-attaching (its presence vanished meanwhile) needs no proof.
+    assert await _attach_status(store, "a1", "real", "") == ("ok", "real")
+    # Once the live presence expired, a stream without proof may attach.
+    store.clock.offset_ms += TTL_MS + 1
+    assert await _attach_status(store, "a1", "other", "") == ("ok", "real")
+
+
+async def test_heartbeat_of_a_revoked_generation_writes_nothing(store: AffinityStore) -> None:
+    await attach(store, "a1", owner="o1", generation="g1")
+    await store.redis.set(store.keys.credential("a1"), "revoked", px=TTL_MS)
+    store.clock.offset_ms += 1000
+    before = await snapshot(store)
+    beat = {"sandbox_id": "a1", "owner": "o1", "presence_ttl_ms": TTL_MS}
+    assert await store.heartbeat(generation="g1", **beat) == "revoked"  # type: ignore[arg-type]
+    assert await snapshot(store) == before
+    # Off (no generation), the record is not consulted.
+    assert await store.heartbeat(generation="", **beat) == "ok"  # type: ignore[arg-type]
+
+
 async def test_detach_by_a_stale_owner_changes_nothing(store: AffinityStore) -> None:
     await attach(store, "a1", owner="old")
     await attach(store, "a1", owner="new")
@@ -212,7 +293,7 @@ async def test_detach_after_presence_expired_keeps_an_earlier_mark(store: Affini
 
 
 async def test_heartbeat_statuses(store: AffinityStore) -> None:
-    args = {"sandbox_id": "a1", "presence_ttl_ms": TTL_MS}
+    args = {"sandbox_id": "a1", "presence_ttl_ms": TTL_MS, "generation": "g1"}
     assert await store.heartbeat(owner="o1", **args) == "missing"  # type: ignore[arg-type]
     await attach(store, "a1", owner="o1")
     assert await store.heartbeat(owner="o1", **args) == "ok"  # type: ignore[arg-type]

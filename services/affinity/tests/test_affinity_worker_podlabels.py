@@ -26,7 +26,7 @@ from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_platform.tiers import TIER_LABEL
 
 if TYPE_CHECKING:
-    from conftest import StartAffinity, StartWorker, StartWorkerProcess
+    from conftest import Credentials, StartAffinity, StartWorker, StartWorkerProcess
 
 WARM_LABELS = {
     "app.kubernetes.io/managed-by": "turnstile",
@@ -102,7 +102,7 @@ def test_settings_require_exactly_one_of_the_sandbox_id_and_its_file(tmp_path: P
 
 
 async def test_a_warm_pods_worker_waits_unattached_until_adoption_labels_it_then_attaches(
-    affinity: StartAffinity, worker: StartWorker, tmp_path: Path
+    affinity: StartAffinity, worker: StartWorker, credentials: Credentials, tmp_path: Path
 ) -> None:
     service = await affinity()
     volume = DownwardVolume(tmp_path / "podinfo")
@@ -115,6 +115,7 @@ async def test_a_warm_pods_worker_waits_unattached_until_adoption_labels_it_then
         wait=False,
         sandbox_id_file=volume.labels_file,
         sandbox_id_poll_s=0.02,
+        credential_file=await credentials.file("sb-warm-1"),
     )
     await asyncio.wait_for(handle.agent.waiting_for_sandbox.wait(), 10)
     assert await service.workers() == {}
@@ -131,7 +132,7 @@ async def test_a_warm_pods_worker_waits_unattached_until_adoption_labels_it_then
 
 
 async def test_a_worker_whose_labels_file_appears_late_attaches_once_it_names_a_sandbox(
-    affinity: StartAffinity, worker: StartWorker, tmp_path: Path
+    affinity: StartAffinity, worker: StartWorker, credentials: Credentials, tmp_path: Path
 ) -> None:
     service = await affinity()
     volume = DownwardVolume(tmp_path / "podinfo")
@@ -141,6 +142,7 @@ async def test_a_worker_whose_labels_file_appears_late_attaches_once_it_names_a_
         wait=False,
         sandbox_id_file=volume.labels_file,
         sandbox_id_poll_s=0.02,
+        credential_file=await credentials.file("sb-late"),
     )
     await asyncio.wait_for(handle.agent.waiting_for_sandbox.wait(), 10)
     volume.write({**WARM_LABELS, SANDBOX_ID_LABEL: "sb-late"})
@@ -167,7 +169,10 @@ async def test_a_worker_stopped_before_adoption_exits_0_without_attaching(
 
 
 async def test_a_worker_process_reads_its_sandbox_from_the_labels_file_and_attaches(
-    affinity: StartAffinity, worker_process: StartWorkerProcess, tmp_path: Path
+    affinity: StartAffinity,
+    worker_process: StartWorkerProcess,
+    credentials: Credentials,
+    tmp_path: Path,
 ) -> None:
     service = await affinity()
     volume = DownwardVolume(tmp_path / "podinfo")
@@ -177,6 +182,7 @@ async def test_a_worker_process_reads_its_sandbox_from_the_labels_file_and_attac
         "",
         TURNSTILE_WORKER_SANDBOX_ID_FILE=str(volume.labels_file),
         TURNSTILE_WORKER_TIER="container",
+        TURNSTILE_WORKER_CREDENTIAL_FILE=str(await credentials.file("sb-cold")),
     )
     attached = await proc.wait_for_log("attached to the relay")
     assert attached["sandbox_id"] == "sb-cold"

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_testing.otlp import OtlpReceiver
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.services import find_postgres, find_redis, using
@@ -100,3 +103,22 @@ async def otlp_receiver() -> AsyncIterator[OtlpReceiver]:
         yield receiver
     finally:
         await receiver.stop()
+
+
+@dataclass(frozen=True)
+class CredentialKeyFiles:
+    """A sandbox-credential key pair of this test's own (SPEC Z3)."""
+
+    #: The substrate's ``TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE``.
+    signing_key_file: Path
+    #: The relay's ``TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE``.
+    public_keys_file: Path
+
+
+@pytest.fixture
+def credential_keys(tmp_path_factory: pytest.TempPathFactory) -> CredentialKeyFiles:
+    """A fresh Ed25519 key pair for minting and verifying sandbox credentials."""
+    directory = tmp_path_factory.mktemp("credential-keys")
+    keys = CredentialKeyFiles(directory / "signing.pem", directory / "public.pem")
+    generate_key_pair(keys.signing_key_file, keys.public_keys_file)
+    return keys

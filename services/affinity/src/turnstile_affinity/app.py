@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from turnstile_affinity.attestation import Attestation
 from turnstile_affinity.placement import PlacementPolicy, Placer
 from turnstile_affinity.relay import Relay
 from turnstile_affinity.servicer import AffinityServicer
@@ -12,6 +13,7 @@ from turnstile_contracts import affinity_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import redis_from_settings
+from turnstile_platform.sandbox_credentials import VerificationKeys
 from turnstile_platform.server import GrpcService
 
 SERVICE_NAME = "turnstile-affinity"
@@ -62,9 +64,14 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
     app.add_cleanup(relay.close)
     app.add_drain_hook(relay.drain)
 
+    keys_file = settings.worker_credential_public_keys_file
+    attestation = Attestation(
+        settings.worker_attestation, VerificationKeys(keys_file) if keys_file else None
+    )
     servicer = AffinityServicer(
         placer=placer,
         relay=relay,
+        attestation=attestation,
         store=store,
         tiers=tiers,
         heartbeat_interval_ms=_ms(settings.heartbeat_interval_s),

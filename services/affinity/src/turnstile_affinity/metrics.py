@@ -41,3 +41,10 @@ EXCLUDED = Counter(
     "counted once per sandbox id per replica.",
     ["why"],
 )
+CREDENTIAL_REFUSALS = Counter(
+    "turnstile_affinity_credential_refusals_total",
+    "Worker Hellos and renewals refused for their sandbox credential (SPEC Z3), by why: "
+    "missing, malformed, unknown_key, bad_signature, wrong_sandbox, expired, "
+    "not_yet_valid, revoked.",
+    ["why"],
+)

@@ -10,6 +10,13 @@ by the teardown of its old stream.
 
 If presence disappears under a live stream (Redis restarted, or heartbeats
 stalled past the ttl), the next heartbeat attaches again.
+
+With attestation (SPEC Z3) each stream carries its verified credential's
+generation and expiry. Every heartbeat checks, in its script, that the
+sandbox's credential record still names that generation, and here that the
+credential (or its latest renewal) has not expired: a deactivated sandbox's
+worker, or one that stopped being renewed, loses its stream within one
+heartbeat interval.
 """
 
 from __future__ import annotations
@@ -26,6 +33,12 @@ from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, EXCLUDED
 from turnstile_affinity.store import AffinityStore
 from turnstile_platform.redis_client import UNREACHABLE
+from turnstile_platform.sandbox_credentials import (
+    CLOCK_SKEW_MS,
+    CredentialRefusedError,
+    SandboxClaims,
+    now_ms,
+)
 from turnstile_platform.tiers import TIER_LABEL, TierConfig
 
 T = TypeVar("T")
@@ -36,23 +49,36 @@ log = logging.getLogger(__name__)
 _EXCLUDED_MEMORY = 100_000
 
 
-@dataclass(frozen=True)
+@dataclass
 class Attachment:
-    """One worker stream's presence."""
+    """One worker stream's presence, and the credential it proved itself with."""
 
     sandbox_id: str
     owner: str
     tier: str
     capacity: int
     labels: Mapping[str, str]
+    #: The credential's generation; "" when attestation is off.
+    generation: str = ""
+    #: When the credential (or its latest renewal) expires; 0 when attestation is off.
+    credential_expires_ms: int = 0
 
     @property
     def endpoint(self) -> str:
         return self.labels.get(ENDPOINT_LABEL, "")
 
+    def renewed(self, claims: SandboxClaims) -> None:
+        """A renewal was verified: the stream lives on under its new expiry."""
+        self.generation = claims.generation
+        self.credential_expires_ms = claims.expires_ms
+
 
 class SupersededError(Exception):
     """A newer stream of the same sandbox took over; this one must end."""
+
+
+class PresenceTakenError(Exception):
+    """Attestation is off and another stream's presence of the sandbox is live."""
 
 
 class Relay:
@@ -74,17 +100,31 @@ class Relay:
         self._detaching: set[asyncio.Task[bool]] = set()
         self.draining = asyncio.Event()
 
-    async def attach(self, sandbox_id: str, labels: Mapping[str, str], capacity: int) -> Attachment:
-        """Put presence for a Hello (already validated)."""
+    async def attach(
+        self,
+        sandbox_id: str,
+        labels: Mapping[str, str],
+        capacity: int,
+        claims: SandboxClaims | None = None,
+    ) -> Attachment:
+        """Put presence for a Hello (already validated, its credential verified).
+
+        Raises :class:`CredentialRefusedError` (``revoked``) when the credential's
+        generation is not the sandbox's current one, and
+        :class:`PresenceTakenError` when there is no credential and another
+        stream's presence is live; neither writes anything.
+        """
         attachment = Attachment(
             sandbox_id=sandbox_id,
             owner=uuid.uuid4().hex,
             tier=labels.get(TIER_LABEL, ""),
             capacity=capacity,
             labels=dict(labels),
+            generation=claims.generation if claims else "",
+            credential_expires_ms=claims.expires_ms if claims else 0,
         )
-        self._log_if_excluded(attachment)
         previous = await self._put(attachment)
+        self._log_if_excluded(attachment)
         ATTACHED.inc()
         log.info(
             "worker attached",
@@ -98,16 +138,22 @@ class Relay:
         return attachment
 
     async def heartbeat(self, attachment: Attachment) -> None:
-        """Extend presence; re-attach if it vanished; raise :class:`SupersededError`.
+        """Extend presence; re-attach if it vanished; raise :class:`SupersededError`,
+        or :class:`CredentialRefusedError` when the stream's credential expired
+        unrenewed or was revoked.
 
         A heartbeat that cannot reach Redis keeps the stream: presence may lapse
         meanwhile, and the first heartbeat that gets through attaches again.
         """
+        expires = attachment.credential_expires_ms
+        if expires and expires <= now_ms() - CLOCK_SKEW_MS:
+            raise CredentialRefusedError("expired", "the stream's credential expired unrenewed")
         try:
             status = await self._store.heartbeat(
                 sandbox_id=attachment.sandbox_id,
                 owner=attachment.owner,
                 presence_ttl_ms=self._presence_ttl_ms,
+                generation=attachment.generation,
             )
         except UNREACHABLE:
             log.warning(
@@ -120,9 +166,14 @@ class Relay:
                 "presence of an attached worker was gone; attaching it again",
                 extra={"sandbox_id": attachment.sandbox_id},
             )
-            await self._put(attachment)
+            try:
+                await self._put(attachment)
+            except PresenceTakenError:
+                raise SupersededError(attachment.sandbox_id) from None
         elif status == "superseded":
             raise SupersededError(attachment.sandbox_id)
+        elif status == "revoked":
+            raise CredentialRefusedError("revoked", "the sandbox's credential was revoked")
 
     async def detach(self, attachment: Attachment) -> None:
         """Remove presence, then write the detach mark; survives cancellation."""
@@ -164,7 +215,8 @@ class Relay:
         await asyncio.gather(*self._detaching, return_exceptions=True)
 
     async def _put(self, attachment: Attachment) -> str:
-        return await self._store.attach(
+        """Put presence; the previous owner ("" if none). Raises when refused."""
+        status, owner = await self._store.attach(
             sandbox_id=attachment.sandbox_id,
             owner=attachment.owner,
             tier=attachment.tier,
@@ -172,7 +224,13 @@ class Relay:
             labels=attachment.labels,
             endpoint=attachment.endpoint,
             presence_ttl_ms=self._presence_ttl_ms,
+            generation=attachment.generation,
         )
+        if status == "revoked":
+            raise CredentialRefusedError("revoked", "the sandbox's credential was revoked")
+        if status == "taken":
+            raise PresenceTakenError(attachment.sandbox_id)
+        return owner
 
     def _log_if_excluded(self, attachment: Attachment) -> None:
         """One log line per sandbox id for a worker placement will never pick (SPEC T6)."""

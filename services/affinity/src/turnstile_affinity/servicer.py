@@ -11,12 +11,20 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from opentelemetry import trace
 
 from turnstile_affinity import validation
+from turnstile_affinity.attestation import Attestation, refusal
 from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
-from turnstile_affinity.relay import Relay, SupersededError, until_set
+from turnstile_affinity.relay import (
+    Attachment,
+    PresenceTakenError,
+    Relay,
+    SupersededError,
+    until_set,
+)
 from turnstile_affinity.store import AffinityStore, SessionRecord
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
 from turnstile_platform.errors import RichError, bad_field, reason_name
+from turnstile_platform.sandbox_credentials import CredentialRefusedError
 from turnstile_platform.tiers import TierConfig
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -86,6 +94,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         *,
         placer: Placer,
         relay: Relay,
+        attestation: Attestation,
         store: AffinityStore,
         tiers: TierConfig,
         heartbeat_interval_ms: int,
@@ -95,6 +104,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         self._retry_after_s = retry_after_s
         self._placer = placer
         self._relay = relay
+        self._attestation = attestation
+        self._presence_ttl_s = presence_ttl_ms / 1000
         self._store = store
         self._tiers = tiers
         self._welcome = affinity_pb2.Welcome(
@@ -162,8 +173,24 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         if first is None or first.WhichOneof("message") != "hello":
             raise bad_field("hello", "the stream's first message must be a Hello")
         hello = validation.hello(first.hello)
-        with store_reachable(self._retry_after_s):
-            attachment = await self._relay.attach(hello.sandbox_id, hello.labels, hello.capacity)
+        # Verified before anything touches Redis: a refusal changes nothing (SPEC Z3).
+        claims = self._attestation.check(hello.sandbox_id, hello.credential)
+        try:
+            with store_reachable(self._retry_after_s):
+                attachment = await self._relay.attach(
+                    hello.sandbox_id, hello.labels, hello.capacity, claims
+                )
+        except CredentialRefusedError as error:
+            raise refusal(hello.sandbox_id, error) from None
+        except PresenceTakenError:
+            raise RichError(
+                grpc.StatusCode.ABORTED,
+                f"sandbox {hello.sandbox_id} is attached through another stream, and without "
+                "attestation a Hello cannot prove it may take that presence over",
+                reason=reason_name(common_pb2.ERROR_REASON_WORKER_CREDENTIAL_REFUSED),
+                metadata={"sandbox_id": hello.sandbox_id, "why": "presence_taken"},
+                retry_after_s=self._presence_ttl_s,
+            ) from None
         drained = False
         try:
             yield affinity_pb2.AttachResponse(welcome=self._welcome)
@@ -172,6 +199,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 if kind == "heartbeat":
                     await self._relay.heartbeat(attachment)
                     yield affinity_pb2.AttachResponse(heartbeat_ack=affinity_pb2.HeartbeatAck())
+                elif kind == "renewal":
+                    yield self._renew(attachment, message.renewal)
                 elif kind == "goodbye":
                     break
                 else:
@@ -192,6 +221,20 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 reason=reason_name(common_pb2.ERROR_REASON_NOT_FOUND),
                 metadata={"sandbox_id": attachment.sandbox_id},
             ) from None
+        except CredentialRefusedError as error:
+            raise refusal(attachment.sandbox_id, error) from None
         finally:
             if not drained:
                 await self._relay.detach(attachment)
+
+    def _renew(
+        self, attachment: Attachment, renewal: affinity_pb2.CredentialRenewal
+    ) -> affinity_pb2.AttachResponse:
+        """Verify a renewed credential for the stream's sandbox; the stream lives on."""
+        credential = validation.credential(renewal.credential, "renewal.credential")
+        claims = self._attestation.check(attachment.sandbox_id, credential)
+        accepted = affinity_pb2.CredentialAccepted()
+        if claims is not None:
+            attachment.renewed(claims)
+            accepted.expires_at.CopyFrom(_timestamp(claims.expires_ms))
+        return affinity_pb2.AttachResponse(credential_accepted=accepted)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Self
+from pathlib import Path
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -44,11 +45,27 @@ class AffinitySettings(TieredSettings):
     wake_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """Deadline of a wake's Activate call (it may create a pod)."""
 
+    worker_attestation: Literal["enforce", "off"] = "enforce"
+    """Whether a worker's Hello must carry a sandbox credential the substrate minted
+    for that sandbox (SPEC Z3). ``off`` only while rolling out workers that have none:
+    any process that reaches the relay may then attach as any sandbox not attached
+    at the moment."""
+
+    worker_credential_public_keys_file: Path | None = None
+    """PEM file of the Ed25519 public keys sandbox credentials are verified with (one
+    or more concatenated ``PUBLIC KEY`` blocks: several during a key rotation);
+    re-read within a second of a change. Required while attestation is enforced."""
+
     @model_validator(mode="after")
     def _valid(self) -> Self:
         if self.presence_ttl_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "TURNSTILE_PRESENCE_TTL_S must exceed TURNSTILE_HEARTBEAT_INTERVAL_S, "
                 "or every worker would flap between present and absent"
+            )
+        if self.worker_attestation == "enforce" and self.worker_credential_public_keys_file is None:
+            raise ValueError(
+                "TURNSTILE_WORKER_ATTESTATION=enforce needs "
+                "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE (or set it to off)"
             )
         return self

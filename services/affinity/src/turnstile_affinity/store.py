@@ -10,6 +10,8 @@ decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``
 ``presence-expiry``       sorted set ``<tier>/<sandbox>`` by expiry (pruning)
 ``detached:<sandbox>``    detach mark: ms when it left (or was first seen gone)
 ``wake:<sandbox>``        marker: this absence's wake was sent
+``credential:<sandbox>``  the generation of the sandbox's current runtime,
+                          written and revoked by the substrate (SPEC Z3)
 ``leases:<sandbox>``      sorted set of lease ids by expiry
 ``lease-expiry``          sorted set of every lease id by expiry (pruning)
 ``lease-sandbox``         hash: lease id → sandbox
@@ -67,6 +69,9 @@ class Keys:
 
     def leases(self, sandbox_id: str) -> str:
         return f"{self.base}leases:{sandbox_id}"
+
+    def credential(self, sandbox_id: str) -> str:
+        return f"{self.base}credential:{sandbox_id}"
 
     def load(self, tier: str | None = None) -> str:
         return f"{self.base}load:all" if tier is None else f"{self.base}load:tier:{tier}"
@@ -267,8 +272,15 @@ class AffinityStore:
         labels: Mapping[str, str],
         endpoint: str,
         presence_ttl_ms: int,
-    ) -> str:
-        """Clear the detach mark, then put presence; returns the previous owner or ""."""
+        generation: str,
+    ) -> tuple[str, str]:
+        """Clear the detach mark, then put presence.
+
+        Returns ``("ok", previous owner or "")``, ``("revoked", "")`` when the
+        sandbox's credential record does not name ``generation``, or
+        ``("taken", owner)`` when ``generation`` is empty (no proof) and another
+        stream's presence is live. A refusal writes nothing.
+        """
         reply = await self._run(
             "attach",
             sandbox_id,
@@ -278,12 +290,16 @@ class AffinityStore:
             json.dumps(dict(labels), sort_keys=True),
             endpoint,
             presence_ttl_ms,
+            generation,
         )
-        return _s(reply)
+        return _s(reply[0]), _s(reply[1])
 
-    async def heartbeat(self, *, sandbox_id: str, owner: str, presence_ttl_ms: int) -> str:
-        """``ok``, ``missing`` (attach again) or ``superseded`` (a newer stream owns it)."""
-        return _s(await self._run("heartbeat", sandbox_id, owner, presence_ttl_ms))
+    async def heartbeat(
+        self, *, sandbox_id: str, owner: str, presence_ttl_ms: int, generation: str
+    ) -> str:
+        """``ok``, ``missing`` (attach again), ``superseded`` (a newer stream owns
+        it) or ``revoked`` (the credential record no longer names ``generation``)."""
+        return _s(await self._run("heartbeat", sandbox_id, owner, presence_ttl_ms, generation))
 
     async def detach(self, *, sandbox_id: str, owner: str, mark_ttl_ms: int) -> bool:
         """Remove presence, then write the detach mark; False if not this owner's."""

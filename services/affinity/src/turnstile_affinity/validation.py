@@ -7,6 +7,7 @@ import re
 from turnstile_clientkeys import is_label_value
 from turnstile_contracts import affinity_pb2
 from turnstile_platform.errors import bad_field
+from turnstile_platform.sandbox_credentials import MAX_CREDENTIAL_CHARS
 from turnstile_platform.tiers import TIER_LABEL, TierConfig, UnknownTierError
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -53,9 +54,17 @@ def lease_id(value: str) -> str:
     return value
 
 
+def credential(value: str, field: str) -> str:
+    """A sandbox credential's size (what it proves is the attestation's to check)."""
+    if len(value) > MAX_CREDENTIAL_CHARS:
+        raise bad_field(field, f"at most {MAX_CREDENTIAL_CHARS} characters")
+    return value
+
+
 def hello(message: affinity_pb2.Hello) -> affinity_pb2.Hello:
     """A worker's Hello: sandbox id, capacity, and labels within the contract's bounds."""
     sandbox_id(message.sandbox_id, "hello.sandbox_id")
+    credential(message.credential, "hello.credential")
     if not 1 <= message.capacity <= MAX_CAPACITY:
         raise bad_field("hello.capacity", f"must be 1 to {MAX_CAPACITY}")
     if len(message.labels) > MAX_LABELS:

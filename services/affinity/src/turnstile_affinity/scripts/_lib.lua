@@ -22,6 +22,9 @@ local function k_presence(sb) return B .. "presence:" .. sb end
 local function k_leases(sb) return B .. "leases:" .. sb end
 local function k_detached(sb) return B .. "detached:" .. sb end
 local function k_wake(sb) return B .. "wake:" .. sb end
+-- Written by the substrate (turnstile_platform.sandbox_credentials): the
+-- generation of the sandbox's current runtime, or "revoked" once it ended.
+local function k_credential(sb) return B .. "credential:" .. sb end
 local function k_load_tier(tier) return B .. "load:tier:" .. tier end
 
 local function now_ms()

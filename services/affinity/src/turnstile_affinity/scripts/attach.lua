@@ -1,24 +1,51 @@
--- A worker's Hello: put its presence (SPEC T1, T5).
+-- A worker's Hello: put its presence (SPEC T1, T5, Z3).
+--
+-- The relay has verified the worker's sandbox credential before this runs
+-- (signature, sandbox id, expiry). This script checks what a signature cannot:
+-- that the credential is not revoked. The sandbox's credential record names its
+-- current runtime's generation, or "revoked" once the runtime ended; a record
+-- naming anything but this credential's generation refuses it. No record at all
+-- (Redis lost its data, or the record expired with the credentials it covered)
+-- leaves the credential's own signed expiry as the bound. A refusal returns
+-- before any write.
+--
+-- Proof decides who may replace a live presence. With a credential (ARGV 10 a
+-- generation) a Hello replaces any presence of the sandbox: it proved it is the
+-- sandbox's current runtime, so a worker reconnecting through another replica
+-- (or after a relay restart) takes its presence over at once. Without one
+-- (ARGV 10 empty: attestation off) a Hello never replaces a live presence of
+-- another stream; it waits until that presence expires.
 --
 -- The detach mark (and the wake marker of the absence it ended) is cleared
 -- before presence is put; both happen in this one script, so no reader ever
 -- sees presence beside a stale mark.
 --
 -- ARGV: 3 sandbox id, 4 owner (the relay stream's id), 5 tier label value ("" for
--- none), 6 capacity, 7 labels as JSON, 8 endpoint, 9 presence ttl ms.
+-- none), 6 capacity, 7 labels as JSON, 8 endpoint, 9 presence ttl ms,
+-- 10 the credential's generation ("" when attestation is off).
 --
--- Returns the previous owner's id ("" if none was present): a newer stream takes
--- over from an older one whose teardown has not run yet.
+-- Returns {"ok", previous owner or ""}, {"revoked", ""} (the credential record
+-- names another generation, or "revoked") or {"taken", owner} (no proof, and
+-- another stream's presence is live).
 local sb, owner, tier, capacity = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local labels, endpoint, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
+local generation = ARGV[10]
 
 local now = now_ms()
+local key = k_presence(sb)
+local old = redis.call("HMGET", key, "owner", "tier", "expires")
+
+if generation ~= "" then
+  local current = redis.call("GET", k_credential(sb))
+  if current and current ~= generation then return {"revoked", ""} end
+elseif old[1] and old[1] ~= owner and old[3] and tonumber(old[3]) > now then
+  return {"taken", old[1]}
+end
+
 prune(now)
 
 redis.call("DEL", k_detached(sb), k_wake(sb))
 
-local key = k_presence(sb)
-local old = redis.call("HMGET", key, "owner", "tier")
 if old[2] and old[2] ~= tier then
   redis.call("ZREM", k_load_tier(old[2]), sb)
   redis.call("ZREM", K_PRESENCE_EXPIRY, old[2] .. "/" .. sb)
@@ -29,4 +56,4 @@ redis.call("HSET", key, "owner", owner, "tier", tier, "capacity", capacity,
 redis.call("PEXPIRE", key, ttl_ms)
 redis.call("ZADD", K_PRESENCE_EXPIRY, expires, tier .. "/" .. sb)
 refresh_load(sb, now)
-return old[1] or ""
+return {"ok", old[1] or ""}

@@ -9,6 +9,11 @@ invalid is not retried: the configuration must change.
 
 A worker in a warm-pool pod does not know its sandbox yet: it waits, without
 connecting, until the pod's labels file names one (:mod:`.podlabels`).
+
+The Hello carries the sandbox credential (:mod:`.credential`), read afresh for
+each stream; a credential renewed meanwhile is presented on the live stream. A
+refused credential (PERMISSION_DENIED) is retried with backoff, reading the file
+again: the substrate may renew it meanwhile.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import random
 import grpc
 import grpc.aio
 
+from turnstile_affinity.worker.credential import read_credential, wait_for_credential
 from turnstile_affinity.worker.podlabels import wait_for_sandbox_id
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
@@ -52,6 +58,8 @@ class WorkerAgent:
         self.waiting_for_sandbox = asyncio.Event()
         #: The sandbox this worker serves: from settings, or once read from the labels file.
         self.sandbox_id: str | None = settings.sandbox_id
+        #: The credential presented on the current stream ("" for none).
+        self.presented_credential = ""
 
     async def run(self) -> None:
         """Learn the sandbox id if need be, then attach, and re-attach after failures,
@@ -69,6 +77,12 @@ class WorkerAgent:
             )
             if self.sandbox_id is None:  # stopped before adoption: never attached
                 return
+        if settings.credential_file is not None:
+            credential = await wait_for_credential(
+                settings.credential_file, settings.sandbox_id_poll_s, self.stop
+            )
+            if credential is None:  # stopped before the substrate wrote it
+                return
         sandbox_id = self.sandbox_id
         backoff = settings.reconnect_initial_s
         async with grpc.aio.insecure_channel(settings.affinity_addr) as channel:
@@ -81,6 +95,11 @@ class WorkerAgent:
                 except grpc.aio.AioRpcError as error:
                     if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                         raise HelloRefusedError(error.details() or "") from error
+                    if error.code() == grpc.StatusCode.PERMISSION_DENIED:
+                        log.warning(
+                            "the relay refused this worker's credential; retrying",
+                            extra={"detail": error.details()},
+                        )
                     log.warning(
                         "relay stream failed; reconnecting",
                         extra={"code": error.code().name, "detail": error.details()},
@@ -106,8 +125,12 @@ class WorkerAgent:
         settings = self.settings
         call: Call = stub.Attach(None)  # None: messages are written with call.write
         try:
+            self.presented_credential = self._credential() or ""
             hello = affinity_pb2.Hello(
-                sandbox_id=sandbox_id, labels=settings.labels, capacity=settings.capacity
+                sandbox_id=sandbox_id,
+                labels=settings.labels,
+                capacity=settings.capacity,
+                credential=self.presented_credential,
             )
             await call.write(affinity_pb2.AttachRequest(hello=hello))
             first = await call.read()
@@ -153,12 +176,27 @@ class WorkerAgent:
                     continue
                 if loop.time() - last_ack > silence:
                     raise StreamEndedError(f"no answer from the relay for {silence:.1f}s")
+                await self._present_renewed(call)
                 await call.write(affinity_pb2.AttachRequest(heartbeat=affinity_pb2.Heartbeat()))
                 next_beat = loop.time() + interval
         finally:
             for task in (reader, stopping):
                 task.cancel()
             await asyncio.gather(reader, stopping, return_exceptions=True)
+
+    def _credential(self) -> str | None:
+        path = self.settings.credential_file
+        return read_credential(path) if path is not None else None
+
+    async def _present_renewed(self, call: Call) -> None:
+        """Present the credential file's content if the substrate renewed it."""
+        credential = self._credential()
+        if credential is None or credential == self.presented_credential:
+            return
+        renewal = affinity_pb2.CredentialRenewal(credential=credential)
+        await call.write(affinity_pb2.AttachRequest(renewal=renewal))
+        self.presented_credential = credential
+        log.info("presented a renewed sandbox credential", extra={"sandbox_id": self.sandbox_id})
 
     async def _goodbye(self, call: Call, reader: asyncio.Future[object]) -> None:
         """Say Goodbye and wait, briefly, until the relay has removed presence.

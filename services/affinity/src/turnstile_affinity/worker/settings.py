@@ -9,6 +9,8 @@
                                       set but empty: no tier label at all (SPEC T1)
 ``TURNSTILE_WORKER_CAPACITY``         concurrent turns it serves (default 1)
 ``TURNSTILE_WORKER_ENDPOINT``         optional address it serves on, sent as ``endpoint``
+``TURNSTILE_WORKER_CREDENTIAL_FILE``  the sandbox credential the substrate keeps current
+                                      (SPEC Z3); unset: the Hello carries none
 ``TURNSTILE_AFFINITY_ADDR``           the affinity relay (default ``127.0.0.1:50053``)
 ====================================  ==========================================================
 """
@@ -48,6 +50,12 @@ class WorkerSettings(BaseSettings):
 
     sandbox_id_poll_s: float = Field(default=0.5, gt=0, le=60)
     """How often ``sandbox_id_file`` is read while it names no sandbox."""
+
+    credential_file: Path | None = None
+    """The file holding this runtime's sandbox credential, minted and renewed by the
+    substrate. The worker waits until it exists before it attaches, sends it in its
+    Hello and presents a changed one on the live stream. Unset: the Hello carries no
+    credential, which a relay enforcing attestation refuses."""
 
     kind: WorkerKind = "container"
     """What runs the sandbox; its name is the default tier."""

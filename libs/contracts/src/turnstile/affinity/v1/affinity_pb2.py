@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$turnstile/affinity/v1/affinity.proto\x12\x15turnstile.affinity.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x01\n\x0eWorkspaceReset\x12\x17\n\x0f\x66rom_sandbox_id\x18\x01 \x01(\t\x12\x15\n\rto_sandbox_id\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06reason\x18\x04 \x01(\x0e\x32\".turnstile.affinity.v1.ResetReason\"0\n\x0cPlaceRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\"\xfb\x01\n\rPlaceResponse\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x07outcome\x18\x05 \x01(\x0e\x32\'.turnstile.affinity.v1.PlacementOutcome\x12\x34\n\x05reset\x18\x06 \x01(\x0b\x32%.turnstile.affinity.v1.WorkspaceReset\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\";\n\x13ReleaseLeaseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x96\x01\n\x05Hello\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x38\n\x06labels\x18\x02 \x03(\x0b\x32(.turnstile.affinity.v1.Hello.LabelsEntry\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0b\n\tHeartbeat\"\t\n\x07Goodbye\"\xb3\x01\n\rAttachRequest\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.turnstile.affinity.v1.HelloH\x00\x12\x35\n\theartbeat\x18\x02 \x01(\x0b\x32 .turnstile.affinity.v1.HeartbeatH\x00\x12\x31\n\x07goodbye\x18\x03 \x01(\x0b\x32\x1e.turnstile.affinity.v1.GoodbyeH\x00\x42\t\n\x07message\"q\n\x07Welcome\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0cpresence_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x0e\n\x0cHeartbeatAck\"\x8c\x01\n\x0e\x41ttachResponse\x12\x31\n\x07welcome\x18\x01 \x01(\x0b\x32\x1e.turnstile.affinity.v1.WelcomeH\x00\x12<\n\rheartbeat_ack\x18\x02 \x01(\x0b\x32#.turnstile.affinity.v1.HeartbeatAckH\x00\x42\t\n\x07message\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb5\x01\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nsandbox_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x39\n\nlast_reset\x18\x05 \x01(\x0b\x32%.turnstile.affinity.v1.WorkspaceReset\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04tier\x18\x01 \x01(\t\"\xb6\x01\n\x06Worker\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12\x0e\n\x06leases\x18\x04 \x01(\x05\x12\x39\n\x06labels\x18\x05 \x03(\x0b\x32).turnstile.affinity.v1.Worker.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x13ListWorkersResponse\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.turnstile.affinity.v1.Worker*\x8d\x01\n\x10PlacementOutcome\x12!\n\x1dPLACEMENT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15PLACEMENT_OUTCOME_HIT\x10\x01\x12\x1b\n\x17PLACEMENT_OUTCOME_FIRST\x10\x02\x12\x1e\n\x1aPLACEMENT_OUTCOME_FALLBACK\x10\x03*f\n\x0bResetReason\x12\x1c\n\x18RESET_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aRESET_REASON_GRACE_EXPIRED\x10\x01\x12\x19\n\x15RESET_REASON_RETIERED\x10\x02\x32\xf2\x03\n\x0f\x41\x66\x66inityService\x12R\n\x05Place\x12#.turnstile.affinity.v1.PlaceRequest\x1a$.turnstile.affinity.v1.PlaceResponse\x12g\n\x0cReleaseLease\x12*.turnstile.affinity.v1.ReleaseLeaseRequest\x1a+.turnstile.affinity.v1.ReleaseLeaseResponse\x12Y\n\x06\x41ttach\x12$.turnstile.affinity.v1.AttachRequest\x1a%.turnstile.affinity.v1.AttachResponse(\x01\x30\x01\x12\x61\n\nGetSession\x12(.turnstile.affinity.v1.GetSessionRequest\x1a).turnstile.affinity.v1.GetSessionResponse\x12\x64\n\x0bListWorkers\x12).turnstile.affinity.v1.ListWorkersRequest\x1a*.turnstile.affinity.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$turnstile/affinity/v1/affinity.proto\x12\x15turnstile.affinity.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x01\n\x0eWorkspaceReset\x12\x17\n\x0f\x66rom_sandbox_id\x18\x01 \x01(\t\x12\x15\n\rto_sandbox_id\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06reason\x18\x04 \x01(\x0e\x32\".turnstile.affinity.v1.ResetReason\"0\n\x0cPlaceRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\"\xfb\x01\n\rPlaceResponse\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x07outcome\x18\x05 \x01(\x0e\x32\'.turnstile.affinity.v1.PlacementOutcome\x12\x34\n\x05reset\x18\x06 \x01(\x0b\x32%.turnstile.affinity.v1.WorkspaceReset\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\";\n\x13ReleaseLeaseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xaa\x01\n\x05Hello\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x38\n\x06labels\x18\x02 \x03(\x0b\x32(.turnstile.affinity.v1.Hello.LabelsEntry\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12\x12\n\ncredential\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0b\n\tHeartbeat\"\t\n\x07Goodbye\"\'\n\x11\x43redentialRenewal\x12\x12\n\ncredential\x18\x01 \x01(\t\"\xf0\x01\n\rAttachRequest\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.turnstile.affinity.v1.HelloH\x00\x12\x35\n\theartbeat\x18\x02 \x01(\x0b\x32 .turnstile.affinity.v1.HeartbeatH\x00\x12\x31\n\x07goodbye\x18\x03 \x01(\x0b\x32\x1e.turnstile.affinity.v1.GoodbyeH\x00\x12;\n\x07renewal\x18\x04 \x01(\x0b\x32(.turnstile.affinity.v1.CredentialRenewalH\x00\x42\t\n\x07message\"q\n\x07Welcome\x12\x35\n\x12heartbeat_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0cpresence_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x0e\n\x0cHeartbeatAck\"D\n\x12\x43redentialAccepted\x12.\n\nexpires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd6\x01\n\x0e\x41ttachResponse\x12\x31\n\x07welcome\x18\x01 \x01(\x0b\x32\x1e.turnstile.affinity.v1.WelcomeH\x00\x12<\n\rheartbeat_ack\x18\x02 \x01(\x0b\x32#.turnstile.affinity.v1.HeartbeatAckH\x00\x12H\n\x13\x63redential_accepted\x18\x03 \x01(\x0b\x32).turnstile.affinity.v1.CredentialAcceptedH\x00\x42\t\n\x07message\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb5\x01\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nsandbox_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x39\n\nlast_reset\x18\x05 \x01(\x0b\x32%.turnstile.affinity.v1.WorkspaceReset\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04tier\x18\x01 \x01(\t\"\xb6\x01\n\x06Worker\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12\x0e\n\x06leases\x18\x04 \x01(\x05\x12\x39\n\x06labels\x18\x05 \x03(\x0b\x32).turnstile.affinity.v1.Worker.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x13ListWorkersResponse\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.turnstile.affinity.v1.Worker*\x8d\x01\n\x10PlacementOutcome\x12!\n\x1dPLACEMENT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15PLACEMENT_OUTCOME_HIT\x10\x01\x12\x1b\n\x17PLACEMENT_OUTCOME_FIRST\x10\x02\x12\x1e\n\x1aPLACEMENT_OUTCOME_FALLBACK\x10\x03*f\n\x0bResetReason\x12\x1c\n\x18RESET_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aRESET_REASON_GRACE_EXPIRED\x10\x01\x12\x19\n\x15RESET_REASON_RETIERED\x10\x02\x32\xf2\x03\n\x0f\x41\x66\x66inityService\x12R\n\x05Place\x12#.turnstile.affinity.v1.PlaceRequest\x1a$.turnstile.affinity.v1.PlaceResponse\x12g\n\x0cReleaseLease\x12*.turnstile.affinity.v1.ReleaseLeaseRequest\x1a+.turnstile.affinity.v1.ReleaseLeaseResponse\x12Y\n\x06\x41ttach\x12$.turnstile.affinity.v1.AttachRequest\x1a%.turnstile.affinity.v1.AttachResponse(\x01\x30\x01\x12\x61\n\nGetSession\x12(.turnstile.affinity.v1.GetSessionRequest\x1a).turnstile.affinity.v1.GetSessionResponse\x12\x64\n\x0bListWorkers\x12).turnstile.affinity.v1.ListWorkersRequest\x1a*.turnstile.affinity.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_WORKER_LABELSENTRY']._loaded_options = None
   _globals['_WORKER_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_PLACEMENTOUTCOME']._serialized_start=1845
-  _globals['_PLACEMENTOUTCOME']._serialized_end=1986
-  _globals['_RESETREASON']._serialized_start=1988
-  _globals['_RESETREASON']._serialized_end=2090
+  _globals['_PLACEMENTOUTCOME']._serialized_start=2111
+  _globals['_PLACEMENTOUTCOME']._serialized_end=2252
+  _globals['_RESETREASON']._serialized_start=2254
+  _globals['_RESETREASON']._serialized_end=2356
   _globals['_WORKSPACERESET']._serialized_start=129
   _globals['_WORKSPACERESET']._serialized_end=285
   _globals['_PLACEREQUEST']._serialized_start=287
@@ -52,33 +52,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASELEASERESPONSE']._serialized_start=652
   _globals['_RELEASELEASERESPONSE']._serialized_end=692
   _globals['_HELLO']._serialized_start=695
-  _globals['_HELLO']._serialized_end=845
-  _globals['_HELLO_LABELSENTRY']._serialized_start=800
-  _globals['_HELLO_LABELSENTRY']._serialized_end=845
-  _globals['_HEARTBEAT']._serialized_start=847
-  _globals['_HEARTBEAT']._serialized_end=858
-  _globals['_GOODBYE']._serialized_start=860
-  _globals['_GOODBYE']._serialized_end=869
-  _globals['_ATTACHREQUEST']._serialized_start=872
-  _globals['_ATTACHREQUEST']._serialized_end=1051
-  _globals['_WELCOME']._serialized_start=1053
-  _globals['_WELCOME']._serialized_end=1166
-  _globals['_HEARTBEATACK']._serialized_start=1168
-  _globals['_HEARTBEATACK']._serialized_end=1182
-  _globals['_ATTACHRESPONSE']._serialized_start=1185
-  _globals['_ATTACHRESPONSE']._serialized_end=1325
-  _globals['_GETSESSIONREQUEST']._serialized_start=1327
-  _globals['_GETSESSIONREQUEST']._serialized_end=1366
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1369
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1550
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1552
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1586
-  _globals['_WORKER']._serialized_start=1589
-  _globals['_WORKER']._serialized_end=1771
-  _globals['_WORKER_LABELSENTRY']._serialized_start=800
-  _globals['_WORKER_LABELSENTRY']._serialized_end=845
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1773
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1842
-  _globals['_AFFINITYSERVICE']._serialized_start=2093
-  _globals['_AFFINITYSERVICE']._serialized_end=2591
+  _globals['_HELLO']._serialized_end=865
+  _globals['_HELLO_LABELSENTRY']._serialized_start=820
+  _globals['_HELLO_LABELSENTRY']._serialized_end=865
+  _globals['_HEARTBEAT']._serialized_start=867
+  _globals['_HEARTBEAT']._serialized_end=878
+  _globals['_GOODBYE']._serialized_start=880
+  _globals['_GOODBYE']._serialized_end=889
+  _globals['_CREDENTIALRENEWAL']._serialized_start=891
+  _globals['_CREDENTIALRENEWAL']._serialized_end=930
+  _globals['_ATTACHREQUEST']._serialized_start=933
+  _globals['_ATTACHREQUEST']._serialized_end=1173
+  _globals['_WELCOME']._serialized_start=1175
+  _globals['_WELCOME']._serialized_end=1288
+  _globals['_HEARTBEATACK']._serialized_start=1290
+  _globals['_HEARTBEATACK']._serialized_end=1304
+  _globals['_CREDENTIALACCEPTED']._serialized_start=1306
+  _globals['_CREDENTIALACCEPTED']._serialized_end=1374
+  _globals['_ATTACHRESPONSE']._serialized_start=1377
+  _globals['_ATTACHRESPONSE']._serialized_end=1591
+  _globals['_GETSESSIONREQUEST']._serialized_start=1593
+  _globals['_GETSESSIONREQUEST']._serialized_end=1632
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1635
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1816
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1818
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1852
+  _globals['_WORKER']._serialized_start=1855
+  _globals['_WORKER']._serialized_end=2037
+  _globals['_WORKER_LABELSENTRY']._serialized_start=820
+  _globals['_WORKER_LABELSENTRY']._serialized_end=865
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=2039
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=2108
+  _globals['_AFFINITYSERVICE']._serialized_start=2359
+  _globals['_AFFINITYSERVICE']._serialized_end=2857
 # @@protoc_insertion_point(module_scope)

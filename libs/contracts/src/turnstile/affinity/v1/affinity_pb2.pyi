@@ -246,10 +246,20 @@ class Hello(_message.Message):
     SANDBOX_ID_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     CAPACITY_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """The sandbox this worker is the runtime of: 1 to 63 characters."""
     capacity: _builtins.int
     """Concurrent turns it can serve: 1 to 1024."""
+    credential: _builtins.str
+    """The sandbox credential the substrate minted for this runtime (SPEC Z3): proof
+    that this worker is the runtime of `sandbox_id`. At most 2048 characters.
+    The relay refuses a Hello whose credential is missing, forged, expired,
+    revoked (the sandbox was deactivated) or issued for another sandbox with
+    PERMISSION_DENIED, reason WORKER_CREDENTIAL_REFUSED, before it writes
+    anything; a valid one may take over the sandbox's presence from an older
+    stream (a reconnect).
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Presence labels; `turnstile.dev/tier` carries the tier (SPEC T1). At most
@@ -262,10 +272,11 @@ class Hello(_message.Message):
         sandbox_id: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         capacity: _builtins.int = ...,
+        credential: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "labels", b"labels", "sandbox_id", b"sandbox_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "credential", b"credential", "labels", b"labels", "sandbox_id", b"sandbox_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -306,30 +317,58 @@ class Goodbye(_message.Message):
 Global___Goodbye: _TypeAlias = Goodbye  # noqa: Y015
 
 @_typing.final
+class CredentialRenewal(_message.Message):
+    """CredentialRenewal presents the runtime's renewed credential on a live stream,
+    before the one presented in Hello expires. It must be for the same sandbox;
+    a refused renewal ends the stream with PERMISSION_DENIED.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
+    credential: _builtins.str
+    def __init__(
+        self,
+        *,
+        credential: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential", b"credential"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CredentialRenewal: _TypeAlias = CredentialRenewal  # noqa: Y015
+
+@_typing.final
 class AttachRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HELLO_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     GOODBYE_FIELD_NUMBER: _builtins.int
+    RENEWAL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat: ...
     @_builtins.property
     def goodbye(self) -> Global___Goodbye: ...
+    @_builtins.property
+    def renewal(self) -> Global___CredentialRenewal: ...
     def __init__(
         self,
         *,
         hello: Global___Hello | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         goodbye: Global___Goodbye | None = ...,
+        renewal: Global___CredentialRenewal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["goodbye", b"goodbye", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["goodbye", b"goodbye", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "renewal", b"renewal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["goodbye", b"goodbye", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["goodbye", b"goodbye", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "renewal", b"renewal"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "goodbye"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "goodbye", "renewal"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -383,26 +422,54 @@ class HeartbeatAck(_message.Message):
 Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
 
 @_typing.final
+class CredentialAccepted(_message.Message):
+    """CredentialAccepted answers a CredentialRenewal the relay verified."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """The stream ends unless another renewal arrives before this."""
+
+    def __init__(
+        self,
+        *,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CredentialAccepted: _TypeAlias = CredentialAccepted  # noqa: Y015
+
+@_typing.final
 class AttachResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WELCOME_FIELD_NUMBER: _builtins.int
     HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_ACCEPTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
     def heartbeat_ack(self) -> Global___HeartbeatAck: ...
+    @_builtins.property
+    def credential_accepted(self) -> Global___CredentialAccepted: ...
     def __init__(
         self,
         *,
         welcome: Global___Welcome | None = ...,
         heartbeat_ack: Global___HeartbeatAck | None = ...,
+        credential_accepted: Global___CredentialAccepted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat_ack", b"heartbeat_ack", "message", b"message", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["credential_accepted", b"credential_accepted", "heartbeat_ack", b"heartbeat_ack", "message", b"message", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_ack", b"heartbeat_ack", "message", b"message", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_accepted", b"credential_accepted", "heartbeat_ack", b"heartbeat_ack", "message", b"message", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["welcome", "heartbeat_ack"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["welcome", "heartbeat_ack", "credential_accepted"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

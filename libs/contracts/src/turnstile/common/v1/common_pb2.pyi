@@ -112,6 +112,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A dependency (Redis, PostgreSQL, another service, the API server) failed."""
     ERROR_REASON_RUNTIME_FAILED: _ErrorReason.ValueType  # 12
     """The runtime could not be created or started."""
+    ERROR_REASON_WORKER_CREDENTIAL_REFUSED: _ErrorReason.ValueType  # 13
+    """A worker's sandbox credential does not prove it is the sandbox's runtime
+    (missing, forged, expired, revoked, or for another sandbox): metadata `why`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnstile returns,
@@ -148,6 +152,10 @@ ERROR_REASON_DEPENDENCY_UNAVAILABLE: ErrorReason.ValueType  # 11
 """A dependency (Redis, PostgreSQL, another service, the API server) failed."""
 ERROR_REASON_RUNTIME_FAILED: ErrorReason.ValueType  # 12
 """The runtime could not be created or started."""
+ERROR_REASON_WORKER_CREDENTIAL_REFUSED: ErrorReason.ValueType  # 13
+"""A worker's sandbox credential does not prove it is the sandbox's runtime
+(missing, forged, expired, revoked, or for another sandbox): metadata `why`.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
