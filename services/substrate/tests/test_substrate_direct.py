@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
+import stat
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 
 from turnstile_platform.errors import RichError
+from turnstile_platform.sandbox_credentials import (
+    CredentialIssuer,
+    SigningKey,
+    VerificationKeys,
+    credential_key,
+)
 from turnstile_substrate.direct import processes
 from turnstile_substrate.direct.substrate import DirectSubstrate
 from turnstile_substrate.runtime import CountUnknown, CreateKind, RuntimeSpec
 from turnstile_substrate.settings import SubstrateSettings
+from turnstile_testing.plugin import CredentialKeyFiles
 
 IDLE = f"{sys.executable} -m turnstile_substrate.direct.idle_runtime"
 
@@ -273,3 +284,83 @@ def test_the_idle_runtime_exits_cleanly_on_sigterm() -> None:
     )
     completed = subprocess.run([sys.executable, "-c", program], timeout=10, check=False)
     assert completed.returncode == 0  # a clean exit, not death by SIGTERM (-15)
+
+
+# -- sandbox credentials (SPEC Z3) ----------------------------------------------
+
+
+@pytest.fixture
+def issuer(
+    redis: aioredis.Redis, redis_prefix: str, credential_keys: CredentialKeyFiles
+) -> CredentialIssuer:
+    signing = SigningKey.from_file(credential_keys.signing_key_file)
+    return CredentialIssuer(signing, redis, redis_prefix, ttl_s=3600)
+
+
+async def test_each_runtime_start_hands_its_process_a_private_credential_of_a_new_generation(
+    state_dir: Path,
+    issuer: CredentialIssuer,
+    credential_keys: CredentialKeyFiles,
+    redis: aioredis.Redis,
+    redis_prefix: str,
+) -> None:
+    keys = VerificationKeys(credential_keys.public_keys_file)
+    record = credential_key(redis_prefix, "sb-1")
+    async with Rendezvous() as rendezvous:
+        # The runtime itself reads the file its environment names.
+        body = "report = open(os.environ['TURNSTILE_WORKER_CREDENTIAL_FILE']).read()"
+        substrate = DirectSubstrate(settings(state_dir, rendezvous.command(body)), issuer)
+        await substrate.start()
+        try:
+            await substrate.ensure_runtime(spec(), substrate.plan(spec()), no_gate)
+            seen = await rendezvous.next()
+            path = state_dir / "sb-1" / "credential"
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            claims = keys.verify(seen, "sb-1")
+            assert await redis.get(record) == claims.generation.encode()
+            saved = json.loads((state_dir / "sb-1" / "runtime.json").read_text())
+            assert saved["generation"] == claims.generation
+
+            await substrate.stop_runtime("sb-1")
+            assert await redis.get(record) == b"revoked"
+            assert not path.exists()
+
+            restore = RuntimeSpec(sandbox_id="sb-1", tier="", client_label="acme", restore=True)
+            await substrate.ensure_runtime(restore, substrate.plan(restore), no_gate)
+            again = keys.verify(await rendezvous.next(), "sb-1")
+            assert again.generation != claims.generation
+            assert await redis.get(record) == again.generation.encode()
+            await substrate.stop_runtime("sb-1")
+        finally:
+            await substrate.close()
+
+
+async def test_renewal_re_mints_credentials_past_half_their_ttl_unless_revoked(
+    state_dir: Path,
+    issuer: CredentialIssuer,
+    credential_keys: CredentialKeyFiles,
+) -> None:
+    keys = VerificationKeys(credential_keys.public_keys_file)
+    substrate = DirectSubstrate(settings(state_dir), issuer)
+    await substrate.start()
+    try:
+        await substrate.ensure_runtime(spec("sb-1"), substrate.plan(spec("sb-1")), no_gate)
+        await substrate.ensure_runtime(spec("sb-2"), substrate.plan(spec("sb-2")), no_gate)
+        first = {sb: (state_dir / sb / "credential").read_text() for sb in ("sb-1", "sb-2")}
+        assert await substrate.renew_credentials(issuer) == 0  # fresh: not due yet
+
+        aged = time.time() - 1900  # past half of the 3600 s ttl
+        for sb in ("sb-1", "sb-2"):
+            os.utime(state_dir / sb / "credential", (aged, aged))
+        await issuer.revoke("sb-2")  # revoked under a running runtime: never renewed
+        assert await substrate.renew_credentials(issuer) == 1
+        renewed = keys.verify((state_dir / "sb-1" / "credential").read_text(), "sb-1")
+        before = keys.verify(first["sb-1"], "sb-1")
+        assert renewed.generation == before.generation
+        assert renewed.expires_ms > before.expires_ms
+        assert (state_dir / "sb-2" / "credential").read_text() == first["sb-2"]
+        assert await substrate.renew_credentials(issuer) == 0  # idempotent
+    finally:
+        for sb in ("sb-1", "sb-2"):
+            await substrate.stop_runtime(sb)
+        await substrate.close()

@@ -204,6 +204,11 @@ class VerificationKeys:
     def key_ids(self) -> frozenset[str]:
         return frozenset(self._current())
 
+    def refresh(self) -> None:
+        """Look at the file now (a change is otherwise seen within a second)."""
+        self._checked = 0.0
+        self._current()
+
     def _current(self) -> dict[str, Ed25519PublicKey]:
         now = time.monotonic()
         if now - self._checked < _RELOAD_INTERVAL_S:

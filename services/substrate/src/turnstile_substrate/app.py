@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+import redis.asyncio as aioredis
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_clientkeys import Resolver, watch_keyset
@@ -14,6 +15,7 @@ from turnstile_platform import peers
 from turnstile_platform.health import Check, HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import redis_from_settings
+from turnstile_platform.sandbox_credentials import CredentialIssuer, SigningKey
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
 from turnstile_substrate.admission import AdmissionClient
@@ -33,8 +35,9 @@ async def create_app(
 ) -> GrpcService:
     """A ready-to-start server for the substrate service.
 
-    Redis is used only by the Kubernetes substrate (the key set its reflector
-    counts by); a Direct deployment needs PostgreSQL and admission, nothing else.
+    Redis is used by the Kubernetes substrate (the key set its reflector
+    counts by) and for sandbox credentials (their revocation records); a Direct
+    deployment without credentials needs PostgreSQL and admission, nothing else.
     """
     app = GrpcService(
         SERVICE_NAME, settings, service_names=[peers.SUBSTRATE], tracer_provider=tracer_provider
@@ -46,9 +49,21 @@ async def create_app(
     app.add_cleanup(metrics.close)
 
     resolver = Resolver()
-    if settings.substrate_kind == "kubernetes":
+    signing_key_file = settings.worker_credential_signing_key_file
+    redis = None
+    if settings.substrate_kind == "kubernetes" or signing_key_file is not None:
         redis = redis_from_settings(settings)
         app.add_cleanup(redis.aclose)
+        monitor.add("redis", _redis_ok(redis))
+    credentials = None
+    if redis is not None and signing_key_file is not None:
+        credentials = CredentialIssuer(
+            SigningKey.from_file(signing_key_file),
+            redis,
+            settings.redis_prefix,
+            ttl_s=settings.worker_credential_ttl_s,
+        )
+    if redis is not None and settings.substrate_kind == "kubernetes":
         watcher = await watch_keyset(
             redis,
             settings.redis_prefix,
@@ -57,11 +72,6 @@ async def create_app(
             poll_interval_s=settings.keyset_poll_interval_s,
         )
         app.add_cleanup(watcher.stop)
-
-        async def redis_ok() -> bool:
-            return bool(await redis.ping())
-
-        monitor.add("redis", redis_ok)
 
     pool = await create_pool(settings)
     app.add_cleanup(pool.close)
@@ -80,11 +90,12 @@ async def create_app(
     )
     app.add_cleanup(admission.close)
 
-    # One leader per process for once-per-cluster work (warm pool, sweeps): elected over a
-    # Lease for Kubernetes, always this process for Direct (one host, no election).
+    # One leader per process for once-per-cluster work (warm pool, sweeps, credential
+    # renewal): elected over a Lease for Kubernetes, always this process for Direct (one
+    # host, no election).
     leadership, close_leadership = await create_leadership(settings)
     app.add_cleanup(close_leadership)
-    substrate = create_substrate(settings, resolver, leadership)
+    substrate = create_substrate(settings, resolver, leadership, credentials)
     await substrate.start()
     app.add_cleanup(substrate.close)
     leader_task = asyncio.create_task(leadership.run(), name="leadership")
@@ -106,6 +117,13 @@ async def create_app(
     app.add_cleanup(monitor.stop)
     log.info("substrate ready", extra={"substrate": substrate.name})
     return app
+
+
+def _redis_ok(redis: aioredis.Redis) -> Check:
+    async def check() -> bool:
+        return bool(await redis.ping())
+
+    return check
 
 
 def _ready(substrate: Substrate) -> Check:

@@ -65,6 +65,20 @@ class SubstrateSettings(TieredSettings):
     """Direct substrate: after SIGTERM, how long a runtime's process group may take
     to exit before it is killed with SIGKILL."""
 
+    worker_credential_signing_key_file: Path | None = None
+    """PEM (PKCS#8) Ed25519 private key sandbox credentials are signed with (SPEC Z3).
+    Set: every runtime started gets a credential bound to its sandbox, renewed while
+    it runs and revoked when it stops (this needs Redis, also on Direct). Unset: no
+    credentials, and workers can attach only to a relay with attestation off."""
+
+    worker_credential_ttl_s: float = Field(default=3600.0, ge=60, le=7 * 86_400)
+    """How long a sandbox credential is valid; it is renewed once less than half of
+    this remains, and a revocation record lives this long."""
+
+    worker_credential_renew_interval_s: float = Field(default=300.0, gt=0, le=86_400)
+    """How often the renewal pass looks for credentials past half their ttl. Keep it
+    well under half the ttl."""
+
     direct_worker_capacity: int | None = Field(default=None, ge=1, le=10_000)
     """Direct substrate: ``TURNSTILE_WORKER_CAPACITY`` given to each runtime (turns
     it serves at once); unset leaves the worker's own default."""

@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import Leadership, LocalLeadership
+from turnstile_platform.sandbox_credentials import CredentialIssuer
 from turnstile_substrate.direct.substrate import DirectSubstrate
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.settings import SubstrateSettings
@@ -60,12 +61,19 @@ async def create_leadership(settings: SubstrateSettings) -> tuple[Leadership, Cl
 
 
 def create_substrate(
-    settings: SubstrateSettings, resolver: Resolver, leadership: Leadership | None = None
+    settings: SubstrateSettings,
+    resolver: Resolver,
+    leadership: Leadership | None = None,
+    credentials: CredentialIssuer | None = None,
 ) -> Substrate:
     """The substrate ``TURNSTILE_SUBSTRATE_KIND`` names (not started yet); its leader-only
-    work registers on ``leadership`` (None: it runs its own, as a single replica)."""
+    work registers on ``leadership`` (None: it runs its own, as a single replica).
+
+    ``credentials`` mints sandbox credentials for the runtimes it starts (SPEC Z3);
+    only the Direct substrate delivers them so far.
+    """
     if settings.substrate_kind == "direct":
-        return DirectSubstrate(settings)
+        return DirectSubstrate(settings, credentials, leadership)
     factory = cast(_Factory, _kubernetes().create_substrate)
     return factory(settings, resolver, leadership)
 

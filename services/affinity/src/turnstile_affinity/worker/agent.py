@@ -60,6 +60,8 @@ class WorkerAgent:
         self.sandbox_id: str | None = settings.sandbox_id
         #: The credential presented on the current stream ("" for none).
         self.presented_credential = ""
+        #: Set each time the relay accepts a renewed credential (tests and logs use it).
+        self.renewal_accepted = asyncio.Event()
 
     async def run(self) -> None:
         """Learn the sandbox id if need be, then attach, and re-attach after failures,
@@ -172,6 +174,10 @@ class WorkerAgent:
                         await _raise_status(call)
                         raise StreamEndedError("the relay closed the stream")
                     last_ack = loop.time()
+                    if isinstance(message, affinity_pb2.AttachResponse) and message.HasField(
+                        "credential_accepted"
+                    ):
+                        self.renewal_accepted.set()
                     reader = asyncio.ensure_future(call.read())
                     continue
                 if loop.time() - last_ack > silence:

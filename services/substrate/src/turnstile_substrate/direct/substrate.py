@@ -19,11 +19,23 @@ stops them like its own. Runtimes are not stopped when the substrate stops
 
 Direct cannot count live sandboxes per client (SPEC S4): ``count_live``
 answers unknown (unsupported), and admission then admits.
+
+Sandbox credentials (SPEC Z3), when a signing key is configured: each runtime
+start (cold or restore) mints a credential of a new generation, written to
+``<state_dir>/<sandbox_id>/credential`` (mode 0600, replaced atomically) before
+the process starts, and named in ``TURNSTILE_WORKER_CREDENTIAL_FILE``; the
+generation is kept in the runtime record. A renewal pass re-mints the
+credentials past half their ttl (the file's age says when it was written), for
+every runtime of this host, including those adopted after a restart. It is
+leader work, registered on the process's leadership (Direct: always the leader,
+one host, one process), and idempotent, so it would be safe on every replica too.
+Stopping a runtime revokes its credential first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,11 +43,20 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from turnstile_platform.leader import Leadership, LeaderTerm
+from turnstile_platform.redis_client import UNREACHABLE
+from turnstile_platform.sandbox_credentials import (
+    CredentialIssuer,
+    Issued,
+    write_private_file,
+)
+from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
 from turnstile_substrate.runtime import (
     CapGate,
@@ -55,12 +76,14 @@ ENV_SANDBOX_ID = "TURNSTILE_WORKER_SANDBOX_ID"
 ENV_TIER = "TURNSTILE_WORKER_TIER"
 ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
 ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
+ENV_CREDENTIAL_FILE = "TURNSTILE_WORKER_CREDENTIAL_FILE"
 
 #: The substrate's own ``TURNSTILE_*`` settings are not passed on (a runtime
 #: must not pick up the substrate's port or database), except these.
 _PASSED_SETTINGS = frozenset({"TURNSTILE_LOG_LEVEL", "TURNSTILE_LOG_FORMAT"})
 
 RECORD_FILE = "runtime.json"
+CREDENTIAL_FILE = "credential"
 
 
 @dataclass(frozen=True)
@@ -74,6 +97,8 @@ class RuntimeRecord:
     client_label: str | None
     tier: str
     started_at: str
+    #: The generation of the runtime's sandbox credential ("" without credentials).
+    generation: str = ""
 
     def runtime(self, sandbox_id: str) -> Runtime:
         return Runtime(
@@ -90,7 +115,15 @@ class DirectSubstrate:
 
     name = "direct"
 
-    def __init__(self, settings: SubstrateSettings) -> None:
+    def __init__(
+        self,
+        settings: SubstrateSettings,
+        credentials: CredentialIssuer | None = None,
+        leadership: Leadership | None = None,
+    ) -> None:
+        """``leadership``: where the credential renewal registers as leader work (the
+        process's :class:`~turnstile_platform.leader.LocalLeadership`); None runs it
+        as this substrate's own task."""
         self.command = shlex.split(settings.direct_runtime_command)
         if not self.command:
             raise ValueError("TURNSTILE_DIRECT_RUNTIME_COMMAND must not be empty")
@@ -101,14 +134,26 @@ class DirectSubstrate:
             self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
         self._reaper = processes.Reaper()
         self._started = False
+        self.credentials = credentials
+        self._renew_interval_s = settings.worker_credential_renew_interval_s
+        self._retry_after_s = settings.retry_after_s
+        self._renewing: asyncio.Task[None] | None = None
+        self._leadership = leadership
+        if credentials is not None and leadership is not None:
+            leadership.add_work("sandbox-credential-renewal", self._renew_as_leader)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.state_dir.mkdir, parents=True, exist_ok=True)
         self._started = True
+        if self.credentials is not None and self._leadership is None:
+            self._renewing = asyncio.create_task(self._renew_forever(self.credentials))
 
     async def close(self) -> None:
         """Stop watching runtimes; they keep running and are found again on restart."""
         self._started = False
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
         self._reaper.close()
 
     def ready(self) -> bool:
@@ -131,10 +176,16 @@ class DirectSubstrate:
         if running is not None:
             return running.runtime(spec.sandbox_id)
         await cap_gate()
+        # Minted (and recorded, so any earlier runtime's credential stops
+        # working) before the process exists; a failure after this point ends
+        # in stop_runtime, which revokes it.
+        issued = None
+        if self.credentials is not None:
+            issued = await self.credentials.issue(spec.sandbox_id)
         # The start runs in a thread (fork/exec blocks). If this call is
         # cancelled meanwhile, the thread still finishes: wait for it and stop
         # what it started, so a cancelled activation leaves no process behind.
-        starting = asyncio.ensure_future(asyncio.to_thread(self._start, spec, plan.kind))
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start, spec, plan.kind, issued))
         try:
             record, child = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -151,15 +202,31 @@ class DirectSubstrate:
         return record.runtime(spec.sandbox_id)
 
     async def stop_runtime(self, sandbox_id: str) -> bool:
-        """SIGTERM the runtime's process group, SIGKILL it after the grace period."""
+        """Revoke the runtime's credential, then SIGTERM its process group and
+        SIGKILL it after the grace period.
+
+        The revocation comes first and happens even when no runtime is recorded
+        (a start that failed half-way), so a credential never outlives its runtime.
+        """
+        unrevoked: BaseException | None = None
+        if self.credentials is not None:
+            self._credential_path(sandbox_id).unlink(missing_ok=True)
+            try:
+                await self.credentials.revoke(sandbox_id)
+            except UNREACHABLE as error:
+                # Stop the process all the same; the caller retries the revocation.
+                unrevoked = error
         record = self._read_record(sandbox_id)
-        if record is None:
-            return False
-        stopped = await processes.stop_group(record.pid, record.start_ticks, self.stop_grace_s)
-        self._reaper.reap()
-        self._drop_record(sandbox_id)
-        if stopped:
-            log.info("runtime stopped", extra={"sandbox_id": sandbox_id, "pid": record.pid})
+        stopped = False
+        if record is not None:
+            stopped = await processes.stop_group(record.pid, record.start_ticks, self.stop_grace_s)
+            self._reaper.reap()
+            self._drop_record(sandbox_id)
+            if stopped:
+                log.info("runtime stopped", extra={"sandbox_id": sandbox_id, "pid": record.pid})
+        if unrevoked is not None:
+            log.warning("could not revoke a stopped runtime's credential: Redis unreachable")
+            raise dependency_unavailable("redis", self._retry_after_s) from unrevoked
         return stopped
 
     def count_live(
@@ -177,6 +244,51 @@ class DirectSubstrate:
 
     def _record_path(self, sandbox_id: str) -> Path:
         return self.sandbox_dir(sandbox_id) / RECORD_FILE
+
+    def _credential_path(self, sandbox_id: str) -> Path:
+        return self.sandbox_dir(sandbox_id) / CREDENTIAL_FILE
+
+    # -- credential renewal --------------------------------------------------
+
+    async def _renew_as_leader(self, term: LeaderTerm) -> None:
+        assert self.credentials is not None
+        await self._renew_forever(self.credentials)
+
+    async def _renew_forever(self, credentials: CredentialIssuer) -> None:
+        """Every renewal interval, renew what is due; errors are logged, never fatal."""
+        while True:
+            await asyncio.sleep(self._renew_interval_s)
+            try:
+                await self.renew_credentials(credentials)
+            except Exception:
+                log.warning("sandbox credential renewal failed; retrying later", exc_info=True)
+
+    async def renew_credentials(self, credentials: CredentialIssuer) -> int:
+        """Re-mint the credentials of this host's running runtimes that are past
+        half their ttl; returns how many were renewed. Idempotent."""
+        due_before = time.time() - credentials.ttl_ms / 2000
+        renewed = 0
+        for directory in await asyncio.to_thread(_sandbox_dirs, self.state_dir):
+            sandbox_id = directory.name
+            record = self._running_record(sandbox_id)
+            if record is None or not record.generation:
+                continue
+            path = self._credential_path(sandbox_id)
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime > due_before:
+                    continue
+            issued = await credentials.renew(sandbox_id, record.generation)
+            if issued is None:
+                log.warning(
+                    "a running runtime's credential was revoked; not renewed",
+                    extra={"sandbox_id": sandbox_id},
+                )
+                continue
+            write_private_file(path, issued.credential.encode())
+            renewed += 1
+        if renewed:
+            log.info("renewed sandbox credentials", extra={"renewed": renewed})
+        return renewed
 
     def _read_record(self, sandbox_id: str) -> RuntimeRecord | None:
         try:
@@ -213,7 +325,7 @@ class DirectSubstrate:
         temporary.write_text(json.dumps(asdict(record)))
         os.replace(temporary, path)
 
-    def _environment(self, spec: RuntimeSpec) -> Mapping[str, str]:
+    def _environment(self, spec: RuntimeSpec, issued: Issued | None) -> Mapping[str, str]:
         env = {
             name: value
             for name, value in os.environ.items()
@@ -225,10 +337,12 @@ class DirectSubstrate:
         # is the default tier; with no tiers configured it stays empty and the worker
         # sends no label, SPEC T1/T6), never the worker kind's own default.
         env[ENV_TIER] = spec.tier
+        if issued is not None:
+            env[ENV_CREDENTIAL_FILE] = str(self._credential_path(spec.sandbox_id))
         return env
 
     def _start(
-        self, spec: RuntimeSpec, kind: CreateKind
+        self, spec: RuntimeSpec, kind: CreateKind, issued: Issued | None
     ) -> tuple[RuntimeRecord, subprocess.Popen[bytes]]:
         """Blocking part of a start (runs in a thread): workspace, spawn, record."""
         directory = self.sandbox_dir(spec.sandbox_id)
@@ -236,9 +350,11 @@ class DirectSubstrate:
         if kind is not CreateKind.RESTORE and workspace.exists():
             shutil.rmtree(workspace)  # a cold start begins from nothing
         workspace.mkdir(parents=True, exist_ok=True)
+        if issued is not None:
+            write_private_file(self._credential_path(spec.sandbox_id), issued.credential.encode())
         child = processes.spawn(
             self.command,
-            env=self._environment(spec),
+            env=self._environment(spec, issued),
             cwd=workspace,
             log_path=directory / "runtime.log",
         )
@@ -254,6 +370,7 @@ class DirectSubstrate:
                 client_label=spec.client_label,
                 tier=spec.tier,
                 started_at=datetime.now(UTC).isoformat(),
+                generation=issued.generation if issued is not None else "",
             )
             self._write_record(spec.sandbox_id, record)
         except BaseException:
@@ -261,3 +378,8 @@ class DirectSubstrate:
             child.wait()
             raise
         return record, child
+
+
+def _sandbox_dirs(state_dir: Path) -> list[Path]:
+    """The sandbox directories holding a runtime record (blocking: run in a thread)."""
+    return [path.parent for path in state_dir.glob(f"*/{RECORD_FILE}")]

@@ -49,6 +49,21 @@ class StackConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
+    def credentials_dir(self) -> Path:
+        """The sandbox-credential key pair (SPEC Z3), beside the state directory:
+        generated on first start, kept across restarts so running workers' credentials
+        stay valid."""
+        return self.state_dir.absolute().parent / "sandbox-credentials"
+
+    @property
+    def signing_key_file(self) -> Path:
+        return self.credentials_dir / "signing-key.pem"
+
+    @property
+    def public_keys_file(self) -> Path:
+        return self.credentials_dir / "public-keys.pem"
+
+    @property
     def addresses(self) -> tuple[str, str, str]:
         a, s, f = self.ports
         return f"127.0.0.1:{a}", f"127.0.0.1:{s}", f"127.0.0.1:{f}"
@@ -84,10 +99,18 @@ class StackConfig:
                     "TURNSTILE_SUBSTRATE_KIND": "direct",
                     "TURNSTILE_DATABASE_URL": self.database_url,
                     "TURNSTILE_DIRECT_STATE_DIR": str(self.state_dir.absolute()),
+                    "TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE": str(self.signing_key_file),
                 },
             ),
             ServiceSpec(
-                "affinity", "turnstile-affinity", f, mf, {"TURNSTILE_GRACE_S": f"{self.grace_s:g}"}
+                "affinity",
+                "turnstile-affinity",
+                f,
+                mf,
+                {
+                    "TURNSTILE_GRACE_S": f"{self.grace_s:g}",
+                    "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(self.public_keys_file),
+                },
             ),
         ]
 

@@ -44,6 +44,7 @@ from turnstile_cli.stack.preflight import (
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
+from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tiers import parse_tiers
 
 _PR_SET_PDEATHSIG = 1
@@ -128,6 +129,8 @@ class Stack:
         check_tiers(self.config)
         check_commands(self.config)
         check_ports(self.config)
+        if generate_key_pair(self.config.signing_key_file, self.config.public_keys_file):
+            self.say(f"generated a sandbox-credential key pair in {self.config.credentials_dir}")
         await check_redis(self.config.redis_url)
         if await ensure_database(self.config.database_url):
             self.say(f"created database {redacted(self.config.database_url)}")
