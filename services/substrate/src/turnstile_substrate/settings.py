@@ -53,7 +53,8 @@ class SubstrateSettings(TieredSettings):
     """Direct substrate: the command (shell-style words, no shell) each sandbox's
     runtime runs. It receives ``TURNSTILE_WORKER_SANDBOX_ID``,
     ``TURNSTILE_WORKER_TIER``, ``TURNSTILE_AFFINITY_ADDR`` and, when set,
-    ``TURNSTILE_WORKER_CAPACITY``, and must exit on SIGTERM."""
+    ``TURNSTILE_WORKER_CAPACITY`` and ``TURNSTILE_WORKER_CREDENTIAL_FILE``, and must
+    exit on SIGTERM."""
 
     direct_state_dir: Path = Path(".run/direct")
     """Direct substrate: one directory per sandbox holds its workspace (the
