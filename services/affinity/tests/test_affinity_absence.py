@@ -19,6 +19,7 @@ import grpc
 import grpc.aio
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from turnstile_affinity.store import Clock
 from turnstile_contracts import affinity_pb2, substrate_pb2, substrate_pb2_grpc
@@ -164,7 +165,7 @@ async def test_two_concurrent_fallbacks_past_the_grace_move_the_session_once(
 
 
 async def _start_affinity_process(
-    redis_url: str, redis_prefix: str, port: int, public_keys_file: Path
+    redis_url: str, redis_prefix: str, port: int, public_keys_file: Path, presence_ttl_s: float
 ) -> asyncio.subprocess.Process:
     env = {
         **os.environ,
@@ -176,7 +177,7 @@ async def _start_affinity_process(
         "TURNSTILE_GRACE_S": str(GRACE_S),
         "TURNSTILE_WAKE_ENABLED": "false",
         "TURNSTILE_HEARTBEAT_INTERVAL_S": "0.2",
-        "TURNSTILE_PRESENCE_TTL_S": "5",
+        "TURNSTILE_PRESENCE_TTL_S": str(presence_ttl_s),
         "TURNSTILE_LOG_FORMAT": "text",
         "OTEL_TRACES_EXPORTER": "none",
         "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(public_keys_file),
@@ -202,9 +203,9 @@ async def crashable(
 ) -> AsyncIterator[Any]:
     procs: list[asyncio.subprocess.Process] = []
 
-    async def start(port: int) -> asyncio.subprocess.Process:
+    async def start(port: int, presence_ttl_s: float = 5) -> asyncio.subprocess.Process:
         proc = await _start_affinity_process(
-            redis_url, redis_prefix, port, credential_keys.public_keys_file
+            redis_url, redis_prefix, port, credential_keys.public_keys_file, presence_ttl_s
         )
         procs.append(proc)
         return proc
@@ -249,6 +250,41 @@ async def test_after_a_relay_crash_sessions_wait_from_first_sight_and_return_to_
     await a1.attached()
     back = await placer.place("chat", "a")
     assert (back.sandbox_id, back.outcome) == ("a1", HIT)
+
+
+async def test_after_a_relay_crash_a_worker_takes_its_still_live_presence_back_at_once(
+    affinity: StartAffinity, worker: StartWorker, crashable: Any, redis: aioredis.Redis
+) -> None:
+    # The crashed relay's stream still owns a presence that has not expired: only
+    # the worker's credential lets its first Hello to the new relay take it over
+    # (SPEC Z3), without waiting for the presence ttl and without any refusal.
+    port = free_port()
+    relay = await crashable(port, presence_ttl_s=300)
+    placer = await affinity(tiers="a,b", presence_ttl_s=300)
+    a1 = await worker(f"127.0.0.1:{port}", "a1", "a", capacity=16)
+    await session_on_a1(placer)
+    dead_owner = await redis.hget(placer.keys.presence("a1"), "owner")
+    refusals = _refusals()
+
+    relay.kill()
+    await relay.wait()
+    assert await redis.hget(placer.keys.presence("a1"), "owner") == dead_owner  # still live
+
+    await affinity(tiers="a,b", port=port, presence_ttl_s=300)
+    await a1.attached()
+    assert await redis.hget(placer.keys.presence("a1"), "owner") != dead_owner
+    assert _refusals() == refusals  # the first Hello after the restart was welcomed
+    back = await placer.place("chat", "a")
+    assert (back.sandbox_id, back.outcome) == ("a1", HIT)
+
+
+def _refusals() -> float:
+    """Credential refusals so far, every reason (in-process replicas share the registry)."""
+    total = 0.0
+    for metric in REGISTRY.collect():
+        if metric.name == "turnstile_affinity_credential_refusals":
+            total += sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return total
 
 
 # Wakes ------------------------------------------------------------------------------
