@@ -3,14 +3,19 @@ processes, real PostgreSQL, a stand-in admission service on a real socket."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import time
 from typing import TYPE_CHECKING
 
 import grpc
+import redis.asyncio as aioredis
 
 from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
+from turnstile_platform.sandbox_credentials import VerificationKeys, credential_key
 from turnstile_substrate.direct import processes
+from turnstile_testing.plugin import CredentialKeyFiles
 
 if TYPE_CHECKING:
     from conftest import Harness, StartService
@@ -232,3 +237,45 @@ async def test_a_runtime_that_cannot_start_cancels_the_hold_and_leaves_no_row(
     assert [h.state for h in harness.admission.holds.values()] == ["cancelled"]
     assert await harness.rows("SELECT id FROM sandboxes") == []
     assert harness.processes() == {}
+
+
+async def test_activate_mints_the_leader_renews_and_deactivate_revokes_the_credential(
+    migrated_url: str,
+    start_service: StartService,
+    credential_keys: CredentialKeyFiles,
+    redis: aioredis.Redis,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    harness = await start_service(
+        migrated_url,
+        redis_url=redis_url,
+        worker_credential_signing_key_file=credential_keys.signing_key_file,
+        worker_credential_renew_interval_s=0.05,
+    )
+    keys = VerificationKeys(credential_keys.public_keys_file)
+    await harness.activate("sb-1", "acme")
+    path = harness.state_dir / "sb-1" / "credential"
+    first = keys.verify(path.read_text(), "sb-1")
+    assert f"TURNSTILE_WORKER_CREDENTIAL_FILE={path}".encode() in environment(
+        harness.processes()["sb-1"]
+    )
+    record = credential_key(redis_prefix, "sb-1")
+    assert await redis.get(record) == first.generation.encode()
+
+    # Past half its ttl: the renewal pass (leader work, on the process's local
+    # leadership) re-mints it for the same runtime.
+    aged = time.time() - 1900
+    os.utime(path, (aged, aged))
+    async with asyncio.timeout(15):
+        while True:
+            if path.stat().st_mtime != aged:
+                break
+            await asyncio.sleep(0.05)
+    renewed = keys.verify(path.read_text(), "sb-1")
+    assert renewed.generation == first.generation
+    assert renewed.expires_ms > first.expires_ms
+
+    await harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+    assert await redis.get(record) == b"revoked"
+    assert not path.exists()
