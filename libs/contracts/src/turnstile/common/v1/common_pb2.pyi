@@ -112,9 +112,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A dependency (Redis, PostgreSQL, another service, the API server) failed."""
     ERROR_REASON_RUNTIME_FAILED: _ErrorReason.ValueType  # 12
     """The runtime could not be created or started."""
-    ERROR_REASON_WORKER_CREDENTIAL_REFUSED: _ErrorReason.ValueType  # 13
+    ERROR_REASON_WORKER_CREDENTIAL_REFUSED: _ErrorReason.ValueType  # 15
     """A worker's sandbox credential does not prove it is the sandbox's runtime
-    (missing, forged, expired, revoked, or for another sandbox): metadata `why`.
+    (missing, forged, expired, revoked, or for another sandbox): metadata
+    `sandbox_id`, `why`. Nothing changed. (13 and 14 are left to the
+    authentication and authorization reasons.)
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -152,9 +154,11 @@ ERROR_REASON_DEPENDENCY_UNAVAILABLE: ErrorReason.ValueType  # 11
 """A dependency (Redis, PostgreSQL, another service, the API server) failed."""
 ERROR_REASON_RUNTIME_FAILED: ErrorReason.ValueType  # 12
 """The runtime could not be created or started."""
-ERROR_REASON_WORKER_CREDENTIAL_REFUSED: ErrorReason.ValueType  # 13
+ERROR_REASON_WORKER_CREDENTIAL_REFUSED: ErrorReason.ValueType  # 15
 """A worker's sandbox credential does not prove it is the sandbox's runtime
-(missing, forged, expired, revoked, or for another sandbox): metadata `why`.
+(missing, forged, expired, revoked, or for another sandbox): metadata
+`sandbox_id`, `why`. Nothing changed. (13 and 14 are left to the
+authentication and authorization reasons.)
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
