@@ -16,6 +16,7 @@ from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
 from turnstile_platform.sandbox_credentials import VerificationKeys, credential_key
 from turnstile_substrate.direct import processes
 from turnstile_testing.plugin import CredentialKeyFiles
+from turnstile_testing.processes import RedisProcess
 
 if TYPE_CHECKING:
     from conftest import Harness, StartService
@@ -279,3 +280,37 @@ async def test_activate_mints_the_leader_renews_and_deactivate_revokes_the_crede
     await harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
     assert await redis.get(record) == b"revoked"
     assert not path.exists()
+
+
+async def test_with_redis_unreachable_activate_starts_nothing_and_deactivate_still_stops(
+    migrated_url: str,
+    start_service: StartService,
+    credential_keys: CredentialKeyFiles,
+    private_redis: RedisProcess,
+) -> None:
+    harness = await start_service(
+        migrated_url,
+        redis_url=private_redis.url,
+        redis_timeout_s=0.2,
+        worker_credential_signing_key_file=credential_keys.signing_key_file,
+    )
+    await harness.activate("sb-1", "acme")
+    pid = harness.processes()["sb-1"]
+    private_redis.stop()
+
+    # No credential can be recorded: nothing is started, and the caller may retry.
+    refused = await harness.error(harness.activate("sb-2", "acme"))
+    assert (refused.code, refused.reason) == (
+        grpc.StatusCode.UNAVAILABLE,
+        "DEPENDENCY_UNAVAILABLE",
+    )
+    assert refused.metadata["dependency"] == "redis"
+    assert "sb-2" not in harness.processes()
+
+    # No revocation can be written: the runtime is stopped all the same, and the
+    # Deactivate answers UNAVAILABLE so that it is retried.
+    stopped = await harness.error(
+        harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+    )
+    assert stopped.code == grpc.StatusCode.UNAVAILABLE
+    assert not pid_alive(pid)

@@ -181,7 +181,11 @@ class DirectSubstrate:
         # in stop_runtime, which revokes it.
         issued = None
         if self.credentials is not None:
-            issued = await self.credentials.issue(spec.sandbox_id)
+            try:
+                issued = await self.credentials.issue(spec.sandbox_id)
+            except UNREACHABLE as error:
+                # Nothing started yet: a clean, retryable refusal.
+                raise dependency_unavailable("redis", self._retry_after_s) from error
         # The start runs in a thread (fork/exec blocks). If this call is
         # cancelled meanwhile, the thread still finishes: wait for it and stop
         # what it started, so a cancelled activation leaves no process behind.
