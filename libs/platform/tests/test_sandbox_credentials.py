@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import stat
@@ -183,3 +184,19 @@ async def test_issue_renew_and_revoke_keep_the_record_and_never_revive_a_revoked
     assert 0 < await redis.pttl(key) <= HOUR_MS
     assert await issuer.renew("sb-a", second.generation) is None
     assert await redis.get(key) == REVOKED.encode()
+
+
+async def test_a_renewal_racing_a_revocation_never_leaves_the_credential_working(
+    pair: tuple[SigningKey, VerificationKeys], redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    signing, _ = pair
+    issuer = CredentialIssuer(signing, redis, redis_prefix, ttl_s=3600)
+    for n in range(50):
+        sandbox_id = f"sb-{n}"
+        issued = await issuer.issue(sandbox_id)
+        await asyncio.gather(
+            issuer.renew(sandbox_id, issued.generation),
+            issuer.revoke(sandbox_id),
+            issuer.renew(sandbox_id, issued.generation),
+        )
+        assert await redis.get(credential_key(redis_prefix, sandbox_id)) == REVOKED.encode()
