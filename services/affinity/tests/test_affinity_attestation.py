@@ -211,3 +211,25 @@ async def test_a_credential_longer_than_the_contract_is_invalid_argument(
     assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.field_violations[0].field == "hello.credential"
     assert await service.workers() == {}
+
+
+async def test_impostors_racing_the_real_workers_hello_never_take_its_presence(
+    affinity: StartAffinity, credentials: Credentials
+) -> None:
+    first, second = await affinity(), await affinity()
+    real = (await credentials.issue("b")).credential
+    stolen = (await credentials.issue("a")).credential
+
+    async def impostor(n: int) -> RichError:
+        return await refusal(await open_stream(second if n % 2 else first, "b", stolen))
+
+    results = await asyncio.gather(welcomed(first, "b", real), *(impostor(n) for n in range(20)))
+    stream, refused = results[0], results[1:]
+    assert all(isinstance(r, RichError) and r.metadata["why"] == "wrong_sandbox" for r in refused)
+    assert isinstance(stream, grpc.aio.StreamStreamCall)
+    await stream.write(affinity_pb2.AttachRequest(heartbeat=affinity_pb2.Heartbeat()))
+    ack = await stream.read()
+    assert isinstance(ack, affinity_pb2.AttachResponse)
+    assert ack.HasField("heartbeat_ack")  # still the owner
+    assert "b" in await first.workers()
+    stream.cancel()
