@@ -24,11 +24,27 @@ OVERALL = ""
 LIVENESS = "liveness"
 
 
+class _HealthServicer(health.aio.HealthServicer):  # type: ignore[misc,name-defined]
+    """grpcio-health-checking's servicer plus ``List`` (newer in the proto than in
+    the servicer, which raises NotImplementedError and logs a traceback per call)."""
+
+    async def List(  # noqa: N802 - the proto's method name
+        self, request: health_pb2.HealthListRequest, context: object
+    ) -> health_pb2.HealthListResponse:
+        statuses: dict[str, int] = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in statuses.items()
+            }
+        )
+
+
 class HealthMap:
     """Component health folded into the standard ``grpc.health.v1`` servicer."""
 
     def __init__(self, service_names: Iterable[str]) -> None:
-        self.servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.servicer = _HealthServicer()
         self._names = [OVERALL, *service_names]
         self._components: dict[str, bool] = {}
         self._shutting_down = False

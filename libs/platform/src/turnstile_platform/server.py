@@ -1,8 +1,9 @@
 """The grpc.aio server bootstrap every Turnstile service starts with (SPEC X3).
 
 It wires, in one place: the health service driven by a component map, server
-reflection, OpenTelemetry server spans (health and reflection excluded), rich
-errors and RPC metrics, a message-size limit and a cap on concurrent RPCs.
+reflection (v1 and v1alpha), OpenTelemetry server spans (health and reflection
+excluded), rich errors and RPC metrics, undecodable requests answered with
+INVALID_ARGUMENT, a message-size limit and a cap on concurrent RPCs.
 
 Shutdown is staged (kopf style), each stage bounded:
 
@@ -25,10 +26,10 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
-from turnstile_platform import tracing
+from turnstile_platform import reflection, tracing
+from turnstile_platform.decoding import DecodingInterceptor
 from turnstile_platform.health import HealthMap
 from turnstile_platform.interceptors import ServerInterceptor
 from turnstile_platform.settings import ServiceSettings
@@ -69,17 +70,18 @@ class GrpcService:
             ("grpc.so_reuseport", 0),
         ]
         self.server = grpc.aio.server(
-            interceptors=[tracing.server_interceptor(self.tracer_provider), ServerInterceptor()],
+            interceptors=[
+                tracing.server_interceptor(self.tracer_provider),
+                ServerInterceptor(),
+                # Innermost: it wraps the handlers' own deserializers.
+                DecodingInterceptor(),
+            ],
             options=options,
             maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.server)
-        reflection.enable_server_reflection(
-            [
-                *self.service_names,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ],
+        reflection.enable(
+            [*self.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name],
             self.server,
         )
 
