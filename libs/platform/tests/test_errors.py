@@ -132,3 +132,13 @@ async def test_every_rpc_is_counted_by_its_status_code() -> None:
         await app.stop()
     after = REGISTRY.get_sample_value("turnstile_grpc_server_handled_total", labels)
     assert after == before + 3
+
+
+def test_a_status_echoing_a_10kb_field_stays_small_enough_to_arrive() -> None:
+    # Unbounded, a 10 KB value in the message and details exceeds gRPC's metadata
+    # limit and the caller sees RESOURCE_EXHAUSTED instead of this error.
+    huge = "x" * 10_240
+    error = bad_field("tier", f"{huge!r} is not a declared tier")
+    status = error.to_status()
+    assert sum(len(v) for _, v in status.trailing_metadata) < 4096
+    assert status.code is grpc.StatusCode.INVALID_ARGUMENT

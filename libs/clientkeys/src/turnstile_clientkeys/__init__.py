@@ -1,6 +1,7 @@
 """The client-key resolver every Turnstile service uses (SPEC C1–C4)."""
 
 from turnstile_clientkeys.contract import InvalidClientError, parse_client, to_proto
+from turnstile_clientkeys.ids import MAX_CLIENT_ID_LENGTH, client_id_problem
 from turnstile_clientkeys.keyset import KeySet, KeySetError
 from turnstile_clientkeys.labels import MAX_LABEL_VALUE_LENGTH, is_label_value
 from turnstile_clientkeys.resolver import (
@@ -18,6 +19,7 @@ from turnstile_clientkeys.resolver import (
 from turnstile_clientkeys.store import KeySetStore, KeySetWatcher, watch_keyset
 
 __all__ = [
+    "MAX_CLIENT_ID_LENGTH",
     "MAX_LABEL_VALUE_LENGTH",
     "NATIVE",
     "RESERVED_IDS",
@@ -33,6 +35,7 @@ __all__ = [
     "KeySetStore",
     "KeySetWatcher",
     "Resolver",
+    "client_id_problem",
     "is_label_value",
     "parse_client",
     "record_value",

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from turnstile_clientkeys.ids import client_id_problem
 from turnstile_clientkeys.resolver import RESERVED_IDS, Client, ClientForm, KeyKind
 from turnstile_contracts import common_pb2
-
-MAX_CLIENT_ID_LENGTH = 253
 
 
 @dataclass(eq=False)
@@ -32,7 +31,7 @@ def parse_client(
     """The :class:`Client` a message names, or :class:`InvalidClientError`.
 
     ``allowed`` is what the calling RPC accepts (Activate takes inherit, Admit
-    does not). A client id must be 1 to 253 characters and not a reserved id;
+    does not). A client id must pass :func:`client_id_problem` and not be a reserved id;
     one that is not a label value is accepted and charged to the shared key.
     """
     form_name = message.WhichOneof("client")
@@ -46,14 +45,11 @@ def parse_client(
         return Client(form)
     client_id = message.client_id
     path = f"{field}.client_id"
-    if not client_id:
-        raise InvalidClientError(path, "must not be empty")
-    if len(client_id) > MAX_CLIENT_ID_LENGTH:
-        raise InvalidClientError(path, f"must be at most {MAX_CLIENT_ID_LENGTH} characters")
+    problem = client_id_problem(client_id)
+    if problem is not None:
+        raise InvalidClientError(path, problem)
     if client_id in RESERVED_IDS:
         raise InvalidClientError(path, f"{client_id!r} is reserved; use the matching client form")
-    if not client_id.isprintable():
-        raise InvalidClientError(path, "must be printable characters")
     return Client.of(client_id)
 
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnstile_clientkeys.ids import client_id_problem
+
 #: Flags the resolver understands, with their defaults.
 KNOWN_FLAGS: Mapping[str, bool] = {
     # When false, every client id resolves to the shared key: a kill switch for
@@ -57,7 +59,7 @@ class KeySet:
             raise KeySetError(f"malformed key-set document: {error}") from error
         if not isinstance(version, int) or version < 0:
             raise KeySetError("version must be a non-negative integer")
-        return cls(version=version, allowlist=_ids(allowlist), flags=_flags(flags))
+        return cls(version=version, allowlist=_ids(allowlist, strict=False), flags=_flags(flags))
 
     def changed(
         self,
@@ -67,18 +69,29 @@ class KeySet:
         flags: Mapping[str, bool] | None = None,
     ) -> KeySet:
         """The next version with ``allow`` added, ``remove`` removed and ``flags`` set."""
-        allowlist = (self.allowlist | _ids(allow)) - _ids(remove)
+        allowlist = (self.allowlist | _ids(allow)) - _ids(remove, strict=False)
         merged = {**self.flags, **_flags(flags or {})}
         return KeySet(version=self.version + 1, allowlist=frozenset(allowlist), flags=merged)
 
 
-def _ids(values: Any) -> frozenset[str]:
+#: What a stored document or a removal may still name: ids allowlisted before
+#: client ids were bounded at 63 characters load (they never match a request)
+#: and can be removed; new ones must pass the client-id rule.
+_LEGACY_MAX_ID = 253
+
+
+def _ids(values: Any, *, strict: bool = True) -> frozenset[str]:
     if isinstance(values, str) or not isinstance(values, Iterable):
         raise KeySetError("allowlist must be a list of client ids")
     ids = frozenset(values)
     for value in ids:
-        if not isinstance(value, str) or not value or len(value) > 253:
-            raise KeySetError(f"allowlisted id must be 1..253 characters: {value!r}")
+        if not isinstance(value, str):
+            raise KeySetError(f"allowlisted id must be a string: {value!r}")
+        problem = client_id_problem(value)
+        if not strict and value and len(value) <= _LEGACY_MAX_ID:
+            problem = None
+        if problem is not None:
+            raise KeySetError(f"allowlisted id {value!r} {problem}")
     return ids
 
 

@@ -26,6 +26,17 @@ from grpc_status import rpc_status
 
 from turnstile_contracts import ERROR_DOMAIN, common_pb2
 
+#: Bounds on what a status carries. A message echoing a 10 KB field would push the
+#: status past gRPC's metadata limit, and the caller would see RESOURCE_EXHAUSTED
+#: instead of the error; bounding here keeps every error the one that was raised.
+MAX_MESSAGE_CHARS = 1024
+MAX_DETAIL_CHARS = 256
+
+
+def bounded(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked when cut."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
 
 @dataclass(frozen=True)
 class FieldViolation:
@@ -73,7 +84,9 @@ class RichError(Exception):
         details: list[any_pb2.Any] = []
         if self.reason:
             info = error_details_pb2.ErrorInfo(
-                reason=self.reason, domain=self.domain, metadata=dict(self.metadata)
+                reason=self.reason,
+                domain=self.domain,
+                metadata={bounded(k): bounded(v) for k, v in self.metadata.items()},
             )
             details.append(_pack(info))
         if self.retry_after_s is not None:
@@ -84,7 +97,7 @@ class RichError(Exception):
             quota = error_details_pb2.QuotaFailure(
                 violations=[
                     error_details_pb2.QuotaFailure.Violation(
-                        subject=v.subject, description=v.description
+                        subject=bounded(v.subject), description=bounded(v.description)
                     )
                     for v in self.quota_violations
                 ]
@@ -94,14 +107,16 @@ class RichError(Exception):
             bad = error_details_pb2.BadRequest(
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(
-                        field=v.field, description=v.description
+                        field=bounded(v.field), description=bounded(v.description)
                     )
                     for v in self.field_violations
                 ]
             )
             details.append(_pack(bad))
         status = status_pb2.Status(
-            code=_code_number(self.code), message=self.message, details=details
+            code=_code_number(self.code),
+            message=bounded(self.message, MAX_MESSAGE_CHARS),
+            details=details,
         )
         return rpc_status.to_status(status)
 

@@ -77,8 +77,9 @@ class TierConfig:
             assert self.default is not None
             return self.default
         if requested not in self.declared:
+            shown = requested if len(requested) <= 63 else f"{requested[:60]}…"
             raise UnknownTierError(
-                f"{requested!r} is not a declared tier (declared: {', '.join(self.declared)})"
+                f"{shown!r} is not a declared tier (declared: {', '.join(self.declared)})"
             )
         return requested
 

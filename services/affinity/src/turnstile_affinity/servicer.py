@@ -148,7 +148,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
     async def ListWorkers(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ListWorkersRequest, context: Context
     ) -> affinity_pb2.ListWorkersResponse:
-        tier = validation.list_tier(request.tier)
+        tier = validation.list_tier(self._tiers, request.tier)
         with store_reachable(self._retry_after_s):
             workers = await self._store.workers(tier)
         return affinity_pb2.ListWorkersResponse(

@@ -39,12 +39,15 @@ def session_tier(tiers: TierConfig, requested: str) -> str:
         raise bad_field("tier", str(error)) from None
 
 
-def list_tier(value: str) -> str | None:
-    """ListWorkers' tier: None for every worker."""
+def list_tier(tiers: TierConfig, value: str) -> str | None:
+    """ListWorkers' tier: None for every worker; an undeclared tier is refused as
+    Place refuses it (with no tiers configured, any label value filters)."""
     if not value:
         return None
     if not is_label_value(value):
         raise bad_field("tier", "must be empty or a Kubernetes label value")
+    if tiers.enabled and not tiers.is_declared(value):
+        return session_tier(tiers, value)
     return value
 
 

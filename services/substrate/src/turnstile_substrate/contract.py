@@ -18,6 +18,7 @@ from turnstile_clientkeys import (
     Client,
     ClientForm,
     InvalidClientError,
+    client_id_problem,
     is_label_value,
     parse_client,
 )
@@ -35,7 +36,6 @@ ACTIVATE_CLIENT_FORMS = (ClientForm.CLIENT_ID, ClientForm.INHERIT, ClientForm.NA
 MAX_PENDING_IDS = 10_000
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
-MAX_CLIENT_ID_LENGTH = 253
 
 OUTCOMES = {
     Outcome.ALREADY_RUNNING: substrate_pb2.OUTCOME_ALREADY_RUNNING,
@@ -97,12 +97,15 @@ def activate_request(
         client = parse_client(request.client, allowed=ACTIVATE_CLIENT_FORMS)
     except InvalidClientError as error:
         violations.add(error.field, error.description)
+    # Checked even when the sandbox exists (its tier stays its record's): a tier
+    # that is not a label value or not declared is the caller's mistake either way.
     violations.label_value("tier", request.tier, required=False)
     tier = request.tier
-    try:
-        tier = tiers.session_tier(request.tier)
-    except UnknownTierError as error:
-        violations.add("tier", str(error))
+    if not violations.items or violations.items[-1].field != "tier":
+        try:
+            tier = tiers.session_tier(request.tier)
+        except UnknownTierError as error:
+            violations.add("tier", str(error))
     violations.check()
     assert client is not None
     return request.sandbox_id, client, tier
@@ -149,8 +152,9 @@ def list_request(
             after = decode_page_token(request.page_token)
         except ValueError:
             violations.add("page_token", "is not a token from a previous response")
-    if len(request.client_id) > MAX_CLIENT_ID_LENGTH:
-        violations.add("client_id", f"must be at most {MAX_CLIENT_ID_LENGTH} characters")
+    problem = client_id_problem(request.client_id) if request.client_id else None
+    if problem is not None:
+        violations.add("client_id", problem)
     violations.check()
     return page_size, after, request.client_id or None
 

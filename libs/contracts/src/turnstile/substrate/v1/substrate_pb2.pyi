@@ -173,8 +173,9 @@ class ActivateRequest(_message.Message):
     sandbox_id: _builtins.str
     """1 to 63 characters, a valid Kubernetes label value."""
     tier: _builtins.str
-    """The tier for a new sandbox; empty means the default tier. Ignored for a
-    sandbox that already exists (its tier is its record's).
+    """The tier for a new sandbox; empty means the default tier. Any other value
+    must be a declared tier (else INVALID_ARGUMENT, also for a sandbox that
+    already exists); an existing sandbox keeps its record's tier.
     """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
