@@ -173,3 +173,17 @@ async def test_a_rate_refusal_says_to_retry_when_the_bucket_will_hold_a_token(
     refused = await running.stub.Admit(request("sb-2"))
     assert refused.refused_by == admission_pb2.POLICY_RATE
     assert 3.0 < refused.retry_after.ToMilliseconds() / 1000 <= 4.0
+
+
+async def test_a_concurrency_refusal_hint_is_capped_by_its_setting_not_the_lease_expiry(
+    start_admission: Any,
+) -> None:
+    # The lease expires with its hold (a minute here); commit or cancel usually
+    # frees it long before, so the hint is the setting's 1 s (docs/admission.md).
+    running = await start_admission(
+        client_allowlist=("acme",), concurrency={"default_limit": 1, "retry_after_s": 1.0}
+    )
+    assert (await running.stub.Admit(request("sb-1"))).decision == ADMITTED
+    refused = await running.stub.Admit(request("sb-2"))
+    assert refused.refused_by == admission_pb2.POLICY_CONCURRENCY
+    assert 0 < refused.retry_after.ToMilliseconds() <= 1000

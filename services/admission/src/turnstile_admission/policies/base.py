@@ -123,6 +123,12 @@ class Policy:
     """A policy: when it applies, its script mode, and its verdicts."""
 
     name: ClassVar[PolicyName]
+    #: Whether the script's hint is capped by ``retry_after_s``. True where the
+    #: script's hint is a worst case (the earliest expiry of what is held: a
+    #: lease or slot is usually released by commit or cancel long before it
+    #: expires), so callers retry on the setting's schedule instead of waiting
+    #: out a dead caller's TTL; false where the hint is exact (rate).
+    hint_capped: ClassVar[bool] = False
 
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
@@ -186,8 +192,10 @@ class Policy:
 
     def retry_hint(self, retry_ms: int) -> float:
         """The script's hint when it has one (e.g. when the bucket will hold a token
-        again), else the policy's default. Never shortened to the default: a hint
-        earlier than the script's prediction only invites a retry that is refused."""
+        again), else the policy's default. An exact hint is never shortened to the
+        default: a retry earlier than the script's prediction is refused. A
+        worst-case hint (:attr:`hint_capped`) is capped by the default."""
         if retry_ms <= 0:
             return self.settings.retry_after_s
-        return max(0.001, retry_ms / 1000)
+        hint = max(0.001, retry_ms / 1000)
+        return min(hint, self.settings.retry_after_s) if self.hint_capped else hint

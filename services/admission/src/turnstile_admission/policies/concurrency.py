@@ -29,4 +29,5 @@ class ConcurrencySettings(PolicySettings):
 
 class ConcurrencyPolicy(Policy):
     name: ClassVar[PolicyName] = PolicyName.CONCURRENCY
+    hint_capped: ClassVar[bool] = True
     settings: ConcurrencySettings

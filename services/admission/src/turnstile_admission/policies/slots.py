@@ -50,6 +50,7 @@ class SlotsSettings(PolicySettings):
 
 class SlotsPolicy(Policy):
     name: ClassVar[PolicyName] = PolicyName.SLOTS
+    hint_capped: ClassVar[bool] = True
     settings: SlotsSettings
 
     def skip_reason(self, activation: Activation) -> str | None:
