@@ -3,6 +3,7 @@ admits while Redis is down and a fail-closed one refuses, and both recover."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -11,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
+from turnstile_clientkeys import KeySetStore
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_platform.errors import decode
 from turnstile_testing.processes import RedisProcess
@@ -187,3 +189,30 @@ async def test_a_concurrency_refusal_hint_is_capped_by_its_setting_not_the_lease
     refused = await running.stub.Admit(request("sb-2"))
     assert refused.refused_by == admission_pb2.POLICY_CONCURRENCY
     assert 0 < refused.retry_after.ToMilliseconds() <= 1000
+
+
+async def test_a_key_that_leaves_the_key_set_leaves_the_per_key_gauges(
+    start_admission: Any, redis_url: str
+) -> None:
+    running = await start_admission(client_allowlist=("gauged",))
+    gauged = admission_pb2.AdmitRequest(
+        sandbox_id="sb-g",
+        client=common_pb2.ActivationClient(client_id="gauged"),
+        kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+    )
+    assert (await running.stub.Admit(gauged)).decision == ADMITTED
+    pending = "turnstile_admission_pending_entries"
+    assert REGISTRY.get_sample_value(pending, {"key": "gauged"}) is not None
+
+    client = aioredis.from_url(redis_url)
+    try:
+        await KeySetStore(client, running.settings.redis_prefix).change(remove=("gauged",))
+    finally:
+        await client.aclose()
+
+    # The change arrives by pub/sub or the version poll (no event to await here).
+    for _ in range(600):
+        if REGISTRY.get_sample_value(pending, {"key": "gauged"}) is None:
+            break
+        await asyncio.sleep(0.05)
+    assert REGISTRY.get_sample_value(pending, {"key": "gauged"}) is None

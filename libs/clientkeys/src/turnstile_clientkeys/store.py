@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
@@ -97,6 +97,12 @@ class KeySetWatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._installed = asyncio.Condition()
         self._stopping = asyncio.Event()
+        self._listeners: list[Callable[[KeySet], None]] = []
+
+    def add_listener(self, listener: Callable[[KeySet], None]) -> None:
+        """Call ``listener`` with every key set installed from now on (e.g. to drop
+        per-key metrics of keys that left the set); it must not block."""
+        self._listeners.append(listener)
 
     async def start(self, initial: KeySet) -> None:
         """Bootstrap, install the stored key set, and start both propagation paths."""
@@ -128,6 +134,11 @@ class KeySetWatcher:
         if keyset.version != self.resolver.version or keyset != self.resolver.keyset:
             self.resolver.swap(keyset)
             log.info("key set installed", extra={"version": keyset.version})
+            for listener in self._listeners:
+                try:
+                    listener(keyset)
+                except Exception:
+                    log.exception("key-set listener failed")
             asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:

@@ -6,6 +6,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_admission.admitter import Admitter
 from turnstile_admission.live_count import LiveCounter
+from turnstile_admission.metrics import forget_departed_keys
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.servicer import AdmissionServicer
 from turnstile_admission.settings import AdmissionSettings
@@ -42,6 +43,7 @@ async def create_app(
         poll_interval_s=settings.keyset_poll_interval_s,
     )
     app.add_cleanup(watcher.stop)
+    watcher.add_listener(forget_departed_keys)
     # The live count has its own short deadline, passed per call: past it the cap
     # verdict is UNKNOWN and admits, rather than a decision waiting on the substrate.
     substrate = peers.substrate(settings, provider)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from turnstile_clientkeys import NATIVE, SHARED, UNATTRIBUTED, KeySet, Resolver
+
 DECISIONS = Counter(
     "turnstile_admission_decisions_total",
     "Admit decisions, by outcome, refusing policy (empty when admitted) and bounded key.",
@@ -45,3 +47,19 @@ HOLDS = Counter(
     "Hold commits and cancels, by action and whether the hold was still open.",
     ["action", "result"],
 )
+
+
+#: Per-key gauges: a key that left the key set must leave them too, or its last
+#: value is reported forever (counters keep their history: rates need it).
+PER_KEY_GAUGES = (PENDING,)
+_ALWAYS = frozenset({SHARED, NATIVE, UNATTRIBUTED})
+
+
+def forget_departed_keys(keyset: KeySet) -> None:
+    """Remove per-key gauge series of bounded keys ``keyset`` no longer resolves to."""
+    resolver = Resolver(keyset)
+    for gauge in PER_KEY_GAUGES:
+        keys = {sample.labels["key"] for family in gauge.collect() for sample in family.samples}
+        for key in keys:
+            if key not in _ALWAYS and resolver.resolve_id(key).key != key:
+                gauge.remove(key)
