@@ -24,7 +24,12 @@ from turnstile_platform.redis_client import redis_from_settings
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turnstile-admission-limits", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="turnstile-admission-limits",
+        description=__doc__,
+        # The docstring's examples are laid out by hand: keep its line breaks.
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("show", help="print every stored limit as JSON")
     one = sub.add_parser("set", help="set one bounded key's limits")
