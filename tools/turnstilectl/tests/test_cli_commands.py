@@ -23,7 +23,7 @@ from turnstile_contracts import (
     substrate_pb2,
     substrate_pb2_grpc,
 )
-from turnstile_platform.errors import QuotaViolation, RichError, abort
+from turnstile_platform.errors import QuotaViolation, RichError, abort, bad_field
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -57,14 +57,7 @@ class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
                 ),
             )
         if request.sandbox_id.startswith("bad"):
-            await abort(
-                context,
-                RichError(
-                    code=grpc.StatusCode.INVALID_ARGUMENT,
-                    message="client.client_id: must not be empty",
-                    reason="INVALID_FIELD",
-                ),
-            )
+            await abort(context, bad_field("sandbox_id", "must be a label value"))
         return substrate_pb2.ActivateResponse(
             sandbox=substrate_pb2.Sandbox(
                 sandbox_id=request.sandbox_id, tier=request.tier, runtime_name="proc-1"
@@ -84,10 +77,18 @@ class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
 
     def __init__(self) -> None:
         self.released = []
+        self.traces: list[str] = []
+
+    def _trace(self, context: Context) -> None:
+        """The trace id the call came with (W3C ``traceparent``: version-trace-span-flags)."""
+        for key, value in context.invocation_metadata() or ():
+            if key == "traceparent":
+                self.traces.append(str(value).split("-")[1])
 
     async def Place(
         self, request: affinity_pb2.PlaceRequest, context: Context
     ) -> affinity_pb2.PlaceResponse:
+        self._trace(context)
         if request.session_id.startswith("pending"):
             await abort(
                 context,
@@ -120,6 +121,7 @@ class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
     async def ReleaseLease(
         self, request: affinity_pb2.ReleaseLeaseRequest, context: Context
     ) -> affinity_pb2.ReleaseLeaseResponse:
+        self._trace(context)
         self.released.append(request.lease_id)
         return affinity_pb2.ReleaseLeaseResponse(released=True)
 
@@ -181,18 +183,28 @@ async def servers() -> AsyncIterator[tuple[dict[str, str], Affinity]]:
 async def _cli(
     capsys: pytest.CaptureFixture[str], targets: dict[str, str], *argv: str
 ) -> tuple[int, str]:
+    """Exit code and stdout (the answer); :func:`_cli_err` also returns stderr."""
+    code, out, _ = await _cli_err(capsys, targets, *argv)
+    return code, out
+
+
+async def _cli_err(
+    capsys: pytest.CaptureFixture[str], targets: dict[str, str], *argv: str
+) -> tuple[int, str, str]:
     flags = [f"--{name}={address}" for name, address in targets.items()]
     code = await asyncio.to_thread(run, [*flags, "--color", "never", *argv])
-    return code, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 async def test_a_rate_refusal_shows_reason_limit_current_and_retry_and_exits_3(
     servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = await _cli(capsys, servers[0], "activate", "limited-1", "--client", "acme")
+    code, out, err = await _cli_err(capsys, servers[0], "activate", "limited-1", "--client", "acme")
     assert code == 3
+    assert out == ""  # errors and refusals go to stderr: stdout holds only answers
     for text in ("RATE_LIMITED", "limit", "2", "current", "0", "retry in 2 s", "acme"):
-        assert text in out
+        assert text in err
 
 
 async def test_json_errors_carry_the_decoded_details_for_scripts(
@@ -230,9 +242,11 @@ async def test_exit_codes_tell_refused_from_retryable_from_invalid(
 async def test_an_unreachable_service_is_retryable_with_a_hint(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = await _cli(capsys, {"affinity": "127.0.0.1:1"}, "place", "s1", "--timeout", "2")
+    code, _, err = await _cli_err(
+        capsys, {"affinity": "127.0.0.1:1"}, "place", "s1", "--timeout", "2"
+    )
     assert code == 4
-    assert "turnstilectl status" in out
+    assert "turnstilectl status" in err
 
 
 async def test_a_workspace_reset_is_the_first_thing_printed(
@@ -257,6 +271,26 @@ async def test_place_without_reset_prints_no_warning_and_release_returns_the_lea
     assert answer["lease_released"] is True
     assert "reset" not in answer
     assert affinity.released == ["lease-1"]
+    # One command, one trace: Place and ReleaseLease both carry the printed trace id.
+    assert affinity.traces[-2:] == [answer["trace_id"]] * 2
+
+
+async def test_trace_prints_the_commands_trace_id_on_stderr(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    targets, affinity = servers
+    code, _, err = await _cli_err(capsys, targets, "place", "s-2", "--release", "--trace")
+    assert code == 0
+    assert f"trace {affinity.traces[-1]}" in err
+
+
+async def test_an_invalid_argument_names_its_field_once(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = await _cli_err(capsys, servers[0], "activate", "bad-1", "--client", "acme")
+    assert code == 2
+    assert out == ""
+    assert err.count("must be a label value") == 1
 
 
 async def test_per_command_target_overrides_the_global_address(

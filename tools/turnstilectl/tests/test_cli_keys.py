@@ -8,6 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from turnstile_cli.cli import build_parser
+from turnstile_cli.commands.base import load_handler
 from turnstile_cli.context import Context
 from turnstile_cli.output import Output
 from turnstile_clientkeys import KeySetStore
@@ -19,7 +20,7 @@ async def _keys(
     args = build_parser().parse_args(
         ["keys", "--redis-url", redis_url, "--redis-prefix", prefix, *argv]
     )
-    code: int = await args.handler(args, Context(out=Output(json_mode=True)))
+    code: int = await load_handler(args.handler)(args, Context(out=Output(json_mode=True)))
     return code, json.loads(capsys.readouterr().out)
 
 

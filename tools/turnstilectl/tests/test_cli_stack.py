@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc.aio
 import pytest
 
-from turnstile_cli.stack import procs
+from turnstile_cli.stack import procs, state
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
 from turnstile_testing.stack import RunningStack, run_stack
 
@@ -63,6 +65,49 @@ async def test_ctrl_c_stops_every_service_and_every_runtime_and_exits_zero(
         output = stack.output()
         assert "Turnstile is up" in output
         assert "stopping 1 sandbox runtime(s)" in output
+
+
+async def test_sighup_stops_the_stack_as_ctrl_c_does_and_logs_where_it_can(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    with run_stack(
+        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
+    ) as stack:
+        await stack.wait_serving()
+        described = json.loads((tmp_path / "stack.json").read_text())
+        assert described["tiers"] == "container,microvm"
+        await _activate(stack, "sb-stack-hup")
+        tree = _tree(stack)
+
+        stack.proc.send_signal(signal.SIGHUP)  # the terminal closed
+        code = await asyncio.to_thread(stack.proc.wait, 60)
+
+        assert code == 0, stack.output()
+        assert await _wait_gone(tree) == []
+        # Nobody reads the terminal any more: the stop is told in hangup.log.
+        told = (tmp_path / "hangup.log").read_text()
+        assert "SIGHUP" in told
+        assert "stopping 1 sandbox runtime(s)" in told
+        assert not (tmp_path / "stack.json").exists()
+
+
+def test_stopped_sandboxes_old_directories_are_pruned_and_running_ones_kept(
+    tmp_path: Path,
+) -> None:
+    old, recent, running = (tmp_path / name for name in ("sb-old", "sb-recent", "sb-running"))
+    for directory in (old, recent, running):
+        (directory / "workspace").mkdir(parents=True)
+    (running / "runtime.json").write_text("{}")
+    day_ago = time.time() - 2 * 86400
+    for directory in (old, running):
+        os.utime(directory, (day_ago, day_ago))
+
+    pruned = state.prune(tmp_path, older_than_s=86400)
+
+    assert pruned == ["sb-old"]
+    assert not old.exists()
+    assert recent.exists()
+    assert running.exists()
 
 
 @pytest.mark.slow  # about 15 s: the stack stops a dead substrate's orphans

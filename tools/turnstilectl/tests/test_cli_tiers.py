@@ -26,8 +26,12 @@ def _tiers(
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
+    # No running local stack to fall back on (tested below).
+    monkeypatch.setenv("TURNSTILE_STACK_FILE", "/nonexistent/stack.json")
     code = run(["tiers", "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    answer: dict[str, Any] = json.loads(capsys.readouterr().out)
+    answer.pop("source", None)
+    return code, answer
 
 
 @pytest.mark.parametrize("case", CASES["valid"], ids=lambda c: c["name"])
@@ -66,3 +70,21 @@ def test_options_override_the_environment(
 def test_human_output_names_the_variable_to_fix(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["tiers", "--tiers", "a,,b", "--color", "never"]) == 1
     assert "TURNSTILE_TIERS" in capsys.readouterr().out
+
+
+def test_a_new_shell_reads_the_running_stacks_tiers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from turnstile_cli.stack import state
+
+    stack_file = tmp_path / ".run" / "stack.json"
+    state.write(stack_file, {"tiers": "container,microvm", "default_tier": ""})
+    monkeypatch.delenv("TURNSTILE_TIERS", raising=False)
+    monkeypatch.delenv("TURNSTILE_DEFAULT_TIER", raising=False)
+    monkeypatch.delenv("TURNSTILE_STACK_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert run(["tiers", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["declared"] == ["container", "microvm"]
+    assert answer["default"] == "container"
+    assert str(stack_file) in answer["source"]

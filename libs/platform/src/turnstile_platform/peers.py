@@ -9,7 +9,7 @@ or create a second runtime; their callers decide.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc.aio
 from opentelemetry import trace
@@ -23,7 +23,6 @@ from turnstile_contracts import (
     substrate_pb2_grpc,
 )
 from turnstile_platform.channels import create_channel
-from turnstile_platform.settings import ServiceSettings
 
 ADMISSION = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
 SUBSTRATE = substrate_pb2.DESCRIPTOR.services_by_name["SubstrateService"].full_name
@@ -37,6 +36,22 @@ IDEMPOTENT = {
 
 
 StubT = TypeVar("StubT")
+
+
+class PeerSettings(Protocol):
+    """What a peer channel reads from settings. ``ServiceSettings`` has all of it;
+    ``turnstilectl`` passes a plain object, so a command does not import pydantic."""
+
+    @property
+    def admission_addr(self) -> str: ...
+    @property
+    def substrate_addr(self) -> str: ...
+    @property
+    def affinity_addr(self) -> str: ...
+    @property
+    def rpc_timeout_s(self) -> float: ...
+    @property
+    def max_message_bytes(self) -> int: ...
 
 
 @dataclass
@@ -59,7 +74,7 @@ def _async(stub: Any) -> Any:
 def _channel(
     target: str,
     service: str,
-    settings: ServiceSettings,
+    settings: PeerSettings,
     provider: trace.TracerProvider | None,
     timeout_s: float | None,
 ) -> grpc.aio.Channel:
@@ -74,7 +89,7 @@ def _channel(
 
 
 def admission(
-    settings: ServiceSettings,
+    settings: PeerSettings,
     provider: trace.TracerProvider | None = None,
     *,
     target: str | None = None,
@@ -85,7 +100,7 @@ def admission(
 
 
 def substrate(
-    settings: ServiceSettings,
+    settings: PeerSettings,
     provider: trace.TracerProvider | None = None,
     *,
     target: str | None = None,
@@ -96,7 +111,7 @@ def substrate(
 
 
 def affinity(
-    settings: ServiceSettings,
+    settings: PeerSettings,
     provider: trace.TracerProvider | None = None,
     *,
     target: str | None = None,

@@ -1,53 +1,49 @@
-"""The ``turnstilectl`` command line: parse, dispatch, turn errors into exit codes."""
+"""The ``turnstilectl`` command line: parse, dispatch, turn errors into exit codes.
+
+Parsing needs only :mod:`turnstile_cli.parser` (argparse); the chosen command's
+module, and grpc, protobuf, rich or Redis with it, is imported after parsing.
+That keeps ``--help`` and usage errors instant and a command's start-up to what
+it uses (``tools/turnstilectl/bench/cli_startup.py`` measures both).
+
+One rule for every command: usage errors exit 2 with the message on stderr,
+refusals 3, retryable failures 4 (:mod:`turnstile_cli.exits`). Every command is
+one trace: a root span around the whole command, so its RPCs (``place
+--release`` makes two) are children of it; ``--trace`` prints its id on stderr
+and ``--json`` payloads carry it as ``trace_id``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
+import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import grpc.aio
-from pydantic import ValidationError
-from redis.exceptions import RedisError
-
-from turnstile_cli import exits
-from turnstile_cli.commands import admission, affinity, keys, status, substrate, tiers
-from turnstile_cli.commands.base import common_options
-from turnstile_cli.context import Context, Targets
 from turnstile_cli.exits import Exit
-from turnstile_cli.output import Output
-from turnstile_platform.errors import decode
+from turnstile_cli.parser import build_parser
 
-EPILOG = """\
-exit codes: 0 ok · 1 error · 2 usage or invalid request · 3 refused by a limit ·
-4 retryable (pending, busy, unavailable). See docs/cli.md.
-"""
+if TYPE_CHECKING:
+    from turnstile_cli.context import Context
 
+__all__ = ["build_parser", "run"]
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="turnstilectl",
-        description="Turnstile's command line: admit, activate, place, and see what is where.",
-        epilog=EPILOG,
-        parents=[common_options(suppress=False)],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    # Imported here: the stack and the demo pull in process and tracing machinery
-    # that the RPC commands do not need.
-    from turnstile_cli import demo
-    from turnstile_cli.stack import command as stack
-
-    for module in (admission, substrate, affinity, keys, tiers, status, stack, demo):
-        module.register(sub)
-    return parser
+#: Commands that make no RPC and so start no trace (``up`` runs the stack; the
+#: demo starts one trace per step itself).
+UNTRACED = frozenset({"up", "demo", "tiers", "keys"})
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not 0 < args.timeout <= 120:
+        parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
+    import asyncio
+
+    from turnstile_cli.context import Context, Targets
+    from turnstile_cli.output import Output
+
     color = {"always": True, "never": False}.get(args.color)
     if color is None and os.environ.get("NO_COLOR"):
         color = False
@@ -55,9 +51,6 @@ def run(argv: list[str] | None = None) -> int:
     targets = Targets.resolve(args.admission, args.substrate, args.affinity)
     if getattr(args, "service", None) and getattr(args, "target", None):
         targets = replace(targets, **{args.service: args.target})
-    if not 0 < args.timeout <= 120:
-        out.failure("--timeout must be between 0 and 120 seconds")
-        return Exit.USAGE
     ctx = Context(out=out, targets=targets, timeout_s=args.timeout)
     try:
         return asyncio.run(_dispatch(args, ctx))
@@ -66,16 +59,55 @@ def run(argv: list[str] | None = None) -> int:
 
 
 async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:
+    if args.action in UNTRACED:
+        return await _handle(args, ctx)
+    import asyncio
+
+    from opentelemetry import trace
+
+    from turnstile_platform import tracing
+
+    provider = tracing.create_tracer_provider("turnstilectl")
+    ctx.tracer_provider = provider
+    tracer = provider.get_tracer("turnstile_cli")
     try:
-        code: int = await args.handler(args, ctx)
+        with tracer.start_as_current_span(f"turnstilectl {args.action}") as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            ctx.out.trace_id = trace_id
+            if args.trace and not ctx.out.json_mode:
+                print(f"trace {trace_id}", file=sys.stderr)
+            code = await _handle(args, ctx)
+            if code != Exit.OK:
+                span.set_status(trace.StatusCode.ERROR, f"exit {code}")
+            return code
+    finally:
+        if tracing.exporter_configured():
+            await asyncio.to_thread(provider.force_flush, 5000)
+        provider.shutdown()
+
+
+async def _handle(args: argparse.Namespace, ctx: Context) -> int:
+    import grpc.aio
+
+    from turnstile_cli import exits
+    from turnstile_cli.commands.base import load_handler
+    from turnstile_platform.errors import decode
+
+    handler = load_handler(args.handler)
+    try:
+        code: int = await handler(args, ctx)
     except grpc.aio.AioRpcError as error:
         rich = decode(error)
         ctx.out.rpc_error(rich, action=args.action)
         return exits.for_error(rich)
-    except ValidationError as error:
-        ctx.out.failure(f"invalid TURNSTILE_* setting: {error}")
+    except exits.UsageError as error:
+        ctx.out.failure(str(error))
         return Exit.USAGE
-    except RedisError as error:
-        ctx.out.failure(f"Redis: {error}")
-        return Exit.RETRYABLE
+    except Exception as error:
+        known = exits.known_failure(error)
+        if known is None:
+            raise
+        text, code = known
+        ctx.out.failure(text)
+        return code
     return code

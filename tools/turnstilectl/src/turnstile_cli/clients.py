@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
-from turnstile_contracts import common_pb2
+if TYPE_CHECKING:  # the parser imports this module; protobuf only when a command runs
+    from turnstile_contracts import common_pb2
 
 FORMS = ("client", "inherit", "native", "unattributed")
 
@@ -38,6 +40,8 @@ def add_client_options(
 
 
 def client_from_args(args: argparse.Namespace) -> common_pb2.ActivationClient:
+    from turnstile_contracts import common_pb2
+
     if getattr(args, "inherit", False):
         return common_pb2.ActivationClient(inherit=common_pb2.ActivationClient.Inherit())
     if getattr(args, "native", False):

@@ -18,7 +18,6 @@ from opentelemetry import trace
 from turnstile_cli.output import Output
 from turnstile_contracts import admission_pb2_grpc, affinity_pb2_grpc, substrate_pb2_grpc
 from turnstile_platform import peers
-from turnstile_platform.settings import ServiceSettings
 
 #: Where the local stack (``turnstilectl up``) listens.
 LOCAL_ADMISSION = "127.0.0.1:50051"
@@ -49,6 +48,17 @@ class Targets:
         )
 
 
+@dataclass(frozen=True)
+class PeerSettings:
+    """:class:`turnstile_platform.peers.PeerSettings` without pydantic's import cost."""
+
+    admission_addr: str
+    substrate_addr: str
+    affinity_addr: str
+    rpc_timeout_s: float
+    max_message_bytes: int = 4 * 1024 * 1024
+
+
 @dataclass
 class Context:
     out: Output
@@ -56,9 +66,12 @@ class Context:
     timeout_s: float = DEFAULT_TIMEOUT_S
     tracer_provider: trace.TracerProvider | None = None
 
-    def settings(self) -> ServiceSettings:
-        """Channel settings for :mod:`turnstile_platform.peers` (deadline, addresses)."""
-        return ServiceSettings(
+    def settings(self) -> PeerSettings:
+        """Channel settings for :mod:`turnstile_platform.peers` (deadline, addresses).
+
+        Every channel the CLI opens is made here, through ``peers``: connection
+        options (credentials, message sizes) belong in this one place."""
+        return PeerSettings(
             admission_addr=self.targets.admission,
             substrate_addr=self.targets.substrate,
             affinity_addr=self.targets.affinity,

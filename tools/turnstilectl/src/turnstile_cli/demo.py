@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,6 @@ from rich.rule import Rule
 
 from turnstile_cli.commands.admission import render_admit
 from turnstile_cli.commands.affinity import render_place, reset_warning
-from turnstile_cli.commands.base import Subparsers, command
 from turnstile_cli.commands.substrate import render_activate
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
@@ -70,26 +70,6 @@ STEPS = 6
 
 class DemoError(Exception):
     """The story could not go on; the message says why."""
-
-
-def register(sub: Subparsers) -> None:
-    demo = command(
-        sub,
-        "demo",
-        _demo,
-        help="tell a short story against the running local stack (turnstilectl up)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    demo.add_argument("--redis-url", help="the stack's Redis (default: $TURNSTILE_REDIS_URL)")
-    demo.add_argument(
-        "--redis-prefix", help="the stack's prefix (default: $TURNSTILE_REDIS_PREFIX)"
-    )
-    demo.add_argument(
-        "--max-wait",
-        type=float,
-        default=180.0,
-        help="longest wait for a worker or for the grace period to pass (default 180 s)",
-    )
 
 
 @dataclass
@@ -123,9 +103,18 @@ class Story:
         self.console.print(f"[dim]{escape(text)}[/]")
         with self.tracer.start_as_current_span(f"demo {number}: {title}") as span:
             trace_id = format(span.get_span_context().trace_id, "032x")
+            self.progress(number, title, trace_id, "started")
             yield
         self.traces.append({"step": f"{number}. {title}", "trace_id": trace_id})
+        self.progress(number, title, trace_id, "done")
         self.console.print(f"[dim]trace[/] [bold blue]{trace_id}[/]")
+
+    def progress(self, number: int, title: str, trace_id: str, state: str) -> None:
+        """With ``--json``, one JSON line per step start and end on stderr (stdout
+        keeps its one object), so a script sees the story move."""
+        if self.ctx.out.json_mode:
+            line = {"step": number, "of": STEPS, "title": title, "trace_id": trace_id}
+            print(json.dumps({**line, "state": state}), file=sys.stderr, flush=True)
 
     def shell(self, line: str) -> None:
         self.console.print(f"[bold]$[/] [cyan]{escape(line)}[/]")
@@ -248,7 +237,7 @@ class Story:
     async def in_flight_cap(self) -> None:
         async with self.step(
             2,
-            f"{self.acme} hits its cap",
+            f"{self.acme} hits its in-flight limit (concurrency)",
             "Its limits allow 2 activations in flight. Two slow activations hold their "
             "admission (a hold each, as the substrate takes while a runtime starts); the third "
             "is refused with the limit, the current value and when to retry. On Kubernetes the "
@@ -439,6 +428,12 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
         rpc_error = decode(raw)
         story.refused(rpc_error, "demo step")
         failure, code = f"{rpc_error.code.name}: {rpc_error.message}", Exit.ERROR
+    except asyncio.CancelledError:  # Ctrl-C: say why the next seconds are quiet
+        ctx.out.err.print(
+            "[yellow]interrupted:[/] cleaning up this run's allowlist entries and limits "
+            "(a few seconds; its sandboxes stay running)…"
+        )
+        raise
     finally:
         await _cleanup(story)
         await asyncio.to_thread(_flush, provider)

@@ -17,10 +17,11 @@ it is still REFUSED, because a policy decided, not a transient failure.
 from __future__ import annotations
 
 import enum
+import sys
+from typing import TYPE_CHECKING
 
-import grpc
-
-from turnstile_platform.errors import RichError
+if TYPE_CHECKING:  # imported by the parser's path: grpc only when a call failed
+    from turnstile_platform.errors import RichError
 
 
 class Exit(enum.IntEnum):
@@ -52,19 +53,39 @@ RETRYABLE_REASONS = frozenset(
     }
 )
 
-_RETRYABLE_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
-)
+_RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"})
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as given (exit 2, message on stderr)."""
 
 
 def for_error(error: RichError) -> Exit:
     """The exit code of a failed call."""
+    code = error.code.name
     if error.reason in REFUSAL_REASONS:
         return Exit.REFUSED
-    if error.reason in RETRYABLE_REASONS or error.code in _RETRYABLE_CODES:
+    if error.reason in RETRYABLE_REASONS or code in _RETRYABLE_CODES:
         return Exit.RETRYABLE
-    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code == "RESOURCE_EXHAUSTED":
         return Exit.REFUSED
-    if error.code is grpc.StatusCode.INVALID_ARGUMENT:
+    if code == "INVALID_ARGUMENT":
         return Exit.USAGE
     return Exit.ERROR
+
+
+def known_failure(error: BaseException) -> tuple[str, Exit] | None:
+    """The message and exit code of a failure a command may meet outside an RPC:
+    an invalid ``TURNSTILE_*`` setting or key-set change (2), Redis unreachable (4).
+    Looked up in ``sys.modules``: an exception of a module never imported cannot
+    have been raised, and importing it here would cost every command its time."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(error, pydantic.ValidationError):
+        return f"invalid TURNSTILE_* setting: {error}", Exit.USAGE
+    keyset = sys.modules.get("turnstile_clientkeys.keyset")
+    if keyset is not None and isinstance(error, keyset.KeySetError):
+        return str(error), Exit.USAGE
+    redis = sys.modules.get("redis.exceptions")
+    if redis is not None and isinstance(error, redis.RedisError):
+        return f"Redis: {error}", Exit.RETRYABLE
+    return None

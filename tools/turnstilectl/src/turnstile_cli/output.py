@@ -11,24 +11,33 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from google.protobuf import json_format, message
-from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from turnstile_platform.errors import RichError
+if TYPE_CHECKING:
+    from google.protobuf import message
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from turnstile_platform.errors import RichError
+
+#: Width of output that is not a terminal (a pipe, a file): rich would cut tables
+#: at 80 columns; ``COLUMNS`` still wins when set.
+PIPED_WIDTH = 200
 
 Renderer = Callable[[Console], None]
 
 
 def proto_dict(msg: message.Message) -> dict[str, Any]:
     """A message as JSON-able data: proto field names, enum names, every field."""
+    from google.protobuf import json_format
+
     data: dict[str, Any] = json_format.MessageToDict(
         msg,
         preserving_proto_field_name=True,
@@ -107,15 +116,13 @@ class Output:
         stderr: IO[str] | None = None,
     ) -> None:
         self.json_mode = json_mode
+        #: The command's trace id, added to every JSON payload when set.
+        self.trace_id: str | None = None
         self._stdout = stdout or sys.stdout
         no_color = color is False
         force = color is True or None
-        self.console = Console(
-            file=self._stdout, no_color=no_color, force_terminal=force, highlight=False
-        )
-        self.err = Console(
-            file=stderr or sys.stderr, no_color=no_color, force_terminal=force, highlight=False
-        )
+        self.console = _console(self._stdout, no_color=no_color, force=force)
+        self.err = _console(stderr or sys.stderr, no_color=no_color, force=force)
 
     def emit(self, payload: Mapping[str, Any], human: Renderer) -> None:
         if self.json_mode:
@@ -124,6 +131,8 @@ class Output:
             human(self.console)
 
     def print_json(self, payload: Mapping[str, Any]) -> None:
+        if self.trace_id is not None and "trace_id" not in payload:
+            payload = {**payload, "trace_id": self.trace_id}
         self._stdout.write(json.dumps(payload, sort_keys=True, default=str) + "\n")
         self._stdout.flush()
 
@@ -138,18 +147,26 @@ class Output:
             self.err.print(f"[dim]{escape(text)}[/]")
 
     def failure(self, text: str) -> None:
-        """A failure that is not an RPC error (bad config, nothing listening)."""
+        """A failure that is not an RPC error (bad config, nothing listening); on
+        stderr for people, so stdout holds only a command's answer."""
         if self.json_mode:
             self.print_json({"error": {"code": "", "reason": "", "message": text}})
         else:
-            self.console.print(f"[bold red]error:[/] {escape(text)}")
+            self.err.print(f"[bold red]error:[/] {escape(text)}")
 
     def rpc_error(self, error: RichError, *, action: str) -> None:
         """A decoded RPC error: reason, limit, current value and when to retry."""
         if self.json_mode:
             self.print_json({"error": error_dict(error)})
             return
-        self.console.print(render_error(error, action=action))
+        self.err.print(render_error(error, action=action))
+
+
+def _console(file: IO[str], *, no_color: bool, force: bool | None) -> Console:
+    console = Console(file=file, no_color=no_color, force_terminal=force, highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPED_WIDTH
+    return console
 
 
 def render_error(error: RichError, *, action: str) -> Table:
@@ -168,9 +185,14 @@ def render_error(error: RichError, *, action: str) -> Table:
         + f" [dim]({error.code.name})[/]"
     )
     rows: dict[str, object] = {}
-    if error.message:
+    # An INVALID_ARGUMENT's message is its field violations joined, and its
+    # metadata names the first field: show each violation once, not three times.
+    covered = [f"{v.field}: {v.description}" for v in error.field_violations]
+    if error.message and error.message not in ("; ".join(covered), *covered):
         rows["why"] = error.message
     meta = dict(error.metadata)
+    if error.field_violations:
+        meta.pop("field", None)
     for name in ("key", "policy", "bucket", "limit", "current", "sandbox_id", "tier"):
         if name in meta:
             rows[name] = meta.pop(name)

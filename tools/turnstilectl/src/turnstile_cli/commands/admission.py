@@ -8,12 +8,12 @@ uncommitted hold expires on its own).
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.clients import add_client_options, client_from_args, describe
-from turnstile_cli.commands.base import Subparsers, command
+from turnstile_cli.clients import client_from_args, describe
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, retry_text, when
@@ -33,44 +33,6 @@ VERDICT_STYLES = {
     admission_pb2.VERDICT_UNKNOWN: "magenta",
     admission_pb2.VERDICT_SKIPPED: "dim",
 }
-
-
-def register(sub: Subparsers) -> None:
-    admit = command(
-        sub,
-        "admit",
-        _admit,
-        service="admission",
-        help="ask admission whether a client may activate a sandbox now (takes a hold)",
-    )
-    admit.add_argument("sandbox_id")
-    add_client_options(admit, forms=("client", "native", "unattributed"))
-    admit.add_argument("--kind", choices=sorted(KINDS), default="cold", help="default: cold")
-    admit.add_argument("--tier", default="", help="the sandbox's tier (informational)")
-    admit.add_argument(
-        "--node", action="append", default=[], help="a candidate node (repeat); checks node slots"
-    )
-    admit.add_argument(
-        "--commit", action="store_true", help="commit the hold at once (as a finished activation)"
-    )
-    admit.add_argument(
-        "--cancel",
-        action="store_true",
-        help="cancel the hold at once (a dry run: takes nothing)",
-    )
-
-    hold = command(sub, "hold", _hold, service="admission", help="commit or cancel a hold")
-    hold.add_argument("verb", choices=("commit", "cancel"))
-    hold.add_argument("hold_id")
-
-    usage = command(
-        sub,
-        "usage",
-        _usage,
-        service="admission",
-        help="a client's bounded key: live, pending, tokens, in flight",
-    )
-    add_client_options(usage, forms=("client", "native", "unattributed"))
 
 
 async def _admit(args: argparse.Namespace, ctx: Context) -> int:
@@ -101,9 +63,36 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     payload = proto_dict(response)
     if settled is not None:
         payload["hold_settled"] = settled
-    ctx.out.emit(payload, lambda console: render_admit(console, args.sandbox_id, response, settled))
     refused = response.decision == admission_pb2.DECISION_REFUSED
+    if refused:
+        payload["error"] = refusal_dict(response)
+    ctx.out.emit(payload, lambda console: render_admit(console, args.sandbox_id, response, settled))
     return Exit.REFUSED if refused else Exit.OK
+
+
+#: The ErrorInfo reason each refusing policy's refusal carries as an RPC error.
+REFUSAL_REASONS = {
+    admission_pb2.POLICY_CAP: "CAP_EXCEEDED",
+    admission_pb2.POLICY_RATE: "RATE_LIMITED",
+    admission_pb2.POLICY_CONCURRENCY: "CONCURRENCY_LIMITED",
+    admission_pb2.POLICY_NODE_SLOTS: "NODE_SLOTS_EXHAUSTED",
+}
+
+
+def refusal_dict(response: admission_pb2.AdmitResponse) -> dict[str, Any]:
+    """A refused decision in the shape of ``--json`` errors (docs/cli.md): scripts
+    read ``error.retry_after_s`` as a number of seconds, whatever refused."""
+    retry = (
+        response.retry_after.ToTimedelta().total_seconds()
+        if response.HasField("retry_after")
+        else None
+    )
+    return {
+        "code": "REFUSED",
+        "reason": REFUSAL_REASONS.get(response.refused_by, ""),
+        "message": response.message,
+        "retry_after_s": retry,
+    }
 
 
 def render_admit(
@@ -131,7 +120,8 @@ def render_admit(
         )
         rows = {"limit": response.limit, "current": response.current}
         if response.HasField("retry_after"):
-            rows["retry"] = retry_text(response.retry_after.ToTimedelta().total_seconds())
+            seconds = response.retry_after.ToTimedelta().total_seconds()
+            rows["retry"] = retry_text(seconds).removeprefix("retry ")
     if response.message:
         rows["summary"] = response.message
     console.print(kv_table(rows))
@@ -160,26 +150,33 @@ async def _hold(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.admission() as stub:
         if args.verb == "commit":
             committed = await stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=args.hold_id))
-            ctx.out.emit(
-                proto_dict(committed),
-                lambda c: c.print(
-                    "[green]✓ committed[/]" if committed.committed else "already settled or expired"
-                ),
-            )
+            committed = await stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=args.hold_id))
+            if not committed.committed:
+                return _no_hold(ctx, args.hold_id, proto_dict(committed))
+            ctx.out.emit(proto_dict(committed), lambda c: c.print("[green]✓ committed[/]"))
             return Exit.OK
         cancelled = await stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=args.hold_id))
-
-    def show(console: Console) -> None:
-        if not cancelled.cancelled:
-            console.print("already settled or expired: nothing returned")
-            return
-        console.print(
+    if not cancelled.cancelled:
+        return _no_hold(ctx, args.hold_id, proto_dict(cancelled))
+    ctx.out.emit(
+        proto_dict(cancelled),
+        lambda console: console.print(
             f"[green]✓ cancelled[/]: {cancelled.client_tokens_returned:g} token(s) back to the "
             f"key's bucket, {cancelled.cluster_tokens_returned:g} to the cluster's"
-        )
-
-    ctx.out.emit(proto_dict(cancelled), show)
+        ),
+    )
     return Exit.OK
+
+
+def _no_hold(ctx: Context, hold_id: str, payload: dict[str, Any]) -> int:
+    """Nothing was settled: the hold is unknown, expired or settled already (exit 1,
+    as NOT_FOUND is: the command did not do what it was asked)."""
+    text = f"hold {hold_id}: unknown, expired or already settled; nothing changed"
+    if ctx.out.json_mode:
+        ctx.out.print_json({**payload, "error": {"code": "NOT_FOUND", "message": text}})
+    else:
+        ctx.out.failure(text)
+    return Exit.ERROR
 
 
 async def _usage(args: argparse.Namespace, ctx: Context) -> int:

@@ -12,42 +12,10 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.commands.base import Subparsers, command
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import Output, kv_table, proto_dict, when
 from turnstile_contracts import affinity_pb2
-
-
-def register(sub: Subparsers) -> None:
-    place = command(
-        sub,
-        "place",
-        _place,
-        service="affinity",
-        help="which sandbox serves this session's next turn (takes a lease)",
-    )
-    place.add_argument("session_id")
-    place.add_argument("--tier", default="", help="the session's tier (default tier if empty)")
-    place.add_argument(
-        "--release", action="store_true", help="release the lease at once (just look)"
-    )
-
-    release = command(
-        sub, "release", _release, service="affinity", help="release a lease taken by place"
-    )
-    release.add_argument("sandbox_id")
-    release.add_argument("lease_id")
-
-    sessions = command(
-        sub, "sessions", _sessions, service="affinity", help="where sessions are placed"
-    )
-    sessions.add_argument("session_id", nargs="+")
-
-    workers = command(
-        sub, "workers", _workers, service="affinity", help="workers present, with their load"
-    )
-    workers.add_argument("--tier", default="", help="only this tier's")
 
 
 def reset_warning(reset: affinity_pb2.WorkspaceReset, session_id: str) -> str:

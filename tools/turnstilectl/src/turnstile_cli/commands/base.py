@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from turnstile_cli.context import Context
+if TYPE_CHECKING:
+    from turnstile_cli.context import Context
 
-Handler = Callable[[argparse.Namespace, Context], Awaitable[int]]
+Handler = Callable[[argparse.Namespace, "Context"], Awaitable[int]]
 Subparsers = Any  # argparse's _SubParsersAction is private
 
 
@@ -34,6 +36,12 @@ def common_options(*, suppress: bool) -> argparse.ArgumentParser:
         help="colour in human output (default: auto; NO_COLOR is honoured)",
     )
     group.add_argument(
+        "--trace",
+        action="store_true",
+        default=default if suppress else False,
+        help="print the command's trace id on stderr (--json payloads always carry it)",
+    )
+    group.add_argument(
         "--timeout",
         type=float,
         metavar="SECONDS",
@@ -57,13 +65,17 @@ COMMON = common_options(suppress=True)
 def command(
     subparsers: Subparsers,
     name: str,
-    handler: Handler,
+    handler: str,
     *,
     help: str,
     service: str | None = None,
     description: str | None = None,
 ) -> argparse.ArgumentParser:
-    """Add a subcommand; ``service`` adds ``--target`` for that service's address."""
+    """Add a subcommand; ``service`` adds ``--target`` for that service's address.
+
+    ``handler`` is ``"module:function"``, imported by :func:`load_handler` only when
+    the command runs (so ``--help`` imports none of what commands need).
+    """
     parser: argparse.ArgumentParser = subparsers.add_parser(
         name, help=help, description=description or help, parents=[COMMON]
     )
@@ -76,3 +88,9 @@ def command(
             "or the local stack's)",
         )
     return parser
+
+
+def load_handler(reference: str) -> Handler:
+    """The coroutine function ``"module:function"`` names."""
+    module, _, name = reference.partition(":")
+    return cast(Handler, getattr(importlib.import_module(module), name))

@@ -15,7 +15,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.commands.base import Subparsers, command
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_clientkeys import (
@@ -24,6 +23,7 @@ from turnstile_clientkeys import (
     KeySetError,
     KeySetStore,
     Resolver,
+    client_id_problem,
     is_label_value,
 )
 from turnstile_clientkeys.keyset import KNOWN_FLAGS
@@ -32,25 +32,6 @@ from turnstile_platform.settings import ServiceSettings
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
-
-
-def register(sub: Subparsers) -> None:
-    keys = command(sub, "keys", _keys, help="show or change the key set (allowlist + flags)")
-    keys.add_argument(
-        "--redis-url", help="Redis holding the key set (default: $TURNSTILE_REDIS_URL or local)"
-    )
-    keys.add_argument(
-        "--redis-prefix", help="the deployment's key prefix (default: $TURNSTILE_REDIS_PREFIX)"
-    )
-    verbs = keys.add_subparsers(dest="verb", metavar="VERB", required=True)
-    show = verbs.add_parser("show", help="the key set; with ids, what each resolves to")
-    show.add_argument("client_id", nargs="*")
-    allow = verbs.add_parser("allow", help="give client ids a bucket of their own")
-    allow.add_argument("client_id", nargs="+")
-    remove = verbs.add_parser("remove", help="send client ids back to the shared key")
-    remove.add_argument("client_id", nargs="+")
-    flags = verbs.add_parser("flags", help="show flags, or set NAME=on|off")
-    flags.add_argument("assignment", nargs="*", metavar="NAME=on|off")
 
 
 async def _keys(args: argparse.Namespace, ctx: Context) -> int:
@@ -95,6 +76,10 @@ async def _keys(args: argparse.Namespace, ctx: Context) -> int:
 
 def _changes(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.verb == "allow":
+        for client_id in args.client_id:
+            problem = client_id_problem(client_id)
+            if problem is not None:
+                raise KeySetError(f"client id {client_id!r} {problem}")
         return {"allow": tuple(args.client_id)}
     if args.verb == "remove":
         return {"remove": tuple(args.client_id)}

@@ -7,14 +7,9 @@ import asyncio
 
 from rich.table import Table
 
-from turnstile_cli.commands.base import Subparsers, command
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_platform.health_check import check
-
-
-def register(sub: Subparsers) -> None:
-    command(sub, "status", _status, help="health of the three services (exit 4 if any is down)")
 
 
 async def _status(args: argparse.Namespace, ctx: Context) -> int:

@@ -7,8 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.clients import add_client_options, client_from_args
-from turnstile_cli.commands.base import Subparsers, command
+from turnstile_cli.clients import client_from_args
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, when
@@ -21,37 +20,6 @@ OUTCOME_STYLES = {
     "restored": "green",
     "resumed": "green",
 }
-
-
-def register(sub: Subparsers) -> None:
-    activate = command(
-        sub,
-        "activate",
-        _activate,
-        service="substrate",
-        help="make a sandbox's runtime exist (admission decides first)",
-    )
-    activate.add_argument("sandbox_id")
-    add_client_options(activate, forms=("client", "inherit", "native"))
-    activate.add_argument("--tier", default="", help="tier of a new sandbox (empty: the default)")
-
-    deactivate = command(
-        sub, "deactivate", _deactivate, service="substrate", help="stop a sandbox's runtime"
-    )
-    deactivate.add_argument("sandbox_id")
-
-    sandboxes = command(
-        sub,
-        "sandboxes",
-        _sandboxes,
-        service="substrate",
-        help="list sandboxes (newest first), or show one",
-    )
-    sandboxes.add_argument("sandbox_id", nargs="?", help="show this sandbox only")
-    sandboxes.add_argument("--client", metavar="ID", default="", help="only this client's")
-    sandboxes.add_argument(
-        "--limit", type=int, default=100, help="at most this many (default 100; 0 for all)"
-    )
 
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:

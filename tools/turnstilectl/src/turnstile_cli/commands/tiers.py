@@ -12,24 +12,11 @@ import os
 
 from rich.console import Console
 
-from turnstile_cli.commands.base import Subparsers, command
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table
+from turnstile_cli.stack import state
 from turnstile_platform.tiers import TierConfig, TierConfigError, parse_tiers
-
-
-def register(sub: Subparsers) -> None:
-    tiers = command(
-        sub,
-        "tiers",
-        _tiers,
-        help="validate a tier configuration (exit 1 when invalid)",
-        description="Validate declared tiers and the default tier with the services' own "
-        "parser. Without options, reads TURNSTILE_TIERS and TURNSTILE_DEFAULT_TIER.",
-    )
-    tiers.add_argument("--tiers", help="comma-separated tiers (default: $TURNSTILE_TIERS)")
-    tiers.add_argument("--default-tier", help="(default: $TURNSTILE_DEFAULT_TIER)")
 
 
 async def _tiers(args: argparse.Namespace, ctx: Context) -> int:
@@ -39,6 +26,17 @@ async def _tiers(args: argparse.Namespace, ctx: Context) -> int:
         if args.default_tier is not None
         else os.environ.get("TURNSTILE_DEFAULT_TIER")
     )
+    source = "command line" if args.tiers is not None else "environment"
+    if tiers is None:
+        running = state.find()
+        if running is not None:
+            path, description = running
+            tiers = str(description.get("tiers", ""))
+            if default is None:
+                default = str(description.get("default_tier", ""))
+            source = f"the running local stack ({path})"
+        else:
+            source = "environment (unset; no running local stack found)"
     try:
         config = parse_tiers(tiers, default)
     except TierConfigError as error:
@@ -57,13 +55,15 @@ async def _tiers(args: argparse.Namespace, ctx: Context) -> int:
             "declared": list(config.declared),
             "default": config.default,
             "enabled": config.enabled,
+            "source": source,
         },
-        lambda c: _render(c, config),
+        lambda c: _render(c, config, source),
     )
     return Exit.OK
 
 
-def _render(console: Console, config: TierConfig) -> None:
+def _render(console: Console, config: TierConfig, source: str) -> None:
+    console.print(f"[dim]from {source}[/]")
     if not config.enabled:
         console.print(
             "[bold green]✓ valid[/]: no tiers configured; placement does not filter by tier"

@@ -1,6 +1,8 @@
-"""Run the local stack in the foreground until Ctrl-C or SIGTERM, then stop it all.
+"""Run the local stack in the foreground until Ctrl-C, SIGTERM or SIGHUP (the
+terminal closed), then stop it all.
 
-Start: preflight (tiers, commands, ports, Redis, PostgreSQL, migrations), then
+Start: preflight (stopped sandboxes' old state directories pruned, tiers,
+commands, ports, Redis, PostgreSQL, migrations), then
 the three services, each the leader of its own session and process group, and
 each waited for until gRPC health says SERVING.
 
@@ -28,7 +30,7 @@ import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.stack import procs
+from turnstile_cli.stack import procs, state
 from turnstile_cli.stack.config import ServiceSpec, StackConfig, find_command
 from turnstile_cli.stack.logs import LogPrinter
 from turnstile_cli.stack.preflight import (
@@ -87,12 +89,14 @@ class Stack:
         *,
         startup_timeout_s: float = 60.0,
         stop_grace_s: float = 15.0,
+        prune_after_s: float = 24 * 3600,
     ) -> None:
         self.config = config
         self.console = console
         self.printer = LogPrinter(console)
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
+        self.prune_after_s = prune_after_s
         self.running: dict[str, Running] = {}
 
     def say(self, text: str) -> None:
@@ -104,6 +108,7 @@ class Stack:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.hang_up, stop)
         try:
             try:
                 await self.preflight()
@@ -116,16 +121,37 @@ class Stack:
                 await self.stop()
                 return 1
             self.banner()
+            self.describe()
             died = await self.wait_for_stop_or_death(stop)
             if died is not None:
                 self.say(f"{died} exited unexpectedly (exit {self.running[died].proc.returncode})")
             await self.stop()
             return 1 if died is not None else 0
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
+    def hang_up(self, stop: asyncio.Event) -> None:
+        """The terminal closed (SIGHUP): stop as Ctrl-C does, and since nobody reads
+        the terminal any more (writing to it would fail mid-stop), write what the
+        stop says to ``hangup.log`` next to the state directory instead."""
+        log = state.path_for(self.config.state_dir).with_name("hangup.log")
+        with contextlib.suppress(OSError):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        self.say("terminal closed (SIGHUP): stopping as on Ctrl-C")
+        stop.set()
+
     async def preflight(self) -> None:
+        pruned = state.prune(self.config.state_dir, older_than_s=self.prune_after_s)
+        if pruned:
+            self.say(
+                f"removed {len(pruned)} stopped sandbox(es)' directories, stopped more than "
+                f"{self.prune_after_s / 3600:g} h ago, from {self.config.state_dir}"
+            )
         check_tiers(self.config)
         check_commands(self.config)
         check_ports(self.config)
@@ -240,8 +266,25 @@ class Stack:
             return None
         return next(exits[task] for task in done if task in exits)
 
+    def describe(self) -> None:
+        """Write ``stack.json`` for commands run in other shells (``tiers``)."""
+        config = self.config
+        a, s, f = config.addresses
+        state.write(
+            state.path_for(config.state_dir),
+            {
+                "pid": os.getpid(),
+                "tiers": config.tiers,
+                "default_tier": config.default_tier,
+                "addresses": {"admission": a, "substrate": s, "affinity": f},
+                "redis_prefix": config.redis_prefix,
+            },
+        )
+
     async def stop(self) -> None:
         self.say("stopping")
+        with contextlib.suppress(OSError):
+            state.path_for(self.config.state_dir).unlink()
         substrate = self.running.get("substrate")
         if substrate is not None and substrate.alive:
             await self.deactivate_sandboxes(substrate.spec.address)

@@ -1,0 +1,314 @@
+"""Every subcommand's arguments, declared without importing what the commands run.
+
+``turnstilectl --help`` and argument errors need only :mod:`argparse`; the module
+that runs a command (and grpc, protobuf, rich, Redis with it) is imported by
+:func:`turnstile_cli.cli.run` only for the one command chosen. A handler is named
+``"module:function"`` here; ``tools/turnstilectl/bench/cli_startup.py`` measures
+what this buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from turnstile_cli.clients import add_client_options
+from turnstile_cli.commands.base import Subparsers, command, common_options
+from turnstile_cli.stack.config import LOCAL_GRACE_S, LOCAL_TIERS
+
+EPILOG = """\
+exit codes: 0 ok · 1 error · 2 usage or invalid request · 3 refused by a limit ·
+4 retryable (pending, busy, unavailable). See docs/cli.md.
+"""
+
+#: ``admit --kind`` values (mapped to ``ActivationKind`` by the command).
+ADMIT_KINDS = ("cold", "restore", "resume", "warm")
+
+DEMO_DESCRIPTION = (
+    "Tell a short story against the running local stack: two tiers, a concurrency "
+    "limit, a rate refusal, sticky sessions, a killed worker and a fallback with a "
+    "workspace reset, each step one trace."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnstilectl",
+        description="Turnstile's command line: admit, activate, place, and see what is where.",
+        epilog=EPILOG,
+        parents=[common_options(suppress=False)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for declare in (_admission, _substrate, _affinity, _keys, _tiers, _status, _stack, _demo):
+        declare(sub)
+    return parser
+
+
+def _triple(text: str) -> tuple[int, int, int]:
+    try:
+        a, s, f = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("give three ports: ADMISSION,SUBSTRATE,AFFINITY") from None
+    for port in (a, s, f):
+        if not 0 <= port <= 65535:
+            raise argparse.ArgumentTypeError(f"{port} is not a port")
+    return a, s, f
+
+
+def _admission(sub: Subparsers) -> None:
+    admit = command(
+        sub,
+        "admit",
+        "turnstile_cli.commands.admission:_admit",
+        service="admission",
+        help="ask admission whether a client may activate a sandbox now (takes a hold)",
+    )
+    admit.add_argument("sandbox_id")
+    add_client_options(admit, forms=("client", "native", "unattributed"))
+    admit.add_argument("--kind", choices=ADMIT_KINDS, default="cold", help="default: cold")
+    admit.add_argument("--tier", default="", help="the sandbox's tier (informational)")
+    admit.add_argument(
+        "--node", action="append", default=[], help="a candidate node (repeat); checks node slots"
+    )
+    admit.add_argument(
+        "--commit", action="store_true", help="commit the hold at once (as a finished activation)"
+    )
+    admit.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel the hold at once (a dry run: takes nothing)",
+    )
+
+    hold = command(
+        sub,
+        "hold",
+        "turnstile_cli.commands.admission:_hold",
+        service="admission",
+        help="commit or cancel a hold",
+    )
+    hold.add_argument("verb", choices=("commit", "cancel"))
+    hold.add_argument("hold_id")
+
+    usage = command(
+        sub,
+        "usage",
+        "turnstile_cli.commands.admission:_usage",
+        service="admission",
+        help="a client's bounded key: live, pending, tokens, in flight",
+    )
+    add_client_options(usage, forms=("client", "native", "unattributed"))
+
+
+def _substrate(sub: Subparsers) -> None:
+    activate = command(
+        sub,
+        "activate",
+        "turnstile_cli.commands.substrate:_activate",
+        service="substrate",
+        help="make a sandbox's runtime exist (admission decides first)",
+    )
+    activate.add_argument("sandbox_id")
+    add_client_options(activate, forms=("client", "inherit", "native"))
+    activate.add_argument("--tier", default="", help="tier of a new sandbox (empty: the default)")
+
+    deactivate = command(
+        sub,
+        "deactivate",
+        "turnstile_cli.commands.substrate:_deactivate",
+        service="substrate",
+        help="stop a sandbox's runtime",
+    )
+    deactivate.add_argument("sandbox_id")
+
+    sandboxes = command(
+        sub,
+        "sandboxes",
+        "turnstile_cli.commands.substrate:_sandboxes",
+        service="substrate",
+        help="list sandboxes (newest first), or show one",
+    )
+    sandboxes.add_argument("sandbox_id", nargs="?", help="show this sandbox only")
+    sandboxes.add_argument("--client", metavar="ID", default="", help="only this client's")
+    sandboxes.add_argument(
+        "--limit", type=int, default=100, help="at most this many (default 100; 0 for all)"
+    )
+
+
+def _affinity(sub: Subparsers) -> None:
+    place = command(
+        sub,
+        "place",
+        "turnstile_cli.commands.affinity:_place",
+        service="affinity",
+        help="which sandbox serves this session's next turn (takes a lease)",
+    )
+    place.add_argument("session_id")
+    place.add_argument("--tier", default="", help="the session's tier (default tier if empty)")
+    place.add_argument(
+        "--release", action="store_true", help="release the lease at once (just look)"
+    )
+
+    release = command(
+        sub,
+        "release",
+        "turnstile_cli.commands.affinity:_release",
+        service="affinity",
+        help="release a lease taken by place",
+    )
+    release.add_argument("sandbox_id")
+    release.add_argument("lease_id")
+
+    sessions = command(
+        sub,
+        "sessions",
+        "turnstile_cli.commands.affinity:_sessions",
+        service="affinity",
+        help="where sessions are placed",
+    )
+    sessions.add_argument("session_id", nargs="+")
+
+    workers = command(
+        sub,
+        "workers",
+        "turnstile_cli.commands.affinity:_workers",
+        service="affinity",
+        help="workers present, with their load",
+    )
+    workers.add_argument("--tier", default="", help="only this tier's")
+
+
+def _keys(sub: Subparsers) -> None:
+    keys = command(
+        sub,
+        "keys",
+        "turnstile_cli.commands.keys:_keys",
+        help="show or change the key set (allowlist + flags)",
+    )
+    keys.add_argument(
+        "--redis-url", help="Redis holding the key set (default: $TURNSTILE_REDIS_URL or local)"
+    )
+    keys.add_argument(
+        "--redis-prefix", help="the deployment's key prefix (default: $TURNSTILE_REDIS_PREFIX)"
+    )
+    verbs = keys.add_subparsers(dest="verb", metavar="VERB", required=True)
+    show = verbs.add_parser("show", help="the key set; with ids, what each resolves to")
+    show.add_argument("client_id", nargs="*")
+    allow = verbs.add_parser("allow", help="give client ids a bucket of their own")
+    allow.add_argument("client_id", nargs="+")
+    remove = verbs.add_parser("remove", help="send client ids back to the shared key")
+    remove.add_argument("client_id", nargs="+")
+    flags = verbs.add_parser("flags", help="show flags, or set NAME=on|off")
+    flags.add_argument("assignment", nargs="*", metavar="NAME=on|off")
+
+
+def _tiers(sub: Subparsers) -> None:
+    tiers = command(
+        sub,
+        "tiers",
+        "turnstile_cli.commands.tiers:_tiers",
+        help="validate a tier configuration (exit 1 when invalid)",
+        description="Validate declared tiers and the default tier with the services' own "
+        "parser. Without options, reads TURNSTILE_TIERS and TURNSTILE_DEFAULT_TIER, or, "
+        "when those are unset, the running local stack's (.run/stack.json).",
+    )
+    tiers.add_argument(
+        "--tiers", help="comma-separated tiers (default: $TURNSTILE_TIERS or the local stack's)"
+    )
+    tiers.add_argument("--default-tier", help="(default: $TURNSTILE_DEFAULT_TIER)")
+
+
+def _status(sub: Subparsers) -> None:
+    command(
+        sub,
+        "status",
+        "turnstile_cli.commands.status:_status",
+        help="health of the three services (exit 4 if any is down)",
+    )
+
+
+def _stack(sub: Subparsers) -> None:
+    up = command(
+        sub,
+        "up",
+        "turnstile_cli.stack.command:_up",
+        help="run the local stack (no Docker, no Kubernetes) until Ctrl-C",
+        description="Apply migrations, start admission, substrate (Direct) and affinity as "
+        "local processes, wait until each is SERVING, stream their logs, and stop "
+        "everything on Ctrl-C, SIGTERM or SIGHUP. Redis and PostgreSQL must answer "
+        "(./scripts/up starts them).",
+    )
+    env = os.environ.get
+    up.add_argument("--redis-url", default=env("TURNSTILE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    up.add_argument("--redis-prefix", default=env("TURNSTILE_REDIS_PREFIX", "turnstile:"))
+    up.add_argument(
+        "--database-url",
+        default=env("TURNSTILE_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/turnstile"),
+        help="created when missing (default: $TURNSTILE_DATABASE_URL or the local "
+        "server's `turnstile` database)",
+    )
+    up.add_argument("--grpc-ports", type=_triple, default=(50051, 50052, 50053), metavar="A,S,F")
+    up.add_argument(
+        "--metrics-ports",
+        type=_triple,
+        default=(9091, 9092, 9093),
+        metavar="A,S,F",
+        help="Prometheus ports (0 turns one off)",
+    )
+    up.add_argument(
+        "--tiers",
+        default=env("TURNSTILE_TIERS", LOCAL_TIERS),
+        help=f"declared tiers (default: {LOCAL_TIERS})",
+    )
+    up.add_argument("--default-tier", default=env("TURNSTILE_DEFAULT_TIER", ""))
+    up.add_argument(
+        "--grace",
+        type=float,
+        default=float(env("TURNSTILE_GRACE_S", str(LOCAL_GRACE_S))),
+        help=f"affinity grace period in seconds (local default {LOCAL_GRACE_S:g}; production 60)",
+    )
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env("TURNSTILE_DIRECT_STATE_DIR", ".run/direct")),
+        help="where the Direct substrate keeps runtimes' workspaces and logs",
+    )
+    up.add_argument("--log-level", default=env("TURNSTILE_LOG_LEVEL", "INFO"))
+    up.add_argument(
+        "--startup-timeout", type=float, default=60.0, help="seconds to wait for SERVING"
+    )
+    up.add_argument(
+        "--stop-grace",
+        type=float,
+        default=15.0,
+        help="seconds a service gets after SIGTERM before SIGKILL",
+    )
+    up.add_argument(
+        "--prune-after",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="at start, remove the state directories of sandboxes stopped longer ago than "
+        "this (default 24; 0: every stopped sandbox's)",
+    )
+
+
+def _demo(sub: Subparsers) -> None:
+    demo = command(
+        sub,
+        "demo",
+        "turnstile_cli.demo:_demo",
+        help="tell a short story against the running local stack (turnstilectl up)",
+        description=DEMO_DESCRIPTION,
+    )
+    demo.add_argument("--redis-url", help="the stack's Redis (default: $TURNSTILE_REDIS_URL)")
+    demo.add_argument(
+        "--redis-prefix", help="the stack's prefix (default: $TURNSTILE_REDIS_PREFIX)"
+    )
+    demo.add_argument(
+        "--max-wait",
+        type=float,
+        default=180.0,
+        help="longest wait for a worker or for the grace period to pass (default 180 s)",
+    )

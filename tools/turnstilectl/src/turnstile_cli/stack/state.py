@@ -1,0 +1,78 @@
+"""The running local stack's description, for commands run in another shell.
+
+``turnstilectl up`` writes ``stack.json`` next to its state directory (``.run/``
+by default) while it runs and removes it when it stops; ``turnstilectl tiers``
+reads the tiers from it when neither ``--tiers`` nor ``TURNSTILE_TIERS`` says
+otherwise, so a new shell sees the two tiers the stack runs, not "no tiers".
+``TURNSTILE_STACK_FILE`` points elsewhere; without it the file is looked for in
+``.run/`` of the working directory and of each of its parents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FILE_NAME = "stack.json"
+
+
+def path_for(state_dir: Path) -> Path:
+    """Where a stack whose Direct state lives in ``state_dir`` describes itself."""
+    return state_dir.absolute().parent / FILE_NAME
+
+
+def write(path: Path, description: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
+    partial.replace(path)
+
+
+def find() -> tuple[Path, dict[str, Any]] | None:
+    """The running stack's file and description, or None when there is none."""
+    explicit = os.environ.get("TURNSTILE_STACK_FILE")
+    if explicit:
+        candidates = [Path(explicit)]
+    else:
+        here = Path.cwd()
+        candidates = [d / ".run" / FILE_NAME for d in (here, *here.parents)]
+    for candidate in candidates:
+        try:
+            data = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return candidate, data
+    return None
+
+
+def prune(state_dir: Path, *, older_than_s: float, now: float | None = None) -> list[str]:
+    """Remove the directories of stopped sandboxes left for longer than ``older_than_s``.
+
+    The Direct substrate keeps a stopped sandbox's directory (its workspace is what
+    a restore brings back, its log what a person reads), so without this the state
+    directory gains one directory per sandbox ever created. A sandbox whose
+    runtime record (``runtime.json``) is there may be running and is never
+    touched; a stopped one's directory changed last when its record was dropped,
+    so its mtime says how long it has been stopped. Returns the pruned ids.
+    """
+    import shutil
+    import time
+
+    if not state_dir.is_dir():
+        return []
+    cutoff = (time.time() if now is None else now) - older_than_s
+    pruned: list[str] = []
+    for child in sorted(state_dir.iterdir()):
+        try:
+            if not child.is_dir() or (child / "runtime.json").exists():
+                continue
+            if child.stat().st_mtime > cutoff:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+        pruned.append(child.name)
+    return pruned
