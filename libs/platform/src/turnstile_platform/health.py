@@ -13,8 +13,15 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from grpc_health.v1 import health, health_pb2
+from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
+
+COMPONENT_HEALTHY = Gauge(
+    "turnstile_health_component_healthy",
+    "1 while a health component (redis, postgres, reflector, ...) is healthy, else 0.",
+    ["component"],
+)
 
 OVERALL = ""
 
@@ -52,12 +59,14 @@ class HealthMap:
     def register(self, component: str, healthy: bool = False) -> None:
         """Track ``component``; it starts unhealthy unless said otherwise."""
         self._components[component] = healthy
+        COMPONENT_HEALTHY.labels(component).set(int(healthy))
 
     async def set(self, component: str, healthy: bool) -> None:
         """Record a component's health and republish the overall status."""
         if self._components.get(component) != healthy:
             log.info("health component changed", extra={"component": component, "healthy": healthy})
         self._components[component] = healthy
+        COMPONENT_HEALTHY.labels(component).set(int(healthy))
         await self._publish()
 
     @property
