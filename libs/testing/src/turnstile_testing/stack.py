@@ -76,7 +76,11 @@ def run_stack(
     database_url: str,
     grace_s: float = 10.0,
     extra_env: dict[str, str] | None = None,
+    metrics_ports: tuple[int, int, int] = (0, 0, 0),
+    prometheus_port: int = 0,
 ) -> Iterator[RunningStack]:
+    """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
+    Prometheus stay off unless ports are given for them."""
     ports = (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -95,7 +99,11 @@ def run_stack(
                 "--grpc-ports",
                 ",".join(map(str, ports)),
                 "--metrics-ports",
-                "0,0,0",
+                ",".join(map(str, metrics_ports)),
+                "--prometheus-port",
+                str(prometheus_port),
+                "--prometheus-scrape-interval",
+                "1",
                 "--redis-url",
                 redis_url,
                 "--redis-prefix",

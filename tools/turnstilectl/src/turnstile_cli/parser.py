@@ -292,6 +292,20 @@ def _stack(sub: Subparsers) -> None:
         help="at start, remove the state directories of sandboxes stopped longer ago than "
         "this (default 24; 0: every stopped sandbox's)",
     )
+    up.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        help="when Prometheus is installed, run one here scraping the stack with "
+        "deploy/prometheus's rules (default 9090; 0: none)",
+    )
+    up.add_argument(
+        "--prometheus-scrape-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="its scrape and rule-evaluation interval (default 5)",
+    )
 
 
 def _demo(sub: Subparsers) -> None:

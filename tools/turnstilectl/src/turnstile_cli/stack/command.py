@@ -22,6 +22,8 @@ async def _up(args: argparse.Namespace, ctx: Context) -> int:
         grace_s=args.grace,
         state_dir=args.state_dir,
         log_level=args.log_level,
+        prometheus_port=args.prometheus_port,
+        prometheus_scrape_s=args.prometheus_scrape_interval,
     )
     stack = Stack(
         config,

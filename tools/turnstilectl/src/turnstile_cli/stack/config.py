@@ -47,6 +47,9 @@ class StackConfig:
     state_dir: Path = Path(".run/direct")
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: Where a local Prometheus listens when one is installed (0: none).
+    prometheus_port: int = 9090
+    prometheus_scrape_s: float = 5.0
 
     @property
     def credentials_dir(self) -> Path:

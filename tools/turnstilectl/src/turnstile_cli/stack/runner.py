@@ -30,7 +30,7 @@ import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.stack import procs, state
+from turnstile_cli.stack import procs, prometheus, state
 from turnstile_cli.stack.config import ServiceSpec, StackConfig, find_command
 from turnstile_cli.stack.logs import LogPrinter
 from turnstile_cli.stack.preflight import (
@@ -98,6 +98,8 @@ class Stack:
         self.stop_grace_s = stop_grace_s
         self.prune_after_s = prune_after_s
         self.running: dict[str, Running] = {}
+        self.prometheus: prometheus.LocalPrometheus | None = None
+        self.prometheus_note = "not installed (Debian's prometheus package)"
 
     def say(self, text: str) -> None:
         self.printer.line("stack", text)
@@ -120,6 +122,7 @@ class Stack:
             if not await self.start(stop):
                 await self.stop()
                 return 1
+            await self.start_prometheus()
             self.banner()
             self.describe()
             died = await self.wait_for_stop_or_death(stop)
@@ -217,6 +220,37 @@ class Stack:
             for task in [*waits.values(), *exits.values(), stopped]:
                 task.cancel()
 
+    async def start_prometheus(self) -> None:
+        """Start a Prometheus scraping the stack, when installed and asked for."""
+        config = self.config
+        binary = prometheus.find_binary()
+        if config.prometheus_port == 0:
+            self.prometheus_note = "off (--prometheus-port 0)"
+            return
+        if binary is None or not any(config.metrics_ports):
+            if binary is not None:
+                self.prometheus_note = "off (every metrics port is 0)"
+            return
+        rules = prometheus.find_rules()
+        local = prometheus.LocalPrometheus(
+            directory=state.path_for(config.state_dir).with_name("prometheus"),
+            port=config.prometheus_port,
+            metrics_ports=config.metrics_ports,
+            rules=rules,
+            scrape_interval_s=config.prometheus_scrape_s,
+        )
+        if await local.start(binary):
+            self.prometheus = local
+            self.prometheus_note = local.url + (
+                f" (rules: {rules})" if rules else " (no rules file found)"
+            )
+        else:
+            self.prometheus_note = (
+                f"did not start on :{config.prometheus_port} "
+                f"(see {local.directory / 'prometheus.log'})"
+            )
+        self.say(f"Prometheus: {self.prometheus_note}")
+
     def banner(self) -> None:
         config = self.config
         table = Table(title="Turnstile is up — Ctrl-C stops everything", title_justify="left")
@@ -242,6 +276,7 @@ class Stack:
                 else f"none; grace {config.grace_s:g} s"
             ),
             "runtimes": f"{config.state_dir.absolute()} (each sandbox's log: <id>/runtime.log)",
+            "Prometheus": self.prometheus_note,
             "traces": f"OTLP → {otlp}"
             if otlp
             else "not exported (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. Jaeger's :4317)",
@@ -291,6 +326,8 @@ class Stack:
         await self.terminate(["affinity"])
         await self.terminate([n for n in self.running if n != "affinity"])
         await self.sweep()
+        if self.prometheus is not None:
+            await self.prometheus.stop()
         self.say("stopped")
 
     async def terminate(self, names: list[str]) -> None:

@@ -1,0 +1,145 @@
+"""The Grafana dashboard's every query returns series from a real Prometheus
+scraping a running local stack (issue 13).
+
+``turnstilectl up`` starts the stack and, since Prometheus is installed, a
+Prometheus of its own scraping the three metrics endpoints every second with
+``deploy/prometheus/turnstile-rules.yml``. The test sends the traffic the
+panels show (activations, a placement, admissions with refusals), then runs
+each panel's query, with Grafana's ``$__rate_interval`` replaced, through
+Prometheus' HTTP API until it returns series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    affinity_pb2,
+    affinity_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+from turnstile_testing.processes import free_port
+from turnstile_testing.stack import RunningStack, run_stack
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "turnstile-dashboard.json"
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="Prometheus is not installed (Debian's prometheus package; ./scripts/test installs it)",
+)
+
+
+def queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of every panel."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    found = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            found.append((panel["title"], expr))
+    return found
+
+
+def _query(prometheus_port: int, expr: str) -> list[Any]:
+    url = f"http://127.0.0.1:{prometheus_port}/api/v1/query?" + urllib.parse.urlencode(
+        {"query": expr}
+    )
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        body = json.load(answer)
+    assert body["status"] == "success", body
+    result: list[Any] = body["data"]["result"]
+    return result
+
+
+async def _traffic(stack: RunningStack) -> None:
+    """What the panels show: activations, a placement, admissions and refusals."""
+    admission, substrate, affinity = stack.addresses
+    async with grpc.aio.insecure_channel(substrate) as channel:
+        stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+        await stub.Activate(
+            substrate_pb2.ActivateRequest(
+                sandbox_id="sb-dash-1",
+                client=common_pb2.ActivationClient(client_id="acme"),
+                tier="container",
+            ),
+            timeout=30,
+        )
+    async with grpc.aio.insecure_channel(affinity) as channel:
+        place = affinity_pb2_grpc.AffinityServiceStub(channel)
+        for _ in range(60):  # until the sandbox's worker has attached
+            try:
+                placed = await place.Place(
+                    affinity_pb2.PlaceRequest(session_id="dash-1", tier="container"), timeout=10
+                )
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.5)
+                continue
+            await place.ReleaseLease(
+                affinity_pb2.ReleaseLeaseRequest(
+                    sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
+                ),
+                timeout=10,
+            )
+            break
+    async with grpc.aio.insecure_channel(admission) as channel:
+        admit = admission_pb2_grpc.AdmissionServiceStub(channel)
+        # The shared key allows 10 activations in flight: the rest are refused.
+        for i in range(14):
+            await admit.Admit(
+                admission_pb2.AdmitRequest(
+                    sandbox_id=f"sb-dash-hold-{i}",
+                    client=common_pb2.ActivationClient(client_id="someone-else"),
+                    kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+                ),
+                timeout=10,
+            )
+
+
+@pytest.mark.timeout(300)
+async def test_every_dashboard_query_returns_series_from_the_local_stack(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    metrics = (free_port(), free_port(), free_port())
+    prometheus_port = free_port()
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        metrics_ports=metrics,
+        prometheus_port=prometheus_port,
+    ) as stack:
+        await stack.wait_serving()
+        assert f"http://127.0.0.1:{prometheus_port}" in stack.output()  # the banner says where
+        await _traffic(stack)
+        empty = set(queries())
+        # Scrapes every second, rules evaluated every second: poll until each
+        # query has series (rates need two scrapes after the traffic).
+        for _ in range(120):
+            for title, expr in sorted(empty):
+                if await asyncio.to_thread(_query, prometheus_port, expr):
+                    empty.discard((title, expr))
+            if not empty:
+                break
+            await asyncio.sleep(0.5)
+        assert not empty, f"panels without series: {sorted(empty)}\n{stack.output()[-3000:]}"
+    # The stack stops its Prometheus with it.
+    with pytest.raises(urllib.error.URLError):
+        _query(prometheus_port, "up")
