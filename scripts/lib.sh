@@ -22,11 +22,17 @@ apt_install() {
 ensure_uv() {
   if command -v uv >/dev/null; then return; fi
   export PATH="$HOME/.local/bin:$PATH"
-  if command -v uv >/dev/null; then return; fi
-  say "installing uv from PyPI"
-  python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv \
-    || python3 -m pip install --quiet --break-system-packages uv
-  hash -r
+  if ! command -v uv >/dev/null; then
+    say "installing uv from PyPI"
+    python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv \
+      || python3 -m pip install --quiet --break-system-packages uv
+    hash -r
+  fi
+  # uv is in ~/.local/bin, which a new terminal does not put on PATH: say so once.
+  if [ -x "$HOME/.local/bin/uv" ]; then
+    say "uv is in ~/.local/bin, not on your PATH: in another terminal run"
+    say "  export PATH=\"\$HOME/.local/bin:\$PATH\"   (or use .venv/bin/turnstilectl directly)"
+  fi
 }
 
 # host and port of a redis:// or postgresql:// URL
@@ -42,6 +48,7 @@ ensure_redis() {
   mkdir -p "$RUN_DIR/redis"
   redis-server --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \
     --dir "$RUN_DIR/redis" --logfile "$RUN_DIR/redis/redis.log" --pidfile "$RUN_DIR/redis/redis.pid"
+  STARTED_REDIS="$RUN_DIR/redis/redis.pid"
   for _ in $(seq 50); do answers "$host" "$port" && return; sleep 0.1; done
   echo "Redis did not start; see .run/redis/redis.log" >&2; return 1
 }
@@ -89,6 +96,44 @@ ensure_postgres() {
   say "starting PostgreSQL on $host:$port (data in $data)"
   (cd / && "${runas[@]}" "$(pg_bin pg_ctl)" -D "$data" -w -t 60 -l "$data/server.log" \
     -o "-p $port -k $data -c listen_addresses=$host" start >/dev/null)
+  STARTED_POSTGRES="$data"
+  STARTED_POSTGRES_AS=("${runas[@]}")
+}
+
+# Stop the Redis and PostgreSQL that ensure_redis / ensure_postgres started in this
+# shell (never a server that was already answering). TURNSTILE_KEEP_STORES=1 keeps
+# them and says how to stop them later.
+stop_started_stores() {
+  local redis_pid_file="${STARTED_REDIS:-}" pg_data="${STARTED_POSTGRES:-}"
+  [ -n "$redis_pid_file$pg_data" ] || return 0
+  if [ -n "${TURNSTILE_KEEP_STORES:-}" ]; then
+    say "Redis and PostgreSQL started by ./scripts/up keep running (TURNSTILE_KEEP_STORES); stop them with:" || true
+    [ -n "$redis_pid_file" ] && echo "    kill \$(cat $redis_pid_file)" >&2
+    [ -n "$pg_data" ] && echo "    ${STARTED_POSTGRES_AS[*]} $(pg_bin pg_ctl) -D $pg_data stop" >&2
+    return 0
+  fi
+  if [ -n "$redis_pid_file" ] && [ -f "$redis_pid_file" ]; then
+    say "stopping the Redis ./scripts/up started" || true
+    kill "$(cat "$redis_pid_file")" 2>/dev/null || true
+  fi
+  if [ -n "$pg_data" ]; then
+    say "stopping the PostgreSQL ./scripts/up started" || true
+    (cd / && "${STARTED_POSTGRES_AS[@]}" "$(pg_bin pg_ctl)" -D "$pg_data" -m fast -w stop >/dev/null) \
+      || true
+  fi
+  return 0
+}
+
+# promtool and prometheus (Debian's prometheus package): the rules' unit tests and the
+# dashboard test use them; the local stack runs a Prometheus when it is installed.
+# A machine where the package cannot be installed still runs the suite: those tests skip.
+ensure_prometheus() {
+  if command -v promtool >/dev/null && command -v prometheus >/dev/null; then return; fi
+  apt_install prometheus || say "could not install prometheus: the rules and dashboard tests will skip"
+  # The package may start a service of its own on :9090; the stack runs its own.
+  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    as_root systemctl stop prometheus || true
+  fi
 }
 
 ensure_workspace() {
