@@ -140,6 +140,7 @@ async def test_every_dashboard_query_returns_series_from_the_local_stack(
                 break
             await asyncio.sleep(0.5)
         assert not empty, f"panels without series: {sorted(empty)}\n{stack.output()[-3000:]}"
-    # The stack stops its Prometheus with it.
+    # The stack stops its Prometheus with it, as its own (not as a leftover).
     with pytest.raises(urllib.error.URLError):
         _query(prometheus_port, "up")
+    assert "leftover" not in stack.output()

@@ -325,9 +325,9 @@ class Stack:
             await self.deactivate_sandboxes(substrate.spec.address)
         await self.terminate(["affinity"])
         await self.terminate([n for n in self.running if n != "affinity"])
-        await self.sweep()
-        if self.prometheus is not None:
+        if self.prometheus is not None:  # before the sweep, which would count it a leftover
             await self.prometheus.stop()
+        await self.sweep()
         self.say("stopped")
 
     async def terminate(self, names: list[str]) -> None:
