@@ -9,10 +9,16 @@ a shared machine hit all of them alike:
 * ``turnstilectl --help`` — parsing only (goal: under 0.3 s);
 * ``turnstilectl status`` — a whole command: three health RPCs, with its trace,
   against a real gRPC server this benchmark runs (the platform bootstrap,
-  answering SERVING for the three service names), goal: under 0.6 s.
+  answering SERVING for the three service names), goal: under 0.6 s;
+* ``turnstilectl usage``  — one admission RPC through the path every service
+  command takes (contracts, peer channel with its interceptors, the trace, the
+  rich error decoded and rendered: the bench server answers UNIMPLEMENTED, exit 1),
+  goal: under 0.6 s.
 
-Reported: median and best wall time of each, and each minus the floor, with the
-load average before and after (a 2-core machine shared with others moves 2×).
+Reported: median and best wall time of each, the median minus the floor, and the
+median CPU time (user + system, which moves less than wall time when the machine
+is shared), with the load average before and after (a 2-core machine shared with
+others moves 2× and more).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,7 +39,9 @@ from turnstile_platform.server import GrpcService
 from turnstile_platform.settings import ServiceSettings
 
 CLI = str(Path(sys.executable).with_name("turnstilectl"))
-GOALS = {"--help": 0.3, "status": 0.6}
+GOALS = {"--help": 0.3, "status": 0.6, "usage": 0.6}
+#: Exit codes each case may end with (usage meets an UNIMPLEMENTED admission).
+EXPECTED = {"usage": {1}}
 
 
 def _serve(ready: threading.Event, port: list[int], stop: threading.Event) -> None:
@@ -50,20 +59,29 @@ def _serve(ready: threading.Event, port: list[int], stop: threading.Event) -> No
     asyncio.run(main())
 
 
-def _time(argv: list[str], env: dict[str, str]) -> float:
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(argv: list[str], env: dict[str, str], expected: set[int]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one run."""
+    cpu = _cpu()
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, check=False)
     elapsed = time.perf_counter() - started
-    if done.returncode != 0:
+    cpu = _cpu() - cpu
+    if done.returncode not in expected:
         raise SystemExit(f"{argv} exited {done.returncode}: {done.stderr.decode()[-500:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
-    ready, stop, port = threading.Event(), threading.Event(), []
+    ready, stop = threading.Event(), threading.Event()
+    port: list[int] = []
     server = threading.Thread(target=_serve, args=(ready, port, stop), daemon=True)
     server.start()
     if not ready.wait(30):
@@ -83,26 +101,30 @@ def main() -> None:
             "--affinity",
             address,
         ],
+        "usage": [CLI, "usage", "--client", "bench", "--admission", address],
     }
     load_before = os.getloadavg()[0]
-    for argv in cases.values():  # warm the page cache and .pyc files
-        _time(argv, env)
+    for name, argv in cases.items():  # warm the page cache and .pyc files
+        _time(argv, env, EXPECTED.get(name, {0}))
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpus: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.runs):
         for name, argv in cases.items():
-            times[name].append(_time(argv, env))
+            wall, cpu = _time(argv, env, EXPECTED.get(name, {0}))
+            times[name].append(wall)
+            cpus[name].append(cpu)
     load_after = os.getloadavg()[0]
     stop.set()
     server.join(10)
     floor = statistics.median(times["python -c pass"])
     print(f"runs: {args.runs} each, interleaved; load average {load_before:.2f} → {load_after:.2f}")
-    print(f"{'case':<16}{'median':>9}{'best':>9}{'− floor':>10}{'goal':>8}")
+    print(f"{'case':<16}{'median':>9}{'best':>9}{'− floor':>10}{'cpu':>9}{'goal':>8}")
     for name, samples in times.items():
         median = statistics.median(samples)
         goal = GOALS.get(name)
         print(
             f"{name:<16}{median:>8.3f}s{min(samples):>8.3f}s{median - floor:>9.3f}s"
-            + (f"{goal:>7.1f}s" if goal else f"{'':>8}")
+            f"{statistics.median(cpus[name]):>8.3f}s" + (f"{goal:>7.1f}s" if goal else f"{'':>8}")
         )
 
 

@@ -12,12 +12,13 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from opentelemetry import trace
+if TYPE_CHECKING:  # a command imports the contracts and channels it uses, when it uses them
+    from opentelemetry import trace
 
-from turnstile_cli.output import Output
-from turnstile_contracts import admission_pb2_grpc, affinity_pb2_grpc, substrate_pb2_grpc
-from turnstile_platform import peers
+    from turnstile_cli.output import Output
+    from turnstile_contracts import admission_pb2_grpc, affinity_pb2_grpc, substrate_pb2_grpc
 
 #: Where the local stack (``turnstilectl up``) listens.
 LOCAL_ADMISSION = "127.0.0.1:50051"
@@ -80,6 +81,8 @@ class Context:
 
     @asynccontextmanager
     async def admission(self) -> AsyncIterator[admission_pb2_grpc.AdmissionServiceAsyncStub]:
+        from turnstile_platform import peers
+
         peer = peers.admission(self.settings(), self.tracer_provider)
         try:
             # A stub on a grpc.aio channel is the async stub.
@@ -89,6 +92,8 @@ class Context:
 
     @asynccontextmanager
     async def substrate(self) -> AsyncIterator[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
+        from turnstile_platform import peers
+
         peer = peers.substrate(self.settings(), self.tracer_provider)
         try:
             yield peer.stub
@@ -97,6 +102,8 @@ class Context:
 
     @asynccontextmanager
     async def affinity(self) -> AsyncIterator[affinity_pb2_grpc.AffinityServiceAsyncStub]:
+        from turnstile_platform import peers
+
         peer = peers.affinity(self.settings(), self.tracer_provider)
         try:
             yield peer.stub
