@@ -11,6 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2
@@ -172,10 +173,16 @@ async def test_a_newer_stream_takes_over_and_the_old_ones_teardown_leaves_it_alo
     hello = affinity_pb2.Hello(
         sandbox_id="s1", capacity=2, labels={TIER_LABEL: "a"}, credential=credential
     )
+    attaches = "turnstile_affinity_relay_attaches_total"
+    new_before = REGISTRY.get_sample_value(attaches, {"kind": "new"}) or 0.0
+    takeovers_before = REGISTRY.get_sample_value(attaches, {"kind": "takeover"}) or 0.0
     old = await _attach(service, hello)
     assert (await _read(old)).HasField("welcome")
     new = await _attach(service, hello)
     assert (await _read(new)).HasField("welcome")
+    # Churn is visible: one new attach, then one that took over a live presence.
+    assert REGISTRY.get_sample_value(attaches, {"kind": "new"}) == new_before + 1
+    assert REGISTRY.get_sample_value(attaches, {"kind": "takeover"}) == takeovers_before + 1
     await old.write(affinity_pb2.AttachRequest(heartbeat=affinity_pb2.Heartbeat()))
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await old.read()

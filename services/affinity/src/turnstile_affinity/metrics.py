@@ -35,6 +35,12 @@ ATTACHED = Gauge(
     "turnstile_affinity_relay_streams",
     "Worker streams attached to this replica's relay.",
 )
+ATTACHES = Counter(
+    "turnstile_affinity_relay_attaches_total",
+    "Worker streams this replica's relay attached, by whether the Hello took over a "
+    "live presence (takeover) or not (new): churn shows as attaches outpacing streams.",
+    ["kind"],
+)
 EXCLUDED = Counter(
     "turnstile_affinity_excluded_workers_total",
     "Workers attached without a declared tier label (excluded from placement), "

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from turnstile_affinity.labels import ENDPOINT_LABEL
-from turnstile_affinity.metrics import ATTACHED, EXCLUDED
+from turnstile_affinity.metrics import ATTACHED, ATTACHES, EXCLUDED
 from turnstile_affinity.store import AffinityStore
 from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import (
@@ -126,6 +126,7 @@ class Relay:
         previous = await self._put(attachment)
         self._log_if_excluded(attachment)
         ATTACHED.inc()
+        ATTACHES.labels("takeover" if previous else "new").inc()
         log.info(
             "worker attached",
             extra={
