@@ -284,5 +284,16 @@ async def test_no_method_of_any_service_answers_internal_or_unknown_to_hostile_r
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED and key.endswith(("10kb]", "nul]"))
     }
     assert not exhausted, exhausted
+    # The cases, named: a client id of 64 characters or with a NUL byte, and
+    # a 10 KB tier, are INVALID_ARGUMENT wherever they appear.
+    named = {
+        key: code.name
+        for key, code in results.items()
+        if key.endswith(("client_id=id64]", "client_id=nul]", "tier=10kb]"))
+        and code is not grpc.StatusCode.INVALID_ARGUMENT
+    }
+    assert not named, named
+    assert any(k.endswith("ListSandboxes [client_id=nul]") for k in results)
+    assert any(k.endswith("Place [tier=10kb]") for k in results)
     output = stack.output()
     assert "Traceback" not in output, output[output.find("Traceback") - 2000 :][:6000]
