@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from turnstile_cli.cli import run
 from turnstile_contracts import (
@@ -127,10 +127,17 @@ class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
 
 
 class Admission(admission_pb2_grpc.AdmissionServiceServicer):
+    async def CommitHold(
+        self, request: admission_pb2.CommitHoldRequest, context: Context
+    ) -> admission_pb2.CommitHoldResponse:
+        return admission_pb2.CommitHoldResponse(committed=request.hold_id == "h-open")
+
     async def Admit(
         self, request: admission_pb2.AdmitRequest, context: Context
     ) -> admission_pb2.AdmitResponse:
         return admission_pb2.AdmitResponse(
+            retry_after=duration_pb2.Duration(seconds=1, nanos=250_000_000),
+            message="refused by concurrency",
             decision=admission_pb2.DECISION_REFUSED,
             key=common_pb2.BoundedKey(key="shared", kind=common_pb2.KEY_KIND_SHARED),
             refused_by=admission_pb2.POLICY_CONCURRENCY,
@@ -314,3 +321,24 @@ def test_a_command_without_its_client_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as raised:
         run(["activate", "sb-1"])
     assert raised.value.code == 2
+
+
+async def test_a_refused_admit_in_json_carries_error_retry_after_s_as_a_number(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = await _cli(capsys, servers[0], "admit", "sb-1", "--client", "acme", "--json")
+    answer = json.loads(out)
+    assert code == 3
+    assert answer["error"]["retry_after_s"] == pytest.approx(1.25)
+    assert answer["error"]["reason"] == "CONCURRENCY_LIMITED"
+
+
+async def test_settling_an_unknown_hold_exits_1_on_stderr(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = await _cli_err(capsys, servers[0], "hold", "commit", "h-unknown")
+    assert code == 1
+    assert out == ""
+    assert "h-unknown" in err
+    code, _, _ = await _cli_err(capsys, servers[0], "hold", "commit", "h-open")
+    assert code == 0

@@ -7,7 +7,7 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_cli.cli import build_parser
+from turnstile_cli.cli import build_parser, run
 from turnstile_cli.commands.base import load_handler
 from turnstile_cli.context import Context
 from turnstile_cli.output import Output
@@ -72,3 +72,16 @@ async def test_an_unknown_flag_is_a_usage_error_and_changes_nothing(
     assert code == 2
     assert "unknown flag" in answer["error"]["message"]  # type: ignore[index]
     assert await KeySetStore(redis, redis_prefix).version() is None
+
+
+@pytest.mark.parametrize("client_id", ["", "   ", "a" * 64])
+def test_allowing_an_invalid_client_id_is_a_usage_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], redis_url: str, redis_prefix: str, client_id: str
+) -> None:
+    argv = ["keys", "--redis-url", redis_url, "--redis-prefix", redis_prefix]
+    code = run([*argv, "allow", client_id])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "client id" in captured.err
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
