@@ -176,6 +176,10 @@ class Worker:
     async def attached(self, timeout: float = 10) -> None:
         await asyncio.wait_for(self.agent.attached.wait(), timeout)
 
+    async def detached(self, timeout: float = 10) -> None:
+        """Wait until the worker has noticed that its welcomed stream ended."""
+        await asyncio.wait_for(self.agent.detached.wait(), timeout)
+
     async def stop(self) -> None:
         """SIGTERM's path: Goodbye, then the agent returns."""
         self.agent.stop.set()

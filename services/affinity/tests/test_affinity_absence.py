@@ -230,6 +230,7 @@ async def test_after_a_relay_crash_sessions_wait_from_first_sight_and_return_to_
 
     relay.kill()  # no teardown runs: presence stays until it expires, no detach mark
     await relay.wait()
+    await a1.detached()  # so that attached() below means the new relay's Welcome
     clock.offset_ms += 5_100  # past the presence ttl
     assert await placer.workers("a") == {}
     assert not await redis.exists(placer.keys.detached("a1"))
@@ -269,6 +270,7 @@ async def test_after_a_relay_crash_a_worker_takes_its_still_live_presence_back_a
     relay.kill()
     await relay.wait()
     assert await redis.hget(placer.keys.presence("a1"), "owner") == dead_owner  # still live
+    await a1.detached()  # so that attached() below means the new relay's Welcome
 
     await affinity(tiers="a,b", port=port, presence_ttl_s=300)
     await a1.attached()

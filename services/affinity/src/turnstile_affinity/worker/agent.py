@@ -54,6 +54,9 @@ class WorkerAgent:
         self.stop = asyncio.Event()
         #: Set while a stream is welcomed (tests and logs use it).
         self.attached = asyncio.Event()
+        #: Set once a welcomed stream has ended, until the next Welcome: lets a caller
+        #: wait for the worker to notice a lost relay before expecting it to re-attach.
+        self.detached = asyncio.Event()
         #: Set once the worker waits for its sandbox id (a warm pod not yet adopted).
         self.waiting_for_sandbox = asyncio.Event()
         #: The sandbox this worker serves: from settings, or once read from the labels file.
@@ -111,6 +114,8 @@ class WorkerAgent:
                 finally:
                     welcomed = self.attached.is_set()
                     self.attached.clear()
+                    if welcomed:
+                        self.detached.set()
                 if self.stop.is_set():
                     break
                 if welcomed:  # a stream that had been welcomed: start backing off afresh
@@ -142,6 +147,7 @@ class WorkerAgent:
             welcome = first.welcome
             interval = max(welcome.heartbeat_interval.ToTimedelta().total_seconds(), 0.05)
             silence = max(welcome.presence_ttl.ToTimedelta().total_seconds(), interval * 2)
+            self.detached.clear()
             self.attached.set()
             log.info(
                 "attached to the relay",
