@@ -36,6 +36,7 @@ from turnstile_contracts import (
     substrate_pb2_grpc,
 )
 from turnstile_platform.errors import RichError, decode
+from turnstile_platform.leader import Leadership
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.app import create_app
 from turnstile_substrate.db.migrate import apply_migrations
@@ -382,11 +383,14 @@ async def kube() -> AsyncIterator[KubeEmulator]:
 
 @pytest.fixture
 def substrate() -> StartSubstrate:
-    """``substrate(kube, **settings)``: a started, synced Kubernetes substrate on
-    ``kube`` with quick timings (``acme`` allowlisted), closed on exit."""
+    """``substrate(kube, leadership=None, **settings)``: a started, synced Kubernetes
+    substrate on ``kube`` with quick timings (``acme`` allowlisted), closed on exit; its
+    leader-only work registers on ``leadership`` (None: it always leads)."""
 
     @contextlib.asynccontextmanager
-    async def start(kube: KubeEmulator, **overrides: Any) -> AsyncIterator[KubernetesSubstrate]:
+    async def start(
+        kube: KubeEmulator, *, leadership: Leadership | None = None, **overrides: Any
+    ) -> AsyncIterator[KubernetesSubstrate]:
         settings: dict[str, Any] = {
             "api_host": kube.url,
             "namespace": K8S_NAMESPACE,
@@ -394,11 +398,14 @@ def substrate() -> StartSubstrate:
             "relist_backoff_max_s": 0.05,
             "warm_pool_interval_s": 0.05,
             "warm_require_running": False,
+            # claims take the oldest warm pod, so a test knows which one it contests
+            "warm_claim_spread": 1,
             **overrides,
         }
         sub = KubernetesSubstrate(
             KubernetesSettings(**settings),
             Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
+            leadership=leadership,
         )
         await sub.start()
         try:

@@ -95,6 +95,16 @@ async def fetch_sandbox(conn: Connection, sandbox_id: str) -> SandboxRecord | No
     return _record(row) if row is not None else None
 
 
+async def activation_generation(conn: Connection, sandbox_id: str) -> int:
+    """How many executions the sandbox has had: the number of its next activation.
+
+    Every activation that made a runtime recorded an execution, so a retry of an activation
+    that failed (or is still in flight on another replica) reads the same number.
+    """
+    count = await conn.fetchval("SELECT count(*) FROM executions WHERE sandbox_id = $1", sandbox_id)
+    return int(count or 0)
+
+
 async def record_activation(
     conn: Connection,
     runtime: Runtime,

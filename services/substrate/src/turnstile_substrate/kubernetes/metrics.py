@@ -51,6 +51,7 @@ WARM_CREATED = Counter(
 COLD_CREATES = Counter(
     "turnstile_substrate_pods_created_total",
     "Sandbox pods created cold (including restores), by tier and result (created, failed, "
-    "refused: the cap gate refused before the create).",
+    "refused: the cap gate refused before the create, already_exists: an earlier attempt at "
+    "the same activation had made it).",
     ["tier", "result"],
 )

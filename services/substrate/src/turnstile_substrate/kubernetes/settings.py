@@ -131,6 +131,10 @@ class KubernetesSettings(BaseSettings):
     """Longest wait between two warm-pool refill checks; a claim or a change the
     reflector sees wakes the loop sooner."""
 
+    warm_claim_spread: int = Field(default=8, ge=1, le=1000)
+    """A claim takes a warm pod at random among this many oldest claimable ones, so
+    replicas claiming at once mostly try different pods; 1 always takes the oldest."""
+
     warm_require_running: bool = True
     """Only claim warm pods whose phase is Running (started and scheduled). False also
     claims Pending ones: faster hand-out, but the sandbox may wait for its pod."""
