@@ -55,3 +55,14 @@ COLD_CREATES = Counter(
     "the same activation had made it).",
     ["tier", "result"],
 )
+SWEEPS = Counter(
+    "turnstile_substrate_sweep_total",
+    "What the leader's sweeps found and did (SPEC F4), by sweep (gone_runtimes, "
+    "finished_pods, expired_warm_pods, orphan_pods) and action (found, removed, adopted, error).",
+    ["sweep", "action"],
+)
+SWEEP_RUNS = Counter(
+    "turnstile_substrate_sweep_runs_total",
+    "Sweep passes run by the leader, by result (ok, error).",
+    ["result"],
+)

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Collection
 
+import asyncpg
 from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
@@ -27,6 +28,7 @@ from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.sweeps import Release, Sweeper
 from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
 from turnstile_substrate.runtime import (
@@ -129,6 +131,21 @@ class KubernetesSubstrate:
         if self._pool is None:
             raise RuntimeError("the Kubernetes substrate is not started")
         return self._pool
+
+    def sweeper(
+        self, pool: asyncpg.Pool, release: Release, *, database_timeout_s: float = 5.0
+    ) -> Sweeper:
+        """The sweeps over this substrate's pods and ``pool``'s records (after :meth:`start`);
+        register its ``run`` as leader work."""
+        return Sweeper(
+            self.api,
+            self.index,
+            self.settings,
+            self.reflector.synced,
+            pool,
+            release,
+            database_timeout_s=database_timeout_s,
+        )
 
     @property
     def api(self) -> PodsApi:
