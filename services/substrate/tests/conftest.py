@@ -376,8 +376,12 @@ StartSubstrate = Callable[..., contextlib.AbstractAsyncContextManager[Kubernetes
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubeEmulator]:
-    """An API-server emulator of this test's own, with quick bookmarks."""
-    async with KubeEmulator(bookmark_interval=0.05) as emulator:
+    """An API-server emulator of this test's own, with quick bookmarks, graceful deletion of
+    scheduled pods, and the sandbox namespace's ``restricted`` Pod Security level enforced on
+    every pod the substrate creates (test seeding through ``kube.create_pod`` is exempt)."""
+    async with KubeEmulator(
+        bookmark_interval=0.05, graceful_deletion=True, pod_security="restricted"
+    ) as emulator:
         yield emulator
 
 
