@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ class KubeEmulator:
             raise ValueError(f"unknown Pod Security level {pod_security!r}")
         self.pod_security = pod_security
         self.future_version_wait = future_version_wait
+        self._delays: list[tuple[str | None, re.Pattern[str] | None, float]] = []
         self.leases = LeaseStore(self.store.next_version)
         self.faults = FaultInjector()
         self.requests: list[RecordedRequest] = []
@@ -276,6 +278,16 @@ class KubeEmulator:
         """
         return self.faults.add(Fault(status, method, path, times, reason, message, watch))
 
+    def delay_requests(
+        self, seconds: float, *, method: str | None = None, path: str | None = None
+    ) -> None:
+        """Answer matching non-watch requests ``seconds`` late (a slow API server); the write
+        happens after the delay, so a client that goes away meanwhile leaves nothing behind.
+        ``path`` is a regular expression over the whole path. ``seconds=0`` removes the rule."""
+        self._delays = [d for d in self._delays if (d[0], d[1] and d[1].pattern) != (method, path)]
+        if seconds > 0:
+            self._delays.append((method, re.compile(path) if path else None, seconds))
+
     def clear_failures(self) -> None:
         """Remove every injected failure."""
         self.faults.clear()
@@ -403,6 +415,8 @@ class KubeEmulator:
                 return _error_response(injected)
             if "dryRun" in query:
                 raise bad_request("the emulator does not implement dryRun")
+            if self._delays and query.get("watch", "").lower() not in _TRUE:
+                await self._delay(request.method, request.path)
             return await handler(request)
         except ApiError as exc:
             return _error_response(exc)
@@ -427,6 +441,15 @@ class KubeEmulator:
                 ),
                 405,
             )
+
+    async def _delay(self, method: str, path: str) -> None:
+        for wanted, pattern, seconds in self._delays:
+            if wanted is not None and wanted.upper() != method.upper():
+                continue
+            if pattern is not None and pattern.fullmatch(path) is None:
+                continue
+            await asyncio.sleep(seconds)
+            return
 
     async def _version(self, _: web.Request) -> web.Response:
         return _json_response(encode(discovery.SERVER_VERSION))
