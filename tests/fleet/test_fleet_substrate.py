@@ -423,3 +423,50 @@ async def test_concurrent_activations_over_three_replicas_make_one_runtime_per_s
     finally:
         await conn.close()
     assert {a.sandbox_id: name for name, a in active.items()} == names  # no orphan, no gap
+
+
+async def _peak_connections(database_url: str, stop: asyncio.Event) -> int:
+    """Highest number of connections to the test's database seen while the run lasts."""
+    name = database_url.rsplit("/", 1)[-1]
+    conn = await asyncpg.connect(database_url)
+    peak = 0
+    try:
+        while not stop.is_set():
+            count = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
+            )
+            peak = max(peak, int(count) - 1)  # not this one
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+    finally:
+        await conn.close()
+    return peak
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("replicas", [1, 3])
+async def test_bench_cold_activations_per_second(
+    fleet: FleetFactory, database_url: str, replicas: int
+) -> None:
+    """Cold activations per second through 1 or 3 replicas (64 in flight, spread round robin),
+    and the PostgreSQL connections in use at peak. ``-m benchmark -s`` prints the figures."""
+    count, in_flight = 300, 64
+    async with fleet(replicas=replicas) as group:
+        addresses = [r.address for r in group.replicas]
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(i: int) -> None:
+            async with gate:
+                await _activate(addresses[i % len(addresses)], f"bench-{i:04}")
+
+        stop = asyncio.Event()
+        peak = asyncio.create_task(_peak_connections(database_url, stop))
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        elapsed = time.perf_counter() - started
+        stop.set()
+        print(
+            f"\n{replicas} replica(s): {count} cold activations in {elapsed:.2f} s = "
+            f"{count / elapsed:.0f}/s; peak PostgreSQL connections {await peak}; "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
