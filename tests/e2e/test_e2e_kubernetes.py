@@ -32,7 +32,7 @@ from turnstile_substrate.app import create_app as create_substrate
 from turnstile_substrate.db.migrate import apply_migrations
 from turnstile_substrate.runtime import LABEL_CLIENT_ID, LABEL_SANDBOX_ID
 from turnstile_substrate.settings import SubstrateSettings
-from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.kube_emulator import KubeEmulator, KubeletConfig
 from turnstile_testing.processes import free_port
 
 NAMESPACE = "sandboxes"
@@ -54,7 +54,14 @@ async def stack(
     redis_url: str, redis_prefix: str, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Stack]:
     await asyncio.to_thread(apply_migrations, database_url)
-    async with KubeEmulator(bookmark_interval=0.2) as kube:
+    # A cluster that schedules and starts pods, deletes them gracefully, and enforces the
+    # sandbox namespace's restricted Pod Security level on what the substrate creates.
+    async with KubeEmulator(
+        bookmark_interval=0.2,
+        graceful_deletion=True,
+        kubelet=KubeletConfig(start_delay=0.01, stop_delay=0.05),
+        pod_security="restricted",
+    ) as kube:
         monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
         monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
         admission_port = free_port()

@@ -137,7 +137,7 @@ async def test_a_dead_leader_is_replaced_by_exactly_one_within_the_lease_duratio
     assert len(new) == 1
     assert new[0] is not old
     # Expiry is counted from the last renewal others saw, then one retry period to notice.
-    assert took <= DURATION_S + 2 * RETRY_S + 2.0
+    assert took <= DURATION_S + 2 * RETRY_S + 4.0  # slack for a loaded machine
     assert [e[2] for e in journal.starts()] == sorted({e[2] for e in journal.starts()})
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.kube_emulator import KubeEmulator, KubeletConfig
 from turnstile_testing.kube_emulator import pod_manifest as pod_body
 
 KUBECTL = shutil.which("kubectl")
@@ -252,3 +252,99 @@ async def test_kubectl_delete_lease(kube: KubeEmulator, kubectl: Kubectl) -> Non
     assert code == 0, err
     assert "deleted" in out
     assert kube.lease("ns", "leader") is None
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[KubeEmulator]:
+    config = KubeletConfig(nodes=("n1",), start_delay=0.01, stop_delay=0.2)
+    async with KubeEmulator(
+        graceful_deletion=True, kubelet=config, pod_security="restricted"
+    ) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def kubectl_cluster(cluster: KubeEmulator, tmp_path: Path) -> Kubectl:
+    async def run(*args: str) -> Result:
+        proc = await asyncio.create_subprocess_exec(
+            *_argv(cluster, tmp_path, args),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=_env(tmp_path),
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    return run
+
+
+RESTRICTED_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "tight"},
+    "spec": {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {
+                "name": "main",
+                "image": "busybox:1.36",
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+    },
+}
+
+
+async def test_kubectl_run_is_refused_by_restricted_pod_security(
+    cluster: KubeEmulator, kubectl_cluster: Kubectl
+) -> None:
+    code, _, err = await kubectl_cluster("run", "loose", "--image=busybox:1.36")
+
+    assert code != 0
+    assert 'violates PodSecurity "restricted:latest"' in err
+    assert cluster.pod("ns", "loose") is None
+
+
+async def test_kubectl_waits_for_the_kubelet_then_sees_graceful_deletion(
+    cluster: KubeEmulator, kubectl_cluster: Kubectl, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "pod.json"
+    manifest.write_text(json.dumps(RESTRICTED_POD))
+    code, _, err = await kubectl_cluster("create", "--validate=false", "-f", str(manifest))
+    assert code == 0, err
+
+    code, out, err = await kubectl_cluster(
+        "wait", "--for=condition=Ready", "pod/tight", "--timeout=20s"
+    )
+    assert code == 0, err
+    assert "condition met" in out
+
+    code, out, err = await kubectl_cluster("delete", "pod", "tight", "--wait=false")
+    assert code == 0, err
+    code, out, err = await kubectl_cluster("get", "pod", "tight", "-o", "json")
+    if code == 0:  # still terminating (the kubelet stops it a moment later)
+        assert json.loads(out)["metadata"]["deletionTimestamp"]
+    code, out, err = await kubectl_cluster("wait", "--for=delete", "pod/tight", "--timeout=20s")
+    assert code == 0, err
+    assert cluster.pod("ns", "tight") is None
+
+
+async def test_kubectl_raw_list_at_a_future_version_waits(
+    kube: KubeEmulator, kubectl: Kubectl
+) -> None:
+    kube.create_pod("ns", pod_body("p1"))
+    future = kube.resource_version + 1
+    listing = asyncio.ensure_future(
+        kubectl("get", "--raw", f"/api/v1/namespaces/ns/pods?resourceVersion={future}")
+    )
+    async with asyncio.timeout(20):
+        await kube.store.version_waited.wait()
+    kube.create_pod("ns", pod_body("p2"))
+    code, out, err = await listing
+
+    assert code == 0, err
+    assert names(out) == ["p1", "p2"]

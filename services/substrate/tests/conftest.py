@@ -36,6 +36,7 @@ from turnstile_contracts import (
     substrate_pb2_grpc,
 )
 from turnstile_platform.errors import RichError, decode
+from turnstile_platform.leader import Leadership
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.app import create_app
 from turnstile_substrate.db.migrate import apply_migrations
@@ -375,18 +376,25 @@ StartSubstrate = Callable[..., contextlib.AbstractAsyncContextManager[Kubernetes
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubeEmulator]:
-    """An API-server emulator of this test's own, with quick bookmarks."""
-    async with KubeEmulator(bookmark_interval=0.05) as emulator:
+    """An API-server emulator of this test's own, with quick bookmarks, graceful deletion of
+    scheduled pods, and the sandbox namespace's ``restricted`` Pod Security level enforced on
+    every pod the substrate creates (test seeding through ``kube.create_pod`` is exempt)."""
+    async with KubeEmulator(
+        bookmark_interval=0.05, graceful_deletion=True, pod_security="restricted"
+    ) as emulator:
         yield emulator
 
 
 @pytest.fixture
 def substrate() -> StartSubstrate:
-    """``substrate(kube, **settings)``: a started, synced Kubernetes substrate on
-    ``kube`` with quick timings (``acme`` allowlisted), closed on exit."""
+    """``substrate(kube, leadership=None, **settings)``: a started, synced Kubernetes
+    substrate on ``kube`` with quick timings (``acme`` allowlisted), closed on exit; its
+    leader-only work registers on ``leadership`` (None: it always leads)."""
 
     @contextlib.asynccontextmanager
-    async def start(kube: KubeEmulator, **overrides: Any) -> AsyncIterator[KubernetesSubstrate]:
+    async def start(
+        kube: KubeEmulator, *, leadership: Leadership | None = None, **overrides: Any
+    ) -> AsyncIterator[KubernetesSubstrate]:
         settings: dict[str, Any] = {
             "api_host": kube.url,
             "namespace": K8S_NAMESPACE,
@@ -394,11 +402,14 @@ def substrate() -> StartSubstrate:
             "relist_backoff_max_s": 0.05,
             "warm_pool_interval_s": 0.05,
             "warm_require_running": False,
+            # claims take the oldest warm pod, so a test knows which one it contests
+            "warm_claim_spread": 1,
             **overrides,
         }
         sub = KubernetesSubstrate(
             KubernetesSettings(**settings),
             Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
+            leadership=leadership,
         )
         await sub.start()
         try:

@@ -236,10 +236,16 @@ async def test_stop_deletes_the_sandboxs_pods_and_find_running_forgets_it_at_onc
         assert running.node == "node-a"
         assert await sub.stop_runtime("s1") is True
         assert await sub.find_running("s1") is None  # even before the cache sees the delete
-        assert kube.pods(NS) == []
-        assert await sub.stop_runtime("s1") is False
+        # a scheduled pod is deleted gracefully: Terminating for its grace period
+        terminating = kube.pod(NS, runtime.name)
+        assert terminating is not None
+        assert terminating["metadata"]["deletionTimestamp"]
+        assert await sub.stop_runtime("s1") is False  # being deleted is not live
         await caught_up(sub, kube)
         assert sub.count_live("acme", None, ()) == LiveCount(0)
+        assert await sub.find_running("s1") is None
+        kube.finish_termination(NS, runtime.name)  # the kubelet stopped its containers
+        assert kube.pods(NS) == []
 
 
 async def test_the_substrate_never_changes_a_client_id_label_once_set(

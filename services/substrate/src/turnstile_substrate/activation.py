@@ -223,6 +223,7 @@ class Activator:
             tier=record.tier if record is not None else tier,
             client_label=record_value(charged),
             restore=record is not None,
+            generation=await records.activation_generation(conn, sandbox_id),
         )
         plan = self.substrate.plan(spec)
         admitted = await self._admission.admit(

@@ -23,7 +23,7 @@ from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
 from turnstile_substrate.settings import SubstrateSettings
-from turnstile_substrate.substrates import create_leadership, create_substrate
+from turnstile_substrate.substrates import add_sweeps, create_leadership, create_substrate
 
 SERVICE_NAME = "turnstile-substrate"
 
@@ -98,6 +98,7 @@ async def create_app(
     substrate = create_substrate(settings, resolver, leadership, credentials)
     await substrate.start()
     app.add_cleanup(substrate.close)
+    add_sweeps(settings, substrate, leadership, pool, admission.release_sandbox)
     leader_task = asyncio.create_task(leadership.run(), name="leadership")
 
     async def stop_leading() -> None:

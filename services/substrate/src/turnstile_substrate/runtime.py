@@ -46,6 +46,10 @@ class RuntimeSpec:
     client_label: str | None
     #: True when a stopped sandbox's workspace is restored.
     restore: bool = False
+    #: Which activation of the sandbox this is (its executions so far). A retried or
+    #: concurrent activation computes the same one, so a substrate that names runtimes
+    #: from it makes one runtime per activation (SPEC F5).
+    generation: int = 0
 
 
 @dataclass(frozen=True)

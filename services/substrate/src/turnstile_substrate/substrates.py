@@ -16,6 +16,8 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
+import asyncpg
+
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import Leadership, LocalLeadership
 from turnstile_platform.sandbox_credentials import CredentialIssuer
@@ -87,3 +89,29 @@ def _kubernetes() -> Any:
                 "TURNSTILE_SUBSTRATE_KIND=kubernetes, but this build has no Kubernetes substrate"
             ) from error
         raise
+
+
+class _SweepsFactory(Protocol):
+    def __call__(
+        self,
+        substrate: Substrate,
+        leadership: Leadership,
+        pool: asyncpg.Pool,
+        release: Callable[[str], Awaitable[None]],
+        database_timeout_s: float,
+    ) -> None: ...
+
+
+def add_sweeps(
+    settings: SubstrateSettings,
+    substrate: Substrate,
+    leadership: Leadership,
+    pool: asyncpg.Pool,
+    release: Callable[[str], Awaitable[None]],
+) -> None:
+    """Register the leader's sweeps (SPEC F4) for a started substrate. Direct has none:
+    its runtimes are child processes of this one process, which reaps them itself."""
+    if settings.substrate_kind == "direct":
+        return
+    factory = cast(_SweepsFactory, _kubernetes().add_sweeps)
+    factory(substrate, leadership, pool, release, settings.database_timeout_s)

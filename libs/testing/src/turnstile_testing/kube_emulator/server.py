@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,8 +24,10 @@ from aiohttp import web
 from turnstile_testing.kube_emulator import discovery
 from turnstile_testing.kube_emulator.errors import ApiError, bad_request, status_object
 from turnstile_testing.kube_emulator.faults import Fault, FaultInjector, PathMatcher
+from turnstile_testing.kube_emulator.kubelet import Kubelet, KubeletConfig, mark_failed
 from turnstile_testing.kube_emulator.leases import LeaseStore
 from turnstile_testing.kube_emulator.patches import apply_patch
+from turnstile_testing.kube_emulator.podsecurity import check_pod_security
 from turnstile_testing.kube_emulator.selectors import FieldSelector, LabelSelector, PodFilter
 from turnstile_testing.kube_emulator.store import Control, PodStore, StoredPod, Subscription, encode
 from turnstile_testing.kube_emulator.watch import WatchOptions, WatchStream, error_line
@@ -100,13 +103,21 @@ class RecordedRequest:
 
 
 class KubeEmulator:
-    """A pods-only Kubernetes API server on ``127.0.0.1:<free port>`` for tests.
+    """A Kubernetes API server (pods and leases) on ``127.0.0.1:<free port>`` for tests.
 
     Use as ``async with KubeEmulator() as kube:``; point clients at :attr:`url` or use
     :meth:`api_client`. ``bookmark_interval`` is how often watches with
     ``allowWatchBookmarks=true`` get a BOOKMARK (the real server: about a minute);
     ``history_limit`` bounds the event history (older versions then get 410 Expired);
     ``record_requests=False`` stops filling :attr:`requests` (for long benchmarks).
+
+    Closer to a real cluster, each opt-in so existing tests keep their instant world:
+    ``graceful_deletion`` (a DELETE marks a scheduled pod Terminating for its grace period;
+    :meth:`finish_termination` or the kubelet removes it), ``kubelet`` (a scheduler and
+    kubelet loop: node assignment, Pending → Running after a delay, Terminating → gone,
+    :meth:`fail_pod`), ``pod_security`` (the Pod Security admission level enforced on pods
+    created over HTTP: ``restricted`` as the manifests label the sandbox namespace).
+    ``future_version_wait`` is how long a list at a future resourceVersion waits.
     """
 
     def __init__(
@@ -116,8 +127,19 @@ class KubeEmulator:
         history_limit: int | None = 100_000,
         host: str = "127.0.0.1",
         record_requests: bool = True,
+        graceful_deletion: bool = False,
+        kubelet: KubeletConfig | None = None,
+        pod_security: str | None = None,
+        future_version_wait: float = 3.0,
     ) -> None:
-        self.store = PodStore(history_limit=history_limit)
+        self.store = PodStore(history_limit=history_limit, graceful_deletion=graceful_deletion)
+        self.kubelet_config = kubelet
+        self._kubelet: Kubelet | None = None
+        if pod_security not in (None, "privileged", "baseline", "restricted"):
+            raise ValueError(f"unknown Pod Security level {pod_security!r}")
+        self.pod_security = pod_security
+        self.future_version_wait = future_version_wait
+        self._delays: list[tuple[str | None, re.Pattern[str] | None, float]] = []
         self.leases = LeaseStore(self.store.next_version)
         self.faults = FaultInjector()
         self.requests: list[RecordedRequest] = []
@@ -163,9 +185,15 @@ class KubeEmulator:
         site = web.SockSite(runner, sock)
         await site.start()
         self._runner = runner
+        if self.kubelet_config is not None:
+            self._kubelet = Kubelet(self.store, self.kubelet_config)
+            self._kubelet.start()
 
     async def stop(self) -> None:
         """End every watch gracefully, then stop serving."""
+        if self._kubelet is not None:
+            await self._kubelet.stop()
+            self._kubelet = None
         self.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -250,6 +278,16 @@ class KubeEmulator:
         """
         return self.faults.add(Fault(status, method, path, times, reason, message, watch))
 
+    def delay_requests(
+        self, seconds: float, *, method: str | None = None, path: str | None = None
+    ) -> None:
+        """Answer matching non-watch requests ``seconds`` late (a slow API server); the write
+        happens after the delay, so a client that goes away meanwhile leaves nothing behind.
+        ``path`` is a regular expression over the whole path. ``seconds=0`` removes the rule."""
+        self._delays = [d for d in self._delays if (d[0], d[1] and d[1].pattern) != (method, path)]
+        if seconds > 0:
+            self._delays.append((method, re.compile(path) if path else None, seconds))
+
     def clear_failures(self) -> None:
         """Remove every injected failure."""
         self.faults.clear()
@@ -278,9 +316,23 @@ class KubeEmulator:
         """Create a pod without HTTP (fast seeding); same rules and events as a POST."""
         return self.store.create(namespace, body, validate=validate).thaw()
 
-    def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def delete_pod(
+        self, namespace: str, name: str, *, grace_period_seconds: int | None = None
+    ) -> dict[str, Any]:
         """Delete a pod without HTTP; same rules and events as a DELETE."""
-        return self.store.delete(namespace, name).thaw()
+        return self.store.delete(namespace, name, None, grace_period_seconds).thaw()
+
+    def finish_termination(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """End a Terminating pod's grace (its containers stopped): it is removed unless
+        finalizers hold it. None when it was not terminating."""
+        stored = self.store.finish_termination(namespace, name)
+        return None if stored is None else stored.thaw()
+
+    def fail_pod(
+        self, namespace: str, name: str, reason: str = "Error", message: str = ""
+    ) -> dict[str, Any]:
+        """The pod's containers exited with an error (or it was evicted): phase Failed."""
+        return self.mutate_pod(namespace, name, lambda pod: mark_failed(pod, reason, message))
 
     def mutate_pod(
         self, namespace: str, name: str, change: Callable[[dict[str, Any]], None]
@@ -363,6 +415,8 @@ class KubeEmulator:
                 return _error_response(injected)
             if "dryRun" in query:
                 raise bad_request("the emulator does not implement dryRun")
+            if self._delays and query.get("watch", "").lower() not in _TRUE:
+                await self._delay(request.method, request.path)
             return await handler(request)
         except ApiError as exc:
             return _error_response(exc)
@@ -387,6 +441,15 @@ class KubeEmulator:
                 ),
                 405,
             )
+
+    async def _delay(self, method: str, path: str) -> None:
+        for wanted, pattern, seconds in self._delays:
+            if wanted is not None and wanted.upper() != method.upper():
+                continue
+            if pattern is not None and pattern.fullmatch(path) is None:
+                continue
+            await asyncio.sleep(seconds)
+            return
 
     async def _version(self, _: web.Request) -> web.Response:
         return _json_response(encode(discovery.SERVER_VERSION))
@@ -487,6 +550,16 @@ class KubeEmulator:
         q = request.query
         if parse_bool("watch", q.get("watch")):
             return await self._watch(request, flt)
+        wanted = _parse_int("resourceVersion", q.get("resourceVersion"))
+        if (
+            wanted is not None
+            and wanted > self.store.resource_version
+            and q.get("resourceVersionMatch") != "Exact"
+            and not q.get("continue")
+        ):
+            # A list at a version the cache has not reached waits for it (the real server
+            # waits up to 3 s, then answers 504 "Too large resource version").
+            await self.store.wait_for_version(wanted, self.future_version_wait)
         page = self.store.list(
             flt,
             resource_version=q.get("resourceVersion"),
@@ -558,6 +631,8 @@ class KubeEmulator:
 
     async def _create(self, request: web.Request) -> web.Response:
         body = await self._json_body(request)
+        if self.pod_security is not None and isinstance(body, dict):
+            check_pod_security(self.pod_security, body)
         stored = self.store.create(request.match_info["namespace"], body)
         return _json_response(stored.raw, 201)
 
@@ -601,10 +676,18 @@ class KubeEmulator:
                 options = json.loads(raw)
             except ValueError as exc:
                 raise bad_request(f"error decoding DeleteOptions: {exc}") from None
-        preconditions = options.get("preconditions") if isinstance(options, dict) else None
+        if not isinstance(options, dict):
+            options = {}
+        preconditions = options.get("preconditions")
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = _parse_int("gracePeriodSeconds", request.query.get("gracePeriodSeconds"))
+        if grace is not None and not isinstance(grace, int):
+            raise bad_request("gracePeriodSeconds must be an integer")
         stored = self.store.delete(
             request.match_info["namespace"],
             request.match_info["name"],
             preconditions if isinstance(preconditions, dict) else None,
+            grace,
         )
         return _json_response(stored.raw)

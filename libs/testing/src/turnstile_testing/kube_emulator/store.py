@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import contextlib
 import json
 import uuid
 from collections import OrderedDict
@@ -164,6 +165,15 @@ def _decode_continue(token: str) -> tuple[int, Key]:
     return rv, (namespace, name)
 
 
+def _removable(meta: dict[str, Any]) -> bool:
+    """A pod marked for deletion goes once no finalizer holds it and its grace is over."""
+    return (
+        bool(meta.get("deletionTimestamp"))
+        and not meta.get("finalizers")
+        and not meta.get("deletionGracePeriodSeconds")
+    )
+
+
 def _parse_rv(value: str | None) -> int | None:
     if value is None or value == "":
         return None
@@ -179,7 +189,17 @@ def _parse_rv(value: str | None) -> int | None:
 class PodStore:
     """All pods, their history, and the live watch subscriptions."""
 
-    def __init__(self, history_limit: int | None = 100_000) -> None:
+    def __init__(
+        self, history_limit: int | None = 100_000, *, graceful_deletion: bool = False
+    ) -> None:
+        #: DELETE of a scheduled, unfinished pod marks it Terminating for its grace period
+        #: (:meth:`finish_termination` removes it), as the real registry does; False removes
+        #: every pod at once (the emulator's original behaviour, which many tests rely on).
+        self.graceful_deletion = graceful_deletion
+        self._version_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: Set when a request starts waiting for a future version (tests await it).
+        self.version_waited = asyncio.Event()
+        self._observers: list[Callable[[Event], None]] = []
         self._pods: dict[Key, StoredPod] = {}
         self._rv = 0
         self._history: list[Event] = []
@@ -329,7 +349,7 @@ class PodStore:
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if obj == old:
             return current  # no-op: no new version, no event
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if _removable(meta):
             return self._commit(DELETED, obj, current)
         return self._commit(MODIFIED, obj, current)
 
@@ -348,14 +368,21 @@ class PodStore:
         meta["resourceVersion"] = current.obj["metadata"]["resourceVersion"]
         if obj == current.obj:
             return current
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if _removable(meta):
             return self._commit(DELETED, obj, current)
         return self._commit(MODIFIED, obj, current)
 
     def delete(
-        self, namespace: str, name: str, preconditions: dict[str, Any] | None = None
+        self,
+        namespace: str,
+        name: str,
+        preconditions: dict[str, Any] | None = None,
+        grace_period_seconds: int | None = None,
     ) -> StoredPod:
-        """Delete a pod (immediately, or mark it if it has finalizers) and return it."""
+        """Delete a pod and return it: at once, or — with finalizers, or with
+        :attr:`graceful_deletion` for a scheduled, unfinished pod — mark it Terminating
+        (``deletionTimestamp``, ``deletionGracePeriodSeconds``) and leave it until its
+        finalizers are gone and its grace is over (:meth:`finish_termination`)."""
         current = self.get(namespace, name)
         meta = current.obj["metadata"]
         pre = preconditions or {}
@@ -372,20 +399,49 @@ class PodStore:
                 f"{pre['resourceVersion']}, ResourceVersion in object meta: "
                 f"{meta['resourceVersion']}",
             )
-        if meta.get("finalizers"):
-            if meta.get("deletionTimestamp"):
+        grace = self._grace(current.obj, grace_period_seconds)
+        if meta.get("deletionTimestamp"):
+            # Already terminating: a second DELETE may only shorten the grace.
+            if grace >= (meta.get("deletionGracePeriodSeconds") or 0):
                 return current
             obj = current.thaw()
+            obj["metadata"]["deletionGracePeriodSeconds"] = grace
+            if _removable(obj["metadata"]):
+                return self._commit(DELETED, obj, current)
+            return self._commit(MODIFIED, obj, current)
+        if meta.get("finalizers") or grace > 0:
+            obj = current.thaw()
             obj["metadata"]["deletionTimestamp"] = now_rfc3339()
-            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+            obj["metadata"]["deletionGracePeriodSeconds"] = grace
             return self._commit(MODIFIED, obj, current)
         return self._commit(DELETED, current.thaw(), current)
 
-    def next_version(self) -> int:
-        """Take the next resourceVersion for a write of another kind (a Lease): one counter
-        for every object, as etcd has one revision. Pod history simply has a gap there."""
-        self._rv += 1
-        return self._rv
+    def _grace(self, pod: dict[str, Any], requested: int | None) -> int:
+        """The grace a DELETE gives ``pod``: 0 unless graceful deletion is on; then the
+        request's, else the pod's ``terminationGracePeriodSeconds``; 0 for a pod never
+        scheduled or already finished (nothing runs to stop), as the pod strategy does."""
+        if not self.graceful_deletion:
+            return 0
+        if not (pod.get("spec") or {}).get("nodeName"):
+            return 0
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            return 0
+        if requested is not None:
+            return max(0, requested)
+        return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 0)
+
+    def finish_termination(self, namespace: str, name: str) -> StoredPod | None:
+        """The kubelet's part: the containers stopped, so a Terminating pod's grace is over;
+        it is removed (unless finalizers hold it). None if it is gone or not terminating."""
+        try:
+            current = self.get(namespace, name)
+        except ApiError:
+            return None
+        if not current.obj["metadata"].get("deletionTimestamp"):
+            return None
+        return self.mutate(
+            namespace, name, lambda pod: pod["metadata"].update(deletionGracePeriodSeconds=0)
+        )
 
     def _commit(self, kind: str, obj: dict[str, Any], prev: StoredPod | None) -> StoredPod:
         self._rv += 1
@@ -404,7 +460,60 @@ class PodStore:
             self.compact(keep=self._history_limit)
         for sub in self._subscribers:
             sub.queue.put_nowait(event)
+        for observe in self._observers:
+            observe(event)
+        if self._version_waiters:
+            self._wake_version_waiters()
         return stored
+
+    def add_observer(self, observe: Callable[[Event], None]) -> None:
+        """Call ``observe`` with every committed event, synchronously (the emulated kubelet);
+        unlike a watch it is not counted in :attr:`subscribers`."""
+        self._observers.append(observe)
+
+    def remove_observer(self, observe: Callable[[Event], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._observers.remove(observe)
+
+    def next_version(self) -> int:
+        """Take the next resourceVersion for a write of another kind (a Lease): one counter
+        for every object, as etcd has one revision. Pod history simply has a gap there."""
+        self._rv += 1
+        if self._version_waiters:
+            self._wake_version_waiters()
+        return self._rv
+
+    def _wake_version_waiters(self) -> None:
+        waiting = []
+        for rv, future in self._version_waiters:
+            if rv <= self._rv:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((rv, future))
+        self._version_waiters = waiting
+
+    @property
+    def version_waiters(self) -> int:
+        """Requests waiting for a future resourceVersion (lists the handler holds)."""
+        return len(self._version_waiters)
+
+    async def wait_for_version(self, rv: int, timeout: float) -> bool:
+        """Wait until the store reaches ``rv`` (as the watch cache does before serving a list
+        at a future version); False after ``timeout``."""
+        if rv <= self._rv:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._version_waiters.append((rv, future))
+        self.version_waited.set()
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            return False
+        finally:
+            self._version_waiters = [w for w in self._version_waiters if w[1] is not future]
+        return True
 
     # ----------------------------------------------------------------- history
 
@@ -462,7 +571,7 @@ class PodStore:
         """A (possibly paginated) list with the API server's resourceVersion semantics.
 
         * unset / ``0`` / NotOlderThan: the current state (a version newer than the current one
-          is a 504, where the real server would wait up to 3 s first);
+          is a 504; the HTTP handler first waits for it, as the real server does for 3 s);
         * ``resourceVersionMatch=Exact``: the state at that version, 410 if compacted;
         * ``continue``: the next page of the snapshot the first page came from, 410 if compacted.
         """

@@ -95,6 +95,16 @@ async def fetch_sandbox(conn: Connection, sandbox_id: str) -> SandboxRecord | No
     return _record(row) if row is not None else None
 
 
+async def activation_generation(conn: Connection, sandbox_id: str) -> int:
+    """How many executions the sandbox has had: the number of its next activation.
+
+    Every activation that made a runtime recorded an execution, so a retry of an activation
+    that failed (or is still in flight on another replica) reads the same number.
+    """
+    count = await conn.fetchval("SELECT count(*) FROM executions WHERE sandbox_id = $1", sandbox_id)
+    return int(count or 0)
+
+
 async def record_activation(
     conn: Connection,
     runtime: Runtime,
@@ -200,6 +210,71 @@ async def end_execution(conn: Connection, sandbox_id: str, *, reason: str) -> bo
             """,
             sandbox_id,
         )
+    return ended is not None
+
+
+@dataclass(frozen=True)
+class ActiveRuntime:
+    """An execution still marked active: the runtime the record says the sandbox has."""
+
+    sandbox_id: str
+    runtime_name: str
+    started_at: datetime
+
+
+async def active_runtimes(conn: Connection, substrate: str) -> dict[str, ActiveRuntime]:
+    """Every active execution of ``substrate``, by runtime name (what the sweeps compare
+    the pods with)."""
+    rows = await conn.fetch(
+        """
+        SELECT sandbox_id, runtime_name, started_at FROM executions
+        WHERE ended_at IS NULL AND substrate = $1
+        """,
+        substrate,
+    )
+    return {
+        row["runtime_name"]: ActiveRuntime(
+            row["sandbox_id"], row["runtime_name"], row["started_at"]
+        )
+        for row in rows
+    }
+
+
+async def runtime_is_recorded(conn: Connection, sandbox_id: str, runtime_name: str) -> bool:
+    """Whether ``runtime_name`` is the sandbox's active execution right now."""
+    found = await conn.fetchval(
+        """
+        SELECT 1 FROM executions
+        WHERE sandbox_id = $1 AND runtime_name = $2 AND ended_at IS NULL
+        """,
+        sandbox_id,
+        runtime_name,
+    )
+    return found is not None
+
+
+async def end_runtime(conn: Connection, sandbox_id: str, runtime_name: str, *, reason: str) -> bool:
+    """End the execution of ``runtime_name`` if it is still the sandbox's active one, and mark
+    the sandbox stopped; False when it no longer was (a newer activation is left alone)."""
+    async with conn.transaction():
+        ended = await conn.fetchval(
+            """
+            UPDATE executions SET ended_at = now(), end_reason = $3
+            WHERE sandbox_id = $1 AND runtime_name = $2 AND ended_at IS NULL
+            RETURNING id
+            """,
+            sandbox_id,
+            runtime_name,
+            reason,
+        )
+        if ended is not None:
+            await conn.execute(
+                """
+                UPDATE sandboxes SET state = 'stopped', updated_at = now()
+                WHERE id = $1 AND state <> 'stopped'
+                """,
+                sandbox_id,
+            )
     return ended is not None
 
 

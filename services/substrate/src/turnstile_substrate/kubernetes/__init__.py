@@ -11,6 +11,7 @@ Modules, each one concern:
 * :mod:`.warmpool` — warm-pool claims (optimistic adoption, invalidation) and refill;
 * :mod:`.tasks` — clean-ups that survive their caller's cancellation;
 * :mod:`.metrics` — Prometheus metrics (bounded labels);
+* :mod:`.sweeps` — the leader's sweeps (orphan, finished, expired pods; gone runtimes);
 * :mod:`.substrate` — ``KubernetesSubstrate``, the ``Substrate`` on pods.
 
 ``create_leadership`` builds the process's leader elector (its own API connection, so
@@ -20,17 +21,26 @@ work (warm-pool refill and trim, sweeps) on it.
 
 from collections.abc import Awaitable, Callable
 
+import asyncpg
+
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import LeaderElector, Leadership, default_identity
 from turnstile_substrate.kubernetes.api import connect
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.substrate import KubernetesSubstrate
+from turnstile_substrate.kubernetes.sweeps import Release
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.settings import SubstrateSettings
 
 Closer = Callable[[], Awaitable[None]]
 
-__all__ = ["KubernetesSettings", "KubernetesSubstrate", "create_leadership", "create_substrate"]
+__all__ = [
+    "KubernetesSettings",
+    "KubernetesSubstrate",
+    "add_sweeps",
+    "create_leadership",
+    "create_substrate",
+]
 
 
 async def create_leadership(settings: SubstrateSettings) -> tuple[Leadership, Closer]:
@@ -60,3 +70,16 @@ def create_substrate(
     the resolver is the service's, kept on the current key set."""
     del settings  # nothing of the service's own settings shapes pods
     return KubernetesSubstrate(KubernetesSettings(), resolver, leadership=leadership)
+
+
+def add_sweeps(
+    substrate: Substrate,
+    leadership: Leadership,
+    pool: asyncpg.Pool,
+    release: Release,
+    database_timeout_s: float,
+) -> None:
+    """Register the sweeps of a started Kubernetes substrate as leader work."""
+    assert isinstance(substrate, KubernetesSubstrate)
+    sweeper = substrate.sweeper(pool, release, database_timeout_s=database_timeout_s)
+    leadership.add_work("sweeps", sweeper.run)

@@ -51,6 +51,18 @@ WARM_CREATED = Counter(
 COLD_CREATES = Counter(
     "turnstile_substrate_pods_created_total",
     "Sandbox pods created cold (including restores), by tier and result (created, failed, "
-    "refused: the cap gate refused before the create).",
+    "refused: the cap gate refused before the create, already_exists: an earlier attempt at "
+    "the same activation had made it).",
     ["tier", "result"],
+)
+SWEEPS = Counter(
+    "turnstile_substrate_sweep_total",
+    "What the leader's sweeps found and did (SPEC F4), by sweep (gone_runtimes, "
+    "finished_pods, expired_warm_pods, orphan_pods) and action (found, removed, adopted, error).",
+    ["sweep", "action"],
+)
+SWEEP_RUNS = Counter(
+    "turnstile_substrate_sweep_runs_total",
+    "Sweep passes run by the leader, by result (ok, error).",
+    ["result"],
 )

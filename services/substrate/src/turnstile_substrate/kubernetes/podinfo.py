@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from turnstile_substrate.runtime import LABEL_CLIENT_ID, LABEL_POOL, LABEL_SANDBOX_ID, LABEL_TIER
@@ -42,6 +43,19 @@ class PodInfo:
     deleting: bool
     #: ``spec.nodeName``; "" until scheduled.
     node: str
+    #: ``metadata.creationTimestamp`` as sent (RFC 3339); parsed only by the sweeps,
+    #: so the reflector's hot path pays nothing for it.
+    created: str = ""
+
+    def age_s(self, now: datetime | None = None) -> float | None:
+        """Seconds since the pod was created, or None when that is unknown."""
+        if not self.created:
+            return None
+        try:
+            created = datetime.fromisoformat(self.created.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return ((now or datetime.now(UTC)) - created).total_seconds()
 
     @property
     def live(self) -> bool:
@@ -78,4 +92,5 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         phase=_intern(status.get("phase") or "Pending"),
         deleting=meta.get("deletionTimestamp") is not None,
         node=_intern(spec.get("nodeName") or ""),
+        created=meta.get("creationTimestamp") or "",
     )

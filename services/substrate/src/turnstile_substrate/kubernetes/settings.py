@@ -131,9 +131,30 @@ class KubernetesSettings(BaseSettings):
     """Longest wait between two warm-pool refill checks; a claim or a change the
     reflector sees wakes the loop sooner."""
 
+    warm_claim_spread: int = Field(default=8, ge=1, le=1000)
+    """A claim takes a warm pod at random among this many oldest claimable ones, so
+    replicas claiming at once mostly try different pods; 1 always takes the oldest."""
+
     warm_require_running: bool = True
     """Only claim warm pods whose phase is Running (started and scheduled). False also
     claims Pending ones: faster hand-out, but the sandbox may wait for its pod."""
+
+    # ------------------------------------------------------------------ sweeps
+
+    sweep_interval_s: float = Field(default=30.0, gt=0, le=3600)
+    """How often the leader runs the sweeps (orphan, finished and expired warm pods;
+    records whose pod is gone)."""
+
+    sweep_orphan_grace_s: float = Field(default=120.0, ge=0, le=86_400)
+    """A pod no record names is an orphan only once this old: longer than any activation
+    takes from create to record, so an activation in flight is never swept."""
+
+    sweep_warm_max_age_s: float = Field(default=3600.0, ge=0, le=604_800)
+    """Unclaimed warm pods older than this are replaced (the refill makes new ones with
+    the current template); 0 keeps them forever."""
+
+    sweep_dry_run: bool = False
+    """Find and count (metrics, logs) without deleting pods or ending records."""
 
     # ------------------------------------------------------------------ leader election
 

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Collection
 
+import asyncpg
 from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
@@ -27,6 +28,7 @@ from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.sweeps import Release, Sweeper
 from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
 from turnstile_substrate.runtime import (
@@ -130,6 +132,21 @@ class KubernetesSubstrate:
             raise RuntimeError("the Kubernetes substrate is not started")
         return self._pool
 
+    def sweeper(
+        self, pool: asyncpg.Pool, release: Release, *, database_timeout_s: float = 5.0
+    ) -> Sweeper:
+        """The sweeps over this substrate's pods and ``pool``'s records (after :meth:`start`);
+        register its ``run`` as leader work."""
+        return Sweeper(
+            self.api,
+            self.index,
+            self.settings,
+            self.reflector.synced,
+            pool,
+            release,
+            database_timeout_s=database_timeout_s,
+        )
+
     @property
     def api(self) -> PodsApi:
         if self._api is None:
@@ -220,14 +237,35 @@ class KubernetesSubstrate:
         name = body["metadata"]["name"]
         try:
             pod = await self.api.create(body)
-        except BaseException as error:
+        except KubeApiError as error:
+            if error.conflict:
+                # The name is this activation's: an earlier attempt (a timed-out create that
+                # landed, another replica) made it. The same runtime, not a second one.
+                existing = await self._same_activation(name, spec)
+                metrics.COLD_CREATES.labels(tier=spec.tier, result="already_exists").inc()
+                return _runtime(existing, kind)
             metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
-            if not (isinstance(error, KubeApiError) and 400 <= error.status < 500):
-                # The outcome is unknown (timeout, 5xx, cancelled): the pod may exist.
+            if not 400 <= error.status < 500:
+                # The outcome is unknown (5xx): the pod may exist.
                 await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
+            raise
+        except BaseException:
+            metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
+            # The outcome is unknown (timeout, cancelled): the pod may exist.
+            await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
             raise
         metrics.COLD_CREATES.labels(tier=spec.tier, result="created").inc()
         return _runtime(pod, kind)
+
+    async def _same_activation(self, name: str, spec: RuntimeSpec) -> PodInfo:
+        """The pod that holds this activation's name, if it is the sandbox's live runtime."""
+        pod = await self.api.get(name)
+        if pod is None or pod.sandbox_id != spec.sandbox_id or not pod.live:
+            # Gone again, or still terminating (an earlier attempt's compensation): the
+            # caller's retry will find it gone or running.
+            state = "gone" if pod is None else "terminating" if pod.deleting else pod.phase
+            raise KubeApiError(409, "AlreadyExists", f"pod {name} exists but is {state}")
+        return pod
 
     async def _remove_created(self, name: str, sandbox_id: str) -> None:
         """Delete a pod this call may have created; never raises."""

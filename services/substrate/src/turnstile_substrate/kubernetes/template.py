@@ -29,6 +29,7 @@ has no business with the API server).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from typing import Any
@@ -74,15 +75,19 @@ def slug(value: str, max_len: int) -> str:
     return cleaned[:max_len].rstrip("-") or "x"
 
 
-def _name(prefix: str, middle: str) -> str:
-    suffix = secrets.token_hex(_SUFFIX_LEN // 2)
+def _name(prefix: str, middle: str, suffix: str | None = None) -> str:
+    suffix = suffix or secrets.token_hex(_SUFFIX_LEN // 2)
     room = _MAX_NAME - len(prefix) - len(suffix) - 2
     return f"{prefix}-{slug(middle, room)}-{suffix}"
 
 
-def sandbox_pod_name(settings: KubernetesSettings, sandbox_id: str) -> str:
-    """``<prefix>-<sandbox slug>-<random>``: readable, unique per create."""
-    return _name(settings.name_prefix, sandbox_id)
+def sandbox_pod_name(settings: KubernetesSettings, sandbox_id: str, generation: int = 0) -> str:
+    """``<prefix>-<sandbox slug>-<hash>``: readable, and the same for every attempt at one
+    activation (the hash of the sandbox id and its generation), so a retried or concurrent
+    create of it gets ``AlreadyExists`` instead of making a second pod (SPEC F5). The hash
+    keeps two sandboxes whose slugs collide (case, truncation) apart."""
+    digest = hashlib.sha256(f"{sandbox_id}\x00{generation}".encode()).hexdigest()
+    return _name(settings.name_prefix, sandbox_id, digest[:_SUFFIX_LEN])
 
 
 def warm_pod_name(settings: KubernetesSettings, tier: str) -> str:
@@ -102,7 +107,7 @@ def sandbox_pod(settings: KubernetesSettings, spec: RuntimeSpec) -> dict[str, An
     annotations = {ANNOTATION_RESTORE: "true"} if spec.restore else {}
     return _pod(
         settings,
-        name=sandbox_pod_name(settings, spec.sandbox_id),
+        name=sandbox_pod_name(settings, spec.sandbox_id, spec.generation),
         tier=spec.tier,
         labels=sandbox_labels(spec),
         annotations=annotations,

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import random
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from turnstile_platform.leader import LeaderTerm
@@ -115,22 +118,31 @@ class WarmPool:
 
     # ------------------------------------------------------------------ claims
 
-    def claimable(self, tier: str) -> PodInfo | None:
-        """The pod the next claim in ``tier`` would try, if any."""
+    def _candidates(self, tier: str) -> Iterator[PodInfo]:
+        """Claimable pods of ``tier``, oldest first (lazily)."""
         require_running = self._settings.warm_require_running
-        for pod in self._index.warm(tier):
-            if pod.name in self._claiming or pod.name in self._spent:
-                continue
-            if require_running and pod.phase != "Running":
-                continue
-            return pod
-        return None
+        return (
+            pod
+            for pod in self._index.warm(tier)
+            if pod.name not in self._claiming
+            and pod.name not in self._spent
+            and (not require_running or pod.phase == "Running")
+        )
+
+    def claimable(self, tier: str) -> PodInfo | None:
+        """Whether a claim in ``tier`` has a pod to try: the oldest, if any."""
+        return next(self._candidates(tier), None)
 
     def reserve(self, tier: str) -> PodInfo | None:
-        """Reserve the next claimable pod of ``tier`` for one claim."""
-        pod = self.claimable(tier)
-        if pod is not None:
-            self._claiming.add(pod.name)
+        """Reserve a claimable pod of ``tier`` for one claim, chosen at random among the
+        oldest few: replicas claiming at once then mostly try different pods instead of
+        all racing for the oldest (the losers would each discard it, SPEC S6)."""
+        spread = self._settings.warm_claim_spread
+        candidates = list(itertools.islice(self._candidates(tier), spread))
+        if not candidates:
+            return None
+        pod = random.choice(candidates)
+        self._claiming.add(pod.name)
         return pod
 
     def release(self, pod: PodInfo) -> None:

@@ -1,0 +1,258 @@
+"""The sweeps (SPEC F4): nothing Turnstile made is left behind, and no record outlives its pod.
+
+Leader-only work: one replica compares the reflector's pods with the PostgreSQL records every
+``sweep_interval_s``. Each pass runs four sweeps, in this order:
+
+1. **gone runtimes** — an active execution whose pod is gone, finished or terminating (deleted
+   outside Turnstile, evicted, crashed) is ended (``end_reason = 'runtime_gone'``), the sandbox
+   is marked stopped and its admission slot released. A miss in the cache is confirmed with a
+   GET first (the reflector may lag a fresh create). If the sandbox has another live pod, that
+   pod is **adopted** instead: the record follows it, as an activation that finds a runtime
+   without a record does.
+2. **finished pods** — ``Failed``/``Succeeded`` pods are deleted (sandbox pods never restart:
+   ``restartPolicy: Never``).
+3. **expired warm pods** — unclaimed warm pods older than ``sweep_warm_max_age_s`` are deleted
+   (with a resourceVersion precondition, so one adopted meanwhile stays); the refill replaces
+   them with pods of the current template.
+4. **orphan pods** — live pods with Turnstile's labels that no active execution names, older
+   than ``sweep_orphan_grace_s``: the create that landed after its client timed out, a duplicate,
+   a pod whose activation died between creating and recording it and was never retried. The
+   record is read again right before the delete, and the delete carries the pod's uid.
+
+The grace must exceed the longest activation (create → record), so an activation in flight is
+never swept. ``sweep_dry_run`` finds and counts without changing anything.
+
+Why not ``ownerReferences`` or ``activeDeadlineSeconds``: sandbox pods are owned by records in
+PostgreSQL, not by an API object the garbage collector could follow (owning them by the
+substrate's Deployment would delete every sandbox on a re-deploy), and a sandbox runs as long
+as its sessions use it, so no deadline fits it; the sweeps do both jobs against the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from turnstile_platform.leader import LeaderTerm
+from turnstile_substrate.db import records
+from turnstile_substrate.kubernetes import metrics
+from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
+from turnstile_substrate.kubernetes.index import PodIndex
+from turnstile_substrate.kubernetes.podinfo import PodInfo
+from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.runtime import CreateKind, Runtime
+
+log = logging.getLogger(__name__)
+
+SUBSTRATE = "kubernetes"
+
+GONE = "gone_runtimes"
+FINISHED = "finished_pods"
+EXPIRED_WARM = "expired_warm_pods"
+ORPHANS = "orphan_pods"
+
+Release = Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class SweepReport:
+    """What one pass found and did, per sweep and action (found, removed, adopted, error)."""
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def add(self, sweep: str, action: str) -> None:
+        self.counts[(sweep, action)] = self.counts.get((sweep, action), 0) + 1
+        metrics.SWEEPS.labels(sweep=sweep, action=action).inc()
+
+    def get(self, sweep: str, action: str) -> int:
+        return self.counts.get((sweep, action), 0)
+
+
+class Sweeper:
+    """Runs the sweeps on the leader; :meth:`sweep_once` is one pass (tests call it)."""
+
+    def __init__(
+        self,
+        api: PodsApi,
+        index: PodIndex,
+        settings: KubernetesSettings,
+        synced: asyncio.Event,
+        pool: asyncpg.Pool,
+        release: Release,
+        *,
+        database_timeout_s: float = 5.0,
+    ) -> None:
+        self._api = api
+        self._index = index
+        self._settings = settings
+        self._synced = synced
+        self._pool = pool
+        self._release = release
+        self._db_timeout_s = database_timeout_s
+        self.dry_run = settings.sweep_dry_run
+
+    async def run(self, term: LeaderTerm) -> None:
+        """Sweep every ``sweep_interval_s`` while leading."""
+        await self._synced.wait()
+        log.info("sweeps start (leader epoch %d, dry run: %s)", term.epoch, self.dry_run)
+        while True:
+            try:
+                await self.sweep_once()
+                metrics.SWEEP_RUNS.labels(result="ok").inc()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                metrics.SWEEP_RUNS.labels(result="error").inc()
+                log.exception("sweep pass failed")
+            await asyncio.sleep(self._settings.sweep_interval_s)
+
+    async def sweep_once(self) -> SweepReport:
+        """One pass of the four sweeps (see the module doc)."""
+        report = SweepReport()
+        adopted = await self._gone_runtimes(report)
+        pods = list(self._index.pods.values())
+        await self._finished(pods, report)
+        await self._expired_warm(pods, report)
+        await self._orphans(pods, adopted, report)
+        if report.counts:
+            log.info(
+                "sweep pass%s: %s",
+                " (dry run)" if self.dry_run else "",
+                {f"{s}.{a}": n for (s, a), n in sorted(report.counts.items())},
+            )
+        return report
+
+    # ------------------------------------------------------------------ the sweeps
+
+    async def _gone_runtimes(self, report: SweepReport) -> set[str]:
+        """End the executions whose pod is gone; returns the pods adopted instead."""
+        adopted: set[str] = set()
+        async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+            active = await records.active_runtimes(conn, SUBSTRATE)
+        for name, execution in active.items():
+            cached = self._index.pods.get(name)
+            if cached is not None and cached.live:
+                continue
+            try:
+                pod = await self._api.get(name)  # the cache may not have seen a fresh create
+            except Exception as error:
+                report.add(GONE, "error")
+                log.warning("sweep: reading pod %s failed: %s", name, error)
+                continue
+            if pod is not None and pod.live:
+                continue
+            report.add(GONE, "found")
+            if self.dry_run:
+                continue
+            replacement = next(
+                (p for p in self._index.live_pods(execution.sandbox_id) if p.name != name), None
+            )
+            try:
+                if replacement is not None:
+                    await self._adopt(replacement)
+                    adopted.add(replacement.name)
+                    report.add(GONE, "adopted")
+                    continue
+                async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                    ended = await records.end_runtime(
+                        conn, execution.sandbox_id, name, reason="runtime_gone"
+                    )
+                if ended:
+                    await self._release(execution.sandbox_id)
+                    report.add(GONE, "removed")
+            except Exception as error:
+                report.add(GONE, "error")
+                log.warning("sweep: ending the execution of pod %s failed: %s", name, error)
+        return adopted
+
+    async def _adopt(self, pod: PodInfo) -> None:
+        runtime = Runtime(
+            sandbox_id=pod.sandbox_id or "",
+            name=pod.name,
+            kind=CreateKind.COLD,
+            client_label=pod.client_label,
+            tier=pod.tier,
+            node=pod.node,
+        )
+        async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+            await records.adopt_runtime(conn, runtime, substrate=SUBSTRATE)
+
+    async def _finished(self, pods: list[PodInfo], report: SweepReport) -> None:
+        for pod in pods:
+            if pod.deleting or pod.live:
+                continue
+            report.add(FINISHED, "found")
+            await self._delete(FINISHED, pod, report, resource_version=False)
+
+    async def _expired_warm(self, pods: list[PodInfo], report: SweepReport) -> None:
+        max_age = self._settings.sweep_warm_max_age_s
+        if not max_age:
+            return
+        for pod in pods:
+            if not pod.is_warm:
+                continue
+            age = pod.age_s()
+            if age is None or age < max_age:
+                continue
+            report.add(EXPIRED_WARM, "found")
+            await self._delete(EXPIRED_WARM, pod, report, resource_version=True)
+
+    async def _orphans(self, pods: list[PodInfo], adopted: set[str], report: SweepReport) -> None:
+        grace = self._settings.sweep_orphan_grace_s
+        candidates = [
+            pod
+            for pod in pods
+            if pod.live
+            and not pod.is_warm
+            and pod.name not in adopted
+            and (age := pod.age_s()) is not None
+            and age >= grace
+        ]
+        if not candidates:
+            return
+        async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+            active = await records.active_runtimes(conn, SUBSTRATE)
+        for pod in candidates:
+            if pod.name in active:
+                continue
+            if pod.sandbox_id is not None:
+                try:
+                    # Read again right before deleting: recorded meanwhile means not an orphan.
+                    async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                        if await records.runtime_is_recorded(conn, pod.sandbox_id, pod.name):
+                            continue
+                except Exception as error:
+                    report.add(ORPHANS, "error")
+                    log.warning("sweep: checking pod %s failed: %s", pod.name, error)
+                    continue
+            report.add(ORPHANS, "found")
+            await self._delete(ORPHANS, pod, report, resource_version=False)
+
+    async def _delete(
+        self, sweep: str, pod: PodInfo, report: SweepReport, *, resource_version: bool
+    ) -> None:
+        if self.dry_run:
+            return
+        try:
+            deleted = await self._api.delete(
+                pod.name,
+                uid=pod.uid,
+                resource_version=pod.resource_version if resource_version else None,
+            )
+        except KubeApiError as error:
+            if error.conflict:
+                return  # replaced or changed since the cache saw it: look again next pass
+            report.add(sweep, "error")
+            log.warning("sweep: deleting pod %s failed: %s", pod.name, error)
+            return
+        except Exception as error:
+            report.add(sweep, "error")
+            log.warning("sweep: deleting pod %s failed: %s", pod.name, error)
+            return
+        if deleted:
+            report.add(sweep, "removed")
+            log.info("sweep %s removed pod %s", sweep, pod.name)

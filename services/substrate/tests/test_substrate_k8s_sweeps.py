@@ -1,0 +1,222 @@
+"""The leader's sweeps (SPEC F4) against the API-server emulator and a real PostgreSQL:
+orphan, finished and expired warm pods are removed; records whose pod is gone are ended (or
+follow the sandbox's other live pod); a dry run changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import pytest
+
+from turnstile_substrate.db import records
+from turnstile_substrate.kubernetes import KubernetesSubstrate, template
+from turnstile_substrate.kubernetes.sweeps import (
+    EXPIRED_WARM,
+    FINISHED,
+    GONE,
+    ORPHANS,
+    Sweeper,
+)
+from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec
+from turnstile_testing.kube_emulator import KubeEmulator
+
+if TYPE_CHECKING:
+    from conftest import StartSubstrate
+
+NS = "sandboxes"
+LONG_AGO = "2020-01-01T00:00:00Z"
+
+
+@pytest.fixture
+async def pool(migrated_url: str) -> AsyncIterator[asyncpg.Pool]:
+    db = await asyncpg.create_pool(migrated_url, min_size=1, max_size=4)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+class Released(list[str]):
+    async def __call__(self, sandbox_id: str) -> None:
+        self.append(sandbox_id)
+
+
+async def no_gate() -> None:
+    return None
+
+
+def spec(sandbox: str) -> RuntimeSpec:
+    return RuntimeSpec(sandbox, "default", "acme")
+
+
+async def record(pool: asyncpg.Pool, sandbox: str, pod: str) -> None:
+    runtime = Runtime(sandbox, pod, CreateKind.COLD, "acme", "default")
+    async with pool.acquire() as conn:
+        await records.record_activation(
+            conn, runtime, substrate="kubernetes", charged_key="acme", receipt=None
+        )
+
+
+async def execution(pool: asyncpg.Pool, sandbox: str) -> Any:
+    async with pool.acquire() as conn:
+        return await records.fetch_sandbox(conn, sandbox)
+
+
+def age(kube: KubeEmulator, name: str, when: str = LONG_AGO) -> None:
+    kube.mutate_pod(NS, name, lambda p: p["metadata"].update(creationTimestamp=when))
+
+
+async def caught_up(sub: KubernetesSubstrate, kube: KubeEmulator) -> None:
+    reflector = sub.reflector
+    await reflector.wait_until(lambda: reflector.resource_version == str(kube.resource_version), 5)
+
+
+def sweeper(sub: KubernetesSubstrate, pool: asyncpg.Pool, released: Released) -> Sweeper:
+    return sub.sweeper(pool, released)
+
+
+async def test_a_pod_no_record_names_is_removed_after_the_grace(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube, sweep_orphan_grace_s=60) as sub:
+        # a create that landed after its client timed out: nothing recorded it
+        orphan = await sub.ensure_runtime(spec("lost"), Plan(CreateKind.COLD), no_gate)
+        kept = await sub.ensure_runtime(spec("kept"), Plan(CreateKind.COLD), no_gate)
+        await record(pool, "kept", kept.name)
+        young = await sub.ensure_runtime(spec("young"), Plan(CreateKind.COLD), no_gate)
+        age(kube, orphan.name)
+        age(kube, kept.name)
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+    assert kube.pod(NS, orphan.name) is None
+    assert kube.pod(NS, kept.name) is not None
+    assert kube.pod(NS, young.name) is not None  # within the grace: maybe an activation in flight
+    assert report.get(ORPHANS, "found") == 1
+    assert report.get(ORPHANS, "removed") == 1
+
+
+async def test_failed_and_succeeded_pods_are_removed(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube) as sub:
+        failed = await sub.ensure_runtime(spec("f"), Plan(CreateKind.COLD), no_gate)
+        done = await sub.ensure_runtime(spec("d"), Plan(CreateKind.COLD), no_gate)
+        running = await sub.ensure_runtime(spec("r"), Plan(CreateKind.COLD), no_gate)
+        kube.set_pod_phase(NS, failed.name, "Failed")
+        kube.set_pod_phase(NS, done.name, "Succeeded")
+        kube.set_pod_phase(NS, running.name, "Running")
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+    assert kube.pod(NS, failed.name) is None
+    assert kube.pod(NS, done.name) is None
+    assert kube.pod(NS, running.name) is not None
+    assert report.get(FINISHED, "removed") == 2
+
+
+async def test_warm_pods_past_their_maximum_age_are_replaced(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube, warm_pool_sizes={"default": 2}, sweep_warm_max_age_s=600) as sub:
+        await sub.reflector.wait_until(lambda: sum(1 for _ in sub.index.warm("default")) == 2, 5)
+        old, fresh = sorted(p.name for p in sub.index.warm("default"))
+        age(kube, old)
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+        # the refill makes a new one in its place
+        await sub.reflector.wait_until(
+            lambda: (
+                sorted(p.name for p in sub.index.warm("default")) != [old, fresh]
+                and sum(1 for _ in sub.index.warm("default")) == 2
+            ),
+            5,
+        )
+
+    assert kube.pod(NS, old) is None
+    assert kube.pod(NS, fresh) is not None
+    assert report.get(EXPIRED_WARM, "removed") == 1
+
+
+async def test_a_pod_deleted_outside_turnstile_ends_its_execution(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    released = Released()
+    async with substrate(kube) as sub:
+        runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
+        await record(pool, "s1", runtime.name)
+        kube.delete_pod(NS, runtime.name)  # kubectl delete, an eviction, a node lost
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, released).sweep_once()
+
+    sandbox = await execution(pool, "s1")
+    assert sandbox.state == "stopped"
+    assert sandbox.execution is None
+    assert released == ["s1"]
+    assert report.get(GONE, "removed") == 1
+    async with pool.acquire() as conn:
+        reason = await conn.fetchval("SELECT end_reason FROM executions WHERE sandbox_id = 's1'")
+    assert reason == "runtime_gone"
+
+
+async def test_a_record_whose_pod_is_gone_follows_the_sandboxs_other_live_pod(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube) as sub:
+        await record(pool, "s1", "ts-s1-vanished")  # its pod is long gone
+        other = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
+        age(kube, other.name)
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+    sandbox = await execution(pool, "s1")
+    assert sandbox.state == "running"
+    assert sandbox.execution.runtime_name == other.name
+    assert kube.pod(NS, other.name) is not None  # adopted, not swept as an orphan
+    assert report.get(GONE, "adopted") == 1
+    assert report.get(ORPHANS, "found") == 0
+
+
+async def test_a_record_of_a_pod_the_cache_has_not_seen_yet_is_kept(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube) as sub:
+        body = template.sandbox_pod(sub.settings, spec("s1"))
+        await sub.reflector.stop()  # the cache stops following the API server
+        kube.create_pod(NS, body)
+        await record(pool, "s1", body["metadata"]["name"])
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+    assert report.get(GONE, "found") == 0
+    assert (await execution(pool, "s1")).state == "running"
+
+
+async def test_a_dry_run_counts_and_changes_nothing(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    released = Released()
+    async with substrate(kube, sweep_dry_run=True, sweep_orphan_grace_s=0) as sub:
+        orphan = await sub.ensure_runtime(spec("lost"), Plan(CreateKind.COLD), no_gate)
+        failed = await sub.ensure_runtime(spec("f"), Plan(CreateKind.COLD), no_gate)
+        kube.set_pod_phase(NS, failed.name, "Failed")
+        await record(pool, "gone", "ts-gone-pod")
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, released).sweep_once()
+
+    assert report.get(ORPHANS, "found") == 1
+    assert report.get(FINISHED, "found") == 1
+    assert report.get(GONE, "found") == 1
+    assert not any(action in ("removed", "adopted") for _, action in report.counts)
+    assert kube.pod(NS, orphan.name) is not None
+    assert kube.pod(NS, failed.name) is not None
+    assert (await execution(pool, "gone")).state == "running"
+    assert released == []
