@@ -116,6 +116,11 @@ class HealthMonitor:
         self._checks: dict[str, Check] = {}
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def health(self) -> HealthMap:
+        """The map this monitor publishes to."""
+        return self._health
+
     def add(self, component: str, check: Check) -> None:
         """Track ``component`` (unhealthy until its first check passes)."""
         self._health.register(component)

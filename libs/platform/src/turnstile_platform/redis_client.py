@@ -3,32 +3,127 @@
 Scripts live as ``.lua`` files beside the code that runs them and are loaded
 through redis-py's ``Script`` objects, which call EVALSHA and reload the script
 on NOSCRIPT (after a Redis restart or a SCRIPT FLUSH) by themselves.
+
+Every command, pipeline and script call of the client :func:`create_redis`
+returns goes through one :class:`~turnstile_platform.bounded.Guard`: the whole
+call (pool wait, reconnect, retry, health-check PING) is bounded by the
+configured timeout, and a breaker refuses calls at once after repeated
+failures. Both raise redis-py ``TimeoutError``/``ConnectionError`` subclasses,
+members of :data:`UNREACHABLE`, so every handler that applies a fail mode on
+"Redis unreachable" applies it unchanged. A ``RedisCluster`` or a
+Sentinel-managed client is guarded the same way: subclass it and route
+``execute_command`` and its pipeline's ``execute`` through the guard.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from importlib import resources
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from turnstile_platform.bounded import BreakerOpenError, BudgetExceededError, Guard, report_breaker
+from turnstile_platform.health import HealthMonitor
 from turnstile_platform.settings import ServiceSettings
 
 #: Exceptions that mean "Redis could not be reached", as opposed to a script error.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
 
+T = TypeVar("T")
 
-def create_redis(url: str, *, timeout_s: float = 0.5, max_connections: int = 256) -> aioredis.Redis:
-    """A pooled async client with short timeouts and one quick reconnect retry.
+
+class RedisBudgetExceededError(BudgetExceededError, RedisTimeoutError):
+    """Redis did not answer a call within its budget."""
+
+
+class RedisBreakerOpenError(BreakerOpenError, RedisConnectionError):
+    """Redis's breaker is open: the call was refused without trying."""
+
+
+class BoundedRedis(aioredis.Redis):
+    """A redis-py client whose every command and pipeline is one guarded call."""
+
+    guard: Guard | None = None
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        return await _guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        pipe = BoundedPipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+        pipe.guard = self.guard
+        return pipe
+
+
+class BoundedPipeline(Pipeline):
+    """A pipeline whose ``execute`` (and WATCH-mode commands) are guarded calls.
+
+    Queued commands send nothing, so only what talks to Redis is guarded.
+    """
+
+    guard: Guard | None = None
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return await _guarded(self.guard, super().execute(raise_on_error))
+
+    async def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        call = super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        return await _guarded(self.guard, call)
+
+
+async def _guarded(guard: Guard | None, call: Awaitable[T]) -> T:
+    if guard is None:
+        return await call
+    try:
+        async with guard.call():
+            return await call
+    except BaseException:
+        if asyncio.iscoroutine(call):
+            call.close()  # refused before it started: never awaited
+        raise
+
+
+def redis_guard(
+    timeout_s: float, *, failures: int = 3, open_s: float = 1.0, dependency: str = "redis"
+) -> Guard:
+    """The budget and breaker of one Redis, raising redis-py's own error types."""
+    return Guard(
+        dependency,
+        timeout_s,
+        unreachable=(RedisConnectionError, RedisTimeoutError, OSError),
+        local=(MaxConnectionsError,),
+        budget_exceeded=RedisBudgetExceededError,
+        breaker_open=RedisBreakerOpenError,
+        failures=failures,
+        open_s=open_s,
+    )
+
+
+def create_redis(
+    url: str,
+    *,
+    timeout_s: float = 0.5,
+    max_connections: int = 256,
+    guard: Guard | None = None,
+) -> BoundedRedis:
+    """A pooled async client; each call bounded by ``timeout_s`` and a breaker.
 
     Timeouts are short on purpose: a policy's fail mode (open or closed) decides
-    what happens when Redis is slow, not a long hang.
+    what happens when Redis is slow, not a long hang. The socket timeouts and the
+    one quick reconnect retry stay, inside the call's budget: a dropped
+    connection (a Redis restart) is retried at once without failing the call.
     """
-    return aioredis.Redis.from_url(
+    client: BoundedRedis = BoundedRedis.from_url(  # type: ignore[assignment]
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
@@ -37,10 +132,20 @@ def create_redis(url: str, *, timeout_s: float = 0.5, max_connections: int = 256
         retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=1),
         decode_responses=False,
     )
+    client.guard = guard or redis_guard(timeout_s)
+    return client
 
 
-def redis_from_settings(settings: ServiceSettings) -> aioredis.Redis:
-    return create_redis(str(settings.redis_url), timeout_s=settings.redis_timeout_s)
+def redis_from_settings(settings: ServiceSettings) -> BoundedRedis:
+    return create_redis(
+        str(settings.redis_url),
+        timeout_s=settings.redis_timeout_s,
+        guard=redis_guard(
+            settings.redis_timeout_s,
+            failures=settings.breaker_failures,
+            open_s=settings.breaker_open_s,
+        ),
+    )
 
 
 def read_script(package: str, name: str) -> str:
@@ -51,3 +156,15 @@ def read_script(package: str, name: str) -> str:
 def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
     """A script object bound to ``client``: EVALSHA, reloading on NOSCRIPT."""
     return client.register_script(read_script(package, name))
+
+
+def monitor_redis(monitor: HealthMonitor, client: BoundedRedis, component: str = "redis") -> None:
+    """Report ``client``'s Redis as a health component: a PING each interval (which
+    also probes a half-open breaker), and the breaker's opening and closing at once."""
+
+    async def ping() -> bool:
+        return bool(await client.ping())
+
+    monitor.add(component, ping)
+    if client.guard is not None:
+        report_breaker(monitor.health, component, client.guard.breaker)

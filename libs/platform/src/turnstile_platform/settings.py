@@ -41,7 +41,21 @@ class ServiceSettings(BaseSettings):
     """Prefix of every Redis key this deployment writes; tests give each run its own."""
 
     redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
-    """Socket timeout of one Redis command; a decision never waits longer on Redis."""
+    """Budget of one Redis call, covering pool waits, reconnects, retries and
+    health checks: a decision never waits longer on Redis."""
+
+    breaker_failures: int = Field(default=3, ge=1, le=1000)
+    """Consecutive failed calls (budget spent, connection refused or dropped) to a
+    dependency (Redis, PostgreSQL) that open its circuit breaker; while it is
+    open, calls fail at once and each policy applies its fail mode."""
+
+    breaker_open_s: float = Field(default=1.0, gt=0, le=300)
+    """How long an open breaker refuses calls before letting one probe through;
+    the probe's success closes it, its failure opens it again."""
+
+    health_check_interval_s: float = Field(default=1.0, gt=0, le=60)
+    """How often each health component (Redis, PostgreSQL, the substrate) is
+    checked; the check of a dependency also probes its breaker."""
 
     admission_addr: str = "127.0.0.1:50051"
     """Where the admission service listens (host:port or a gRPC target)."""

@@ -10,8 +10,10 @@ PostgreSQL refuses to run as root, so when the kit runs as root it runs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -93,9 +95,19 @@ class RedisProcess:
         _wait_for(lambda: port_open("127.0.0.1", self.port), 10, "redis-server")
         return self
 
+    def pause(self) -> None:
+        """SIGSTOP the server: its socket still accepts, nothing answers (a hung Redis)."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Stop abruptly (SIGKILL): what a crash looks like to clients."""
         if self._proc is not None:
+            self.resume()
             self._proc.kill()
             self._proc.wait(timeout=10)
             self._proc = None
@@ -165,8 +177,36 @@ class PostgresProcess:
         )
         return self
 
+    def _pids(self) -> list[int]:
+        """The postmaster and every process it started (one backend per connection)."""
+        pid_file = self.data / "postmaster.pid"
+        if not pid_file.exists():
+            return []
+        postmaster = int(pid_file.read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def pause(self) -> None:
+        """SIGSTOP the postmaster and its backends: sockets accept, nothing answers."""
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def stop(self, mode: str = "immediate") -> None:
         """Stop (``immediate`` is what a crash looks like to clients)."""
+        self.resume()
         if self._initialised and (self.data / "postmaster.pid").exists():
             self._run(self._binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 

@@ -13,8 +13,9 @@ from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import Resolver, watch_keyset
 from turnstile_contracts import admission_pb2_grpc
 from turnstile_platform import peers, tracing
+from turnstile_platform.health import HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
-from turnstile_platform.redis_client import redis_from_settings
+from turnstile_platform.redis_client import monitor_redis, redis_from_settings
 from turnstile_platform.server import GrpcService
 
 SERVICE_NAME = "turnstile-admission"
@@ -63,4 +64,8 @@ async def create_app(
     )
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)
+    monitor = HealthMonitor(app.health, settings.health_check_interval_s, settings.redis_timeout_s)
+    monitor_redis(monitor, redis)
+    await monitor.start()
+    app.add_cleanup(monitor.stop)
     return app

@@ -11,8 +11,9 @@ from turnstile_affinity.store import AffinityStore, Clock
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import affinity_pb2_grpc
 from turnstile_platform import peers
+from turnstile_platform.health import HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
-from turnstile_platform.redis_client import redis_from_settings
+from turnstile_platform.redis_client import monitor_redis, redis_from_settings
 from turnstile_platform.sandbox_credentials import VerificationKeys
 from turnstile_platform.server import GrpcService
 
@@ -82,4 +83,8 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
 
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)
+    monitor = HealthMonitor(app.health, settings.health_check_interval_s, settings.redis_timeout_s)
+    monitor_redis(monitor, redis)
+    await monitor.start()
+    app.add_cleanup(monitor.stop)
     return app

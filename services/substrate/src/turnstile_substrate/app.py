@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 
-import redis.asyncio as aioredis
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_clientkeys import Resolver, watch_keyset
@@ -14,7 +13,7 @@ from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health import Check, HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
-from turnstile_platform.redis_client import redis_from_settings
+from turnstile_platform.redis_client import monitor_redis, redis_from_settings
 from turnstile_platform.sandbox_credentials import CredentialIssuer, SigningKey
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
@@ -54,7 +53,7 @@ async def create_app(
     if settings.substrate_kind == "kubernetes" or signing_key_file is not None:
         redis = redis_from_settings(settings)
         app.add_cleanup(redis.aclose)
-        monitor.add("redis", _redis_ok(redis))
+        monitor_redis(monitor, redis)
     credentials = None
     if redis is not None and signing_key_file is not None:
         credentials = CredentialIssuer(
@@ -118,13 +117,6 @@ async def create_app(
     app.add_cleanup(monitor.stop)
     log.info("substrate ready", extra={"substrate": substrate.name})
     return app
-
-
-def _redis_ok(redis: aioredis.Redis) -> Check:
-    async def check() -> bool:
-        return bool(await redis.ping())
-
-    return check
 
 
 def _ready(substrate: Substrate) -> Check:

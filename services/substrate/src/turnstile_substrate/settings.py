@@ -46,9 +46,6 @@ class SubstrateSettings(TieredSettings):
     """The retry hint of a retryable error when nothing better is known (a
     dependency failed, or admission gave no hint)."""
 
-    health_check_interval_s: float = Field(default=1.0, gt=0, le=60)
-    """How often the health components (substrate, PostgreSQL, Redis) are checked."""
-
     direct_runtime_command: str = "turnstile-worker"
     """Direct substrate: the command (shell-style words, no shell) each sandbox's
     runtime runs. It receives ``TURNSTILE_WORKER_SANDBOX_ID``,
