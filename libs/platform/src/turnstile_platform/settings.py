@@ -10,10 +10,15 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import AnyUrl, Field, UrlConstraints
+from pydantic_core import MultiHostUrl
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 RedisUrl = Annotated[AnyUrl, UrlConstraints(allowed_schemes=["redis", "rediss", "unix"])]
-PostgresUrl = Annotated[AnyUrl, UrlConstraints(allowed_schemes=["postgres", "postgresql"])]
+#: One host or several (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``):
+#: asyncpg tries the hosts in order and keeps the first that matches the attributes.
+PostgresUrl = Annotated[
+    MultiHostUrl, UrlConstraints(allowed_schemes=["postgres", "postgresql"], host_required=True)
+]
 
 LogFormat = Literal["json", "text"]
 

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from turnstile_clientkeys import Resolver, watch_keyset
 from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
+from turnstile_platform.bounded import report_breaker
 from turnstile_platform.health import Check, HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import monitor_redis, redis_from_settings
@@ -81,6 +82,7 @@ async def create_app(
         return True
 
     monitor.add("postgres", postgres_ok)
+    report_breaker(app.health, "postgres", pool.guard.breaker)
 
     admission = AdmissionClient(
         peers.admission(settings, app.tracer_provider),

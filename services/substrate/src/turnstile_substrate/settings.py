@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AnyUrl, Field
+from pydantic import Field
+from pydantic_core import MultiHostUrl
 
 from turnstile_platform.settings import PostgresUrl
 from turnstile_platform.tiers import TieredSettings
@@ -23,9 +24,11 @@ class SubstrateSettings(TieredSettings):
     """Which substrate runs sandbox runtimes: ``direct`` (host processes, the
     embedded default for local runs) or ``kubernetes`` (pods)."""
 
-    database_url: PostgresUrl = AnyUrl("postgresql://postgres@127.0.0.1:5432/turnstile")
+    database_url: PostgresUrl = MultiHostUrl("postgresql://postgres@127.0.0.1:5432/turnstile")
     """PostgreSQL holding sandbox records, executions and receipts. The schema is
-    applied by ``turnstile-migrate`` (same variable), never by the service itself."""
+    applied by ``turnstile-migrate`` (same variable), never by the service itself.
+    Several hosts (``h1:5432,h2:5432``) with ``?target_session_attrs=read-write``
+    connect to whichever is the primary, again after a failover."""
 
     database_pool_min: int = Field(default=1, ge=0, le=100)
     """Connections the pool keeps open when idle."""

@@ -1,14 +1,16 @@
-"""The asyncpg connection pool, and the one place database failures are classified."""
+"""The substrate's PostgreSQL pool: bounded calls and a breaker from the platform,
+and the one place database failures are classified."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from turnstile_platform.postgres import UNAVAILABLE_ERRORS, BoundedPool, postgres_guard
+from turnstile_platform.postgres import create_pool as create_bounded_pool
+from turnstile_platform.postgres import is_unavailable as is_unavailable
 from turnstile_substrate.settings import SubstrateSettings
 
 log = logging.getLogger(__name__)
@@ -16,43 +18,36 @@ log = logging.getLogger(__name__)
 #: A connection, whether held directly or borrowed from the pool.
 Connection = asyncpg.Connection | PoolConnectionProxy
 
-#: Failures that mean "PostgreSQL cannot be reached or went away": the request
-#: may succeed if retried, and nothing it wrote was committed.
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncio.TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.QueryCanceledError,
-    asyncpg.TooManyConnectionsError,
-)
+__all__ = ["UNAVAILABLE_ERRORS", "Connection", "create_pool", "is_unavailable"]
 
 
-def is_unavailable(error: BaseException) -> bool:
-    """Whether ``error`` means PostgreSQL is unreachable (retryable), not a bug."""
-    return isinstance(error, UNAVAILABLE_ERRORS)
-
-
-async def create_pool(settings: SubstrateSettings) -> asyncpg.Pool:
+async def create_pool(settings: SubstrateSettings) -> BoundedPool:
     """A pool to ``TURNSTILE_DATABASE_URL`` that starts even when PostgreSQL is down.
 
-    It opens ``database_pool_min`` connections when PostgreSQL answers; when it
-    does not, the service still starts (its health says NOT_SERVING) and the
-    pool connects on first use, so PostgreSQL and the service may start in any
-    order. A connection PostgreSQL closed is replaced on its next acquisition.
+    Every acquire and statement is bounded by ``database_timeout_s`` and goes
+    through the PostgreSQL breaker (:mod:`turnstile_platform.postgres`). It opens
+    ``database_pool_min`` connections when PostgreSQL answers; when it does not,
+    the service still starts (its health says NOT_SERVING) and the pool connects
+    on first use, so PostgreSQL and the service may start in any order. A
+    connection PostgreSQL closed is replaced on its next acquisition.
     """
-    options: dict[str, Any] = {
-        "max_size": settings.database_pool_max,
-        "command_timeout": settings.database_timeout_s,
-        "timeout": settings.database_timeout_s,
-        "server_settings": {"application_name": "turnstile-substrate"},
-    }
-    min_size = min(settings.database_pool_min, settings.database_pool_max)
+    guard = postgres_guard(
+        settings.database_timeout_s,
+        failures=settings.breaker_failures,
+        open_s=settings.breaker_open_s,
+    )
+
+    async def pool(min_size: int) -> BoundedPool:
+        return await create_bounded_pool(
+            str(settings.database_url),
+            guard=guard,
+            min_size=min_size,
+            max_size=settings.database_pool_max,
+            application_name="turnstile-substrate",
+        )
+
     try:
-        return await asyncpg.create_pool(str(settings.database_url), min_size=min_size, **options)
+        return await pool(min(settings.database_pool_min, settings.database_pool_max))
     except UNAVAILABLE_ERRORS:
         log.warning("PostgreSQL unreachable at start-up; connecting on first use")
-        return await asyncpg.create_pool(str(settings.database_url), min_size=0, **options)
+        return await pool(0)
