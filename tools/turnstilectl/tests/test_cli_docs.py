@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import importlib
+import json
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -32,14 +35,48 @@ def _settings_classes() -> list[tuple[type[BaseSettings], str]]:
 
 
 def _variables(model: type[BaseModel], prefix: str) -> list[str]:
-    names = []
+    return [name for name, _ in _defaults(model, prefix)]
+
+
+def _defaults(model: type[BaseModel], prefix: str) -> list[tuple[str, str]]:
+    """Each variable of ``model`` with its default as the tables write it."""
+    found = []
     for name, field in model.model_fields.items():
-        default = field.default
+        default = field.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
-            names += _variables(type(default), f"{prefix}{name.upper()}__")
+            found += _defaults(type(default), f"{prefix}{name.upper()}__")
         else:
-            names.append(f"{prefix}{name.upper()}")
-    return names
+            found.append((f"{prefix}{name.upper()}", _render(default)))
+    return found
+
+
+def _render(value: object) -> str:
+    if value is None:
+        return "unset"
+    if value == "":
+        return "empty"
+    if isinstance(value, (tuple, list, dict)):
+        return json.dumps(list(value) if isinstance(value, tuple) else value)
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
+
+
+def _documented_defaults() -> dict[str, set[str]]:
+    """Variable → the defaults its rows in the settings tables give (a variable a
+    service overrides, like ``TURNSTILE_PORT``, has a row per table). A default
+    cell is a value in backticks, ``unset`` (perhaps with what that means) or
+    ``empty``."""
+    rows: dict[str, set[str]] = {}
+    pattern = re.compile(r"^\| `(TURNSTILE_[A-Z0-9_]+)` \| ([^|]*) \|", re.M)
+    for match in pattern.finditer(DOC.read_text(encoding="utf-8")):
+        cell = match[2].strip()
+        if cell.startswith("`") and cell.endswith("`") and len(cell) > 1:
+            cell = cell[1:-1]
+        elif cell.startswith("unset"):
+            cell = "unset"
+        rows.setdefault(match[1], set()).add(cell)
+    return rows
 
 
 def _metric_names() -> set[str]:
@@ -70,6 +107,11 @@ def _metric_names() -> set[str]:
 )
 def test_every_setting_is_documented_with_its_default(variable: str) -> None:
     assert f"`{variable}`" in DOC.read_text(encoding="utf-8")
+    documented = _documented_defaults().get(variable, set())
+    defaults = {
+        d for cls, prefix in _settings_classes() for v, d in _defaults(cls, prefix) if v == variable
+    }
+    assert defaults <= documented, f"{variable}: defaults {defaults}, documented {documented}"
 
 
 def test_every_metric_is_documented() -> None:
