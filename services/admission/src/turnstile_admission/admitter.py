@@ -19,6 +19,7 @@ from opentelemetry import trace
 from turnstile_admission import metrics
 from turnstile_admission.decision import Decision
 from turnstile_admission.live_count import LiveCount, LiveCounter, PendingIdCache
+from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
     Activation,
     CapPolicy,
@@ -90,6 +91,7 @@ class Admitter:
             RatePolicy(settings.rate),
         )
         self._slots = settings.slots
+        self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
 
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
@@ -179,7 +181,11 @@ class Admitter:
         expires = int(time.time() * 1000 + self.settings.hold_ttl_s * 1000) if admitted else 0
         message = _message(admitted, key, verdicts)
         if admitted:
-            message += " (redis unreachable: nothing was taken; commit and cancel are no-ops)"
+            message += " (redis unreachable: commit or cancel the hold as usual)"
+        else:
+            # The script may have run and only its reply been lost: no caller
+            # will settle a refused hold, so cancel it once Redis answers.
+            self.orphans.cancel(hold_id)
         return Decision(
             admitted=admitted,
             key=key,

@@ -59,6 +59,7 @@ async def create_app(
             settings.cap.live_count_timeout_s,
         ),
     )
+    app.add_cleanup(admitter.orphans.close)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(admitter), app.server
     )

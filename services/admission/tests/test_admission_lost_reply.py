@@ -1,0 +1,112 @@
+"""Redis down mid-Admit as a lost reply: the script ran (hold, tokens, in-flight
+lease, node slot, pending entry taken) but its answer never came back within the
+budget. Admission answers by the fail modes — a retryable refusal, or an
+admission whose hold the caller settles — and nothing stays stranded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_testing.proxies import ReplyHoldingProxy
+
+ACME = common_pb2.ActivationClient(client_id="acme")
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = ReplyHoldingProxy(port)
+    await proxy.start()
+    yield proxy
+    await proxy.close()
+
+
+async def until_pending(redis: aioredis.Redis, key: str, count: int) -> None:
+    """Wait until Redis itself holds ``count`` pending entries under ``key``."""
+    async with asyncio.timeout(10):
+        while await redis.zcard(key) != count:  # noqa: ASYNC110 - a state in Redis, no event
+            await asyncio.sleep(0.01)
+
+
+async def nothing_held(stub: Any) -> None:
+    shown = await stub.GetUsage(admission_pb2.GetUsageRequest(client=ACME), timeout=10)
+    assert shown.pending == 0
+    assert shown.client_tokens == pytest.approx(shown.client_capacity)
+    assert shown.cluster_tokens == pytest.approx(shown.cluster_capacity)
+    assert shown.in_flight == 0
+    assert not any(dict(shown.node_slots_held).values())
+
+
+async def test_a_lost_reply_to_a_refused_admit_strands_no_hold(
+    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_admission: Any
+) -> None:
+    running = await start_admission(
+        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+        redis_timeout_s=0.25,
+        client_allowlist=("acme",),
+        slots={"fail": "closed"},
+        test_clock=True,
+        breaker_failures=1000,
+    )
+    await redis.set(running.keys.test_clock, 1_000_000)  # no refill: tokens compare exactly
+    pending = running.keys.pending("acme")
+
+    proxy.hold()
+    answer = await running.stub.Admit(
+        admission_pb2.AdmitRequest(
+            sandbox_id="sb-1",
+            client=ACME,
+            kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+            candidate_nodes=["n1"],
+        ),
+        timeout=10,
+    )
+    await until_pending(redis, pending, 1)  # the script did run: a lost reply
+
+    assert answer.decision == admission_pb2.DECISION_REFUSED
+    assert answer.refused_by == admission_pb2.POLICY_NODE_SLOTS
+    assert answer.retry_after.ToMilliseconds() > 0
+    assert not answer.hold_id
+
+    proxy.release()
+    await until_pending(redis, pending, 0)  # admission cancelled the hold by itself
+    await nothing_held(running.stub)
+
+
+async def test_a_lost_reply_to_an_admitted_admit_leaves_a_hold_its_caller_settles(
+    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_admission: Any
+) -> None:
+    running = await start_admission(
+        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+        redis_timeout_s=0.25,
+        client_allowlist=("acme",),
+        test_clock=True,
+        breaker_failures=1000,
+    )
+    await redis.set(running.keys.test_clock, 1_000_000)
+    pending = running.keys.pending("acme")
+
+    proxy.hold()
+    answer = await running.stub.Admit(
+        admission_pb2.AdmitRequest(
+            sandbox_id="sb-1", client=ACME, kind=common_pb2.ACTIVATION_KIND_COLD_CREATE
+        ),
+        timeout=10,
+    )
+    await until_pending(redis, pending, 1)
+
+    assert answer.decision == admission_pb2.DECISION_ADMITTED  # every policy fails open
+    assert answer.hold_id
+
+    proxy.release()
+    cancelled = await running.stub.CancelHold(
+        admission_pb2.CancelHoldRequest(hold_id=answer.hold_id), timeout=10
+    )
+    assert cancelled.cancelled  # the hold the lost reply took is the one handed out
+    await nothing_held(running.stub)
