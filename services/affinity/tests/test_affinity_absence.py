@@ -7,6 +7,7 @@ move forward, so a grace period is crossed without sleeping through it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 HIT = affinity_pb2.PLACEMENT_OUTCOME_HIT
 FALLBACK = affinity_pb2.PLACEMENT_OUTCOME_FALLBACK
 GRACE_S = 30.0
+#: How long an exactly-once check waits for a second event that must not come.
+NO_MORE_WINDOW_S = 1.0
 
 
 async def tier_a(
@@ -318,6 +321,15 @@ class CountingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
         async with self.changed:
             await asyncio.wait_for(self.changed.wait_for(lambda: len(self.calls) >= count), 10)
 
+    async def no_call_beyond(self, count: int, window_s: float) -> None:
+        """Fail as soon as call ``count + 1`` arrives within ``window_s``."""
+        async with self.changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.changed.wait_for(lambda: len(self.calls) > count), window_s
+                )
+            assert len(self.calls) == count, f"{len(self.calls)} calls, expected {count}"
+
 
 @pytest.fixture
 async def substrate() -> AsyncIterator[tuple[CountingSubstrate, str]]:
@@ -346,7 +358,7 @@ async def test_an_absence_wakes_its_sandbox_exactly_once_through_substrate_with_
     refusals = await asyncio.gather(*turns)
     assert {r.reason for r in refusals} == {"SANDBOX_PENDING"}
     await counting.wait_for_calls(1)
-    await asyncio.sleep(0.3)  # any second wake (there must be none) would have arrived
+    await counting.no_call_beyond(1, NO_MORE_WINDOW_S)  # a second wake would be late, not absent
     assert len(counting.calls) == 1
     call = counting.calls[0]
     assert call.sandbox_id == "a1"

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from conftest import StartSubstrate
 
 NS = "sandboxes"
+#: How long an exactly-once check waits for a second event that must not come.
+NO_MORE_WINDOW_S = 1.0
 
 
 def warm_names(kube: KubeEmulator, tier: str = "default") -> list[str]:
@@ -298,8 +300,12 @@ async def test_excess_warm_pods_are_trimmed_to_the_configured_size(
         await warm_ready(sub, kube, 1)
         # every replica picks the same victims: the highest names
         assert warm_names(kube) == ["extra-0"]
-        await asyncio.sleep(0)  # let a second pass run against the trimmed view
+        await sub.pool.reconcile()  # a second pass against the trimmed view, run to its end
         assert len(warm_names(kube)) == 1
+        # ...and no later pass trims again: no deletion within a generous window
+        # (the reflector wakes this check on every watch event).
+        with pytest.raises(TimeoutError):
+            await sub.reflector.wait_until(lambda: len(warm_names(kube)) != 1, NO_MORE_WINDOW_S)
 
 
 async def test_concurrent_claims_in_one_replica_never_race_for_the_same_pod(
