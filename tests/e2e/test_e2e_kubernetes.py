@@ -9,15 +9,18 @@ runs the cap again before each pod. Nothing here is a double of either service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
 import grpc.aio
 import pytest
+import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnstile_admission.app import create_app as create_admission
+from turnstile_admission.keys import AdmissionKeys
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_contracts import (
     admission_pb2,
@@ -49,10 +52,15 @@ class Stack:
         return list(self.kube.pods(NAMESPACE))
 
 
-@pytest.fixture
-async def stack(
-    redis_url: str, redis_prefix: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+@contextlib.asynccontextmanager
+async def running_stack(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    **admission: object,
 ) -> AsyncIterator[Stack]:
+    """Both services on the emulator; ``admission`` overrides admission settings."""
     await asyncio.to_thread(apply_migrations, database_url)
     # A cluster that schedules and starts pods, deletes them gracefully, and enforces the
     # sandbox namespace's restricted Pod Security level on what the substrate creates.
@@ -96,6 +104,7 @@ async def stack(
                     "cap": {"default_cap": CAP, "live_count_timeout_s": 5.0},
                     "rate": {"default_burst": 1000, "cluster_burst": 1000},
                     "concurrency": {"default_limit": 1000},
+                    **admission,
                 }
             )
         )
@@ -112,6 +121,14 @@ async def stack(
             )
         for app in apps:
             await app.stop()
+
+
+@pytest.fixture
+async def stack(
+    redis_url: str, redis_prefix: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Stack]:
+    async with running_stack(redis_url, redis_prefix, database_url, monkeypatch) as running:
+        yield running
 
 
 async def _activate(stack: Stack, sandbox_id: str) -> substrate_pb2.ActivateResponse | RichError:
@@ -229,3 +246,46 @@ async def test_the_substrate_is_not_serving_until_its_reflector_has_listed(
             assert fault.hits >= 1  # it was refused, not merely not yet tried
         finally:
             await app.stop()
+
+
+async def test_a_failed_pod_create_returns_everything_admission_took(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    redis: aioredis.Redis,
+) -> None:
+    """The substrate's compensation against the real admission service: the pod
+    create fails after Admit took tokens, an in-flight lease, a pending entry and
+    a node slot, and GetUsage shows every one of them returned."""
+    monkeypatch.setenv("TURNSTILE_K8S_NODES", '["node-a"]')
+    async with running_stack(
+        redis_url, redis_prefix, database_url, monkeypatch, test_clock=True
+    ) as stack:
+        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)  # no refill
+        request = admission_pb2.GetUsageRequest(
+            client=common_pb2.ActivationClient(client_id="acme")
+        )
+        created = await _activate(stack, "sb-ok")  # the path takes a node slot...
+        assert isinstance(created, substrate_pb2.ActivateResponse)
+        before = await stack.admission.GetUsage(request)
+        assert dict(before.node_slots_held) == {"node-a": 1}
+        assert before.client_tokens == before.client_capacity - 1
+        assert before.in_flight == 0
+
+        stack.kube.inject_failure(500, method="POST", path=f"/api/v1/namespaces/{NAMESPACE}/pods")
+        failed = await _activate(stack, "sb-fail")
+
+        assert isinstance(failed, RichError)
+        assert failed.code == grpc.StatusCode.UNAVAILABLE
+        assert failed.reason == "RUNTIME_FAILED"
+        assert failed.retryable
+        after = await stack.admission.GetUsage(request)
+        assert dict(after.node_slots_held) == {"node-a": 1}  # sb-ok's, none for sb-fail
+        assert after.client_tokens == before.client_tokens
+        assert after.cluster_tokens == before.cluster_tokens
+        assert after.in_flight == 0
+        keys = AdmissionKeys(redis_prefix)
+        assert await redis.zscore(keys.pending("acme"), "sb-fail") is None
+        assert after.pending <= before.pending  # sb-ok's may have been seen live since
+        assert [p["metadata"]["labels"][LABEL_SANDBOX_ID] for p in stack.pods()] == ["sb-ok"]  # type: ignore[index]
