@@ -65,16 +65,16 @@ def _render(value: object) -> str:
 def _documented_defaults() -> dict[str, set[str]]:
     """Variable → the defaults its rows in the settings tables give (a variable a
     service overrides, like ``TURNSTILE_PORT``, has a row per table). A default
-    cell is a value in backticks, ``unset`` (perhaps with what that means) or
-    ``empty``."""
+    cell is a value in backticks, or ``unset`` or ``empty``, perhaps followed by
+    what that means."""
     rows: dict[str, set[str]] = {}
     pattern = re.compile(r"^\| `(TURNSTILE_[A-Z0-9_]+)` \| ([^|]*) \|", re.M)
     for match in pattern.finditer(DOC.read_text(encoding="utf-8")):
         cell = match[2].strip()
         if cell.startswith("`") and cell.endswith("`") and len(cell) > 1:
             cell = cell[1:-1]
-        elif cell.startswith("unset"):
-            cell = "unset"
+        elif cell.startswith(("unset", "empty")):
+            cell = cell[:5]  # "unset: what that means" / "empty: ..."
         rows.setdefault(match[1], set()).add(cell)
     return rows
 
