@@ -1,6 +1,7 @@
-"""A hung Redis under affinity (SPEC F3): with Redis paused, ``Place`` and
-``ReleaseLease`` answer UNAVAILABLE with a retry hint within the Redis budget,
-at once once the breaker is open, and placement works again after a resume."""
+"""A hung Redis under affinity (SPEC F3): with Redis paused, ``Place``,
+``ReleaseLease`` and a new worker's ``Attach`` answer UNAVAILABLE with a retry
+hint within the Redis budget, at once once the breaker is open, and placement
+works again after a resume."""
 
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ async def test_place_and_release_answer_within_the_budget_while_redis_is_paused(
         seconds.append(
             await unavailable_within_budget(service.stub.ReleaseLease(release, timeout=10))
         )
+        hello = affinity_pb2.AttachRequest(
+            hello=affinity_pb2.Hello(
+                sandbox_id="a2", labels={"turnstile.dev/tier": "a"}, capacity=1
+            )
+        )
+        stream = service.stub.Attach(iter([hello]), timeout=10)
+        seconds.append(await unavailable_within_budget(stream.read()))
         print(f"\nPlace/ReleaseLease on a paused Redis: {[round(s * 1000) for s in seconds]} ms")
         assert max(seconds) < BUDGET_S + MARGIN_S
         assert await health_check.check(service.address) == "NOT_SERVING"

@@ -46,6 +46,8 @@ from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import QuotaViolation, RichError, reason_name
 
+_UNAVAILABLE = reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE)
+
 log = logging.getLogger(__name__)
 
 #: Rounds of place → claim/replace before giving up. Losing a claim or a
@@ -105,6 +107,7 @@ class Placer:
         self._policy = policy
         self._waker = waker
         self._returns: set[asyncio.Task[bool]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def place(self, session_id: str, session_tier: str) -> Placement:
         """Place the session's next turn in ``session_tier`` or raise a :class:`RichError`."""
@@ -158,6 +161,13 @@ class Placer:
                         raise self._exhausted(session_tier)
                     log.debug("placement raced another turn", extra={"session_id": session_id})
                 raise self._contended(session_id)
+        except RichError as error:
+            if lease_in_doubt and error.reason == _UNAVAILABLE:
+                # Redis did not answer within the call's budget: return the lease
+                # without making the answer wait another budget for it (F3).
+                lease_in_doubt = False
+                self._return_lease_in_background(lease_id)
+            raise
         finally:
             if lease_in_doubt:
                 await self._return_lease(lease_id)
@@ -226,9 +236,15 @@ class Placer:
                 exc_info=True,
             )
 
+    def _return_lease_in_background(self, lease_id: str) -> None:
+        """Return a lease without waiting: if Redis is still away it expires on its own."""
+        task = asyncio.ensure_future(self._return_lease(lease_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def close(self) -> None:
         """Wait for lease returns still in flight (shutdown, before Redis closes)."""
-        await asyncio.gather(*self._returns, return_exceptions=True)
+        await asyncio.gather(*self._returns, *self._background, return_exceptions=True)
 
     def _busy(self, session_id: str, busy: Busy) -> RichError:
         trace.get_current_span().set_attribute("turnstile.sandbox_id", busy.sandbox_id)
