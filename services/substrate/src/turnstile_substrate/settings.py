@@ -39,7 +39,8 @@ class SubstrateSettings(TieredSettings):
     activations in progress on one replica; more wait for a connection."""
 
     database_timeout_s: float = Field(default=5.0, gt=0, le=120)
-    """Deadline of one database statement, and of waiting for a pool connection."""
+    """Budget of one database statement, and of waiting for a pool connection (connect
+    included); a statement that spends it closes its connection."""
 
     activation_lock_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """How long an Activate or Deactivate waits for another one of the same sandbox
