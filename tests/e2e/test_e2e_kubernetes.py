@@ -47,6 +47,8 @@ class Stack:
     kube: KubeEmulator
     substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub
     admission: admission_pb2_grpc.AdmissionServiceAsyncStub
+    #: Further substrate replicas (``running_stack(replicas=N)``), same cluster and database.
+    replicas: tuple[substrate_pb2_grpc.SubstrateServiceAsyncStub, ...] = ()
 
     def pods(self) -> list[dict[str, object]]:
         return list(self.kube.pods(NAMESPACE))
@@ -58,9 +60,11 @@ async def running_stack(
     redis_prefix: str,
     database_url: str,
     monkeypatch: pytest.MonkeyPatch,
+    replicas: int = 1,
     **admission: object,
 ) -> AsyncIterator[Stack]:
-    """Both services on the emulator; ``admission`` overrides admission settings."""
+    """Both services on the emulator (``replicas`` substrate processes); ``admission``
+    overrides admission settings."""
     await asyncio.to_thread(apply_migrations, database_url)
     # A cluster that schedules and starts pods, deletes them gracefully, and enforces the
     # sandbox namespace's restricted Pod Security level on what the substrate creates.
@@ -82,19 +86,23 @@ async def running_stack(
             "shutdown_grace_s": 1.0,
             "log_format": "text",
         }
-        substrate_app = await create_substrate(
-            SubstrateSettings.model_validate(
-                {
-                    **common,
-                    "port": 0,
-                    "substrate_kind": "kubernetes",
-                    "database_url": database_url,
-                    "admission_addr": f"127.0.0.1:{admission_port}",
-                    "health_check_interval_s": 0.1,
-                }
+        substrate_apps = []
+        for _ in range(replicas):
+            replica = await create_substrate(
+                SubstrateSettings.model_validate(
+                    {
+                        **common,
+                        "port": 0,
+                        "substrate_kind": "kubernetes",
+                        "database_url": database_url,
+                        "admission_addr": f"127.0.0.1:{admission_port}",
+                        "health_check_interval_s": 0.1,
+                    }
+                )
             )
-        )
-        await substrate_app.start()
+            await replica.start()
+            substrate_apps.append(replica)
+        substrate_app = substrate_apps[0]
         admission_app = await create_admission(
             AdmissionSettings.model_validate(
                 {
@@ -109,15 +117,19 @@ async def running_stack(
             )
         )
         await admission_app.start()
-        apps: list[GrpcService] = [admission_app, substrate_app]
-        async with (
-            grpc.aio.insecure_channel(substrate_app.address) as sub,
-            grpc.aio.insecure_channel(admission_app.address) as adm,
-        ):
+        apps: list[GrpcService] = [admission_app, *substrate_apps]
+        async with contextlib.AsyncExitStack() as channels:
+            subs = [
+                substrate_pb2_grpc.SubstrateServiceStub(
+                    await channels.enter_async_context(grpc.aio.insecure_channel(app.address))
+                )
+                for app in substrate_apps
+            ]
+            adm = await channels.enter_async_context(
+                grpc.aio.insecure_channel(admission_app.address)
+            )
             yield Stack(
-                kube,
-                substrate_pb2_grpc.SubstrateServiceStub(sub),
-                admission_pb2_grpc.AdmissionServiceStub(adm),
+                kube, subs[0], admission_pb2_grpc.AdmissionServiceStub(adm), tuple(subs[1:])
             )
         for app in apps:
             await app.stop()
@@ -289,3 +301,50 @@ async def test_a_failed_pod_create_returns_everything_admission_took(
         assert await redis.zscore(keys.pending("acme"), "sb-fail") is None
         assert after.pending <= before.pending  # sb-ok's may have been seen live since
         assert [p["metadata"]["labels"][LABEL_SANDBOX_ID] for p in stack.pods()] == ["sb-ok"]  # type: ignore[index]
+
+
+async def test_a_client_gone_mid_activation_leaves_no_runtime_and_its_hold_cancelled(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    redis: aioredis.Redis,
+) -> None:
+    """The client cancels its Activate once the pod create has reached the API
+    server (the runtime exists), and retries on the other substrate replica at
+    once: the first replica removes its pod and cancels its hold, the retry waits
+    for the sandbox's lock and creates exactly one runtime."""
+    async with running_stack(
+        redis_url, redis_prefix, database_url, monkeypatch, replicas=2, test_clock=True
+    ) as stack:
+        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)  # no refill
+        request = admission_pb2.GetUsageRequest(
+            client=common_pb2.ActivationClient(client_id="acme")
+        )
+        before = await stack.admission.GetUsage(request)
+        activate = substrate_pb2.ActivateRequest(
+            sandbox_id="sb-1", client=common_pb2.ActivationClient(client_id="acme")
+        )
+        first = stack.substrate.Activate(activate)
+        created = asyncio.Event()
+
+        def cancel_on_arrival(path: str) -> bool:
+            if path == f"/api/v1/namespaces/{NAMESPACE}/pods" and not created.is_set():
+                first.cancel()
+                created.set()
+            return False  # the create goes through; only its caller is gone
+
+        stack.kube.inject_failure(500, method="POST", path=cancel_on_arrival, times=1000)
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert created.is_set()
+
+        retried = await stack.replicas[0].Activate(activate)
+
+        assert retried.outcome == substrate_pb2.OUTCOME_CREATED
+        names = [p["metadata"]["name"] for p in stack.pods()]  # type: ignore[index]
+        assert names == [retried.sandbox.runtime_name]  # the first replica's pod is gone
+        after = await stack.admission.GetUsage(request)
+        # One activation's worth taken: the first hold was cancelled, the retry's committed.
+        assert after.client_tokens == before.client_tokens - 1
+        assert after.in_flight == 0
