@@ -118,21 +118,23 @@ async def running_stack(
         )
         await admission_app.start()
         apps: list[GrpcService] = [admission_app, *substrate_apps]
-        async with contextlib.AsyncExitStack() as channels:
-            subs = [
-                substrate_pb2_grpc.SubstrateServiceStub(
-                    await channels.enter_async_context(grpc.aio.insecure_channel(app.address))
+        try:
+            async with contextlib.AsyncExitStack() as channels:
+                subs = [
+                    substrate_pb2_grpc.SubstrateServiceStub(
+                        await channels.enter_async_context(grpc.aio.insecure_channel(app.address))
+                    )
+                    for app in substrate_apps
+                ]
+                adm = await channels.enter_async_context(
+                    grpc.aio.insecure_channel(admission_app.address)
                 )
-                for app in substrate_apps
-            ]
-            adm = await channels.enter_async_context(
-                grpc.aio.insecure_channel(admission_app.address)
-            )
-            yield Stack(
-                kube, subs[0], admission_pb2_grpc.AdmissionServiceStub(adm), tuple(subs[1:])
-            )
-        for app in apps:
-            await app.stop()
+                yield Stack(
+                    kube, subs[0], admission_pb2_grpc.AdmissionServiceStub(adm), tuple(subs[1:])
+                )
+        finally:  # a failed test must not leave services running against a closed emulator
+            for app in apps:
+                await app.stop()
 
 
 @pytest.fixture
