@@ -71,3 +71,29 @@ async def test_an_unhealthy_component_keeps_readiness_down_but_liveness_up() -> 
             assert check.status == SERVING
     finally:
         await app.stop()
+
+
+async def test_each_component_has_a_health_name_and_a_report_only_one_keeps_readiness_up() -> None:
+    app = GrpcService("probe", settings(), service_names=["test.Probe"])
+    app.health.register("postgres", healthy=True)
+    app.health.register("redis", readiness=False)
+    port = await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+
+            async def status(service: str) -> int:
+                answer = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+                return int(answer.status)
+
+            assert await status("redis") == NOT_SERVING  # reported...
+            assert await status("") == SERVING  # ...but not in readiness
+            assert await status("test.Probe") == SERVING
+            assert await status("postgres") == SERVING
+            await app.health.set("postgres", False)
+            assert await status("postgres") == NOT_SERVING
+            assert await status("") == NOT_SERVING  # a readiness component
+            await app.health.set("redis", True)
+            assert await status("redis") == SERVING
+    finally:
+        await app.stop()

@@ -3,8 +3,9 @@ answering — every admission RPC answers within ``TURNSTILE_REDIS_TIMEOUT_S``
 plus a little, whether the breaker is closed (each call spends its budget) or
 open (each call fails at once): fail-open policies admit with UNKNOWN verdicts,
 fail-closed ones refuse with a retry hint, hold and usage RPCs answer
-UNAVAILABLE with a retry hint. Health reports it, and after Redis resumes a
-probe closes the breaker and the very first decision is normal again."""
+UNAVAILABLE with a retry hint. Health reports it under the ``redis`` name
+(readiness stays SERVING, so the fail modes keep answering), and after Redis
+resumes a probe closes the breaker and the very first decision is normal again."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from turnstile_platform import health_check, peers
 from turnstile_platform.errors import decode
 from turnstile_testing.processes import RedisProcess
 
-BUDGET_S = 0.25
+BUDGET_S = 0.5
 #: What a loaded 2-core machine may add to the budget before the test calls it a
 #: failure. The bound the issue asks for is budget + 50 ms; the measured p99 is
 #: printed (run with -s) for the record.
@@ -148,23 +149,26 @@ async def test_every_admission_rpc_answers_within_the_budget_while_redis_is_paus
             ):
                 assert await unavailable_with_hint(call) < BUDGET_S + MARGIN_S
 
+        # Health reports Redis under its own name; the replica stays in rotation
+        # (readiness), or the fail modes above could not answer anyone.
         async with grpc.aio.insecure_channel(target) as channel:
             watch = health_pb2_grpc.HealthStub(channel).Watch(
-                health_pb2.HealthCheckRequest(service=peers.ADMISSION)
+                health_pb2.HealthCheckRequest(service="redis")
             )
             async with asyncio.timeout(10):
                 async for status in watch:
                     if status.status == health_pb2.HealthCheckResponse.NOT_SERVING:
                         break
             watch.cancel()
-        assert await health_check.check(opening.app.address) == "NOT_SERVING"
-        assert await health_check.check(target, service="liveness") == "SERVING"
+        assert await health_check.check(opening.app.address, service="redis") == "NOT_SERVING"
+        assert await health_check.check(target) == "SERVING"
+        assert await health_check.check(target, service=peers.ADMISSION) == "SERVING"
     finally:
         private_redis.resume()
 
     # The health check's PING is the probe that closes the breaker; after it the
     # first decision is a normal one (asserted, not retried).
-    assert await health_check.wait_serving(target, timeout_s=10)
+    assert await health_check.wait_serving(target, timeout_s=10, service="redis")
     first = await closed.stub.Admit(admit_request("sb-after", cold=True), timeout=10)
     assert first.decision == ADMITTED
     assert all(v.verdict != UNKNOWN for v in first.verdicts if v.policy != admission_pb2.POLICY_CAP)

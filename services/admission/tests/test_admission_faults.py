@@ -102,7 +102,7 @@ async def test_a_paused_redis_under_load_is_answered_by_the_fail_modes_and_leave
     await asyncio.sleep(PAUSE_S)
     private_redis.resume()
     resumed_at = loop.time()
-    assert await health_check.wait_serving(running.app.address, timeout_s=10)
+    assert await health_check.wait_serving(running.app.address, timeout_s=10, service="redis")
     await asyncio.sleep(1.0)  # load after recovery
     stop.set()
     await asyncio.gather(*clients)

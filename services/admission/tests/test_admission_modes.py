@@ -149,7 +149,7 @@ async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then
     private_redis.start()
     # Health turns SERVING once a PING succeeds (the breaker's probe); from then
     # on the very first decision is a normal one, asserted without a retry.
-    assert await health_check.wait_serving(running.app.address, timeout_s=10)
+    assert await health_check.wait_serving(running.app.address, timeout_s=10, service="redis")
     recovered = await running.stub.Admit(request("sb-4", candidate_nodes=["n1"]))
     assert recovered.decision == ADMITTED
     assert all(

@@ -3,6 +3,13 @@
 The server is SERVING only while every registered component is healthy and no
 shutdown has begun; any failing component (Redis down, reflector not synced,
 config invalid) flips the overall status and every service name to NOT_SERVING.
+
+Each component is also a health service name of its own (``redis``,
+``postgres``, ...), so a probe or an operator can ask about one dependency. A
+component registered with ``readiness=False`` is reported only there: it never
+takes the server out of rotation. Admission registers Redis that way, because
+its policies have fail modes for a Redis outage, and a replica taken out of
+rotation could apply none of them.
 """
 
 from __future__ import annotations
@@ -54,11 +61,17 @@ class HealthMap:
         self.servicer = _HealthServicer()
         self._names = [OVERALL, *service_names]
         self._components: dict[str, bool] = {}
+        self._report_only: set[str] = set()
         self._shutting_down = False
 
-    def register(self, component: str, healthy: bool = False) -> None:
-        """Track ``component``; it starts unhealthy unless said otherwise."""
+    def register(self, component: str, healthy: bool = False, *, readiness: bool = True) -> None:
+        """Track ``component``; it starts unhealthy unless said otherwise.
+
+        ``readiness=False``: report it under its own name only, never in the
+        overall status (see the module doc)."""
         self._components[component] = healthy
+        if not readiness:
+            self._report_only.add(component)
         COMPONENT_HEALTHY.labels(component).set(int(healthy))
 
     async def set(self, component: str, healthy: bool) -> None:
@@ -71,7 +84,9 @@ class HealthMap:
 
     @property
     def serving(self) -> bool:
-        return not self._shutting_down and all(self._components.values())
+        return not self._shutting_down and all(
+            healthy for name, healthy in self._components.items() if name not in self._report_only
+        )
 
     @property
     def components(self) -> dict[str, bool]:
@@ -89,13 +104,17 @@ class HealthMap:
     async def _publish(self) -> None:
         if self._shutting_down:
             return
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if self.serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = _status(self.serving)
         for name in self._names:
             await self.servicer.set(name, status)
+        for component, healthy in self._components.items():
+            await self.servicer.set(component, _status(healthy))
+
+
+def _status(healthy: bool) -> int:
+    serving: int = health_pb2.HealthCheckResponse.SERVING
+    not_serving: int = health_pb2.HealthCheckResponse.NOT_SERVING
+    return serving if healthy else not_serving
 
 
 Check = Callable[[], Awaitable[bool]]
@@ -121,9 +140,10 @@ class HealthMonitor:
         """The map this monitor publishes to."""
         return self._health
 
-    def add(self, component: str, check: Check) -> None:
-        """Track ``component`` (unhealthy until its first check passes)."""
-        self._health.register(component)
+    def add(self, component: str, check: Check, *, readiness: bool = True) -> None:
+        """Track ``component`` (unhealthy until its first check passes); see
+        :meth:`HealthMap.register` for ``readiness``."""
+        self._health.register(component, readiness=readiness)
         self._checks[component] = check
 
     async def check_all(self) -> None:

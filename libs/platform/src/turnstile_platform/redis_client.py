@@ -158,13 +158,20 @@ def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
     return client.register_script(read_script(package, name))
 
 
-def monitor_redis(monitor: HealthMonitor, client: BoundedRedis, component: str = "redis") -> None:
+def monitor_redis(
+    monitor: HealthMonitor,
+    client: BoundedRedis,
+    component: str = "redis",
+    *,
+    readiness: bool = True,
+) -> None:
     """Report ``client``'s Redis as a health component: a PING each interval (which
-    also probes a half-open breaker), and the breaker's opening and closing at once."""
+    also probes a half-open breaker), and the breaker's opening and closing at once.
+    ``readiness=False`` reports it without taking the server out of rotation."""
 
     async def ping() -> bool:
         return bool(await client.ping())
 
-    monitor.add(component, ping)
+    monitor.add(component, ping, readiness=readiness)
     if client.guard is not None:
         report_breaker(monitor.health, component, client.guard.breaker)

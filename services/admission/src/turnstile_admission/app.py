@@ -66,7 +66,10 @@ async def create_app(
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)
     monitor = HealthMonitor(app.health, settings.health_check_interval_s, settings.redis_timeout_s)
-    monitor_redis(monitor, redis)
+    # Reported (the "redis" health name, the breaker metrics), but not in readiness:
+    # taking every replica out of rotation would turn each fail-open policy into a
+    # refusal at the transport, and a fail-closed one's retry hint into nothing.
+    monitor_redis(monitor, redis, readiness=False)
     await monitor.start()
     app.add_cleanup(monitor.stop)
     return app
