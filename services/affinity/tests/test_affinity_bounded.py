@@ -18,7 +18,7 @@ from turnstile_platform.errors import decode
 from turnstile_testing.processes import RedisProcess
 
 if TYPE_CHECKING:
-    from conftest import StartAffinity, StartWorker
+    from conftest import Credentials, StartAffinity, StartWorker
 
 BUDGET_S = 0.25
 #: Slack for a loaded 2-core machine on top of the budget.
@@ -40,7 +40,10 @@ async def unavailable_within_budget(call: Awaitable[Any]) -> float:
 
 
 async def test_place_and_release_answer_within_the_budget_while_redis_is_paused(
-    affinity: StartAffinity, worker: StartWorker, private_redis: RedisProcess
+    affinity: StartAffinity,
+    worker: StartWorker,
+    credentials: Credentials,
+    private_redis: RedisProcess,
 ) -> None:
     service = await affinity(
         tiers="a",
@@ -51,6 +54,7 @@ async def test_place_and_release_answer_within_the_budget_while_redis_is_paused(
     )
     await worker(service.address, "a1", "a", capacity=4)
     placed = await service.place("chat-0", "a")
+    a2 = await credentials.issue("a2")
     release = affinity_pb2.ReleaseLeaseRequest(
         sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
     )
@@ -68,7 +72,10 @@ async def test_place_and_release_answer_within_the_budget_while_redis_is_paused(
         )
         hello = affinity_pb2.AttachRequest(
             hello=affinity_pb2.Hello(
-                sandbox_id="a2", labels={"turnstile.dev/tier": "a"}, capacity=1
+                sandbox_id="a2",
+                labels={"turnstile.dev/tier": "a"},
+                capacity=1,
+                credential=a2.credential,
             )
         )
         stream = service.stub.Attach(iter([hello]), timeout=10)
