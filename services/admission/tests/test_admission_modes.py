@@ -87,17 +87,28 @@ async def test_cap_admits_with_an_unknown_verdict_when_the_live_count_is_unknown
     assert "UNKNOWN_REASON_UNSUPPORTED" in cap.detail
 
 
-async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_is_unreachable(
+async def test_an_unreachable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(
     start_admission: Any,
 ) -> None:
+    """A count that did not arrive is not a licence (issue 10): zero live, every
+    pending entry counted; only an unsupported count admits unknown."""
     running = await start_admission(
-        client_allowlist=("acme",), cap={"default_cap": 0}, substrate_addr="127.0.0.1:1"
+        client_allowlist=("acme",), cap={"default_cap": 2}, substrate_addr="127.0.0.1:1"
     )
-    answer = await running.stub.Admit(request("sb-1"))
-    assert answer.decision == ADMITTED
-    cap = verdict(answer, admission_pb2.POLICY_CAP)
-    assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
-    assert cap.detail.startswith("substrate unreachable")
+    first = [await running.stub.Admit(request(f"sb-{n}")) for n in (1, 2)]
+    assert [a.decision for a in first] == [ADMITTED, ADMITTED]
+    assert verdict(first[1], admission_pb2.POLICY_CAP).verdict == admission_pb2.VERDICT_PASS
+
+    third = await running.stub.Admit(request("sb-3"))
+
+    assert third.decision == admission_pb2.DECISION_REFUSED
+    assert (third.refused_by, third.limit, third.current) == (admission_pb2.POLICY_CAP, 2, 2)
+    cap = verdict(third, admission_pb2.POLICY_CAP)
+    assert cap.verdict == admission_pb2.VERDICT_REFUSE
+    assert "pending alone" in cap.detail
+    assert "substrate unreachable" in cap.detail
+    # The sandbox's own pending entry is not counted against it: a retry of sb-2 passes.
+    assert (await running.stub.Admit(request("sb-2"))).decision == ADMITTED
 
 
 async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then_both_recover(

@@ -9,7 +9,8 @@
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
 --       default cap, rate, burst, concurrency, cluster rate, cluster burst,
 --       cost, hold_ttl_ms, pending_ttl_ms,
---       live (-1 unknown), recount_allowed (0/1), use_test_clock (0/1),
+--       live (-1 unsupported: the substrate cannot count; -2 unavailable: not
+--       known now, a lower bound of zero), recount_allowed (0/1), use_test_clock (0/1),
 --       n, the pending ids the live count was asked about,
 --       n, the subset the substrate reported live,
 --       n, then n pairs (node name, slot capacity).
@@ -94,8 +95,16 @@ if cap_mode > 0 then
       if asked[m] then verified = verified + 1 else unverified = unverified + 1 end
     end
   end
-  if live < 0 then
-    cap = {3, lim.cap, verified + unverified, -1, 'live count unknown'}
+  if live == -1 then
+    -- Unsupported (SPEC S4): this substrate cannot count; the cap cannot decide.
+    cap = {3, lim.cap, verified + unverified, -1, 'live count unsupported'}
+  elseif live < 0 then
+    -- Unavailable: a count that did not arrive is a lower bound of zero, never a
+    -- licence. Every pending entry counts, so pending alone refuses at the cap.
+    local pending = verified + unverified
+    local over = pending >= lim.cap
+    cap = {judge(cap_mode, over), lim.cap, pending, -1,
+           over and 'live count unavailable: pending alone reaches the cap' or ''}
   else
     local lower = live + verified
     local upper = lower + unverified

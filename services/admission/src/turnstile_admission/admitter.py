@@ -117,6 +117,7 @@ class Admitter:
             sandbox_id=request.sandbox_id,
             modes=modes,
             live=count.live,
+            unsupported=count.unsupported,
             asked=count.asked,
             live_pending=count.live_pending,
             nodes=nodes,
@@ -131,6 +132,7 @@ class Admitter:
                         **{
                             **args.__dict__,
                             "live": count.live,
+                            "unsupported": count.unsupported,
                             "asked": count.asked,
                             "live_pending": count.live_pending,
                             "recount_allowed": False,
@@ -157,6 +159,9 @@ class Admitter:
             raw = answer.results[policy.name]
             if policy is self.cap and raw.code == RawResult.UNKNOWN:
                 raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, count.detail)
+            elif policy is self.cap and raw.code == RawResult.OVER and not count.known:
+                detail = f"{raw.detail}; {count.detail}"
+                raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, detail)
             verdicts.append(policy.verdict(activation, raw))
         admitted = answer.outcome == "admit"
         return Decision(

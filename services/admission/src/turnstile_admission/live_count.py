@@ -26,12 +26,19 @@ MAX_PENDING_IDS = 10_000
 
 @dataclass(frozen=True)
 class LiveCount:
-    """A key's live sandboxes (excluding the one being activated), or unknown."""
+    """A key's live sandboxes (excluding the one being activated), or unknown.
+
+    Two unknowns, never to be confused: ``unsupported`` (the substrate cannot
+    count at all, as Direct: the cap answers UNKNOWN and admits, SPEC S4) and
+    *unavailable* (the count timed out, failed, or is not current): a lower bound
+    of zero, so the cap still refuses on the pending set alone (SPEC P1).
+    """
 
     live: int | None
     asked: tuple[str, ...] = ()
     live_pending: tuple[str, ...] = ()
     detail: str = ""
+    unsupported: bool = False
 
     @property
     def known(self) -> bool:
@@ -39,7 +46,7 @@ class LiveCount:
 
 
 class LiveCounter:
-    """Asks the substrate; never raises: a failure is an UNKNOWN count (SPEC P1)."""
+    """Asks the substrate; never raises: a failure is an unavailable count (SPEC P1)."""
 
     def __init__(
         self, stub: substrate_pb2_grpc.SubstrateServiceAsyncStub, timeout_s: float
@@ -61,7 +68,8 @@ class LiveCounter:
             detail = f"live count unknown: {reason}"
             if response.unknown.detail:
                 detail += f" ({response.unknown.detail})"
-            return LiveCount(None, asked, detail=detail)
+            unsupported = response.unknown.reason == substrate_pb2.UNKNOWN_REASON_UNSUPPORTED
+            return LiveCount(None, asked, detail=detail, unsupported=unsupported)
         known = response.known
         return LiveCount(known.live, asked, tuple(known.live_pending_sandbox_ids))
 

@@ -38,6 +38,10 @@ class AdmitArgs:
     """Per policy: 0 not evaluated, 1 shadow, 2 enforce."""
     live: int | None
     """Live sandboxes of the key (excluding this one); None when unknown."""
+    unsupported: bool = False
+    """With ``live`` None: the substrate cannot count (the cap admits, SPEC S4).
+    Otherwise an unknown count is *unavailable*: zero is its lower bound and the
+    cap decides on the pending set alone (SPEC P1)."""
     asked: Sequence[str] = ()
     """The pending ids the live count was asked about."""
     live_pending: Sequence[str] = ()
@@ -78,6 +82,16 @@ class UsageAnswer:
     concurrency_limit: int
     cap: int
     node_slots_held: dict[str, int] = field(default_factory=dict)
+
+
+#: ``admit.lua``'s live argument when the count is unsupported / unavailable.
+LIVE_UNSUPPORTED, LIVE_UNAVAILABLE = -1, -2
+
+
+def _live_arg(args: AdmitArgs) -> int:
+    if args.live is not None:
+        return args.live
+    return LIVE_UNSUPPORTED if args.unsupported else LIVE_UNAVAILABLE
 
 
 def _s(value: object) -> str:
@@ -138,7 +152,7 @@ class AdmissionStore:
             s.rate.cost,
             round(s.hold_ttl_s * 1000),
             round(s.pending_ttl_s * 1000),
-            -1 if args.live is None else args.live,
+            _live_arg(args),
             1 if args.recount_allowed else 0,
             self._clock,
             len(args.asked),

@@ -25,8 +25,9 @@ class CapSettings(PolicySettings):
     """``TURNSTILE_CAP__*``."""
 
     fail: FailMode = FailMode.OPEN
-    """Open: the cap already admits when the live count is unknown (SPEC P1); a Redis
-    outage should not stop every activation when the substrate still works."""
+    """Open: a Redis outage should not stop every activation when the substrate still
+    works. (An unavailable live count is not a Redis outage: the cap then decides on
+    the pending set alone.)"""
 
     default_cap: int = Field(default=20, ge=0, le=1_000_000)
     """Live + pending sandboxes a key may have, unless its limits say otherwise."""
@@ -36,7 +37,7 @@ class CapSettings(PolicySettings):
 
     live_count_timeout_s: float = Field(default=0.15, gt=0, le=10)
     """Deadline of the substrate's ``CountLiveSandboxes``; past it the count is
-    UNKNOWN and the cap admits (SPEC P1)."""
+    unavailable: a lower bound of zero, so the cap decides on the pending set alone."""
 
 
 class CapPolicy(Policy):
