@@ -4,9 +4,9 @@ emulator, and no raised deadline anywhere.
 
 300 concurrent activations of one client with a cap of 7 must leave at most 8
 pods (SPEC P6 allows an error of one). When the live count is unavailable
-(the count cannot be read in time, or is not being kept), it is a lower bound of
-zero: the cap still refuses on the pending set alone, so the burst still leaves
-at most 8 pods, never one per caller.
+(no substrate leader keeps it current), it is a lower bound of zero: the cap
+still refuses on the pending set alone, so the burst still leaves at most 8
+pods, never one per caller.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 import pytest
+import redis.asyncio as aioredis
 
 from turnstile_admission.app import create_app as create_admission
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys import LiveCountKeys
+from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.server import GrpcService
@@ -46,14 +49,17 @@ async def stack(
     request: pytest.FixtureRequest,
     redis_url: str,
     redis_prefix: str,
+    redis: aioredis.Redis,
     database_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Stack]:
     """Admission and substrate with their shipped deadlines; the cap is 7, and the
     rate and concurrency limits are out of the way so the cap alone decides.
 
-    ``count-unavailable``: admission's live count never arrives (the substrate it
-    asks is a port nobody listens on), so every cap decision has pending alone.
+    ``count-unavailable``: admission reads live counts that no substrate leader
+    keeps (its key prefix is one nobody publishes under: as with no leader, or a
+    leader whose marker has run out), so every cap decision has the pending set
+    alone.
     """
     await asyncio.to_thread(apply_migrations, database_url)
     async with KubeEmulator(bookmark_interval=0.2) as kube:
@@ -82,14 +88,15 @@ async def stack(
         )
         await substrate_app.start()
         counted = request.param == "counted"
+        if counted:
+            await _until_counted(redis, LiveCountKeys(redis_prefix))
         admission_app = await create_admission(
             AdmissionSettings.model_validate(
                 {
                     **common,
                     "port": admission_port,
-                    "substrate_addr": (
-                        substrate_app.address if counted else f"127.0.0.1:{free_port()}"
-                    ),
+                    # Unavailable: admission reads live counts no leader writes.
+                    "redis_prefix": redis_prefix if counted else f"{redis_prefix}nobody:",
                     "cap": {"default_cap": CAP},
                     "rate": {"default_burst": 10_000, "cluster_burst": 10_000},
                     "concurrency": {"default_limit": 10_000},
@@ -102,6 +109,16 @@ async def stack(
             yield Stack(kube, substrate_pb2_grpc.SubstrateServiceStub(sub))
         for app in apps:
             await app.stop()
+
+
+async def _until_counted(redis: aioredis.Redis, keys: LiveCountKeys) -> None:
+    """The substrate's leader has marked the counts current (another task's work:
+    polled, with a generous deadline)."""
+    async with asyncio.timeout(15):
+        while True:
+            if await redis.get(keys.state) == COUNTED.encode():
+                return
+            await asyncio.sleep(0.02)
 
 
 async def _activate(stack: Stack, sandbox_id: str) -> substrate_pb2.ActivateResponse | RichError:

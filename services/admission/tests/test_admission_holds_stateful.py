@@ -100,7 +100,7 @@ class HoldsMachine(RuleBasedStateMachine):
         self.sandboxes += 1
         hold_id = f"h{self.sandboxes:04d}"
         answer = self.run(
-            self.store.admit(AdmitArgs(hold_id, key, f"sb-{self.sandboxes}", ENFORCE_ALL, live=0))
+            self.store.admit(AdmitArgs(hold_id, key, f"sb-{self.sandboxes}", ENFORCE_ALL))
         )
         enough = self.tokens[key] >= 1 - EPSILON and self.tokens["cluster"] >= 1 - EPSILON
         room = self.in_flight(key) < 2

@@ -75,26 +75,26 @@ async def test_off_policy_is_skipped_and_keeps_no_state(
     assert await redis.exists(running.keys.pending("acme"))
 
 
-async def test_cap_admits_with_an_unknown_verdict_when_the_live_count_is_unknown(
-    start_admission: Any, substrate: Any
+async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_cannot_count(
+    start_admission: Any, live: Any
 ) -> None:
-    substrate.servicer.unknown = True
+    await live.unsupported()  # the Direct substrate's declaration (SPEC S4)
     running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 0})
     answer = await running.stub.Admit(request("sb-1"))
     assert answer.decision == ADMITTED
     cap = verdict(answer, admission_pb2.POLICY_CAP)
     assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
-    assert "UNKNOWN_REASON_UNSUPPORTED" in cap.detail
+    assert "unsupported" in cap.detail
 
 
-async def test_an_unreachable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(
-    start_admission: Any,
+async def test_an_unavailable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(
+    start_admission: Any, live: Any
 ) -> None:
-    """A count that did not arrive is not a licence (issue 10): zero live, every
-    pending entry counted; only an unsupported count admits unknown."""
-    running = await start_admission(
-        client_allowlist=("acme",), cap={"default_cap": 2}, substrate_addr="127.0.0.1:1"
-    )
+    """No current count (no leader, or a leader behind) is not a licence (issue 10):
+    zero live, every pending entry counted; only an unsupported count admits unknown."""
+    await live.counted("acme", "live-1", "live-2", "live-3")
+    await live.unavailable()  # the live set is there, but nobody vouches for it
+    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 2})
     first = [await running.stub.Admit(request(f"sb-{n}")) for n in (1, 2)]
     assert [a.decision for a in first] == [ADMITTED, ADMITTED]
     assert verdict(first[1], admission_pb2.POLICY_CAP).verdict == admission_pb2.VERDICT_PASS
@@ -106,7 +106,6 @@ async def test_an_unreachable_live_count_is_a_lower_bound_the_pending_set_alone_
     cap = verdict(third, admission_pb2.POLICY_CAP)
     assert cap.verdict == admission_pb2.VERDICT_REFUSE
     assert "pending alone" in cap.detail
-    assert "substrate unreachable" in cap.detail
     # The sandbox's own pending entry is not counted against it: a retry of sb-2 passes.
     assert (await running.stub.Admit(request("sb-2"))).decision == ADMITTED
 
