@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_platform.leader import LeaderTerm
+from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.live_store import DROP, KEEP, Change, LiveStore, Op
@@ -69,6 +70,7 @@ class LivePublisher:
             )
             await self._loop(term)
         finally:
+            metrics.LIVE_COUNTS_CURRENT.set(0)
             index.on_sandbox_change = None
             reflector.on_current_change = None
 
@@ -82,6 +84,7 @@ class LivePublisher:
                 if marked:
                     await self._store.write(term.epoch, state=DROP)
                     marked = False
+                    metrics.LIVE_COUNTS_CURRENT.set(0)
                     log.info("live publisher: reflector behind; counts withdrawn")
                 generation = None
                 await self._sleep(self._renew_s)
@@ -94,6 +97,7 @@ class LivePublisher:
                 everything = desired.keys() | self.published.keys()
                 await self._apply(term, _diff(desired, self.published, everything))
                 self.resyncs += 1
+                metrics.LIVE_COUNTS_RESYNCS.inc()
             while self._dirty:
                 dirty, self._dirty = self._dirty, set()
                 desired = {}
@@ -108,12 +112,14 @@ class LivePublisher:
             if not marked or now - renewed >= self._renew_s:
                 await self._store.write(term.epoch, state=COUNTED)
                 marked, renewed = True, now
+                metrics.LIVE_COUNTS_CURRENT.set(1)
             await self._sleep(max(0.0, self._renew_s - (time.monotonic() - renewed)))
 
     async def _apply(self, term: LeaderTerm, changes: list[Change]) -> None:
         for chunk in _chunks(changes, self._chunk):
             await self._store.write(term.epoch, chunk, KEEP)
             for change in chunk:
+                metrics.LIVE_COUNTS_CHANGES.labels(change.op.value).inc()
                 if change.op is Op.SET:
                     self.published[change.sandbox_id] = change.key
                 elif self.published.get(change.sandbox_id) == change.key:
