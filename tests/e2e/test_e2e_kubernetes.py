@@ -109,7 +109,7 @@ async def running_stack(
                     **common,
                     "port": admission_port,
                     "substrate_addr": substrate_app.address,
-                    "cap": {"default_cap": CAP, "live_count_timeout_s": 5.0},
+                    "cap": {"default_cap": CAP},
                     "rate": {"default_burst": 1000, "cluster_burst": 1000},
                     "concurrency": {"default_limit": 1000},
                     **admission,

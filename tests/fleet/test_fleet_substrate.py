@@ -151,7 +151,7 @@ async def _serving(replica: Replica) -> None:
 
 @pytest.fixture
 async def admission(redis_url: str, redis_prefix: str) -> AsyncIterator[GrpcService]:
-    """The real admission service; the substrate answers its live counts (replica 0)."""
+    """The real admission service, its cap off (these tests count runtimes, not the cap)."""
     app = await create_admission(
         AdmissionSettings.model_validate(
             {
@@ -161,7 +161,6 @@ async def admission(redis_url: str, redis_prefix: str) -> AsyncIterator[GrpcServ
                 "redis_url": redis_url,
                 "redis_prefix": redis_prefix,
                 "client_allowlist": ("acme",),
-                "substrate_addr": "127.0.0.1:1",  # replaced per test when counts matter
                 "shutdown_grace_s": 1.0,
                 "log_format": "text",
                 "cap": {"default_cap": 100_000, "mode": "off"},

@@ -10,13 +10,16 @@ own (so INFO commandstats counts only this benchmark):
 * evalsha  — a grpc.aio server whose handler runs one small EVALSHA: the ceiling
              of anything that does one Redis round trip per call;
 * admit    — the admission service, COLD_CREATE with every policy enforced
-             (cap with a live count from a stub substrate in its own process,
-             rate, concurrency, node slots), and RESUME (concurrency only, no
-             live count). Limits are set high so every call takes the full path.
+             (cap with the live count read from the key's live set in Redis,
+             marked current as a substrate leader marks it; rate, concurrency,
+             node slots), and RESUME (concurrency only). Limits are set high so
+             every call takes the full path.
 
 Each is measured at 1 and 64 calls in flight: calls/s, p50 and p99. Admit is
 reported as a ratio of each ceiling; Redis commands per decision come from the
-INFO commandstats delta over the Admit runs.
+INFO commandstats delta over the Admit runs. A stub substrate still listens at
+admission's substrate address and counts the ``CountLiveSandboxes`` calls it gets
+(in Redis, so they would show in commandstats too): a decision should make none.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import grpc.aio
 import redis.asyncio as aioredis
 import uvloop
 
+from turnstile_clientkeys import LiveCountKeys
+from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -84,8 +89,17 @@ async def _serve(port: int, behaviour: Any) -> None:
     await server.wait_for_termination()
 
 
+COUNT_CALLS = "bench:{adm}:count-live-calls"
+
+
 class StubSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    """Answers CountLiveSandboxes (live 0) and counts the calls it gets."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._redis = aioredis.Redis.from_url(redis_url)
+
     async def CountLiveSandboxes(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await self._redis.incr(COUNT_CALLS)
         return substrate_pb2.CountLiveSandboxesResponse(
             known=substrate_pb2.CountLiveSandboxesResponse.Known(live=0)
         )
@@ -93,7 +107,7 @@ class StubSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
 
 async def serve_substrate(port: int, redis_url: str) -> None:
     server = grpc.aio.server()
-    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(StubSubstrate(), server)  # type: ignore[abstract]
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(StubSubstrate(redis_url), server)  # type: ignore[abstract]
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -201,6 +215,8 @@ async def bench(seconds: float) -> None:
 
         payload = cold().SerializeToString()
         redis = aioredis.Redis.from_url(redis_proc.url)
+        # The live counts are current, as a substrate leader keeps them (no pods).
+        await redis.set(LiveCountKeys("turnstile:").state, COUNTED)
         for name in ("echo", "evalsha"):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[name]}") as channel:
                 echo = channel.unary_unary(
@@ -221,9 +237,10 @@ async def bench(seconds: float) -> None:
                     results[name][n] = await measure(_admit(stub, make), n, seconds)
                     decisions += int(results[name][n]["calls"]) + 201
         after = await commandstats(redis)
+        count_calls = int(await redis.get(COUNT_CALLS) or 0)
         await redis.aclose()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-        report(results, delta, decisions)
+        report(results, delta, decisions, count_calls)
     finally:
         for proc in procs:
             proc.terminate()
@@ -233,7 +250,10 @@ async def bench(seconds: float) -> None:
 
 
 def report(
-    results: dict[str, dict[int, dict[str, float]]], delta: dict[str, int], decisions: int
+    results: dict[str, dict[int, dict[str, float]]],
+    delta: dict[str, int],
+    decisions: int,
+    count_calls: int,
 ) -> None:
     print(
         f"{'server':<14}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
@@ -255,6 +275,7 @@ def report(
         f"all commands per decision (incl. those inside the script and the key-set "
         f"watcher's polls): {total / decisions:.2f}"
     )
+    print(f"CountLiveSandboxes calls per decision: {count_calls / decisions:.3f}")
     print("commandstats delta:", {k: v for k, v in sorted(delta.items()) if v})
 
 

@@ -1,5 +1,5 @@
-"""Fixtures of the admission tests: the real service on a real socket, and a small
-gRPC server standing in for the substrate's ``CountLiveSandboxes``."""
+"""Fixtures of the admission tests: the real service on a real socket, and the live
+counts in Redis written the way the substrate's leader writes them."""
 
 from __future__ import annotations
 
@@ -10,60 +10,45 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+import redis.asyncio as aioredis
 
 from turnstile_admission.app import create_app
 from turnstile_admission.keys import AdmissionKeys
 from turnstile_admission.settings import AdmissionSettings
-from turnstile_contracts import admission_pb2_grpc, substrate_pb2, substrate_pb2_grpc
+from turnstile_clientkeys import LiveCountKeys
+from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
+from turnstile_contracts import admission_pb2_grpc
 from turnstile_platform.server import GrpcService
 
 
-class CountingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
-    """Answers CountLiveSandboxes from ``live`` (bounded key → live sandbox ids)."""
-
-    def __init__(self) -> None:
-        self.live: dict[str, set[str]] = {}
-        self.unknown = False
-        self.requests: list[substrate_pb2.CountLiveSandboxesRequest] = []
-
-    async def CountLiveSandboxes(
-        self,
-        request: substrate_pb2.CountLiveSandboxesRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> substrate_pb2.CountLiveSandboxesResponse:
-        self.requests.append(request)
-        if self.unknown:
-            return substrate_pb2.CountLiveSandboxesResponse(
-                unknown=substrate_pb2.CountLiveSandboxesResponse.Unknown(
-                    reason=substrate_pb2.UNKNOWN_REASON_UNSUPPORTED, detail="direct"
-                )
-            )
-        live = self.live.get(request.key, set()) - {request.exclude_sandbox_id}
-        seen = [i for i in request.pending_sandbox_ids if i in live]
-        return substrate_pb2.CountLiveSandboxesResponse(
-            known=substrate_pb2.CountLiveSandboxesResponse.Known(
-                live=len(live), live_pending_sandbox_ids=seen
-            )
-        )
-
-
 @dataclass
-class Substrate:
-    servicer: CountingSubstrate
-    address: str
+class LiveSets:
+    """The live counts a substrate leader keeps (``turnstile_clientkeys.live_counts``):
+    each key's live set, and the marker that says whether they are current."""
+
+    redis: aioredis.Redis
+    keys: LiveCountKeys
+
+    async def counted(self, key: str = "acme", *live: str) -> None:
+        """The counts are current, and ``key``'s live sandboxes are ``live``."""
+        await self.redis.delete(self.keys.live(key))
+        if live:
+            await self.redis.sadd(self.keys.live(key), *live)
+        await self.redis.set(self.keys.state, COUNTED)
+
+    async def unsupported(self) -> None:
+        await self.redis.set(self.keys.state, UNSUPPORTED)
+
+    async def unavailable(self) -> None:
+        await self.redis.delete(self.keys.state)
 
 
 @pytest.fixture
-async def substrate() -> AsyncIterator[Substrate]:
-    servicer = CountingSubstrate()  # type: ignore[abstract]  # only the count
-    server = grpc.aio.server()
-    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield Substrate(servicer, f"127.0.0.1:{port}")
-    finally:
-        await server.stop(None)
+async def live(redis: aioredis.Redis, redis_prefix: str) -> LiveSets:
+    """Live counts current and empty, as a healthy leader with no pods keeps them."""
+    sets = LiveSets(redis, LiveCountKeys(redis_prefix))
+    await sets.counted()
+    return sets
 
 
 @dataclass
@@ -83,7 +68,7 @@ Start = Callable[..., Awaitable[Running]]
 
 @pytest.fixture
 async def start_admission(
-    redis_url: str, redis_prefix: str, substrate: Substrate
+    redis_url: str, redis_prefix: str, live: LiveSets
 ) -> AsyncIterator[Start]:
     """Start the admission service on a free port; settings may be overridden."""
     running: list[Running] = []
@@ -92,7 +77,6 @@ async def start_admission(
         values: dict[str, Any] = {
             "redis_url": redis_url,
             "redis_prefix": redis_prefix,
-            "substrate_addr": substrate.address,
             "port": 0,
             "metrics_port": 0,
             "shutdown_grace_s": 0,

@@ -35,6 +35,8 @@ from turnstile_admission.policies import (
 )
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys import LiveCountKeys
+from turnstile_clientkeys.live_counts import COUNTED
 
 RATE, BURST = 2.0, 3.0  # key bucket: 2 tokens/s, capacity 3
 CLUSTER_RATE, CLUSTER_BURST = 1.0, 4.0
@@ -86,6 +88,7 @@ class HoldsMachine(RuleBasedStateMachine):
                 slots=SlotsSettings(per_node=NODES),
             ),
         )
+        self.live_keys = LiveCountKeys(self.prefix)
         self.now = 1_000_000_000
         # The model: tokens per bucket (key "a", key "b", cluster), open holds,
         # pending entries, node slots and committed sandboxes.
@@ -114,6 +117,14 @@ class HoldsMachine(RuleBasedStateMachine):
     def freeze_clock(self) -> None:
         self.run(self.store.set_test_clock(self.now))
 
+    async def set_live(self, key: str, live: int) -> None:
+        """The substrate leader's view: ``live`` other sandboxes of ``key`` are live."""
+        members = self.live_keys.live(key)
+        await self.redis.delete(members)
+        if live:
+            await self.redis.sadd(members, *(f"live-{key}-{i}" for i in range(live)))
+        await self.redis.set(self.live_keys.state, COUNTED)
+
     def in_flight(self, key: str) -> int:
         return sum(1 for h in self.holds.values() if h.key == key and h.expiry > self.now)
 
@@ -129,6 +140,7 @@ class HoldsMachine(RuleBasedStateMachine):
         nodes=st.lists(st.sampled_from(sorted(NODES)), unique=True, max_size=2),
     )
     def admit(self, key: str, live: int, nodes: list[str]) -> None:
+        self.run(self.set_live(key, live))
         before = self.run(self.store.usage(key))
         self.sandboxes += 1
         hold_id = f"h{self.sandboxes:04d}"
@@ -139,10 +151,7 @@ class HoldsMachine(RuleBasedStateMachine):
             key,
             sandbox,
             ENFORCE_ALL if nodes else NO_SLOTS,
-            live=live,
-            asked=pending,
             nodes=[(n, NODES[n]) for n in nodes],
-            recount_allowed=False,
         )
         answer = self.run(self.store.admit(args))
         enough = self.tokens[key] >= 1 - EPSILON and self.tokens["cluster"] >= 1 - EPSILON

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,6 +14,9 @@ from turnstile_admission.policies import (
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings
 
+if TYPE_CHECKING:
+    from conftest import LiveSets
+
 NOW = 5_000_000
 ALL = {PolicyName.CAP: 2, PolicyName.RATE: 2, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0}
 SLOTS = {**ALL, PolicyName.SLOTS: 2}
@@ -22,7 +25,7 @@ SLOTS_ONLY = {**CAP_ONLY, PolicyName.CAP: 0, PolicyName.SLOTS: 2}
 
 
 @pytest.fixture
-async def store(redis: aioredis.Redis, redis_prefix: str) -> AdmissionStore:
+async def store(redis: aioredis.Redis, redis_prefix: str, live: LiveSets) -> AdmissionStore:
     settings = AdmissionSettings(
         redis_prefix=redis_prefix, test_clock=True, cap=CapSettings(default_cap=2), hold_ttl_s=10
     )
@@ -32,8 +35,7 @@ async def store(redis: aioredis.Redis, redis_prefix: str) -> AdmissionStore:
 
 
 def args(hold: str, sandbox: str, modes: Any = ALL, **extra: Any) -> AdmitArgs:
-    values: dict[str, Any] = {"live": 0, **extra}
-    return AdmitArgs(hold, "acme", sandbox, modes, **values)
+    return AdmitArgs(hold, "acme", sandbox, modes, **extra)
 
 
 async def dump(client: aioredis.Redis, prefix: str) -> dict[bytes, Any]:
@@ -42,57 +44,76 @@ async def dump(client: aioredis.Redis, prefix: str) -> dict[bytes, Any]:
 
 
 async def test_admit_refused_changes_no_key(
-    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str, live: LiveSets
 ) -> None:
     await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    await live.counted("acme", "old-1")
     before = await dump(redis, redis_prefix)
-    refused = await store.admit(
-        args("h2", "sb-2", SLOTS, live=1, asked=["sb-1"], nodes=[("n1", 5)])
-    )
+    refused = await store.admit(args("h2", "sb-2", SLOTS, nodes=[("n1", 5)]))
     assert refused.outcome == "refuse"
     assert await dump(redis, redis_prefix) == before
 
 
-async def test_admit_does_not_count_the_sandboxs_own_pending_entry(store: AdmissionStore) -> None:
-    await store.admit(args("h1", "sb-1", CAP_ONLY, live=1))
-    again = await store.admit(args("h2", "sb-1", CAP_ONLY, live=1, asked=["sb-1"]))
-    assert again.outcome == "admit"
-    assert again.results[PolicyName.CAP].current == 1
-
-
-async def test_admit_drops_expired_pending_entries_and_those_seen_live(
-    store: AdmissionStore,
+async def test_admit_counts_the_live_set_and_the_pending_set(
+    store: AdmissionStore, live: LiveSets
 ) -> None:
+    await live.counted("acme", "old-1")
+    first = await store.admit(args("h1", "sb-1", CAP_ONLY))
+    assert (first.outcome, first.results[PolicyName.CAP].current, first.live.live) == (
+        "admit",
+        1,
+        1,
+    )
+    second = await store.admit(args("h2", "sb-2", CAP_ONLY))
+    assert second.outcome == "refuse"
+    assert second.results[PolicyName.CAP].current == 2  # one live + one pending
+
+
+async def test_admit_does_not_count_the_sandboxs_own_entries(
+    store: AdmissionStore, live: LiveSets
+) -> None:
+    await live.counted("acme", "sb-1")
+    again = await store.admit(args("h1", "sb-1", CAP_ONLY))  # its own live pod: excluded
+    assert (again.outcome, again.results[PolicyName.CAP].current) == ("admit", 0)
+    await store.admit(args("h2", "sb-2", CAP_ONLY))
+    retry = await store.admit(args("h3", "sb-2", CAP_ONLY))  # its own pending entry
+    assert (retry.outcome, retry.results[PolicyName.CAP].current) == ("admit", 1)
+
+
+async def test_admit_drops_expired_pending_entries(store: AdmissionStore) -> None:
     await store.admit(args("h1", "sb-1", CAP_ONLY))
     await store.set_test_clock(NOW + 60_000)
     await store.admit(args("h2", "sb-2", CAP_ONLY))
     await store.set_test_clock(NOW + 120_000)  # sb-1's entry (120 s) has expired
-    answer = await store.admit(
-        args("h3", "sb-3", CAP_ONLY, live=1, asked=["sb-2"], live_pending=["sb-2"])
-    )
+    answer = await store.admit(args("h3", "sb-3", CAP_ONLY))
     assert answer.outcome == "admit"
-    assert answer.results[PolicyName.CAP].current == 1  # sb-2 once, as live
-    assert answer.pending_ids == ("sb-3",)
+    assert answer.results[PolicyName.CAP].current == 1  # sb-2 only
+    assert answer.pending_count == 2
 
 
-async def test_admit_returns_pending_ids_only_near_the_cap(store: AdmissionStore) -> None:
-    far = await store.admit(args("h1", "sb-1", CAP_ONLY, live=0))  # 0 live + 1 pending < 2
-    assert (far.pending_count, far.pending_ids) == (1, ())
-    near = await store.admit(args("h2", "sb-2", CAP_ONLY, live=0))  # 0 live + 2 pending
-    assert (near.pending_count, sorted(near.pending_ids)) == (2, ["sb-1", "sb-2"])
-
-
-async def test_admit_asks_for_a_recount_only_when_unasked_ids_decide_the_cap(
-    store: AdmissionStore,
+async def test_admit_without_a_current_count_decides_on_the_pending_set_alone(
+    store: AdmissionStore, live: LiveSets
 ) -> None:
-    await store.admit(args("h1", "sb-1", CAP_ONLY))
-    ambiguous = await store.admit(args("h2", "sb-2", CAP_ONLY, live=1))
-    assert ambiguous.outcome == "recount"
-    assert ambiguous.pending_ids == ("sb-1",)
-    settled = await store.admit(args("h2", "sb-2", CAP_ONLY, live=1, recount_allowed=False))
-    assert settled.outcome == "refuse"
-    clear = await store.admit(args("h3", "sb-3", CAP_ONLY, live=0))
-    assert clear.outcome == "admit"  # 0 live + 1 unasked < 2: no recount needed
+    await live.counted("acme", "old-1", "old-2", "old-3")
+    await live.unavailable()
+    first = await store.admit(args("h1", "sb-1", CAP_ONLY))
+    assert (first.outcome, first.live.live, first.live.unsupported) == ("admit", None, False)
+    await store.admit(args("h2", "sb-2", CAP_ONLY))
+    third = await store.admit(args("h3", "sb-3", CAP_ONLY))
+    cap = third.results[PolicyName.CAP]
+    assert (third.outcome, cap.current, cap.code) == ("refuse", 2, 2)
+    assert "pending alone" in cap.detail
+
+
+async def test_admit_with_an_unsupported_count_is_unknown_and_admits(
+    store: AdmissionStore, live: LiveSets
+) -> None:
+    await live.unsupported()
+    for n in range(4):
+        answer = await store.admit(args(f"h{n}", f"sb-{n}", CAP_ONLY))
+        assert answer.outcome == "admit"
+        assert answer.results[PolicyName.CAP].code == 3
+    assert answer.live.unsupported
 
 
 async def test_admit_takes_the_first_candidate_with_a_free_slot(store: AdmissionStore) -> None:

@@ -76,29 +76,39 @@ async def test_off_policy_is_skipped_and_keeps_no_state(
     assert await redis.exists(running.keys.pending("acme"))
 
 
-async def test_cap_admits_with_an_unknown_verdict_when_the_live_count_is_unknown(
-    start_admission: Any, substrate: Any
+async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_cannot_count(
+    start_admission: Any, live: Any
 ) -> None:
-    substrate.servicer.unknown = True
+    await live.unsupported()  # the Direct substrate's declaration (SPEC S4)
     running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 0})
     answer = await running.stub.Admit(request("sb-1"))
     assert answer.decision == ADMITTED
     cap = verdict(answer, admission_pb2.POLICY_CAP)
     assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
-    assert "UNKNOWN_REASON_UNSUPPORTED" in cap.detail
+    assert "unsupported" in cap.detail
 
 
-async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_is_unreachable(
-    start_admission: Any,
+async def test_an_unavailable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(
+    start_admission: Any, live: Any
 ) -> None:
-    running = await start_admission(
-        client_allowlist=("acme",), cap={"default_cap": 0}, substrate_addr="127.0.0.1:1"
-    )
-    answer = await running.stub.Admit(request("sb-1"))
-    assert answer.decision == ADMITTED
-    cap = verdict(answer, admission_pb2.POLICY_CAP)
-    assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
-    assert cap.detail.startswith("substrate unreachable")
+    """No current count (no leader, or a leader behind) is not a licence (issue 10):
+    zero live, every pending entry counted; only an unsupported count admits unknown."""
+    await live.counted("acme", "live-1", "live-2", "live-3")
+    await live.unavailable()  # the live set is there, but nobody vouches for it
+    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 2})
+    first = [await running.stub.Admit(request(f"sb-{n}")) for n in (1, 2)]
+    assert [a.decision for a in first] == [ADMITTED, ADMITTED]
+    assert verdict(first[1], admission_pb2.POLICY_CAP).verdict == admission_pb2.VERDICT_PASS
+
+    third = await running.stub.Admit(request("sb-3"))
+
+    assert third.decision == admission_pb2.DECISION_REFUSED
+    assert (third.refused_by, third.limit, third.current) == (admission_pb2.POLICY_CAP, 2, 2)
+    cap = verdict(third, admission_pb2.POLICY_CAP)
+    assert cap.verdict == admission_pb2.VERDICT_REFUSE
+    assert "pending alone" in cap.detail
+    # The sandbox's own pending entry is not counted against it: a retry of sb-2 passes.
+    assert (await running.stub.Admit(request("sb-2"))).decision == ADMITTED
 
 
 async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then_both_recover(

@@ -38,9 +38,9 @@ async def usage(stub: Any, client_id: str) -> Any:
 
 
 async def test_usage_shows_live_pending_tokens_in_flight_and_slots(
-    start_admission: Any, substrate: Any, redis: aioredis.Redis
+    start_admission: Any, live: Any, redis: aioredis.Redis
 ) -> None:
-    substrate.servicer.live["acme"] = {"old-1"}
+    await live.counted("acme", "old-1")
     running = await start_admission(client_allowlist=("acme",), test_clock=True)
     await redis.set(running.keys.test_clock, 1_000_000)  # no refill between the calls
     first = await running.stub.Admit(cold("sb-1", candidate_nodes=["n1"]))

@@ -79,6 +79,8 @@ class AdmissionDouble(admission_pb2_grpc.AdmissionServiceServicer):
     cap_verdict: admission_pb2.Verdict.ValueType = admission_pb2.VERDICT_PASS
     #: Extra pending entries GetUsage reports (another activation's, say).
     extra_pending: int = 0
+    #: GetUsage answers without a live count (the count is unavailable).
+    live_unavailable: bool = False
 
     @staticmethod
     def key_of(client: common_pb2.ActivationClient) -> str:
@@ -180,12 +182,14 @@ class AdmissionDouble(admission_pb2_grpc.AdmissionServiceServicer):
         self.usage_calls += 1
         key = self.key_of(request.client)
         mine = [h for h in self.holds.values() if h.key == key]
-        return admission_pb2.GetUsageResponse(
+        usage = admission_pb2.GetUsageResponse(
             key=common_pb2.BoundedKey(key=key, kind=common_pb2.KEY_KIND_OWN, key_set_version=1),
-            live=sum(h.state == "committed" for h in mine),
             pending=sum(h.state == "held" for h in mine) + self.extra_pending,
             cap=self.cap,
         )
+        if not self.live_unavailable:
+            usage.live = sum(h.state == "committed" for h in mine)
+        return usage
 
 
 @pytest.fixture

@@ -72,6 +72,27 @@ async def test_the_gate_refuses_when_the_cap_was_reached_since_admit(
     assert error.retryable
 
 
+@pytest.mark.parametrize(("extra", "refused"), [(1, False), (2, True)], ids=["room", "full"])
+async def test_without_a_live_count_the_gate_decides_on_the_pending_set_alone(
+    client: AdmissionClient, admission: AdmissionDouble, extra: int, refused: bool
+) -> None:
+    """An unavailable count is a lower bound of zero, not a pass (issue 10)."""
+    admission.cap = 2
+    admission.live_unavailable = True
+    admitted = await admit(client)
+    admission.extra_pending = extra  # this activation's own entry, plus others
+
+    gate = client.cap_gate(admitted, ACME)
+    if not refused:
+        await gate()
+        return
+    with pytest.raises(RichError) as raised:
+        await gate()
+    assert raised.value.reason == "CAP_EXCEEDED"
+    assert raised.value.metadata["current"] == "2"
+    assert "live count unavailable" in raised.value.message
+
+
 @pytest.mark.parametrize(
     ("mode", "verdict"),
     [
@@ -79,7 +100,7 @@ async def test_the_gate_refuses_when_the_cap_was_reached_since_admit(
         (admission_pb2.POLICY_MODE_OFF, admission_pb2.VERDICT_SKIPPED),
         (admission_pb2.POLICY_MODE_ENFORCE, admission_pb2.VERDICT_UNKNOWN),
     ],
-    ids=["shadow", "off", "count-unknown"],
+    ids=["shadow", "off", "count-unsupported"],
 )
 async def test_the_gate_asks_nothing_when_the_cap_cannot_refuse(
     client: AdmissionClient,

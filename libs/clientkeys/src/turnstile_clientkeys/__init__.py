@@ -4,6 +4,7 @@ from turnstile_clientkeys.contract import InvalidClientError, parse_client, to_p
 from turnstile_clientkeys.ids import MAX_CLIENT_ID_LENGTH, client_id_problem
 from turnstile_clientkeys.keyset import KeySet, KeySetError
 from turnstile_clientkeys.labels import MAX_LABEL_VALUE_LENGTH, is_label_value
+from turnstile_clientkeys.live_counts import LiveCountKeys
 from turnstile_clientkeys.resolver import (
     NATIVE,
     RESERVED_IDS,
@@ -34,6 +35,7 @@ __all__ = [
     "KeySetError",
     "KeySetStore",
     "KeySetWatcher",
+    "LiveCountKeys",
     "Resolver",
     "client_id_problem",
     "is_label_value",

@@ -1,26 +1,25 @@
 -- admit.lua: one Admit decision, all checks and all consumption in one atomic step
 -- (SPEC P1–P4). Either everything is taken (pending entry, concurrency lease,
 -- tokens from both buckets, node slot) and recorded in a hold, or nothing is.
+-- The cap's live count is read here too, from the live set the substrate's leader
+-- keeps (issue 10): the decision is this one script, no other network call.
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
 --       5 inflight:<key>, 6 hold:<id>, 7 test clock, 8 node registry,
---       9.. slots:<node>, one per candidate node, in ARGV's order.
+--       9 live:<key>, 10 live-state marker,
+--       11.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, key, sandbox_id,
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
 --       default cap, rate, burst, concurrency, cluster rate, cluster burst,
---       cost, hold_ttl_ms, pending_ttl_ms,
---       live (-1 unknown), recount_allowed (0/1), use_test_clock (0/1),
---       n, the pending ids the live count was asked about,
---       n, the subset the substrate reported live,
+--       cost, hold_ttl_ms, pending_ttl_ms, use_test_clock (0/1),
 --       n, then n pairs (node name, slot capacity).
 -- Returns: {outcome, now_ms, hold_expires_ms, node,
 --           then per policy in order slots, concurrency, cap, rate:
 --             code (0 not evaluated, 1 within, 2 over, 3 unknown), limit, current,
 --             retry_ms (-1 none), detail,
 --           the number of the key's pending entries,
---           their sandbox ids when near the cap (live + pending >= cap), else none}
--- outcome is 'admit', 'refuse', or 'recount' (nothing changed: the cap verdict
--- depends on pending ids the count was not asked about; count again with these).
+--           the live count used (-1 unsupported, -2 unavailable, -3 not read)}
+-- outcome is 'admit' or 'refuse'.
 
 local i = 0
 local function str() i = i + 1; return ARGV[i] end
@@ -31,13 +30,9 @@ local cap_mode, rate_mode, conc_mode, slot_mode = num(), num(), num(), num()
 local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
            cluster_rate = num(), cluster_burst = num()}
 local cost, hold_ttl, pending_ttl = num(), num(), num()
-local live, recount_allowed, use_test_clock = num(), num(), num()
-local asked = {}
-for _ = 1, num() do asked[str()] = true end
-local live_pending = {}
-for j = 1, num() do live_pending[j] = str() end
+local use_test_clock = num()
 local nodes = {}
-for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[8 + j]} end
+for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[10 + j]} end
 
 local now = now_ms(use_test_clock, KEYS[7])
 local lim = limits(KEYS[1], key, d)
@@ -82,35 +77,36 @@ if conc_mode > 0 then
   conc = {judge(conc_mode, over), lim.concurrency, c, retry, ''}
 end
 
--- Cap: live (from the substrate) plus pending entries it does not see yet.
+-- Cap: live (the leader's live set) plus pending entries not seen live yet.
 local cap = {0, 0, 0, -1, ''}
+local live = -3
+local own_live = false
 if cap_mode > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  for _, id in ipairs(live_pending) do redis.call('ZREM', KEYS[2], id) end
-  local members = redis.call('ZRANGE', KEYS[2], 0, -1)
-  local verified, unverified = 0, 0
-  for _, m in ipairs(members) do
-    if m ~= sandbox then
-      if asked[m] then verified = verified + 1 else unverified = unverified + 1 end
-    end
-  end
-  if live < 0 then
-    cap = {3, lim.cap, verified + unverified, -1, 'live count unknown'}
+  local pending = redis.call('ZCARD', KEYS[2])
+  if redis.call('ZSCORE', KEYS[2], sandbox) then pending = pending - 1 end
+  local state = redis.call('GET', KEYS[10])
+  if state == 'counted' then
+    live = redis.call('SCARD', KEYS[9])
+    own_live = redis.call('SISMEMBER', KEYS[9], sandbox) == 1
+    if own_live then live = live - 1 end
+  elseif state == 'unsupported' then
+    live = -1
   else
-    local lower = live + verified
-    local upper = lower + unverified
-    if upper < lim.cap then
-      cap = {judge(cap_mode, false), lim.cap, upper, -1, ''}
-    elseif lower >= lim.cap then
-      cap = {judge(cap_mode, true), lim.cap, lower, -1, ''}
-    elseif recount_allowed == 1 then
-      -- Pending ids the count was not asked about decide the verdict: some may
-      -- be live already (counted twice). Change nothing; count again.
-      return {'recount', now, 0, '', members}
-    else
-      -- Still unasked after a recount: added since, so not live yet.
-      cap = {judge(cap_mode, true), lim.cap, upper, -1, ''}
-    end
+    live = -2
+  end
+  if live == -1 then
+    -- Unsupported (SPEC S4): this substrate cannot count; the cap cannot decide.
+    cap = {3, lim.cap, pending, -1, 'live count unsupported'}
+  elseif live == -2 then
+    -- Unavailable (no leader, or a leader behind): a count that is not current is
+    -- a lower bound of zero, never a licence. Pending alone refuses at the cap.
+    local over = pending >= lim.cap
+    cap = {judge(cap_mode, over), lim.cap, pending, -1,
+           over and 'live count unavailable: pending alone reaches the cap' or ''}
+  else
+    local current = live + pending
+    cap = {judge(cap_mode, current >= lim.cap), lim.cap, current, -1, ''}
   end
 end
 
@@ -143,19 +139,10 @@ local function answer(outcome, expires, node)
   for _, r in ipairs({slots, conc, cap, rate}) do
     for _, v in ipairs(r) do out[#out + 1] = v end
   end
-  -- The key's pending entries: how many, and their ids only near the cap. There
-  -- the next decision asks the substrate which are live already, so none counts
-  -- twice; far from the cap an overlap cannot change a verdict, and sending the
-  -- ids would make every decision cost O(pending) for nothing.
-  local pending_count, members = 0, {}
-  if cap_mode > 0 then
-    pending_count = redis.call('ZCARD', KEYS[2])
-    if live >= 0 and live + pending_count >= lim.cap then
-      members = redis.call('ZRANGE', KEYS[2], 0, -1)
-    end
-  end
+  local pending_count = 0
+  if cap_mode > 0 then pending_count = redis.call('ZCARD', KEYS[2]) end
   out[#out + 1] = pending_count
-  out[#out + 1] = members
+  out[#out + 1] = live
   return out
 end
 
@@ -175,7 +162,9 @@ if conc_mode > 0 then
   extend(KEYS[5], hold_ttl)
   lease = 1
 end
-if cap_mode > 0 then
+if cap_mode > 0 and not own_live then
+  -- A sandbox the live set already has is counted there; a pending entry too
+  -- would count it twice until it expired.
   pending_score = now + pending_ttl
   redis.call('ZADD', KEYS[2], pending_score, sandbox)
   extend(KEYS[2], pending_ttl)

@@ -1,9 +1,9 @@
-"""The admission domain: resolve the client, count live sandboxes, run the one
-decision script, and turn its answer into a :class:`Decision`.
+"""The admission domain: resolve the client, run the one decision script, and turn
+its answer into a :class:`Decision`.
 
-Redis sees exactly one script per decision (``admit.lua``); the only exception is
-the rare recount, when pending ids the substrate was not asked about decide the
-cap verdict (see :mod:`turnstile_admission.live_count`).
+A decision is exactly one script (``admit.lua``) and no other network call: the
+cap's live count is read inside it, from the live sets the substrate's leader
+keeps in Redis (issue 10, :mod:`turnstile_clientkeys.live_counts`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from opentelemetry import trace
 
 from turnstile_admission import metrics
 from turnstile_admission.decision import Decision
-from turnstile_admission.live_count import LiveCount, LiveCounter, PendingIdCache
 from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
     Activation,
@@ -75,13 +74,10 @@ class Admitter:
         settings: AdmissionSettings,
         store: AdmissionStore,
         resolver: Resolver,
-        counter: LiveCounter,
     ) -> None:
         self.settings = settings
         self.store = store
         self.resolver = resolver
-        self.counter = counter
-        self.pending_ids = PendingIdCache()
         self.cap = CapPolicy(settings.cap)
         #: In evaluation order: see docs/admission.md for why.
         self.policies: tuple[Policy, ...] = (
@@ -105,11 +101,6 @@ class Admitter:
         self, request: AdmitInput, key: BoundedKey, activation: Activation
     ) -> Decision:
         modes = {p.name: p.script_mode(activation) for p in self.policies}
-        count = LiveCount(None, detail="cap not evaluated")
-        if self.cap.evaluated(activation):
-            count = await self.counter.count(
-                key.key, request.sandbox_id, self.pending_ids.get(key.key)
-            )
         nodes: Sequence[tuple[str, int]] = ()
         if modes[PolicyName.SLOTS]:
             nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
@@ -118,33 +109,15 @@ class Admitter:
             key=key.key,
             sandbox_id=request.sandbox_id,
             modes=modes,
-            live=count.live,
-            asked=count.asked,
-            live_pending=count.live_pending,
             nodes=nodes,
         )
         try:
             answer = await self.store.admit(args)
-            if answer.outcome == "recount":
-                metrics.RECOUNTS.labels(key.key).inc()
-                count = await self.counter.count(key.key, request.sandbox_id, answer.pending_ids)
-                answer = await self.store.admit(
-                    AdmitArgs(
-                        **{
-                            **args.__dict__,
-                            "live": count.live,
-                            "asked": count.asked,
-                            "live_pending": count.live_pending,
-                            "recount_allowed": False,
-                        }
-                    )
-                )
         except UNREACHABLE as error:
             return self._unreachable(key, activation, args.hold_id, error)
-        self.pending_ids.put(key.key, answer.pending_ids)
         if modes[PolicyName.CAP]:
             metrics.PENDING.labels(key.key).set(answer.pending_count)
-        return self._from_answer(key, activation, args.hold_id, answer, count)
+        return self._from_answer(key, activation, args.hold_id, answer)
 
     def _from_answer(
         self,
@@ -152,9 +125,9 @@ class Admitter:
         activation: Activation,
         hold_id: str,
         answer: AdmitAnswer,
-        count: LiveCount,
     ) -> Decision:
         verdicts = []
+        count = answer.live
         for policy in self.policies:
             raw = answer.results[policy.name]
             if policy is self.cap and raw.code == RawResult.UNKNOWN:
@@ -241,12 +214,10 @@ class Admitter:
     async def usage(self, client: Client) -> Usage:
         key = self.resolver.resolve(client)
         answer = await self.store.usage(key.key)
-        count = await self.counter.count(key.key, "", answer.pending_ids)
-        seen = set(count.live_pending)
         return Usage(
             key=key,
-            live=count.live,
-            pending=sum(1 for i in answer.pending_ids if i not in seen),
+            live=answer.live.live,
+            pending=len(answer.pending_ids),
             cap=answer.cap,
             client_tokens=answer.client_tokens,
             client_capacity=answer.client_capacity,

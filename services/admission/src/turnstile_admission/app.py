@@ -5,7 +5,6 @@ from __future__ import annotations
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_admission.admitter import Admitter
-from turnstile_admission.live_count import LiveCounter
 from turnstile_admission.metrics import forget_departed_keys
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.servicer import AdmissionServicer
@@ -45,20 +44,9 @@ async def create_app(
     )
     app.add_cleanup(watcher.stop)
     watcher.add_listener(forget_departed_keys)
-    # The live count has its own short deadline, passed per call: past it the cap
-    # verdict is UNKNOWN and admits, rather than a decision waiting on the substrate.
-    substrate = peers.substrate(settings, provider)
-    app.add_cleanup(substrate.close)
-    admitter = Admitter(
-        settings,
-        AdmissionStore(redis, settings),
-        resolver,
-        LiveCounter(
-            # A stub on an aio channel is the async stub (grpc's own __new__ says so).
-            substrate.stub,
-            settings.cap.live_count_timeout_s,
-        ),
-    )
+    # No substrate peer: the cap's live count is read inside the decision script,
+    # from the live sets the substrate's leader keeps in Redis (issue 10).
+    admitter = Admitter(settings, AdmissionStore(redis, settings), resolver)
     app.add_cleanup(admitter.orphans.close)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(admitter), app.server

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from turnstile_clientkeys import LiveCountKeys
+
 
 @dataclass(frozen=True)
 class AdmissionKeys:
@@ -42,7 +44,20 @@ class AdmissionKeys:
 
     def pending(self, key: str) -> str:
         """Sorted set: sandbox id → expiry (ms) of admitted, not yet live, activations."""
-        return f"{self.base}pending:{key}"
+        return self.live_counts.pending(key)
+
+    def live(self, key: str) -> str:
+        """Set of the key's live sandbox ids, kept by the substrate's leader."""
+        return self.live_counts.live(key)
+
+    @property
+    def live_state(self) -> str:
+        """Whether the live sets are current (see :mod:`turnstile_clientkeys.live_counts`)."""
+        return self.live_counts.state
+
+    @property
+    def live_counts(self) -> LiveCountKeys:
+        return LiveCountKeys(self.prefix)
 
     def bucket(self, key: str) -> str:
         """Hash: tokens ``t`` at time ``ts`` (ms)."""

@@ -31,11 +31,6 @@ PENDING = Gauge(
     "Pending entries of a bounded key, as the last decision for it saw them.",
     ["key"],
 )
-RECOUNTS = Counter(
-    "turnstile_admission_recounts_total",
-    "Decisions that asked the substrate a second time (unasked pending ids decided the cap).",
-    ["key"],
-)
 DECISION_SECONDS = Histogram(
     "turnstile_admission_decision_seconds",
     "Time to decide an Admit, live count included, by outcome.",

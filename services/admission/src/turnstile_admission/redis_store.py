@@ -36,28 +36,53 @@ class AdmitArgs:
     sandbox_id: str
     modes: Mapping[PolicyName, int]
     """Per policy: 0 not evaluated, 1 shadow, 2 enforce."""
-    live: int | None
-    """Live sandboxes of the key (excluding this one); None when unknown."""
-    asked: Sequence[str] = ()
-    """The pending ids the live count was asked about."""
-    live_pending: Sequence[str] = ()
-    """The subset of ``asked`` the substrate already counts live."""
     nodes: Sequence[tuple[str, int]] = ()
     """Candidate nodes with their slot capacity, in preference order."""
-    recount_allowed: bool = True
+
+
+#: How a script reports the live count when it has none.
+LIVE_UNSUPPORTED, LIVE_UNAVAILABLE, LIVE_NOT_READ = -1, -2, -3
+
+
+@dataclass(frozen=True)
+class LiveCount:
+    """A key's live sandboxes as a script read them from the leader's live set.
+
+    Two unknowns, never to be confused: ``unsupported`` (the substrate cannot
+    count at all, as Direct: the cap answers UNKNOWN and admits, SPEC S4) and
+    *unavailable* (no leader, or a leader behind: the ``live-state`` marker is
+    missing): a lower bound of zero, so the cap still refuses on the pending set
+    alone (SPEC P1).
+    """
+
+    live: int | None
+    unsupported: bool = False
+
+    @classmethod
+    def from_script(cls, value: int) -> LiveCount:
+        if value >= 0:
+            return cls(value)
+        return cls(None, unsupported=value == LIVE_UNSUPPORTED)
+
+    @property
+    def detail(self) -> str:
+        if self.live is not None:
+            return ""
+        if self.unsupported:
+            return "live count unsupported by the substrate"
+        return "live count unavailable: no current count from the substrate's leader"
 
 
 @dataclass(frozen=True)
 class AdmitAnswer:
     outcome: str
-    """``admit``, ``refuse`` or ``recount``."""
+    """``admit`` or ``refuse``."""
     now_ms: int
     hold_expires_ms: int
     node: str
     results: Mapping[PolicyName, RawResult]
-    pending_ids: tuple[str, ...]
-    """The key's pending ids when near its cap (or on a recount); else empty."""
     pending_count: int
+    live: LiveCount
 
 
 @dataclass(frozen=True)
@@ -70,6 +95,7 @@ class CancelAnswer:
 @dataclass(frozen=True)
 class UsageAnswer:
     pending_ids: tuple[str, ...]
+    live: LiveCount
     client_tokens: float
     client_capacity: float
     cluster_tokens: float
@@ -124,6 +150,8 @@ class AdmissionStore:
             k.hold(args.hold_id),
             k.test_clock,
             k.nodes,
+            k.live(args.key),
+            k.live_state,
             *(k.slots(name) for name, _ in args.nodes),
         ]
         argv: list[str | int | float] = [
@@ -138,22 +166,12 @@ class AdmissionStore:
             s.rate.cost,
             round(s.hold_ttl_s * 1000),
             round(s.pending_ttl_s * 1000),
-            -1 if args.live is None else args.live,
-            1 if args.recount_allowed else 0,
             self._clock,
-            len(args.asked),
-            *args.asked,
-            len(args.live_pending),
-            *args.live_pending,
             len(args.nodes),
         ]
         for name, capacity in args.nodes:
             argv += [name, capacity]
         raw = await self._admit(keys=keys, args=argv)
-        outcome = _s(raw[0])
-        if outcome == "recount":
-            members = tuple(_s(m) for m in raw[4])
-            return AdmitAnswer(outcome, int(raw[1]), 0, "", {}, members, len(members))
         results = {}
         for n, policy in enumerate(SCRIPT_ORDER):
             code, limit, current, retry_ms, detail = raw[4 + 5 * n : 9 + 5 * n]
@@ -161,13 +179,13 @@ class AdmissionStore:
                 int(code), int(limit), int(current), int(retry_ms), _s(detail)
             )
         return AdmitAnswer(
-            outcome,
+            _s(raw[0]),
             int(raw[1]),
             int(raw[2]),
             _s(raw[3]),
             results,
-            tuple(_s(m) for m in raw[25]),
             int(raw[24]),
+            LiveCount.from_script(int(raw[25])),
         )
 
     async def commit(self, hold_id: str) -> bool:
@@ -204,12 +222,15 @@ class AdmissionStore:
                 k.inflight(key),
                 k.test_clock,
                 k.nodes,
+                k.live(key),
+                k.live_state,
             ],
             args=[k.base, key, *self._key_defaults, self._clock],
         )
         nodes = raw[8]
         return UsageAnswer(
             pending_ids=tuple(_s(m) for m in raw[0]),
+            live=LiveCount.from_script(int(raw[9])),
             client_tokens=float(_s(raw[1])),
             client_capacity=float(_s(raw[2])),
             cluster_tokens=float(_s(raw[3])),

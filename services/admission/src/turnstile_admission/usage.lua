@@ -2,11 +2,12 @@
 -- Expired entries are dropped first, so what is shown is what Admit would see.
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
---       5 inflight:<key>, 6 test clock, 7 node registry
+--       5 inflight:<key>, 6 test clock, 7 node registry, 8 live:<key>, 9 live-state
 -- ARGV: key base, key, default cap, rate, burst, concurrency, cluster rate,
 --       cluster burst, use_test_clock
 -- Returns {pending ids, client tokens, burst, cluster tokens, cluster burst,
---          in flight, concurrency limit, cap, {node, held, node, held, ...}}
+--          in flight, concurrency limit, cap, {node, held, node, held, ...},
+--          live (-1 unsupported, -2 unavailable: as admit.lua reads it)}
 
 local base, key = ARGV[1], ARGV[2]
 local d = {cap = tonumber(ARGV[3]), rate = tonumber(ARGV[4]), burst = tonumber(ARGV[5]),
@@ -28,9 +29,13 @@ for _, node in ipairs(redis.call('SMEMBERS', KEYS[7])) do
     nodes[#nodes + 1] = held
   end
 end
+local live = -2
+local state = redis.call('GET', KEYS[9])
+if state == 'counted' then live = redis.call('SCARD', KEYS[8])
+elseif state == 'unsupported' then live = -1 end
 return {
   redis.call('ZRANGE', KEYS[2], 0, -1),
   fmt(bucket_level(KEYS[3], lim.rate, lim.burst, now)), fmt(lim.burst),
   fmt(bucket_level(KEYS[4], lim.cluster_rate, lim.cluster_burst, now)), fmt(lim.cluster_burst),
-  redis.call('ZCARD', KEYS[5]), lim.concurrency, lim.cap, nodes,
+  redis.call('ZCARD', KEYS[5]), lim.concurrency, lim.cap, nodes, live,
 }

@@ -229,8 +229,12 @@ class AdmissionClient:
 
         It asks nothing when Admit's cap verdict says the cap cannot refuse:
         not enforced (off, shadow) or unknown (the live count is unsupported, as
-        on Direct: admission then admits, SPEC S4). If admission cannot be
-        reached it fails closed (UNAVAILABLE): no pod is created unchecked.
+        on Direct: admission then admits, SPEC S4). After a PASS, a usage without
+        a live count means the count is *unavailable* (timed out, failed, not
+        current): zero is its lower bound, so the gate decides on the pending set
+        alone, the same rule Admit applies, rather than letting the pod through.
+        If admission cannot be reached it fails closed (UNAVAILABLE): no pod is
+        created unchecked.
         """
         cap = admitted.cap
 
@@ -249,19 +253,19 @@ class AdmissionClient:
             except grpc.aio.AioRpcError as error:
                 CAP_GATE_CHECKS.labels("unavailable").inc()
                 raise self._peer_error(error) from error
-            if not usage.HasField("live"):
-                CAP_GATE_CHECKS.labels("unknown").inc()
-                return
-            current = usage.live + usage.pending
+            counted = usage.HasField("live")
+            live = usage.live if counted else 0
+            current = live + usage.pending
             if current <= usage.cap:
-                CAP_GATE_CHECKS.labels("pass").inc()
+                CAP_GATE_CHECKS.labels("pass" if counted else "pass_pending_alone").inc()
                 return
-            CAP_GATE_CHECKS.labels("refused").inc()
+            CAP_GATE_CHECKS.labels("refused" if counted else "refused_pending_alone").inc()
+            live_text = f"{live} live" if counted else "live count unavailable"
             raise RichError(
                 code=grpc.StatusCode.RESOURCE_EXHAUSTED,
                 message=(
                     f"cap of {usage.cap} reached for key {usage.key.key!r} "
-                    f"({usage.live} live + {usage.pending} pending, this activation included)"
+                    f"({live_text} + {usage.pending} pending, this activation included)"
                 ),
                 reason=reason_name(common_pb2.ERROR_REASON_CAP_EXCEEDED),
                 metadata={

@@ -20,6 +20,7 @@ from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
 from turnstile_substrate.admission import AdmissionClient
 from turnstile_substrate.db.pool import create_pool
+from turnstile_substrate.live_store import LiveStore
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
 from turnstile_substrate.settings import SubstrateSettings
@@ -35,9 +36,9 @@ async def create_app(
 ) -> GrpcService:
     """A ready-to-start server for the substrate service.
 
-    Redis is used by the Kubernetes substrate (the key set its reflector
-    counts by) and for sandbox credentials (their revocation records); a Direct
-    deployment without credentials needs PostgreSQL and admission, nothing else.
+    Redis holds the live counts admission's cap reads (on Direct, only the marker
+    saying this substrate cannot count), the key set the Kubernetes reflector
+    counts by, and sandbox credentials' revocation records.
     """
     app = GrpcService(
         SERVICE_NAME, settings, service_names=[peers.SUBSTRATE], tracer_provider=tracer_provider
@@ -50,20 +51,22 @@ async def create_app(
 
     resolver = Resolver()
     signing_key_file = settings.worker_credential_signing_key_file
-    redis = None
+    redis = redis_from_settings(settings)
+    app.add_cleanup(redis.aclose)
     if settings.substrate_kind == "kubernetes" or signing_key_file is not None:
-        redis = redis_from_settings(settings)
-        app.add_cleanup(redis.aclose)
+        # Direct without credentials only keeps its live-count marker in Redis: an
+        # outage lets it lapse (the cap then counts pending alone), not a reason to
+        # stop serving.
         monitor_redis(monitor, redis)
     credentials = None
-    if redis is not None and signing_key_file is not None:
+    if signing_key_file is not None:
         credentials = CredentialIssuer(
             SigningKey.from_file(signing_key_file),
             redis,
             settings.redis_prefix,
             ttl_s=settings.worker_credential_ttl_s,
         )
-    if redis is not None and settings.substrate_kind == "kubernetes":
+    if settings.substrate_kind == "kubernetes":
         watcher = await watch_keyset(
             redis,
             settings.redis_prefix,
@@ -100,6 +103,12 @@ async def create_app(
     await substrate.start()
     app.add_cleanup(substrate.close)
     add_sweeps(settings, substrate, leadership, pool, admission.release_sandbox)
+    # Leader-only: the live counts admission's cap reads (on Direct, the marker that
+    # says this substrate cannot count).
+    live_counts = LiveStore(redis, settings.redis_prefix, state_ttl_s=settings.live_counts_ttl_s)
+    leadership.add_work(
+        "live-counts", substrate.live_counts_work(live_counts, settings.live_counts_chunk)
+    )
     leader_task = asyncio.create_task(leadership.run(), name="leadership")
 
     async def stop_leading() -> None:

@@ -12,7 +12,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from turnstile_platform.leader import LeaderTerm
+    from turnstile_substrate.live_store import LiveStore
 
 #: Pod label keys (SPEC S2). The client-id label is set at creation, never changed.
 LABEL_SANDBOX_ID = "turnstile.dev/sandbox-id"
@@ -127,3 +131,10 @@ class Substrate(Protocol):
         self, key: str, exclude_sandbox_id: str | None, pending: Collection[str]
     ) -> LiveCount | CountUnknown:
         """O(1) live count of a bounded key's other sandboxes (SPEC S4)."""
+
+    def live_counts_work(
+        self, store: LiveStore, chunk: int
+    ) -> Callable[[LeaderTerm], Awaitable[None]]:
+        """Leader-only work that keeps the live counts admission reads in ``store``
+        (issue 10): the reflector's live sandboxes, or, for a substrate that cannot
+        count, the marker that says so. Called once the substrate has started."""

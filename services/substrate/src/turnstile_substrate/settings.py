@@ -50,6 +50,16 @@ class SubstrateSettings(TieredSettings):
     """The retry hint of a retryable error when nothing better is known (a
     dependency failed, or admission gave no hint)."""
 
+    live_counts_ttl_s: float = Field(default=5.0, gt=0, le=300)
+    """TTL of the ``live-state`` marker that tells admission the live counts in Redis
+    are current (or, on Direct, that this substrate cannot count). The leader renews
+    it every third of this; a leader that dies or falls behind lets it lapse, and
+    until a leader has resynced the cap decides on the pending set alone."""
+
+    live_counts_chunk: int = Field(default=500, ge=1, le=100_000)
+    """Sandbox ids per script when the leader resyncs the live counts, and per page
+    when it reads what is published: bounds how long one script holds Redis."""
+
     direct_runtime_command: str = "turnstile-worker"
     """Direct substrate: the command (shell-style words, no shell) each sandbox's
     runtime runs. It receives ``TURNSTILE_WORKER_SANDBOX_ID``,

@@ -1,9 +1,11 @@
 """Cap (SPEC P1): a key's live sandboxes plus its pending entries stay under its cap.
 
-Live comes from the substrate's reflector count; pending entries (admitted, not
-yet seen live) are a sorted set scored by expiry. The cap runs on every kind that
-creates a runtime (cold, warm, restore); a resume reuses a runtime that is
-already counted live.
+Live comes from the live set the substrate's leader keeps in Redis from its
+reflector (read inside ``admit.lua``); pending entries (admitted, not yet seen
+live) are a sorted set scored by expiry, and the leader moves each id from the
+pending set to the live set atomically when its pod is first seen live. The cap
+runs on every kind that creates a runtime (cold, warm, restore); a resume reuses
+a runtime that is already counted live.
 """
 
 from __future__ import annotations
@@ -25,18 +27,15 @@ class CapSettings(PolicySettings):
     """``TURNSTILE_CAP__*``."""
 
     fail: FailMode = FailMode.OPEN
-    """Open: the cap already admits when the live count is unknown (SPEC P1); a Redis
-    outage should not stop every activation when the substrate still works."""
+    """Open: a Redis outage should not stop every activation when the substrate still
+    works. (An unavailable live count is not a Redis outage: the cap then decides on
+    the pending set alone.)"""
 
     default_cap: int = Field(default=20, ge=0, le=1_000_000)
     """Live + pending sandboxes a key may have, unless its limits say otherwise."""
 
     retry_after_s: float = Field(default=5.0, gt=0, le=3600)
     """Retry hint of a cap refusal: a slot frees only when a sandbox stops."""
-
-    live_count_timeout_s: float = Field(default=0.15, gt=0, le=10)
-    """Deadline of the substrate's ``CountLiveSandboxes``; past it the count is
-    UNKNOWN and the cap admits (SPEC P1)."""
 
 
 class CapPolicy(Policy):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +59,7 @@ from turnstile_platform.sandbox_credentials import (
 )
 from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
+from turnstile_substrate.live_store import LiveStore, declare_unsupported
 from turnstile_substrate.runtime import (
     CapGate,
     CountUnknown,
@@ -237,6 +239,12 @@ class DirectSubstrate:
         self, key: str, exclude_sandbox_id: str | None, pending: Collection[str]
     ) -> LiveCount | CountUnknown:
         return CountUnknown("unsupported", "the Direct substrate does not count live sandboxes")
+
+    def live_counts_work(
+        self, store: LiveStore, chunk: int
+    ) -> Callable[[LeaderTerm], Awaitable[None]]:
+        """Direct cannot count: it declares so, and the cap admits (SPEC S4)."""
+        return functools.partial(declare_unsupported, store)
 
     # -- the state directory -------------------------------------------------
 

@@ -49,6 +49,11 @@ class PodIndex:
         #: live warm pods by tier → {pod name: pod}, in the order they appeared
         self._warm: dict[str, dict[str, PodInfo]] = {}
         self.key_rebuilds = 0
+        #: bumped whenever every sandbox's key may have changed (a fresh list, a
+        #: key-set rebuild): a reader mirroring the index must start over
+        self.generation = 0
+        #: called with a sandbox id whose live pods changed (the live publisher)
+        self.on_sandbox_change: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ writes
 
@@ -61,6 +66,7 @@ class PodIndex:
         self._by_key = {}
         self._warm = {}
         self._keyset = self._resolver.keyset
+        self.generation += 1
         for pod in pods:
             old = self.pods.get(pod.name)
             if old is not None:
@@ -115,6 +121,25 @@ class PodIndex:
         )
         return live, live_pending
 
+    def live_key(self, sandbox_id: str) -> str | None:
+        """The bounded key the sandbox's live pods count against; None if it has none."""
+        self._sync_keys()
+        for pod in self._by_sandbox.get(sandbox_id, {}).values():
+            return self._key_of(pod.client_label)
+        return None
+
+    def live_keys(self) -> dict[str, str]:
+        """Every live sandbox with its bounded key: O(live sandboxes), for a resync."""
+        self._sync_keys()
+        return {
+            sandbox_id: self._key_of(next(iter(pods.values())).client_label)
+            for sandbox_id, pods in self._by_sandbox.items()
+        }
+
+    def sync_keys(self) -> None:
+        """Apply a key-set change now rather than at the next count or event."""
+        self._sync_keys()
+
     def count_by_key(self) -> dict[str, int]:
         """Every bounded key's live count (for checks and metrics)."""
         self._sync_keys()
@@ -163,6 +188,7 @@ class PodIndex:
             return
         self._keyset = keyset
         self.key_rebuilds += 1
+        self.generation += 1
         label_key: dict[str | None, str] = {}
         by_key: dict[str, int] = {}
         for label, count in self._by_client.items():
@@ -176,6 +202,8 @@ class PodIndex:
         if pod.is_sandbox:
             assert pod.sandbox_id is not None
             self._by_sandbox.setdefault(pod.sandbox_id, {})[pod.name] = pod
+            if self.on_sandbox_change is not None:
+                self.on_sandbox_change(pod.sandbox_id)
             label = pod.client_label
             count = self._by_client.get(label, 0)
             if count == 0:
@@ -193,6 +221,8 @@ class PodIndex:
             del same[pod.name]
             if not same:
                 del self._by_sandbox[pod.sandbox_id]
+            if self.on_sandbox_change is not None:
+                self.on_sandbox_change(pod.sandbox_id)
             label = pod.client_label
             key = self._label_key[label]
             count = self._by_client[label] - 1

@@ -23,6 +23,19 @@ REFLECTOR_WATCHES = Counter(
     "Watches that ended, by how (clean: the server's timeout; failures re-list instead).",
     ["end"],
 )
+LIVE_COUNTS_CURRENT = Gauge(
+    "turnstile_substrate_live_counts_current",
+    "1 while this replica leads and has marked the live counts in Redis current, else 0.",
+)
+LIVE_COUNTS_RESYNCS = Counter(
+    "turnstile_substrate_live_counts_resyncs_total",
+    "Full resyncs of the live counts in Redis (taking over, after a re-list or key-set change).",
+)
+LIVE_COUNTS_CHANGES = Counter(
+    "turnstile_substrate_live_counts_changes_total",
+    "Sandbox ids the leader wrote to the live counts in Redis, by op (set, del).",
+    ["op"],
+)
 REFLECTOR_PODS = Gauge(
     "turnstile_substrate_reflector_pods",
     "Pods in the reflector's cache after its last list or watch.",

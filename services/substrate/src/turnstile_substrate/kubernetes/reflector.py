@@ -19,9 +19,11 @@ kubernetes-asyncio's ``Watch`` helper is not used: it raises on 410 and builds a
 :mod:`turnstile_substrate.kubernetes.api`).
 
 ``synced`` is set once the first list is installed; until then counts are
-unknown and the substrate is not ready. After that the cache keeps serving while
-a re-list runs: a brief gap is an error of the kind SPEC P6 accepts (rare,
-temporary, corrected by the next list).
+unknown and the substrate is not ready. ``current`` is narrower: True only while
+the cache follows a watch from a list (False from a failure until the re-list is
+installed); the live publisher withdraws its counts while it is False. After
+the first list the cache keeps serving counts while a re-list runs: a brief gap is
+an error of the kind SPEC P6 accepts (rare, temporary, corrected by the next list).
 """
 
 from __future__ import annotations
@@ -69,12 +71,17 @@ class Reflector:
         self._task: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()
         self._waiting = 0
+        #: True while the cache follows the API server (listed, and watching since)
+        self.current = False
+        #: called whenever ``current`` changes
+        self.on_current_change: Callable[[], None] | None = None
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="k8s-reflector")
 
     async def stop(self) -> None:
+        self._set_current(False)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -117,6 +124,7 @@ class Reflector:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                self._set_current(False)
                 gone = isinstance(error, KubeApiError) and error.gone
                 # a watch that made progress since the last list resets the streak
                 progressed = self.events > events_at_list
@@ -127,6 +135,12 @@ class Reflector:
                     continue
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._backoff_max_s)
+
+    def _set_current(self, current: bool) -> None:
+        if current != self.current:
+            self.current = current
+            if self.on_current_change is not None:
+                self.on_current_change()
 
     async def _watch_until_failure(self) -> None:
         """Watch, and watch again from the last version each time a watch ends cleanly."""
@@ -155,6 +169,7 @@ class Reflector:
         self.resource_version = version
         self.lists += 1
         self.synced.set()
+        self._set_current(True)
         self._advanced()
         metrics.REFLECTOR_PODS.set(len(self.index))
         metrics.REFLECTOR_LIST_SECONDS.observe(time.perf_counter() - started)

@@ -15,22 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 
 import asyncpg
 from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
-from turnstile_platform.leader import Leadership, LocalLeadership
+from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
 from turnstile_substrate.kubernetes.index import PodIndex
+from turnstile_substrate.kubernetes.live_publisher import LivePublisher
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.sweeps import Release, Sweeper
 from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
+from turnstile_substrate.live_store import LiveStore
 from turnstile_substrate.runtime import (
     LABEL_SANDBOX_ID,
     CapGate,
@@ -204,6 +206,12 @@ class KubernetesSubstrate:
             return CountUnknown("not_synced", "the pod reflector has not finished its first list")
         live, live_pending = self.index.count_live(key, exclude_sandbox_id, pending)
         return LiveCount(live, live_pending)
+
+    def live_counts_work(
+        self, store: LiveStore, chunk: int
+    ) -> Callable[[LeaderTerm], Awaitable[None]]:
+        """Leader-only: publish the reflector's live sandboxes per bounded key."""
+        return LivePublisher(store, self.index, self.reflector, chunk=chunk).run
 
     # ------------------------------------------------------------------ internals
 

@@ -1,0 +1,163 @@
+"""The live publisher: the substrate leader's copy of its reflector's live sandboxes
+in Redis, per bounded key, which admission's ``admit.lua`` reads (issue 10).
+
+Leader-only work (``run(term)``, registered on the process's leadership): one
+replica writes, fenced by its epoch in every script (see
+:mod:`turnstile_substrate.live_store`), so a deposed leader that is slow to notice
+is refused by Redis itself.
+
+* **Taking over**: drop the ``live-state`` marker under the new epoch (which
+  fences every older writer), read what is published (HSCAN, page by page), and
+  resync: the index's live sandboxes against what Redis has, written in chunks
+  of ``live_counts_chunk`` ids per script so a 50,000-pod cluster never blocks
+  Redis for long. Only then is the marker set.
+* **Incremental**: the index reports each sandbox whose live pods changed; its
+  id is moved into its key's live set (out of the key's pending set, in the same
+  script) or removed.
+* **Behind**: while the reflector is not current (a cut watch, a 410, a re-list
+  in progress) the marker is dropped, so admission counts the pending set alone;
+  after the re-list (a new index generation) the publisher resyncs in full
+  before setting it again. A key-set change is a new generation too.
+* **Renewal**: the marker has a TTL (``live_counts_ttl_s``), renewed every third
+  of it while current; a leader that dies or hangs lets it lapse, never leaving
+  stale counts trusted for longer than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Iterator
+
+from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_platform.leader import LeaderTerm
+from turnstile_substrate.kubernetes import metrics
+from turnstile_substrate.kubernetes.index import PodIndex
+from turnstile_substrate.kubernetes.reflector import Reflector
+from turnstile_substrate.live_store import DROP, KEEP, Change, LiveStore, Op
+
+log = logging.getLogger(__name__)
+
+
+class LivePublisher:
+    def __init__(
+        self, store: LiveStore, index: PodIndex, reflector: Reflector, *, chunk: int
+    ) -> None:
+        self._store = store
+        self._index = index
+        self._reflector = reflector
+        self._chunk = chunk
+        self._renew_s = store.state_ttl_ms / 3000
+        self._wake = asyncio.Event()
+        self._dirty: set[str] = set()
+        #: what Redis holds, as this leader wrote or read it: sandbox id → key
+        self.published: dict[str, str] = {}
+        self.resyncs = 0
+
+    async def run(self, term: LeaderTerm) -> None:
+        """Keep the live sets while this replica leads (cancelled when it stops)."""
+        index, reflector = self._index, self._reflector
+        index.on_sandbox_change = self._changed
+        reflector.on_current_change = self._wake.set
+        try:
+            await self._store.write(term.epoch, state=DROP)
+            self.published = await self._store.published(self._chunk)
+            log.info(
+                "live publisher: leading at epoch %d, %d ids published",
+                term.epoch,
+                len(self.published),
+            )
+            await self._loop(term)
+        finally:
+            metrics.LIVE_COUNTS_CURRENT.set(0)
+            index.on_sandbox_change = None
+            reflector.on_current_change = None
+
+    async def _loop(self, term: LeaderTerm) -> None:
+        generation = None
+        marked = False
+        renewed = 0.0
+        while True:
+            self._wake.clear()
+            if not self._reflector.current:
+                if marked:
+                    await self._store.write(term.epoch, state=DROP)
+                    marked = False
+                    metrics.LIVE_COUNTS_CURRENT.set(0)
+                    log.info("live publisher: reflector behind; counts withdrawn")
+                generation = None
+                await self._sleep(self._renew_s)
+                continue
+            self._index.sync_keys()
+            if generation != self._index.generation:
+                generation = self._index.generation
+                self._dirty.clear()
+                desired = self._index.live_keys()
+                everything = desired.keys() | self.published.keys()
+                await self._apply(term, _diff(desired, self.published, everything))
+                self.resyncs += 1
+                metrics.LIVE_COUNTS_RESYNCS.inc()
+            while self._dirty:
+                dirty, self._dirty = self._dirty, set()
+                desired = {}
+                for sandbox_id in dirty:
+                    key = self._index.live_key(sandbox_id)
+                    if key is not None:
+                        desired[sandbox_id] = key
+                await self._apply(term, _diff(desired, self.published, dirty))
+            if not self._reflector.current or generation != self._index.generation:
+                continue  # fell behind, or re-listed, while writing: start over
+            now = time.monotonic()
+            if not marked or now - renewed >= self._renew_s:
+                await self._store.write(term.epoch, state=COUNTED)
+                marked, renewed = True, now
+                metrics.LIVE_COUNTS_CURRENT.set(1)
+            await self._sleep(max(0.0, self._renew_s - (time.monotonic() - renewed)))
+
+    async def _apply(self, term: LeaderTerm, changes: list[Change]) -> None:
+        for chunk in _chunks(changes, self._chunk):
+            await self._store.write(term.epoch, chunk, KEEP)
+            for change in chunk:
+                metrics.LIVE_COUNTS_CHANGES.labels(change.op.value).inc()
+                if change.op is Op.SET:
+                    self.published[change.sandbox_id] = change.key
+                elif self.published.get(change.sandbox_id) == change.key:
+                    del self.published[change.sandbox_id]
+
+    def _changed(self, sandbox_id: str) -> None:
+        self._dirty.add(sandbox_id)
+        self._wake.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until a change or ``seconds``. A timer sets the wake event rather than an
+        ``asyncio.timeout`` that a suppressed TimeoutError would end: on Python 3.11
+        a cancellation arriving as the deadline passes can surface as that
+        TimeoutError, and leadership ending must always end this work."""
+        timer = asyncio.get_running_loop().call_later(seconds, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            timer.cancel()
+
+
+def _diff(
+    desired: dict[str, str], published: dict[str, str], sandboxes: Iterable[str]
+) -> list[Change]:
+    """The changes that make ``published`` equal ``desired`` for ``sandboxes`` (a
+    full resync passes every id either side has)."""
+    changes: list[Change] = []
+    for sandbox_id in sandboxes:
+        want, have = desired.get(sandbox_id), published.get(sandbox_id)
+        if want == have:
+            continue
+        if have is not None:
+            changes.append(Change(Op.DEL, sandbox_id, have))
+        if want is not None:
+            changes.append(Change(Op.SET, sandbox_id, want))
+    return changes
+
+
+def _chunks(changes: list[Change], size: int) -> Iterator[list[Change]]:
+    for start in range(0, len(changes), size):
+        yield changes[start : start + size]

@@ -1,0 +1,42 @@
+-- live_publish.lua: the only write to the live counts admission's cap reads
+-- (issue 10): add or remove sandbox ids in their bounded key's live set, and set
+-- or drop the live-state marker, fenced by the writer's leader epoch.
+--
+-- A 'set' moves the id from the key's pending set to its live set in this one
+-- step, so between the two no sandbox is counted twice or not at all.
+-- A writer whose epoch is older than the newest one seen is refused whole: a
+-- deposed leader slow to notice cannot touch the sets.
+--
+-- KEYS: 1 live-epoch, 2 live-sandboxes (hash id -> key), 3 live-state,
+--       then per op: 'set' -> live:<key>, pending:<key>; 'del' -> live:<key>.
+-- ARGV: epoch, state ('' leave it, '-' drop it, else the value to set),
+--       state ttl ms, then per op: kind ('set' or 'del'), sandbox id, key.
+-- Returns {1, ids added or removed} when applied, {0, newest epoch} when fenced.
+
+local epoch = tonumber(ARGV[1])
+local newest = tonumber(redis.call('GET', KEYS[1]) or '0')
+if epoch < newest then return {0, newest} end
+if epoch > newest then redis.call('SET', KEYS[1], epoch) end
+
+local k, changed = 3, 0
+for a = 4, #ARGV, 3 do
+  local kind, sandbox, key = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  if kind == 'set' then
+    changed = changed + redis.call('SADD', KEYS[k + 1], sandbox)
+    redis.call('ZREM', KEYS[k + 2], sandbox)
+    redis.call('HSET', KEYS[2], sandbox, key)
+    k = k + 2
+  else
+    changed = changed + redis.call('SREM', KEYS[k + 1], sandbox)
+    if redis.call('HGET', KEYS[2], sandbox) == key then redis.call('HDEL', KEYS[2], sandbox) end
+    k = k + 1
+  end
+end
+
+local state = ARGV[2]
+if state == '-' then
+  redis.call('DEL', KEYS[3])
+elseif state ~= '' then
+  redis.call('SET', KEYS[3], state, 'PX', tonumber(ARGV[3]))
+end
+return {1, changed}

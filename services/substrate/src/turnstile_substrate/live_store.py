@@ -1,0 +1,101 @@
+"""The substrate's writes to the live counts admission reads (issue 10).
+
+Only leader-only work (``turnstile_platform.leader``) writes here: the Kubernetes substrate's
+:class:`~turnstile_substrate.kubernetes.live_publisher.LivePublisher`, and the Direct
+substrate's declaration that it cannot count. Every write is ``live_publish.lua``,
+fenced by the writer's leader epoch: a write from an epoch older than the newest
+one seen raises :class:`FencedError` and changes nothing. The key layout is
+:class:`turnstile_clientkeys.LiveCountKeys`, shared with admission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from turnstile_clientkeys import LiveCountKeys
+from turnstile_clientkeys.live_counts import UNSUPPORTED
+from turnstile_platform.leader import LeaderTerm
+from turnstile_platform.redis_client import load_script
+
+log = logging.getLogger(__name__)
+
+
+class FencedError(RuntimeError):
+    """A newer leader has written: this one must stop writing."""
+
+
+class Op(enum.StrEnum):
+    SET = "set"
+    """The sandbox is live under the key (moved out of the key's pending set)."""
+    DEL = "del"
+    """The sandbox is no longer live under the key."""
+
+
+@dataclass(frozen=True)
+class Change:
+    op: Op
+    sandbox_id: str
+    key: str
+
+
+#: ``state`` arguments of :meth:`LiveStore.write` besides a marker value.
+KEEP, DROP = "", "-"
+
+
+class LiveStore:
+    def __init__(self, client: aioredis.Redis, prefix: str, *, state_ttl_s: float) -> None:
+        self.redis = client
+        self.keys = LiveCountKeys(prefix)
+        self.state_ttl_ms = max(1, round(state_ttl_s * 1000))
+        self._script: AsyncScript = load_script(client, "turnstile_substrate", "live_publish.lua")
+
+    async def write(self, epoch: int, changes: Sequence[Change] = (), state: str = KEEP) -> int:
+        """Apply ``changes`` and the marker ``state`` in one fenced script; the ids
+        added or removed. ``state``: :data:`KEEP`, :data:`DROP` or a marker value."""
+        k = self.keys
+        keys = [k.epoch, k.sandboxes, k.state]
+        args: list[str | int] = [epoch, state, self.state_ttl_ms]
+        for change in changes:
+            keys.append(k.live(change.key))
+            if change.op is Op.SET:
+                keys.append(k.pending(change.key))
+            args += [change.op.value, change.sandbox_id, change.key]
+        applied, value = await self._script(keys=keys, args=args)
+        if not int(applied):
+            raise FencedError(f"epoch {epoch} is older than {int(value)}: another leader writes")
+        return int(value)
+
+    async def published(self, page_size: int) -> dict[str, str]:
+        """Every published sandbox id with its key, read page by page (HSCAN), so a
+        large cluster never blocks Redis."""
+        found: dict[str, str] = {}
+        cursor = 0
+        while True:
+            cursor, page = await self.redis.hscan(self.keys.sandboxes, cursor, count=page_size)
+            assert isinstance(page, dict)  # HSCAN without NOVALUES: field → value
+            for sandbox, key in page.items():
+                found[_s(sandbox)] = _s(key)
+            if cursor == 0:
+                return found
+
+
+async def declare_unsupported(store: LiveStore, term: LeaderTerm) -> None:
+    """Leader-only work of a substrate that cannot count (Direct): keep the marker
+    saying so, so the cap answers UNKNOWN(UNSUPPORTED) and admits (SPEC S4). When
+    it lapses (the substrate is down) the count is merely unavailable and the cap
+    decides on the pending set alone."""
+    interval = store.state_ttl_ms / 3000
+    while True:
+        await store.write(term.epoch, state=UNSUPPORTED)
+        await asyncio.sleep(interval)
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
