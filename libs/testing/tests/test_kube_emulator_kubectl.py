@@ -254,6 +254,49 @@ async def test_kubectl_delete_lease(kube: KubeEmulator, kubectl: Kubectl) -> Non
     assert kube.lease("ns", "leader") is None
 
 
+async def test_kubectl_creates_gets_and_lists_secrets_by_label(
+    kube: KubeEmulator, kubectl: Kubectl
+) -> None:
+    # (kubectl's typed create sends protobuf, which the emulator does not speak)
+    kube.secrets.create("ns", {"metadata": {"name": "cred-a"}, "data": {"credential": "YWJj"}})
+    code, _, err = await kubectl("label", "secret", "cred-a", "turnstile.dev/sandbox-id=a")
+    assert code == 0, err
+    kube.secrets.create("ns", {"metadata": {"name": "other"}, "stringData": {"x": "y"}})
+
+    code, out, err = await kubectl("get", "secrets", "-l", "turnstile.dev/sandbox-id", "-o", "json")
+    assert code == 0, err
+    assert names(out) == ["cred-a"]
+    code, out, err = await kubectl("get", "secret", "other", "-o", "json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["type"] == "Opaque"
+    assert got["data"] == {"x": "eQ=="}
+
+
+async def test_kubectl_get_missing_secret_reports_not_found(
+    kube: KubeEmulator, kubectl: Kubectl
+) -> None:
+    code, _, err = await kubectl("get", "secret", "ghost")
+
+    assert code != 0
+    assert 'secrets "ghost" not found' in err
+
+
+async def test_kubectl_patch_and_delete_secret(kube: KubeEmulator, kubectl: Kubectl) -> None:
+    kube.secrets.create("ns", {"metadata": {"name": "cred"}, "data": {"credential": "YQ=="}})
+
+    code, _, err = await kubectl(
+        "patch", "secret", "cred", "--type=merge", "-p", '{"data":{"credential":"Yg=="}}'
+    )
+    assert code == 0, err
+    assert kube.secret("ns", "cred")["data"] == {"credential": "Yg=="}  # type: ignore[index]
+    code, out, err = await kubectl("delete", "secret", "cred")
+
+    assert code == 0, err
+    assert "deleted" in out
+    assert kube.secret("ns", "cred") is None
+
+
 @pytest.fixture
 async def cluster() -> AsyncIterator[KubeEmulator]:
     config = KubeletConfig(nodes=("n1",), start_delay=0.01, stop_delay=0.2)

@@ -1,7 +1,7 @@
 """The minimal discovery documents (and namespaces) kubectl needs before it will talk about pods.
 
 kubectl asks for aggregated discovery first; answering with plain ``application/json`` legacy
-documents makes it fall back to ``/api`` + ``/api/v1`` (pods) and ``/apis`` +
+documents makes it fall back to ``/api`` + ``/api/v1`` (pods, secrets) and ``/apis`` +
 ``/apis/coordination.k8s.io/v1`` (leases).
 """
 
@@ -72,6 +72,13 @@ CORE_V1_RESOURCES: dict[str, Any] = {
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
             "shortNames": ["po"],
             "categories": ["all"],
+        },
+        {
+            "name": "secrets",
+            "singularName": "secret",
+            "namespaced": True,
+            "kind": "Secret",
+            "verbs": ["create", "delete", "get", "list", "patch", "update"],
         },
         {
             "name": "pods/status",

@@ -28,6 +28,7 @@ from turnstile_testing.kube_emulator.kubelet import Kubelet, KubeletConfig, mark
 from turnstile_testing.kube_emulator.leases import LeaseStore
 from turnstile_testing.kube_emulator.patches import apply_patch
 from turnstile_testing.kube_emulator.podsecurity import check_pod_security
+from turnstile_testing.kube_emulator.secrets import SecretStore
 from turnstile_testing.kube_emulator.selectors import FieldSelector, LabelSelector, PodFilter
 from turnstile_testing.kube_emulator.store import Control, PodStore, StoredPod, Subscription, encode
 from turnstile_testing.kube_emulator.watch import WatchOptions, WatchStream, error_line
@@ -103,7 +104,7 @@ class RecordedRequest:
 
 
 class KubeEmulator:
-    """A Kubernetes API server (pods and leases) on ``127.0.0.1:<free port>`` for tests.
+    """A Kubernetes API server (pods, leases and secrets) on ``127.0.0.1:<free port>`` for tests.
 
     Use as ``async with KubeEmulator() as kube:``; point clients at :attr:`url` or use
     :meth:`api_client`. ``bookmark_interval`` is how often watches with
@@ -141,6 +142,7 @@ class KubeEmulator:
         self.future_version_wait = future_version_wait
         self._delays: list[tuple[str | None, re.Pattern[str] | None, float]] = []
         self.leases = LeaseStore(self.store.next_version)
+        self.secrets = SecretStore(self.store.next_version)
         self.faults = FaultInjector()
         self.requests: list[RecordedRequest] = []
         self.record_requests = record_requests
@@ -303,6 +305,13 @@ class KubeEmulator:
         except ApiError:
             return None
 
+    def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One Secret (a copy), or None."""
+        try:
+            return self.secrets.get(namespace, name)
+        except ApiError:
+            return None
+
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod (a copy), or None."""
         try:
@@ -385,6 +394,14 @@ class KubeEmulator:
             app.router.add_patch(pods + suffix, self._make_patch(sub))
         app.router.add_delete(pods + "/{name}", self._delete)
         coordination = "/apis/coordination.k8s.io"
+        secrets = "/api/v1/namespaces/{namespace}/secrets"
+        app.router.add_get("/api/v1/secrets", self._list_secrets)
+        app.router.add_get(secrets, self._list_secrets)
+        app.router.add_post(secrets, self._create_secret)
+        app.router.add_get(secrets + "/{name}", self._get_secret)
+        app.router.add_put(secrets + "/{name}", self._replace_secret)
+        app.router.add_patch(secrets + "/{name}", self._patch_secret)
+        app.router.add_delete(secrets + "/{name}", self._delete_secret)
         leases = coordination + "/v1/namespaces/{namespace}/leases"
         app.router.add_get(coordination, self._coordination_group)
         app.router.add_get(coordination + "/v1", self._coordination_v1)
@@ -515,6 +532,57 @@ class KubeEmulator:
         options = await self._delete_options(request)
         preconditions = options.get("preconditions")
         self.leases.delete(
+            m["namespace"],
+            m["name"],
+            preconditions if isinstance(preconditions, dict) else None,
+        )
+        return _json_response(
+            encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+        )
+
+    # ----------------------------------------------------------------- secrets
+
+    async def _list_secrets(self, request: web.Request) -> web.Response:
+        if parse_bool("watch", request.query.get("watch")):
+            raise ApiError(405, "the emulator does not watch secrets", "MethodNotAllowed")
+        items = self.secrets.list(
+            request.match_info.get("namespace"), request.query.get("labelSelector")
+        )
+        body = {
+            "kind": "SecretList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.store.resource_version)},
+            "items": items,
+        }
+        return _json_response(encode(body))
+
+    async def _get_secret(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return _json_response(encode(self.secrets.get(m["namespace"], m["name"])))
+
+    async def _create_secret(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        return _json_response(
+            encode(self.secrets.create(request.match_info["namespace"], body)), 201
+        )
+
+    async def _replace_secret(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        body = await self._json_body(request)
+        return _json_response(encode(self.secrets.replace(m["namespace"], m["name"], body)))
+
+    async def _patch_secret(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        raw = await request.read()
+        current = self.secrets.get(m["namespace"], m["name"])
+        patched = apply_patch(request.headers.get("Content-Type", ""), current, raw)
+        return _json_response(encode(self.secrets.replace(m["namespace"], m["name"], patched)))
+
+    async def _delete_secret(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        options = await self._delete_options(request)
+        preconditions = options.get("preconditions")
+        self.secrets.delete(
             m["namespace"],
             m["name"],
             preconditions if isinstance(preconditions, dict) else None,
