@@ -37,6 +37,7 @@ from turnstile_contracts import (
 )
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.leader import Leadership
+from turnstile_platform.sandbox_credentials import CredentialIssuer
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.app import create_app
 from turnstile_substrate.db.migrate import apply_migrations
@@ -391,13 +392,19 @@ async def kube() -> AsyncIterator[KubeEmulator]:
 
 @pytest.fixture
 def substrate() -> StartSubstrate:
-    """``substrate(kube, leadership=None, **settings)``: a started, synced Kubernetes
-    substrate on ``kube`` with quick timings (``acme`` allowlisted), closed on exit; its
-    leader-only work registers on ``leadership`` (None: it always leads)."""
+    """``substrate(kube, leadership=None, credentials=None, **settings)``: a started, synced
+    Kubernetes substrate on ``kube`` with quick timings (``acme`` allowlisted), closed on
+    exit; its leader-only work registers on ``leadership`` (None: it always leads);
+    ``credentials`` delivers sandbox credentials in Secrets."""
 
     @contextlib.asynccontextmanager
     async def start(
-        kube: KubeEmulator, *, leadership: Leadership | None = None, **overrides: Any
+        kube: KubeEmulator,
+        *,
+        leadership: Leadership | None = None,
+        credentials: CredentialIssuer | None = None,
+        credential_renew_interval_s: float = 300.0,
+        **overrides: Any,
     ) -> AsyncIterator[KubernetesSubstrate]:
         settings: dict[str, Any] = {
             "api_host": kube.url,
@@ -414,6 +421,8 @@ def substrate() -> StartSubstrate:
             KubernetesSettings(**settings),
             Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
             leadership=leadership,
+            credentials=credentials,
+            credential_renew_interval_s=credential_renew_interval_s,
         )
         await sub.start()
         try:

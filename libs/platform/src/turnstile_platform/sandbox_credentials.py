@@ -366,13 +366,17 @@ class CredentialIssuer:
         )
         return Issued(credential, generation, issued, issued + self.ttl_ms)
 
-    async def issue(self, sandbox_id: str, *, pod_uid: str = "") -> Issued:
+    async def issue(
+        self, sandbox_id: str, *, pod_uid: str = "", generation: str | None = None
+    ) -> Issued:
         """A credential for a new runtime: a new generation, recorded first.
 
         Recording replaces any earlier generation, so the credential of the
-        sandbox's previous runtime stops working at once.
+        sandbox's previous runtime stops working at once. ``generation``: one the
+        caller derived (Kubernetes derives it from the activation, so a retried
+        create of the same pod records the same one); None draws a random one.
         """
-        issued = self._mint(sandbox_id, new_generation(), pod_uid)
+        issued = self._mint(sandbox_id, generation or new_generation(), pod_uid)
         await self._redis.set(
             credential_key(self._prefix, sandbox_id), issued.generation, px=self.ttl_ms
         )

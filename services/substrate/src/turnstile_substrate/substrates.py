@@ -37,7 +37,11 @@ Closer = Callable[[], Awaitable[None]]
 
 class _Factory(Protocol):
     def __call__(
-        self, settings: SubstrateSettings, resolver: Resolver, leadership: Leadership | None
+        self,
+        settings: SubstrateSettings,
+        resolver: Resolver,
+        leadership: Leadership | None,
+        credentials: CredentialIssuer | None,
     ) -> Substrate: ...
 
 
@@ -71,13 +75,13 @@ def create_substrate(
     """The substrate ``TURNSTILE_SUBSTRATE_KIND`` names (not started yet); its leader-only
     work registers on ``leadership`` (None: it runs its own, as a single replica).
 
-    ``credentials`` mints sandbox credentials for the runtimes it starts (SPEC Z3);
-    only the Direct substrate delivers them so far.
+    ``credentials`` mints sandbox credentials for the runtimes it starts (SPEC Z3):
+    Direct writes a file per runtime, Kubernetes a Secret per pod.
     """
     if settings.substrate_kind == "direct":
         return DirectSubstrate(settings, credentials, leadership)
     factory = cast(_Factory, _kubernetes().create_substrate)
-    return factory(settings, resolver, leadership)
+    return factory(settings, resolver, leadership, credentials)
 
 
 def _kubernetes() -> Any:

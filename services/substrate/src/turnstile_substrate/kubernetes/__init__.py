@@ -11,6 +11,7 @@ Modules, each one concern:
 * :mod:`.warmpool` — warm-pool claims (optimistic adoption, invalidation) and refill;
 * :mod:`.tasks` — clean-ups that survive their caller's cancellation;
 * :mod:`.metrics` — Prometheus metrics (bounded labels);
+* :mod:`.credentials` — sandbox credentials in per-pod Secrets, renewed by the leader;
 * :mod:`.sweeps` — the leader's sweeps (orphan, finished, expired pods; gone runtimes);
 * :mod:`.substrate` — ``KubernetesSubstrate``, the ``Substrate`` on pods.
 
@@ -25,6 +26,7 @@ import asyncpg
 
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import LeaderElector, Leadership, default_identity
+from turnstile_platform.sandbox_credentials import CredentialIssuer
 from turnstile_substrate.kubernetes.api import connect
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.substrate import KubernetesSubstrate
@@ -62,14 +64,23 @@ async def create_leadership(settings: SubstrateSettings) -> tuple[Leadership, Cl
 
 
 def create_substrate(
-    settings: SubstrateSettings, resolver: Resolver, leadership: Leadership | None = None
+    settings: SubstrateSettings,
+    resolver: Resolver,
+    leadership: Leadership | None = None,
+    credentials: CredentialIssuer | None = None,
 ) -> Substrate:
     """The factory :mod:`turnstile_substrate.substrates` calls when
     ``TURNSTILE_SUBSTRATE_KIND=kubernetes``. The Kubernetes substrate reads its own
     ``TURNSTILE_K8S_*`` settings (invalid ones stop start-up, naming the variable);
-    the resolver is the service's, kept on the current key set."""
-    del settings  # nothing of the service's own settings shapes pods
-    return KubernetesSubstrate(KubernetesSettings(), resolver, leadership=leadership)
+    the resolver is the service's, kept on the current key set; ``credentials`` (when a
+    signing key is configured) puts each pod's sandbox credential in a Secret."""
+    return KubernetesSubstrate(
+        KubernetesSettings(),
+        resolver,
+        leadership=leadership,
+        credentials=credentials,
+        credential_renew_interval_s=settings.worker_credential_renew_interval_s,
+    )
 
 
 def add_sweeps(

@@ -79,3 +79,9 @@ SWEEP_RUNS = Counter(
     "Sweep passes run by the leader, by result (ok, error).",
     ["result"],
 )
+CREDENTIAL_WRITES = Counter(
+    "turnstile_substrate_credential_secrets_total",
+    "Sandbox credential Secret writes (SPEC Z3), by kind (issued: before a cold create or warm "
+    "adoption, renewed and swept: by the leader's renewal pass, failed: a pass's write failed).",
+    ["kind"],
+)

@@ -121,6 +121,18 @@ class KubernetesSettings(BaseSettings):
     policy (JSON list). Empty: no candidates are reported and the slot check does not
     apply. Pods are not pinned; the scheduler still places them."""
 
+    # ------------------------------------------------------------------ credentials
+
+    credential_renew_rate: float = Field(default=20.0, gt=0, le=10_000)
+    """Most credential Secret writes (renewals and orphan deletions) per second the leader's
+    renewal pass makes, so 10,000 sandboxes never storm the API server: at the default ttl
+    (3600 s) they need about 6 a second. Used only with sandbox credentials on
+    (``TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE``)."""
+
+    credential_orphan_grace_s: float = Field(default=120.0, ge=0, le=86_400)
+    """How old a credential Secret whose pod is gone (or belongs to another sandbox) must be
+    before the renewal pass deletes it: a cold create makes the Secret just before its pod."""
+
     # ------------------------------------------------------------------ warm pool
 
     warm_pool_sizes: dict[str, int] = Field(default_factory=dict)

@@ -22,8 +22,10 @@ from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
+from turnstile_platform.sandbox_credentials import CredentialIssuer
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
+from turnstile_substrate.kubernetes.credentials import CredentialDelivery, SecretsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.live_publisher import LivePublisher
 from turnstile_substrate.kubernetes.podinfo import PodInfo
@@ -63,9 +65,15 @@ class KubernetesSubstrate:
         *,
         api_client: k8s.ApiClient | None = None,
         leadership: Leadership | None = None,
+        credentials: CredentialIssuer | None = None,
+        credential_renew_interval_s: float = 300.0,
     ) -> None:
         """``api_client`` is used as given and not closed; without one, :meth:`start`
         connects per ``settings`` and :meth:`close` closes the connection.
+
+        ``credentials``: sandbox credentials are delivered in per-pod Secrets (SPEC Z3,
+        :mod:`.credentials`) and renewed every ``credential_renew_interval_s`` as leader
+        work; None delivers none (a relay with attestation off).
 
         Leader-only work (the warm-pool refill and trim) registers on ``leadership``, which
         its owner runs; without one the substrate runs a :class:`LocalLeadership` of its own
@@ -85,6 +93,9 @@ class KubernetesSubstrate:
         self._cleanups = Cleanups()
         self._leadership = leadership
         self._local_leader: asyncio.Task[None] | None = None
+        self._issuer = credentials
+        self._renew_interval_s = credential_renew_interval_s
+        self.credentials: CredentialDelivery | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -93,13 +104,30 @@ class KubernetesSubstrate:
             self._api_client = await connect(self.settings)
         self._api = PodsApi(self._api_client, self.settings)
         self._reflector = Reflector(self._api, self.index, self.settings)
-        self._pool = WarmPool(self._api, self.index, self.settings, self._reflector.synced)
+        self._pool = WarmPool(
+            self._api,
+            self.index,
+            self.settings,
+            self._reflector.synced,
+            credentials=self._issuer is not None,
+        )
+        if self._issuer is not None:
+            self.credentials = CredentialDelivery(
+                SecretsApi(self._api_client, self.settings),
+                self._issuer,
+                self.index,
+                self.settings,
+                self._reflector.synced,
+                renew_interval_s=self._renew_interval_s,
+            )
         self._reflector.start()
         leadership = self._leadership
         if leadership is None:
             leadership = LocalLeadership()
             self._local_leader = asyncio.create_task(leadership.run(), name="k8s-local-leader")
         leadership.add_work("warm-pool", self._pool.run)
+        if self.credentials is not None:
+            leadership.add_work("sandbox-credential-renewal", self.credentials.run)
 
     async def close(self) -> None:
         if self._local_leader is not None:
@@ -188,7 +216,10 @@ class KubernetesSubstrate:
         return await self._create(spec, kind, cap_gate)
 
     async def stop_runtime(self, sandbox_id: str) -> bool:
-        """Delete every pod of the sandbox (as the API server knows them)."""
+        """Revoke the sandbox's credential, then delete every pod of the sandbox (as the API
+        server knows them) and its credential Secrets."""
+        if self.credentials is not None:
+            await self.credentials.stop(sandbox_id)
         stopped = False
         for pod in await self.api.list_selected(self._sandbox_selector(sandbox_id)):
             if pod.deleting:
@@ -227,11 +258,28 @@ class KubernetesSubstrate:
             except BaseException:
                 pool.release(pod)
                 raise
+            if self.credentials is not None:
+                try:
+                    await self.credentials.deliver(pod.name, spec, pod_uid=pod.uid)
+                except KubeApiError as error:
+                    # Another claim is writing this pod's Secret: the pod is its, not ours.
+                    pool.release(pod)
+                    if error.conflict:
+                        continue
+                    raise
+                except BaseException:
+                    pool.release(pod)
+                    await self._cleanups.run(self._remove_secret(pod.name, spec.sandbox_id))
+                    raise
             try:
                 adopted = await pool.adopt(pod, spec)
             except AdoptionFailedError as error:
                 log.info("warm claim for sandbox %s failed: %s", spec.sandbox_id, error)
+                await self._cleanups.run(self._remove_secret(pod.name, spec.sandbox_id))
                 continue
+            except BaseException:
+                await self._cleanups.run(self._remove_secret(pod.name, spec.sandbox_id))
+                raise
             return _runtime(adopted, CreateKind.WARM)
         return None
 
@@ -241,8 +289,16 @@ class KubernetesSubstrate:
         except BaseException:
             metrics.COLD_CREATES.labels(tier=spec.tier, result="refused").inc()
             raise
-        body = template.sandbox_pod(self.settings, spec)
+        body = template.sandbox_pod(self.settings, spec, credentials=self.credentials is not None)
         name = body["metadata"]["name"]
+        if self.credentials is not None:
+            # Before the pod, so the kubelet mounts it when it starts the pod. A failure
+            # here leaves no pod; the activation's compensation revokes and deletes.
+            try:
+                await self.credentials.deliver(name, spec)
+            except BaseException:
+                metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
+                raise
         try:
             pod = await self.api.create(body)
         except KubeApiError as error:
@@ -286,6 +342,15 @@ class KubernetesSubstrate:
                 await self.api.delete(name, uid=meta.get("uid"))
         except Exception as error:
             log.warning("cleaning up pod %s after a failed create failed: %s", name, error)
+
+    async def _remove_secret(self, pod_name: str, sandbox_id: str) -> None:
+        """Delete the credential Secret a failed warm claim wrote; never raises."""
+        if self.credentials is None:
+            return
+        try:
+            await self.credentials.remove_for_pod(pod_name, sandbox_id)
+        except Exception as error:
+            log.warning("removing the credential Secret of pod %s failed: %s", pod_name, error)
 
     def _sandbox_selector(self, sandbox_id: str) -> str:
         return f"{self.settings.label_selector},{LABEL_SANDBOX_ID}={sandbox_id}"

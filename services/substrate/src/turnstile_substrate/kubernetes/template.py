@@ -21,6 +21,14 @@ waits, unattached, until ``turnstile.dev/sandbox-id`` appears there. Cold pods
 take the same path (their file names the sandbox from the start), so both kinds
 of pod differ only in labels.
 
+With sandbox credentials on (SPEC Z3, ``credentials=True``), every pod — warm ones
+too, since a volume cannot be added to a running pod — mounts the Secret
+``<pod name>-credential`` (:func:`credential_secret_name`) as an *optional* volume
+on ``/etc/turnstile/credential`` and names the file in
+``TURNSTILE_WORKER_CREDENTIAL_FILE``; the worker waits for the file before it
+attaches. The credential itself is never in the pod spec. The pod's ``fsGroup``
+is its ``runAsGroup``, so the group-readable (0440) file is the worker's to read.
+
 Pods meet the restricted Pod Security Standard: non-root, no privilege
 escalation, no capabilities, the runtime's seccomp profile, a read-only root
 filesystem with an emptyDir on ``/tmp``, and no service-account token (a sandbox
@@ -57,11 +65,19 @@ PODINFO_DIR = "/etc/turnstile/podinfo"
 #: The labels file the worker reads its sandbox id from.
 LABELS_FILE = f"{PODINFO_DIR}/labels"
 
+#: Where the sandbox credential Secret is mounted, and the file the worker reads.
+CREDENTIAL_DIR = "/etc/turnstile/credential"
+CREDENTIAL_KEY = "credential"
+CREDENTIAL_FILE = f"{CREDENTIAL_DIR}/{CREDENTIAL_KEY}"
+#: Suffix of the per-pod credential Secret's name.
+CREDENTIAL_SECRET_SUFFIX = "-credential"  # noqa: S105 - a name suffix, not a secret
+
 #: Worker-agent variables the template sets (turnstile_affinity.worker.settings).
 ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
 ENV_SANDBOX_ID_FILE = "TURNSTILE_WORKER_SANDBOX_ID_FILE"
 ENV_TIER = "TURNSTILE_WORKER_TIER"
 ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
+ENV_CREDENTIAL_FILE = "TURNSTILE_WORKER_CREDENTIAL_FILE"
 
 #: Pod names stay within 63 characters so they are also valid hostnames.
 _MAX_NAME = 63
@@ -90,6 +106,12 @@ def sandbox_pod_name(settings: KubernetesSettings, sandbox_id: str, generation: 
     return _name(settings.name_prefix, sandbox_id, digest[:_SUFFIX_LEN])
 
 
+def credential_secret_name(pod_name: str) -> str:
+    """The Secret a pod mounts its sandbox credential from: fixed by the pod's name, because
+    a warm pod's volumes are set before anyone knows which sandbox will claim it."""
+    return pod_name + CREDENTIAL_SECRET_SUFFIX
+
+
 def warm_pod_name(settings: KubernetesSettings, tier: str) -> str:
     return _name(settings.name_prefix, f"warm-{tier}")
 
@@ -102,7 +124,9 @@ def sandbox_labels(spec: RuntimeSpec) -> dict[str, str]:
     return labels
 
 
-def sandbox_pod(settings: KubernetesSettings, spec: RuntimeSpec) -> dict[str, Any]:
+def sandbox_pod(
+    settings: KubernetesSettings, spec: RuntimeSpec, *, credentials: bool = False
+) -> dict[str, Any]:
     """The manifest of a cold-created (or restored) sandbox pod."""
     annotations = {ANNOTATION_RESTORE: "true"} if spec.restore else {}
     return _pod(
@@ -111,10 +135,13 @@ def sandbox_pod(settings: KubernetesSettings, spec: RuntimeSpec) -> dict[str, An
         tier=spec.tier,
         labels=sandbox_labels(spec),
         annotations=annotations,
+        credentials=credentials,
     )
 
 
-def warm_pod(settings: KubernetesSettings, tier: str) -> dict[str, Any]:
+def warm_pod(
+    settings: KubernetesSettings, tier: str, *, credentials: bool = False
+) -> dict[str, Any]:
     """The manifest of a warm-pool pod of ``tier``: no sandbox, no client."""
     return _pod(
         settings,
@@ -122,6 +149,7 @@ def warm_pod(settings: KubernetesSettings, tier: str) -> dict[str, Any]:
         tier=tier,
         labels={LABEL_TIER: tier, LABEL_POOL: POOL_WARM},
         annotations={},
+        credentials=credentials,
     )
 
 
@@ -137,7 +165,9 @@ def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
     return {"metadata": {"resourceVersion": resource_version, "labels": labels}}
 
 
-def worker_env(settings: KubernetesSettings, tier: str) -> list[dict[str, str]]:
+def worker_env(
+    settings: KubernetesSettings, tier: str, *, credentials: bool = False
+) -> list[dict[str, str]]:
     """The runtime container's environment: what the worker agent needs to attach.
 
     The tier is always set: the sandbox's tier as Activate resolved it (an empty
@@ -150,6 +180,8 @@ def worker_env(settings: KubernetesSettings, tier: str) -> list[dict[str, str]]:
         ENV_TIER: tier,
         ENV_CAPACITY: str(settings.worker_capacity),
     }
+    if credentials:
+        env[ENV_CREDENTIAL_FILE] = CREDENTIAL_FILE
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -160,6 +192,7 @@ def _pod(
     tier: str,
     labels: dict[str, str],
     annotations: dict[str, str],
+    credentials: bool,
 ) -> dict[str, Any]:
     requests = _quantities(cpu=settings.cpu_request, memory=settings.memory_request)
     limits = _quantities(cpu=settings.cpu_limit, memory=settings.memory_limit)
@@ -167,7 +200,7 @@ def _pod(
         "name": settings.container_name,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "env": worker_env(settings, tier),
+        "env": worker_env(settings, tier, credentials=credentials),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -179,6 +212,10 @@ def _pod(
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the container's own emptyDir
         ],
     }
+    if credentials:
+        container["volumeMounts"].append(
+            {"name": "credential", "mountPath": CREDENTIAL_DIR, "readOnly": True}
+        )
     if requests or limits:
         container["resources"] = {
             part: values for part, values in (("requests", requests), ("limits", limits)) if values
@@ -206,6 +243,19 @@ def _pod(
             {"name": "tmp", "emptyDir": tmp},
         ],
     }
+    if credentials:
+        spec["securityContext"]["fsGroup"] = settings.run_as_group
+        spec["volumes"].append(
+            {
+                "name": "credential",
+                "secret": {
+                    "secretName": credential_secret_name(name),
+                    "optional": True,
+                    "defaultMode": 0o440,
+                    "items": [{"key": CREDENTIAL_KEY, "path": CREDENTIAL_KEY}],
+                },
+            }
+        )
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
     metadata: dict[str, Any] = {

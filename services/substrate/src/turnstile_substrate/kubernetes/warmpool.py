@@ -71,8 +71,12 @@ class WarmPool:
         index: PodIndex,
         settings: KubernetesSettings,
         synced: asyncio.Event,
+        *,
+        credentials: bool = False,
     ) -> None:
+        """``credentials``: warm pods mount a (not yet existing) credential Secret."""
         self._api = api
+        self._credentials = credentials
         self._index = index
         self._settings = settings
         self._synced = synced
@@ -229,7 +233,7 @@ class WarmPool:
                 await self._trim(tier, have - size)
 
     async def _create(self, tier: str) -> None:
-        body = template.warm_pod(self._settings, tier)
+        body = template.warm_pod(self._settings, tier, credentials=self._credentials)
         name = body["metadata"]["name"]
         self._unseen[name] = (tier, time.monotonic() + _UNSEEN_TTL_S)
         try:
