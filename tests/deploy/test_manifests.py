@@ -43,6 +43,9 @@ OLDEST_KUBERNETES = "1.31.0"
 KUBERNETES_VERSIONS = (OLDEST_KUBERNETES, str(latest_version()))
 
 SUBSTRATE_POD_VERBS = {"create", "get", "list", "watch", "patch", "delete"}
+#: Credential Secrets: written before a pod, renewed by replacement, listed by the
+#: renewal pass, deleted with the runtime; never watched or patched.
+SUBSTRATE_SECRET_VERBS = {"create", "get", "list", "update", "delete"}
 RUNTIME_UID = 10001
 """The numeric user of the images (deploy/docker/service.Dockerfile)."""
 
@@ -248,11 +251,14 @@ def test_substrate_may_only_manage_pods_and_its_lease_in_its_namespace(
     assert not of_kind(objects, "ClusterRoleBinding")
     (role,) = of_kind(objects, "Role")
     assert role["metadata"]["name"] == "turnstile-substrate"
-    rule, lease_rule = role["rules"]
+    rule, secret_rule, lease_rule = role["rules"]
     assert rule["apiGroups"] == [""]
     assert rule["resources"] == ["pods"], "no subresources (exec, log, status), no other kinds"
     assert set(rule["verbs"]) == SUBSTRATE_POD_VERBS
     assert "resourceNames" not in rule
+    assert secret_rule["apiGroups"] == [""]
+    assert secret_rule["resources"] == ["secrets"]
+    assert set(secret_rule["verbs"]) == SUBSTRATE_SECRET_VERBS
     # Leader election: read, create and renew (an optimistic update) the Lease; no delete.
     assert lease_rule["apiGroups"] == ["coordination.k8s.io"]
     assert lease_rule["resources"] == ["leases"]
@@ -280,6 +286,45 @@ def test_substrate_may_only_manage_pods_and_its_lease_in_its_namespace(
             where = workload["metadata"]["name"]
             assert pod.get("serviceAccountName") != "turnstile-substrate", where
             assert pod.get("automountServiceAccountToken") is False, f"{where} gets no token"
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", ())}
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_workers_must_attest_with_keys_mounted_from_a_secret_and_a_config_map(
+    built: Built, name: str
+) -> None:
+    objects = built(name)
+    pods = {w["metadata"]["name"]: t["spec"] for w, t in workloads(objects)}
+    affinity, substrate = pods["turnstile-affinity"], pods["turnstile-substrate"]
+    affinity_env = _env(affinity["containers"][0])
+    assert affinity_env["TURNSTILE_WORKER_ATTESTATION"] == "enforce"
+    keys_volume = next(v for v in affinity["volumes"] if "configMap" in v)
+    assert keys_volume["configMap"]["name"].startswith("turnstile-worker-credential-public-keys")
+    mount = next(
+        m for m in affinity["containers"][0]["volumeMounts"] if m["name"] == keys_volume["name"]
+    )
+    assert affinity_env["TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE"].startswith(
+        mount["mountPath"] + "/"
+    )
+    substrate_env = _env(substrate["containers"][0])
+    key_volume = next(v for v in substrate["volumes"] if "secret" in v)
+    assert key_volume["secret"]["secretName"].startswith("turnstile-worker-credential-signing-key")
+    mount = next(
+        m for m in substrate["containers"][0]["volumeMounts"] if m["name"] == key_volume["name"]
+    )
+    assert substrate_env["TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE"].startswith(
+        mount["mountPath"] + "/"
+    )
+    assert substrate["securityContext"]["fsGroup"] == substrate["securityContext"]["runAsGroup"]
+    generated = {s["metadata"]["name"] for s in of_kind(objects, "Secret")}
+    if name == "dev":
+        assert any(n.startswith("turnstile-worker-credential-signing-key") for n in generated)
+    else:
+        # Production's signing key is made outside this repository, never a literal here.
+        assert not any("signing-key" in n for n in generated)
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
