@@ -190,7 +190,11 @@ def _sandbox_pods(objects: list[Obj]) -> dict[str, dict[str, Any]]:
     tier = _build(SubstrateSettings, _workload_env(objects, "turnstile-substrate")).tier_config
     assert tier.default is not None
     spec = RuntimeSpec(sandbox_id="sb-1", tier=tier.default, client_label="acme")
-    return {"cold": sandbox_pod(k8s, spec), "warm": warm_pod(k8s, tier.default)}
+    # The deployed substrate has a signing key, so its pods mount the credential Secret.
+    return {
+        "cold": sandbox_pod(k8s, spec, credentials=True),
+        "warm": warm_pod(k8s, tier.default, credentials=True),
+    }
 
 
 @pytest.mark.parametrize("version", ["1.31.0", str(latest_version())])
