@@ -430,3 +430,92 @@ async def test_only_the_leader_renews(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_two_replicas_claiming_one_warm_pod_each_get_a_secret_of_their_own(
+    kube: KubeEmulator,
+    substrate: StartSubstrate,
+    issuer: CredentialIssuer,
+    keys: VerificationKeys,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        replicas = [
+            await stack.enter_async_context(
+                substrate(
+                    kube, credentials=issuer, warm_pool_sizes={"default": 1}, warm_claim_spread=1
+                )
+            )
+            for _ in range(2)
+        ]
+        for replica in replicas:
+
+            def one_warm(r: KubernetesSubstrate = replica) -> bool:
+                return r.index.warm_count("default") == 1
+
+            await replica.reflector.wait_until(one_warm, 10)
+        # Both claims pass their cap gate only once both have reserved the pod: a real race.
+        arrived = 0
+        both = asyncio.Event()
+
+        async def gate() -> None:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 2:
+                both.set()
+            await both.wait()
+
+        runtimes = await asyncio.gather(
+            *(
+                replica.ensure_runtime(spec(sandbox), Plan(CreateKind.WARM), gate)
+                for replica, sandbox in zip(replicas, ("s1", "s2"), strict=True)
+            )
+        )
+
+        assert runtimes[0].name != runtimes[1].name
+        for runtime in runtimes:
+            pod = kube.pod(NS, runtime.name)
+            assert pod is not None
+            assert pod["metadata"]["labels"][LABEL_SANDBOX_ID] == runtime.sandbox_id
+            claims = keys.verify(credential_in(secret_of(kube, runtime.name)), runtime.sandbox_id)
+            if runtime.kind is CreateKind.WARM:
+                assert claims.pod_uid == pod["metadata"]["uid"]
+
+
+async def test_a_stop_with_redis_unreachable_still_deletes_and_asks_for_a_retry(
+    kube: KubeEmulator,
+    substrate: StartSubstrate,
+    credential_keys: CredentialKeyFiles,
+    redis_prefix: str,
+) -> None:
+    # An issuer on a port nothing listens on: every Redis call fails to connect.
+    unreachable = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
+    signing = SigningKey.from_file(credential_keys.signing_key_file)
+    dead = CredentialIssuer(signing, unreachable, redis_prefix, ttl_s=3600)
+    try:
+        async with substrate(kube, credentials=dead) as sub:
+            with pytest.raises(RichError) as refused:
+                await cold(sub, "sb-a")
+            assert refused.value.code is grpc.StatusCode.UNAVAILABLE
+            assert kube.pods(NS) == []  # nothing was made
+
+            kube.secrets.create(
+                NS,
+                {
+                    "metadata": {
+                        "name": "ts-sb-a-abc-credential",
+                        "labels": {
+                            LABEL_MANAGED_BY: MANAGED_BY,
+                            LABEL_COMPONENT: COMPONENT,
+                            LABEL_SANDBOX_ID: "sb-a",
+                            LABEL_POD: "ts-sb-a-abc",
+                        },
+                    },
+                    "data": {"credential": "eA=="},
+                },
+            )
+            with pytest.raises(RichError) as retry:
+                await sub.stop_runtime("sb-a")
+            assert retry.value.code is grpc.StatusCode.UNAVAILABLE
+            assert kube.secret(NS, "ts-sb-a-abc-credential") is None
+    finally:
+        await unreachable.aclose()

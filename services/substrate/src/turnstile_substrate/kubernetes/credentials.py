@@ -213,9 +213,8 @@ class CredentialDelivery:
                 if not error.conflict:
                     raise
 
-    async def stop(self, sandbox_id: str) -> int:
-        """The sandbox's runtime ends: revoke its credential, then delete its Secrets."""
-        await self.issuer.revoke(sandbox_id)
+    async def delete_secrets(self, sandbox_id: str) -> int:
+        """Delete every credential Secret of the sandbox (its runtime ended; revoke first)."""
         deleted = 0
         for secret in await self.api.list_selected(f"{SELECTOR},{LABEL_SANDBOX_ID}={sandbox_id}"):
             meta = secret["metadata"]

@@ -22,7 +22,9 @@ from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
+from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import CredentialIssuer
+from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
 from turnstile_substrate.kubernetes.credentials import CredentialDelivery, SecretsApi
@@ -67,13 +69,15 @@ class KubernetesSubstrate:
         leadership: Leadership | None = None,
         credentials: CredentialIssuer | None = None,
         credential_renew_interval_s: float = 300.0,
+        retry_after_s: float = 1.0,
     ) -> None:
         """``api_client`` is used as given and not closed; without one, :meth:`start`
         connects per ``settings`` and :meth:`close` closes the connection.
 
         ``credentials``: sandbox credentials are delivered in per-pod Secrets (SPEC Z3,
         :mod:`.credentials`) and renewed every ``credential_renew_interval_s`` as leader
-        work; None delivers none (a relay with attestation off).
+        work; None delivers none (a relay with attestation off). ``retry_after_s`` is what
+        an ``UNAVAILABLE`` answer suggests when Redis cannot record a credential.
 
         Leader-only work (the warm-pool refill and trim) registers on ``leadership``, which
         its owner runs; without one the substrate runs a :class:`LocalLeadership` of its own
@@ -95,6 +99,7 @@ class KubernetesSubstrate:
         self._local_leader: asyncio.Task[None] | None = None
         self._issuer = credentials
         self._renew_interval_s = credential_renew_interval_s
+        self._retry_after_s = retry_after_s
         self.credentials: CredentialDelivery | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -217,9 +222,17 @@ class KubernetesSubstrate:
 
     async def stop_runtime(self, sandbox_id: str) -> bool:
         """Revoke the sandbox's credential, then delete every pod of the sandbox (as the API
-        server knows them) and its credential Secrets."""
+        server knows them) and its credential Secrets.
+
+        The revocation comes first; when Redis cannot be reached the pods and Secrets are
+        deleted all the same, then ``UNAVAILABLE`` tells the caller to retry the revocation."""
+        unrevoked: BaseException | None = None
         if self.credentials is not None:
-            await self.credentials.stop(sandbox_id)
+            try:
+                await self.credentials.issuer.revoke(sandbox_id)
+            except UNREACHABLE as error:
+                unrevoked = error
+            await self.credentials.delete_secrets(sandbox_id)
         stopped = False
         for pod in await self.api.list_selected(self._sandbox_selector(sandbox_id)):
             if pod.deleting:
@@ -228,6 +241,9 @@ class KubernetesSubstrate:
                 stopped = True
             self._stopped.add(pod.name)
         self._stopped.intersection_update(self.index.pods)
+        if unrevoked is not None:
+            log.warning("could not revoke a stopped runtime's credential: Redis unreachable")
+            raise dependency_unavailable("redis", self._retry_after_s) from unrevoked
         return stopped
 
     def count_live(
@@ -260,12 +276,13 @@ class KubernetesSubstrate:
                 raise
             if self.credentials is not None:
                 try:
-                    await self.credentials.deliver(pod.name, spec, pod_uid=pod.uid)
+                    await self._deliver(pod.name, spec, pod_uid=pod.uid)
                 except KubeApiError as error:
-                    # Another claim is writing this pod's Secret: the pod is its, not ours.
-                    pool.release(pod)
                     if error.conflict:
+                        # Another claim is writing this pod's Secret: the pod is its, not ours.
+                        pool.skip(pod)
                         continue
+                    pool.release(pod)
                     raise
                 except BaseException:
                     pool.release(pod)
@@ -295,7 +312,7 @@ class KubernetesSubstrate:
             # Before the pod, so the kubelet mounts it when it starts the pod. A failure
             # here leaves no pod; the activation's compensation revokes and deletes.
             try:
-                await self.credentials.deliver(name, spec)
+                await self._deliver(name, spec)
             except BaseException:
                 metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
                 raise
@@ -342,6 +359,15 @@ class KubernetesSubstrate:
                 await self.api.delete(name, uid=meta.get("uid"))
         except Exception as error:
             log.warning("cleaning up pod %s after a failed create failed: %s", name, error)
+
+    async def _deliver(self, pod_name: str, spec: RuntimeSpec, *, pod_uid: str = "") -> None:
+        """Write the pod's credential Secret; Redis unreachable is ``UNAVAILABLE`` (nothing
+        was made: the record is written before the Secret)."""
+        assert self.credentials is not None
+        try:
+            await self.credentials.deliver(pod_name, spec, pod_uid=pod_uid)
+        except UNREACHABLE as error:
+            raise dependency_unavailable("redis", self._retry_after_s) from error
 
     async def _remove_secret(self, pod_name: str, sandbox_id: str) -> None:
         """Delete the credential Secret a failed warm claim wrote; never raises."""

@@ -153,6 +153,12 @@ class WarmPool:
         """Give back a reservation that was never tried (the cap gate refused first)."""
         self._claiming.discard(pod.name)
 
+    def skip(self, pod: PodInfo) -> None:
+        """Give up a reservation another claim is taking (its credential Secret is there
+        first): never offered here again, and left to that claim."""
+        self._claiming.discard(pod.name)
+        self._spent.add(pod.name)
+
     async def adopt(self, pod: PodInfo, spec: RuntimeSpec) -> PodInfo:
         """Adopt a reserved pod for ``spec``; on any failure invalidate it and raise
         :class:`AdoptionFailedError`."""
