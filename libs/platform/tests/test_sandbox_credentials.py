@@ -200,3 +200,25 @@ async def test_a_renewal_racing_a_revocation_never_leaves_the_credential_working
             issuer.renew(sandbox_id, issued.generation),
         )
         assert await redis.get(credential_key(redis_prefix, sandbox_id)) == REVOKED.encode()
+
+
+async def test_revoking_a_generation_never_cuts_off_a_newer_runtime(
+    pair: tuple[SigningKey, VerificationKeys], redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    signing, _ = pair
+    issuer = CredentialIssuer(signing, redis, redis_prefix, ttl_s=3600)
+    key = credential_key(redis_prefix, "sb-a")
+    old = await issuer.issue("sb-a")
+    new = await issuer.issue("sb-a")
+
+    assert await issuer.revoke_generation("sb-a", old.generation) is False
+    assert await redis.get(key) == new.generation.encode()
+
+    assert await issuer.revoke_generation("sb-a", new.generation) is True
+    assert await redis.get(key) == REVOKED.encode()
+    assert 0 < await redis.pttl(key) <= HOUR_MS
+    assert await issuer.revoke_generation("sb-a", new.generation) is False
+
+    await redis.delete(key)
+    assert await issuer.revoke_generation("sb-a", new.generation) is False
+    assert await redis.get(key) is None

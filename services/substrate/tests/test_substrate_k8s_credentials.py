@@ -39,6 +39,7 @@ from turnstile_platform.sandbox_credentials import (
 )
 from turnstile_substrate.kubernetes import KubernetesSubstrate, template
 from turnstile_substrate.kubernetes.credentials import (
+    ANNOTATION_GENERATION,
     COMPONENT,
     LABEL_COMPONENT,
     LABEL_POD,
@@ -337,19 +338,29 @@ async def test_renewal_replaces_the_secret_before_expiry_and_binds_the_pod_uid(
         assert await redis.get(credential_key(redis_prefix, "sb-a")) == REVOKED.encode()
 
 
-async def test_orphaned_secrets_are_swept_after_the_grace(
-    kube: KubeEmulator, substrate: StartSubstrate, issuer: CredentialIssuer
+async def test_orphaned_secrets_are_revoked_and_swept_after_the_grace(
+    kube: KubeEmulator,
+    substrate: StartSubstrate,
+    issuer: CredentialIssuer,
+    redis: aioredis.Redis,
+    redis_prefix: str,
 ) -> None:
+    gone = await issuer.issue("gone", generation="g-gone")
     labels = {
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_COMPONENT: COMPONENT,
         LABEL_SANDBOX_ID: "gone",
         LABEL_POD: "ts-gone-abc",
     }
+    annotations = {ANNOTATION_GENERATION: gone.generation}
     kube.secrets.create(
         NS,
         {
-            "metadata": {"name": "ts-gone-abc-credential", "labels": labels},
+            "metadata": {
+                "name": "ts-gone-abc-credential",
+                "labels": labels,
+                "annotations": annotations,
+            },
             "data": {"credential": "eA=="},
         },
     )
@@ -363,6 +374,9 @@ async def test_orphaned_secrets_are_swept_after_the_grace(
         assert result.swept == 1
         assert kube.secret(NS, "ts-gone-abc-credential") is None
         assert secret_of(kube, live) is not None
+        # The live sandbox's credential is untouched; the gone one's is revoked.
+        assert (await redis.get(credential_key(redis_prefix, "sb-a"))) not in (None, b"revoked")
+        assert await redis.get(credential_key(redis_prefix, "gone")) == REVOKED.encode()
 
     async with substrate(kube, credentials=issuer) as sub:  # the default grace: 120 s
         kube.secrets.create(

@@ -354,6 +354,9 @@ class CredentialIssuer:
         self._renew = redis.register_script(
             read_script("turnstile_platform", "sandbox_credential_renew.lua")
         )
+        self._revoke_generation = redis.register_script(
+            read_script("turnstile_platform", "sandbox_credential_revoke.lua")
+        )
 
     def _mint(self, sandbox_id: str, generation: str, pod_uid: str) -> Issued:
         issued = now_ms()
@@ -404,3 +407,12 @@ class CredentialIssuer:
         long as any credential minted before it could.
         """
         await self._redis.set(credential_key(self._prefix, sandbox_id), REVOKED, px=self.ttl_ms)
+
+    async def revoke_generation(self, sandbox_id: str, generation: str) -> bool:
+        """Revoke ``generation``'s credentials only if it is still the sandbox's current
+        runtime (one script); True when it was. For a sweep that finds a runtime gone
+        without a Deactivate: a newer runtime of the sandbox is never cut off."""
+        revoked = await self._revoke_generation(
+            keys=[credential_key(self._prefix, sandbox_id)], args=[generation, self.ttl_ms]
+        )
+        return int(revoked) == 1

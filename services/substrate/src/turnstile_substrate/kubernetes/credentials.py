@@ -24,7 +24,8 @@ or a ``revoked`` record, is refused by the relay.
 ``leadership``): one paged list of the credential Secrets per pass; each one past
 half its ttl whose pod is live in the cache is re-minted (bound to the pod's uid)
 and replaced with a resourceVersion precondition; each one whose pod is gone, or
-belongs to another sandbox, and older than the orphan grace is deleted. Writes are
+belongs to another sandbox, and older than the orphan grace is revoked (only if its
+generation is still the sandbox's current one) and deleted. Writes are
 paced to ``TURNSTILE_K8S_CREDENTIAL_RENEW_RATE`` a second.
 
 **Ending.** Stopping a runtime revokes the record first, then deletes the Secrets
@@ -296,6 +297,12 @@ class CredentialDelivery:
             try:
                 if pod is None or pod.sandbox_id != sandbox_id or not pod.live:
                     if _age_s(meta, now) >= self._settings.credential_orphan_grace_s:
+                        # Its runtime is gone (a pod deleted outside Deactivate, a claim
+                        # that failed half-way): revoke it unless a newer runtime of the
+                        # sandbox has replaced its generation, then delete the Secret.
+                        generation = annotations.get(ANNOTATION_GENERATION, "")
+                        if sandbox_id and generation:
+                            await self.issuer.revoke_generation(sandbox_id, generation)
                         await self.api.delete(meta["name"], uid=meta.get("uid"))
                         metrics.CREDENTIAL_WRITES.labels(kind="swept").inc()
                         swept += 1
