@@ -316,27 +316,52 @@ class KubernetesSubstrate:
             except BaseException:
                 metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
                 raise
-        try:
-            pod = await self.api.create(body)
-        except KubeApiError as error:
-            if error.conflict:
-                # The name is this activation's: an earlier attempt (a timed-out create that
-                # landed, another replica) made it. The same runtime, not a second one.
-                existing = await self._same_activation(name, spec)
-                metrics.COLD_CREATES.labels(tier=spec.tier, result="already_exists").inc()
-                return _runtime(existing, kind)
-            metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
-            if not 400 <= error.status < 500:
-                # The outcome is unknown (5xx): the pod may exist.
+        for first_try in (True, False):
+            try:
+                pod = await self.api.create(body)
+            except KubeApiError as error:
+                if error.conflict:
+                    if first_try and await self._terminating_then_gone(name, spec):
+                        continue  # an earlier attempt's pod has gone: the name is free again
+                    # The name is this activation's: an earlier attempt (a timed-out create
+                    # that landed, another replica) made it. The same runtime, not a second.
+                    existing = await self._same_activation(name, spec)
+                    metrics.COLD_CREATES.labels(tier=spec.tier, result="already_exists").inc()
+                    return _runtime(existing, kind)
+                metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
+                if not 400 <= error.status < 500:
+                    # The outcome is unknown (5xx): the pod may exist.
+                    await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
+                raise
+            except BaseException:
+                metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
+                # The outcome is unknown (timeout, cancelled): the pod may exist.
                 await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
-            raise
-        except BaseException:
-            metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
-            # The outcome is unknown (timeout, cancelled): the pod may exist.
-            await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
-            raise
+                raise
+            break
         metrics.COLD_CREATES.labels(tier=spec.tier, result="created").inc()
         return _runtime(pod, kind)
+
+    async def _terminating_then_gone(self, name: str, spec: RuntimeSpec) -> bool:
+        """Whether the pod holding this activation's name was an earlier attempt's that
+        is being deleted (its compensation ran: the client gave up, the retry came at
+        once) and has now gone, so the name can be used again.
+
+        Waits for the reflector to see it go, at most its termination grace plus one
+        request timeout; a pod that outlasts that is answered as before (retryable).
+        """
+        reflector = self._reflector
+        pod = await self.api.get(name)
+        if reflector is None or pod is None or pod.sandbox_id != spec.sandbox_id:
+            return False
+        if not pod.deleting:
+            return False
+        bound = self.settings.termination_grace_s + self.settings.request_timeout_s
+        try:
+            await reflector.wait_until(lambda: name not in self.index.pods, timeout=bound)
+        except TimeoutError:
+            return False
+        return True
 
     async def _same_activation(self, name: str, spec: RuntimeSpec) -> PodInfo:
         """The pod that holds this activation's name, if it is the sandbox's live runtime."""
