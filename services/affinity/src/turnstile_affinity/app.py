@@ -77,6 +77,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         heartbeat_interval_ms=_ms(settings.heartbeat_interval_s),
         presence_ttl_ms=_ms(settings.presence_ttl_s),
         retry_after_s=settings.retry_after_s,
+        max_connection_age_s=settings.max_connection_age_s,
     )
     affinity_pb2_grpc.add_AffinityServiceServicer_to_server(servicer, app.server)
 

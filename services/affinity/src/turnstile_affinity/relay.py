@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import TypeVar
 
 from turnstile_affinity.labels import ENDPOINT_LABEL
@@ -256,20 +258,78 @@ class Relay:
         )
 
 
-async def until_set(messages: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[T]:
-    """The messages of a stream until it ends or ``stop`` is set, whichever is first."""
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        while True:
-            following = asyncio.ensure_future(anext(messages))
-            await asyncio.wait({following, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not following.done():
-                following.cancel()
-                return
-            try:
-                message = following.result()
-            except StopAsyncIteration:
-                return
-            yield message
-    finally:
-        stopper.cancel()
+class StreamEnd(Enum):
+    """Why a worker stream's messages stopped."""
+
+    #: The worker ended it (Goodbye, or it closed its side).
+    WORKER = "worker"
+    #: This replica is shutting down (:meth:`Relay.drain`).
+    DRAINING = "draining"
+    #: The stream reached its maximum age: the worker should attach again, over a
+    #: new connection (its old one got GOAWAY), perhaps to another replica.
+    AGED = "aged"
+
+
+class IdleStreamError(Exception):
+    """No message from the worker within the idle timeout."""
+
+
+@dataclass
+class StreamWatch:
+    """What ends a worker stream besides the worker: a drain, its age, its silence.
+
+    ``idle_s``: a stream with no message for this long raises
+    :class:`IdleStreamError` (its worker is gone without closing the connection, or
+    stalled). ``max_age_s``: the stream ends itself after this long (None: never).
+    :attr:`ended` says why the messages stopped.
+    """
+
+    stop: asyncio.Event
+    idle_s: float
+    max_age_s: float | None = None
+    ended: StreamEnd = StreamEnd.WORKER
+
+    async def messages(self, messages: AsyncIterator[T]) -> AsyncIterator[T]:
+        """The stream's messages until it ends, is drained, ages out or goes silent."""
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + self.max_age_s if self.max_age_s is not None else None
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            while True:
+                timeout = self.idle_s
+                if ends_at is not None:
+                    timeout = min(timeout, max(0.0, ends_at - loop.time()))
+                following = asyncio.ensure_future(anext(messages))
+                await asyncio.wait(
+                    {following, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not following.done():
+                    following.cancel()
+                    if stopper.done():
+                        self.ended = StreamEnd.DRAINING
+                    elif ends_at is not None and loop.time() >= ends_at:
+                        self.ended = StreamEnd.AGED
+                    else:
+                        raise IdleStreamError(f"no message for {self.idle_s:g}s")
+                    return
+                try:
+                    message = following.result()
+                except StopAsyncIteration:
+                    return
+                yield message
+        finally:
+            stopper.cancel()
+
+
+def stream_max_age_s(max_connection_age_s: float, rng: random.Random | None = None) -> float | None:
+    """How long one worker stream may live: None without a maximum connection age.
+
+    Between 1.15 and 1.35 times the connection's maximum age, chosen at random per
+    stream: gRPC sends GOAWAY at the connection's age ±10%, so by the time the
+    stream ends its connection takes no new streams and the worker's next Hello
+    goes over a new connection; the spread keeps a replica's workers from all
+    reconnecting at once.
+    """
+    if max_connection_age_s <= 0:
+        return None
+    return max_connection_age_s * (rng or random).uniform(1.15, 1.35)
