@@ -233,7 +233,6 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"no heartbeat from sandbox {attachment.sandbox_id}'s worker for "
                 f"{self._presence_ttl_s:g}s; it is detached",
-                metadata={"sandbox_id": attachment.sandbox_id, "why": "idle"},
             ) from None
         except SupersededError:
             raise RichError(

@@ -97,6 +97,7 @@ class WorkerAgent:
         self.renewal_accepted = asyncio.Event()
         #: How many streams the relay has welcomed (tests and logs use it).
         self.welcomes = 0
+        self._welcomed = asyncio.Condition()
         self._rng = random.Random()
 
     async def run(self) -> None:
@@ -158,6 +159,11 @@ class WorkerAgent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=next(delays))
 
+    async def welcomed(self, count: int) -> None:
+        """Return once the relay has welcomed ``count`` streams of this worker."""
+        async with self._welcomed:
+            await self._welcomed.wait_for(lambda: self.welcomes >= count)
+
     def _delays(self) -> Iterator[float]:
         settings = self.settings
         return reconnect_delays(settings.reconnect_initial_s, settings.reconnect_max_s, self._rng)
@@ -185,7 +191,9 @@ class WorkerAgent:
             interval = max(welcome.heartbeat_interval.ToTimedelta().total_seconds(), 0.05)
             silence = max(welcome.presence_ttl.ToTimedelta().total_seconds(), interval * 2)
             self.detached.clear()
-            self.welcomes += 1
+            async with self._welcomed:
+                self.welcomes += 1
+                self._welcomed.notify_all()
             self.attached.set()
             log.info(
                 "attached to the relay",
