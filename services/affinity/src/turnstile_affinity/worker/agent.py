@@ -65,6 +65,9 @@ def channel_options(keepalive_time_s: float) -> list[tuple[str, object]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.service_config", _SERVICE_CONFIG),
+        # A connection of its own: channels sharing gRPC's global subchannel pool
+        # (several agents in one process) would all pick the one already connected.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 
