@@ -128,8 +128,8 @@ async def _streams(args: argparse.Namespace) -> None:
         issuer = CredentialIssuer(
             SigningKey.from_file(Path(args.signing_key)), redis, args.redis_prefix, ttl_s=86_400
         )
-        for start in range(0, len(ids), 500):
-            batch = ids[start : start + 500]
+        for start in range(0, len(ids), 50):
+            batch = ids[start : start + 50]
             issued = await asyncio.gather(*(issuer.issue(i) for i in batch))
             credentials.update({i: c.credential for i, c in zip(batch, issued, strict=True)})
         await redis.aclose()

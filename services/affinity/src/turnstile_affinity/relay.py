@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, ATTACHES, EXCLUDED
@@ -294,17 +294,19 @@ class StreamWatch:
         loop = asyncio.get_running_loop()
         ends_at = loop.time() + self.max_age_s if self.max_age_s is not None else None
         stopper = asyncio.ensure_future(self.stop.wait())
+        following: asyncio.Future[T | object] | None = None
         try:
             while True:
                 timeout = self.idle_s
                 if ends_at is not None:
                     timeout = min(timeout, max(0.0, ends_at - loop.time()))
-                following = asyncio.ensure_future(anext(messages))
+                following = asyncio.ensure_future(_next(messages))
                 await asyncio.wait(
                     {following, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not following.done():
                     following.cancel()
+                    following.add_done_callback(_discard_outcome)
                     if stopper.done():
                         self.ended = StreamEnd.DRAINING
                     elif ends_at is not None and loop.time() >= ends_at:
@@ -312,13 +314,36 @@ class StreamWatch:
                     else:
                         raise IdleStreamError(f"no message for {self.idle_s:g}s")
                     return
-                try:
-                    message = following.result()
-                except StopAsyncIteration:
+                message = following.result()
+                if message is _END:
                     return
-                yield message
+                yield cast(T, message)
         finally:
             stopper.cancel()
+            if following is not None and not following.done():
+                # The read may still end (the stream closing) after we stopped
+                # waiting for it: retrieve its outcome so nothing logs it as lost.
+                following.cancel()
+                following.add_done_callback(_discard_outcome)
+
+
+#: What :func:`_next` returns at the end of the stream.
+_END = object()
+
+
+async def _next(messages: AsyncIterator[T]) -> T | object:
+    """The next message, or :data:`_END`: a read that ends the stream while nobody
+    waits for it (the stream was drained, or the process is exiting) leaves no
+    StopAsyncIteration in its task to be logged as never retrieved."""
+    try:
+        return await anext(messages)
+    except StopAsyncIteration:
+        return _END
+
+
+def _discard_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def stream_max_age_s(max_connection_age_s: float, rng: random.Random | None = None) -> float | None:
