@@ -84,6 +84,10 @@ class Stats:
         }
 
 
+class NotWelcomedError(Exception):
+    """The stream ended without a Welcome."""
+
+
 async def _one_stream(
     stub: affinity_pb2_grpc.AffinityServiceAsyncStub,
     sandbox_id: str,
@@ -92,32 +96,42 @@ async def _one_stream(
     welcomed: asyncio.Semaphore,
     stop: asyncio.Event,
 ) -> None:
-    call: Call = stub.Attach(None)
+    """Attach, heartbeat until stopped; like a worker, attach again (full jitter)
+    when the relay refuses or ends the stream."""
     hello = affinity_pb2.Hello(
         sandbox_id=sandbox_id, capacity=1024, labels={TIER_LABEL: "bench"}, credential=credential
     )
-    try:
-        await call.write(affinity_pb2.AttachRequest(hello=hello))
-        first = await call.read()
-        assert isinstance(first, affinity_pb2.AttachResponse)
-        assert first.HasField("welcome")
-        interval = first.welcome.heartbeat_interval.ToTimedelta().total_seconds()
-        welcomed.release()
-        await asyncio.sleep(random.uniform(0, interval))  # an even phase over the interval
-        beat = affinity_pb2.AttachRequest(heartbeat=affinity_pb2.Heartbeat())
-        while not stop.is_set():
-            started = time.perf_counter()
-            await call.write(beat)
-            ack = await call.read()
-            if not isinstance(ack, affinity_pb2.AttachResponse):
-                stats.ended += 1
-                return
-            stats.rtts_ms.append((time.perf_counter() - started) * 1000)
-            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
-    except grpc.aio.AioRpcError:
-        stats.errors += 1
-    finally:
-        call.cancel()
+    beat = affinity_pb2.AttachRequest(heartbeat=affinity_pb2.Heartbeat())
+    first_welcome = True
+    window = 1.0
+    while not stop.is_set():
+        call: Call = stub.Attach(None)
+        try:
+            await call.write(affinity_pb2.AttachRequest(hello=hello))
+            first = await call.read()
+            if not isinstance(first, affinity_pb2.AttachResponse) or not first.HasField("welcome"):
+                raise NotWelcomedError(sandbox_id)
+            interval = first.welcome.heartbeat_interval.ToTimedelta().total_seconds()
+            window = 1.0
+            if first_welcome:
+                first_welcome = False
+                welcomed.release()
+            await asyncio.sleep(random.uniform(0, interval))  # an even phase over the interval
+            while not stop.is_set():
+                started = time.perf_counter()
+                await call.write(beat)
+                ack = await call.read()
+                if not isinstance(ack, affinity_pb2.AttachResponse):
+                    stats.ended += 1
+                    break
+                stats.rtts_ms.append((time.perf_counter() - started) * 1000)
+                await asyncio.sleep(max(0.0, interval - (time.perf_counter() - started)))
+        except (grpc.aio.AioRpcError, NotWelcomedError):
+            stats.errors += 1
+        finally:
+            call.cancel()
+        await asyncio.sleep(random.uniform(0, window))
+        window = min(window * 2, 10.0)
 
 
 async def _streams(args: argparse.Namespace) -> None:
