@@ -12,6 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from turnstile_affinity.relay import stream_max_age_s
 from turnstile_affinity.settings import AffinitySettings
@@ -107,6 +108,7 @@ async def test_max_connection_age_makes_a_worker_reattach_keeping_presence_and_s
     affinity: StartAffinity, worker: StartWorker, redis: aioredis.Redis
 ) -> None:
     service = await affinity(max_connection_age_s=0.5, max_connection_age_grace_s=0)
+    streams_before = _streams()
     w1 = await worker(service.address, "aging")
     first = await service.place("chat")
     assert first.sandbox_id == "aging"
@@ -120,6 +122,14 @@ async def test_max_connection_age_makes_a_worker_reattach_keeping_presence_and_s
     again = await service.place("chat")
     assert again.sandbox_id == "aging"
     assert again.outcome == affinity_pb2.PLACEMENT_OUTCOME_HIT
+    # Streams that ended at their age left the replica's stream count: one is live.
+    await w1.agent.attached.wait()
+    assert _streams() == streams_before + 1
+
+
+def _streams() -> float:
+    """This process's ``turnstile_affinity_relay_streams`` (every replica in it)."""
+    return REGISTRY.get_sample_value("turnstile_affinity_relay_streams") or 0.0
 
 
 def test_a_stream_lives_past_its_connections_goaway_and_before_the_grace_ends() -> None:

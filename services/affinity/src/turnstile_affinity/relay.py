@@ -203,6 +203,15 @@ class Relay:
             return
         log.info("worker detached", extra={"sandbox_id": attachment.sandbox_id, "removed": removed})
 
+    def let_go(self, attachment: Attachment, why: str) -> None:
+        """The stream ends keeping its presence (a drain, or its maximum age): the
+        worker takes the presence over from its next stream, here or elsewhere."""
+        ATTACHED.dec()
+        log.info(
+            "worker stream ended, presence kept",
+            extra={"sandbox_id": attachment.sandbox_id, "why": why},
+        )
+
     async def drain(self) -> None:
         """Shutdown has begun: streams end now and keep their presence.
 

@@ -244,7 +244,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         except CredentialRefusedError as error:
             raise refusal(attachment.sandbox_id, error) from None
         finally:
-            if not drained:
+            if drained:
+                self._relay.let_go(attachment, watch.ended.value)
+            else:
                 await self._relay.detach(attachment)
 
     def _renew(
