@@ -67,6 +67,17 @@ async def test_attach_streams_past_the_unary_limit_leave_place_free_and_the_stre
         stream.cancel()
 
 
+async def test_a_burst_of_hellos_past_the_relays_redis_bound_queues_and_all_attach(
+    affinity: StartAffinity, credentials: Credentials
+) -> None:
+    service = await affinity(relay_max_redis_calls=2)
+    streams = await asyncio.gather(*(_attach(service, credentials, f"b{i}") for i in range(40)))
+    await asyncio.wait_for(asyncio.gather(*(_welcomed(s) for s in streams)), 60)
+    assert set(await service.workers()) == {f"b{i}" for i in range(40)}
+    for stream in streams:
+        stream.cancel()
+
+
 async def test_a_silent_stream_is_detached_after_the_idle_timeout(
     affinity: StartAffinity, credentials: Credentials, redis: aioredis.Redis
 ) -> None:

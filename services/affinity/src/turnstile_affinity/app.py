@@ -60,6 +60,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         tiers,
         presence_ttl_ms=_ms(settings.presence_ttl_s),
         mark_ttl_ms=settings.affinity_ttl_s * 1000,
+        max_redis_calls=settings.relay_max_redis_calls,
     )
     app.add_cleanup(relay.close)
     app.add_drain_hook(relay.drain)

@@ -93,8 +93,13 @@ class Relay:
         *,
         presence_ttl_ms: int,
         mark_ttl_ms: int,
+        max_redis_calls: int = 128,
     ) -> None:
         self._store = store
+        # Bounds the relay's scripts in flight below the Redis connection pool: a
+        # reattach storm of thousands of workers queues here instead of exhausting
+        # the pool (whose overflow fails at once) that Place needs too.
+        self._redis_calls = asyncio.Semaphore(max_redis_calls)
         self._tiers = tiers
         self._presence_ttl_ms = presence_ttl_ms
         self._mark_ttl_ms = mark_ttl_ms
@@ -152,12 +157,13 @@ class Relay:
         if expires and expires <= now_ms() - CLOCK_SKEW_MS:
             raise CredentialRefusedError("expired", "the stream's credential expired unrenewed")
         try:
-            status = await self._store.heartbeat(
-                sandbox_id=attachment.sandbox_id,
-                owner=attachment.owner,
-                presence_ttl_ms=self._presence_ttl_ms,
-                generation=attachment.generation,
-            )
+            async with self._redis_calls:
+                status = await self._store.heartbeat(
+                    sandbox_id=attachment.sandbox_id,
+                    owner=attachment.owner,
+                    presence_ttl_ms=self._presence_ttl_ms,
+                    generation=attachment.generation,
+                )
         except UNREACHABLE:
             log.warning(
                 "could not extend a worker's presence: Redis unreachable",
@@ -181,13 +187,7 @@ class Relay:
     async def detach(self, attachment: Attachment) -> None:
         """Remove presence, then write the detach mark; survives cancellation."""
         ATTACHED.dec()
-        task = asyncio.ensure_future(
-            self._store.detach(
-                sandbox_id=attachment.sandbox_id,
-                owner=attachment.owner,
-                mark_ttl_ms=self._mark_ttl_ms,
-            )
-        )
+        task = asyncio.ensure_future(self._detach(attachment))
         self._detaching.add(task)
         task.add_done_callback(self._detaching.discard)
         try:
@@ -226,18 +226,27 @@ class Relay:
         """Wait for teardowns still writing (shutdown, before Redis closes)."""
         await asyncio.gather(*self._detaching, return_exceptions=True)
 
+    async def _detach(self, attachment: Attachment) -> bool:
+        async with self._redis_calls:
+            return await self._store.detach(
+                sandbox_id=attachment.sandbox_id,
+                owner=attachment.owner,
+                mark_ttl_ms=self._mark_ttl_ms,
+            )
+
     async def _put(self, attachment: Attachment) -> str:
         """Put presence; the previous owner ("" if none). Raises when refused."""
-        status, owner = await self._store.attach(
-            sandbox_id=attachment.sandbox_id,
-            owner=attachment.owner,
-            tier=attachment.tier,
-            capacity=attachment.capacity,
-            labels=attachment.labels,
-            endpoint=attachment.endpoint,
-            presence_ttl_ms=self._presence_ttl_ms,
-            generation=attachment.generation,
-        )
+        async with self._redis_calls:
+            status, owner = await self._store.attach(
+                sandbox_id=attachment.sandbox_id,
+                owner=attachment.owner,
+                tier=attachment.tier,
+                capacity=attachment.capacity,
+                labels=attachment.labels,
+                endpoint=attachment.endpoint,
+                presence_ttl_ms=self._presence_ttl_ms,
+                generation=attachment.generation,
+            )
         if status == "revoked":
             raise CredentialRefusedError("revoked", "the sandbox's credential was revoked")
         if status == "taken":

@@ -26,6 +26,11 @@ class AffinitySettings(TieredSettings):
     worker attaches again over a new connection, possibly to another replica: after a
     rollout the fleet evens out within about this long. 0: never."""
 
+    relay_max_redis_calls: int = Field(default=128, ge=1, le=200)
+    """The relay's Redis scripts (attach, heartbeat, detach) in flight at once; more
+    wait their turn. Below the connection pool's 256, so a reattach storm of
+    thousands of workers queues instead of exhausting the pool Place needs too."""
+
     max_connection_age_grace_s: float = Field(default=2700.0, ge=0, le=7 * 86_400)
     """How long a connection past its maximum age stays open for its streams; at
     least 1.5 times ``max_connection_age_s`` (or 0, without limit), so streams end
