@@ -239,6 +239,10 @@ def test_sandbox_pods_workers_reach_the_relay_and_nothing_else_of_turnstile(
     policies = of_kind(objects, "NetworkPolicy")
     service = named(objects, "Service", "turnstile-affinity")
     (grpc,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    relay_service = named(objects, "Service", "turnstile-affinity-relay")
+    assert relay_service["spec"]["clusterIP"] == "None"
+    assert relay_service["spec"]["selector"] == service["spec"]["selector"]
+    namespace = relay_service["metadata"]["namespace"]
     relay = Endpoint("affinity", _pod_labels(objects, "turnstile-affinity"))
     others = [
         (Endpoint(other, _pod_labels(objects, f"turnstile-{other}")), port)
@@ -253,7 +257,11 @@ def test_sandbox_pods_workers_reach_the_relay_and_nothing_else_of_turnstile(
 
         (container,) = pod["spec"]["containers"]
         env = {var["name"]: var["value"] for var in container["env"]}
-        assert env["TURNSTILE_AFFINITY_ADDR"] == f"{service['metadata']['name']}:{grpc['port']}"
+        # Through the headless Service: each worker picks a replica among its addresses.
+        assert env["TURNSTILE_AFFINITY_ADDR"] == (
+            f"dns:///{relay_service['metadata']['name']}.{namespace}.svc.cluster.local:"
+            f"{grpc['port']}"
+        )
         assert set(turnstile_names(env)) <= variables_of(WorkerSettings)
         worker_settings = _build(WorkerSettings, env)
         assert worker_settings.sandbox_id is None, "warm pods learn it from their labels"

@@ -1,9 +1,12 @@
-"""Server interceptors every service shares: rich errors and RPC metrics.
+"""Server interceptors every service shares: rich errors, RPC metrics, call limits.
 
 The rich-error interceptor lets handlers ``raise RichError(...)`` instead of
 threading ``context`` through the domain code; it turns the exception into
 ``context.abort`` with the packed status. Unexpected exceptions become INTERNAL
 with a log line (the message stays generic: internals are not leaked).
+
+Given :class:`~turnstile_platform.call_limits.CallLimits`, it also counts unary
+calls and streams against limits of their own and refuses past them (SPEC F6).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import grpc
 import grpc.aio
 from prometheus_client import Counter, Histogram
 
+from turnstile_platform.call_limits import CallKind, CallLimits
 from turnstile_platform.errors import RichError, abort
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,14 @@ def _split(method: str) -> tuple[str, str]:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Maps :class:`RichError` to a rich status and records RPC metrics."""
+    """Maps :class:`RichError` to a rich status, records RPC metrics, enforces limits.
+
+    Health and reflection pass through uncounted: a replica at its limits still
+    answers its probes.
+    """
+
+    def __init__(self, limits: CallLimits | None = None) -> None:
+        self._limits = limits or CallLimits(unary=1_000_000, streams=1_000_000)
 
     async def intercept_service(
         self,
@@ -62,34 +73,36 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return handler
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, service, method),
+                self._wrap_unary(handler.unary_unary, service, method, self._limits),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
             return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, service, method),
+                self._wrap_stream(handler.stream_stream, service, method, self._limits),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
     @staticmethod
-    def _wrap_unary(behaviour: Handler, service: str, method: str) -> Handler:
+    def _wrap_unary(behaviour: Handler, service: str, method: str, limits: CallLimits) -> Handler:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             async with _handled(context, service, method):
-                return await behaviour(request, context)
+                with limits.slot(CallKind.UNARY, method):
+                    return await behaviour(request, context)
 
         return wrapper
 
     @staticmethod
-    def _wrap_stream(behaviour: Handler, service: str, method: str) -> Handler:
+    def _wrap_stream(behaviour: Handler, service: str, method: str, limits: CallLimits) -> Handler:
         async def wrapper(
             request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> Any:
             async with _handled(context, service, method):
-                async for response in behaviour(request_iterator, context):
-                    yield response
+                with limits.slot(CallKind.STREAM, method):
+                    async for response in behaviour(request_iterator, context):
+                        yield response
 
         return wrapper
 

@@ -3,7 +3,8 @@
 It wires, in one place: the health service driven by a component map, server
 reflection (v1 and v1alpha), OpenTelemetry server spans (health and reflection
 excluded), rich errors and RPC metrics, undecodable requests answered with
-INVALID_ARGUMENT, a message-size limit and a cap on concurrent RPCs.
+INVALID_ARGUMENT, a message-size limit, limits on concurrent unary calls and
+streams (:mod:`.call_limits`), keepalive and a maximum connection age.
 
 Shutdown is staged (kopf style), each stage bounded:
 
@@ -29,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_platform import reflection, tracing
+from turnstile_platform.call_limits import CallLimits
 from turnstile_platform.decoding import DecodingInterceptor
 from turnstile_platform.health import HealthMap
 from turnstile_platform.interceptors import ServerInterceptor
@@ -37,6 +39,35 @@ from turnstile_platform.settings import ServiceSettings
 log = logging.getLogger(__name__)
 
 Cleanup = Callable[[], Awaitable[object]]
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def connection_options(settings: ServiceSettings) -> list[tuple[str, int]]:
+    """gRPC server arguments for keepalive and the maximum connection age.
+
+    Keepalive finds connections whose peer vanished without a FIN; the maximum
+    age (with its grace) makes clients reconnect now and then, so they spread
+    over replicas that came up after them.
+    """
+    options = [
+        ("grpc.keepalive_time_ms", _ms(settings.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", _ms(settings.keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            _ms(settings.keepalive_min_ping_interval_s),
+        ),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+    if settings.max_connection_age_s > 0:
+        options.append(("grpc.max_connection_age_ms", _ms(settings.max_connection_age_s)))
+        if settings.max_connection_age_grace_s > 0:
+            grace = _ms(settings.max_connection_age_grace_s)
+            options.append(("grpc.max_connection_age_grace_ms", grace))
+    return options
 
 
 class GrpcService:
@@ -68,16 +99,20 @@ class GrpcService:
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *connection_options(settings),
         ]
+        self.limits = CallLimits(
+            unary=settings.max_concurrent_rpcs, streams=settings.max_concurrent_streams
+        )
         self.server = grpc.aio.server(
             interceptors=[
                 tracing.server_interceptor(self.tracer_provider),
-                ServerInterceptor(),
+                ServerInterceptor(self.limits),
                 # Innermost: it wraps the handlers' own deserializers.
                 DecodingInterceptor(),
             ],
             options=options,
-            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+            maximum_concurrent_rpcs=self.limits.server_cap,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self.server)
         reflection.enable(

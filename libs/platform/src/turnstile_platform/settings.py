@@ -78,7 +78,35 @@ class ServiceSettings(BaseSettings):
     """Largest gRPC message received or sent."""
 
     max_concurrent_rpcs: int = Field(default=1024, ge=1, le=100_000)
-    """RPCs served at once; more are refused with RESOURCE_EXHAUSTED by gRPC."""
+    """Unary RPCs served at once; more are refused with RESOURCE_EXHAUSTED
+    (``CONCURRENCY_LIMITED``, with a retry hint). Streams have their own limit."""
+
+    max_concurrent_streams: int = Field(default=1024, ge=1, le=100_000)
+    """Streaming RPCs (the relay's worker ``Attach``) served at once, counted apart
+    from unary ones so long-lived streams never take the slots ``Place`` needs;
+    more are refused with RESOURCE_EXHAUSTED (``CONCURRENCY_LIMITED``)."""
+
+    keepalive_time_s: float = Field(default=60.0, ge=1, le=7200)
+    """How often the server pings a connection that is otherwise quiet, so a dead
+    peer (or a middlebox that dropped the connection) is noticed."""
+
+    keepalive_timeout_s: float = Field(default=20.0, ge=1, le=600)
+    """How long the server waits for a ping's answer before closing the connection."""
+
+    keepalive_min_ping_interval_s: float = Field(default=10.0, ge=1, le=3600)
+    """The shortest interval between a client's pings the server tolerates (with or
+    without calls); clients pinging more often are disconnected. Keep it below every
+    client's keepalive time (the worker agent's is 30 s)."""
+
+    max_connection_age_s: float = Field(default=0.0, ge=0, le=7 * 86_400)
+    """After about this long (gRPC adds ±10% jitter) the server sends a connection
+    GOAWAY, so its client's next call opens a new connection, possibly to another
+    replica; 0 keeps connections forever. The affinity relay sets it so workers
+    spread over replicas after a rollout."""
+
+    max_connection_age_grace_s: float = Field(default=0.0, ge=0, le=7 * 86_400)
+    """How long calls still running on a connection past its maximum age may go on
+    before the server closes it; 0 means without limit."""
 
     shutdown_drain_delay_s: float = Field(default=0.0, ge=0, le=60)
     """After SIGTERM, how long health reports NOT_SERVING before the server stops

@@ -61,6 +61,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         tiers,
         presence_ttl_ms=_ms(settings.presence_ttl_s),
         mark_ttl_ms=settings.affinity_ttl_s * 1000,
+        max_redis_calls=settings.relay_max_redis_calls,
     )
     app.add_cleanup(relay.close)
     app.add_drain_hook(relay.drain)
@@ -78,6 +79,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         heartbeat_interval_ms=_ms(settings.heartbeat_interval_s),
         presence_ttl_ms=_ms(settings.presence_ttl_s),
         retry_after_s=settings.retry_after_s,
+        max_connection_age_s=settings.max_connection_age_s,
     )
     affinity_pb2_grpc.add_AffinityServiceServicer_to_server(servicer, app.server)
 

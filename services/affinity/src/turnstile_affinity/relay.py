@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from enum import Enum
+from typing import Any, TypeVar, cast
 
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, ATTACHES, EXCLUDED
@@ -91,8 +93,13 @@ class Relay:
         *,
         presence_ttl_ms: int,
         mark_ttl_ms: int,
+        max_redis_calls: int = 128,
     ) -> None:
         self._store = store
+        # Bounds the relay's scripts in flight below the Redis connection pool: a
+        # reattach storm of thousands of workers queues here instead of exhausting
+        # the pool (whose overflow fails at once) that Place needs too.
+        self._redis_calls = asyncio.Semaphore(max_redis_calls)
         self._tiers = tiers
         self._presence_ttl_ms = presence_ttl_ms
         self._mark_ttl_ms = mark_ttl_ms
@@ -150,12 +157,13 @@ class Relay:
         if expires and expires <= now_ms() - CLOCK_SKEW_MS:
             raise CredentialRefusedError("expired", "the stream's credential expired unrenewed")
         try:
-            status = await self._store.heartbeat(
-                sandbox_id=attachment.sandbox_id,
-                owner=attachment.owner,
-                presence_ttl_ms=self._presence_ttl_ms,
-                generation=attachment.generation,
-            )
+            async with self._redis_calls:
+                status = await self._store.heartbeat(
+                    sandbox_id=attachment.sandbox_id,
+                    owner=attachment.owner,
+                    presence_ttl_ms=self._presence_ttl_ms,
+                    generation=attachment.generation,
+                )
         except UNREACHABLE:
             log.warning(
                 "could not extend a worker's presence: Redis unreachable",
@@ -179,13 +187,7 @@ class Relay:
     async def detach(self, attachment: Attachment) -> None:
         """Remove presence, then write the detach mark; survives cancellation."""
         ATTACHED.dec()
-        task = asyncio.ensure_future(
-            self._store.detach(
-                sandbox_id=attachment.sandbox_id,
-                owner=attachment.owner,
-                mark_ttl_ms=self._mark_ttl_ms,
-            )
-        )
+        task = asyncio.ensure_future(self._detach(attachment))
         self._detaching.add(task)
         task.add_done_callback(self._detaching.discard)
         try:
@@ -201,6 +203,15 @@ class Relay:
             return
         log.info("worker detached", extra={"sandbox_id": attachment.sandbox_id, "removed": removed})
 
+    def let_go(self, attachment: Attachment, why: str) -> None:
+        """The stream ends keeping its presence (a drain, or its maximum age): the
+        worker takes the presence over from its next stream, here or elsewhere."""
+        ATTACHED.dec()
+        log.info(
+            "worker stream ended, presence kept",
+            extra={"sandbox_id": attachment.sandbox_id, "why": why},
+        )
+
     async def drain(self) -> None:
         """Shutdown has begun: streams end now and keep their presence.
 
@@ -215,18 +226,27 @@ class Relay:
         """Wait for teardowns still writing (shutdown, before Redis closes)."""
         await asyncio.gather(*self._detaching, return_exceptions=True)
 
+    async def _detach(self, attachment: Attachment) -> bool:
+        async with self._redis_calls:
+            return await self._store.detach(
+                sandbox_id=attachment.sandbox_id,
+                owner=attachment.owner,
+                mark_ttl_ms=self._mark_ttl_ms,
+            )
+
     async def _put(self, attachment: Attachment) -> str:
         """Put presence; the previous owner ("" if none). Raises when refused."""
-        status, owner = await self._store.attach(
-            sandbox_id=attachment.sandbox_id,
-            owner=attachment.owner,
-            tier=attachment.tier,
-            capacity=attachment.capacity,
-            labels=attachment.labels,
-            endpoint=attachment.endpoint,
-            presence_ttl_ms=self._presence_ttl_ms,
-            generation=attachment.generation,
-        )
+        async with self._redis_calls:
+            status, owner = await self._store.attach(
+                sandbox_id=attachment.sandbox_id,
+                owner=attachment.owner,
+                tier=attachment.tier,
+                capacity=attachment.capacity,
+                labels=attachment.labels,
+                endpoint=attachment.endpoint,
+                presence_ttl_ms=self._presence_ttl_ms,
+                generation=attachment.generation,
+            )
         if status == "revoked":
             raise CredentialRefusedError("revoked", "the sandbox's credential was revoked")
         if status == "taken":
@@ -256,20 +276,103 @@ class Relay:
         )
 
 
-async def until_set(messages: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[T]:
-    """The messages of a stream until it ends or ``stop`` is set, whichever is first."""
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        while True:
-            following = asyncio.ensure_future(anext(messages))
-            await asyncio.wait({following, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not following.done():
-                following.cancel()
-                return
-            try:
+class StreamEnd(Enum):
+    """Why a worker stream's messages stopped."""
+
+    #: The worker ended it (Goodbye, or it closed its side).
+    WORKER = "worker"
+    #: This replica is shutting down (:meth:`Relay.drain`).
+    DRAINING = "draining"
+    #: The stream reached its maximum age: the worker should attach again, over a
+    #: new connection (its old one got GOAWAY), perhaps to another replica.
+    AGED = "aged"
+
+
+class IdleStreamError(Exception):
+    """No message from the worker within the idle timeout."""
+
+
+@dataclass
+class StreamWatch:
+    """What ends a worker stream besides the worker: a drain, its age, its silence.
+
+    ``idle_s``: a stream with no message for this long raises
+    :class:`IdleStreamError` (its worker is gone without closing the connection, or
+    stalled). ``max_age_s``: the stream ends itself after this long (None: never).
+    :attr:`ended` says why the messages stopped.
+    """
+
+    stop: asyncio.Event
+    idle_s: float
+    max_age_s: float | None = None
+    ended: StreamEnd = StreamEnd.WORKER
+
+    async def messages(self, messages: AsyncIterator[T]) -> AsyncIterator[T]:
+        """The stream's messages until it ends, is drained, ages out or goes silent."""
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + self.max_age_s if self.max_age_s is not None else None
+        stopper = asyncio.ensure_future(self.stop.wait())
+        following: asyncio.Future[T | object] | None = None
+        try:
+            while True:
+                timeout = self.idle_s
+                if ends_at is not None:
+                    timeout = min(timeout, max(0.0, ends_at - loop.time()))
+                following = asyncio.ensure_future(_next(messages))
+                await asyncio.wait(
+                    {following, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not following.done():
+                    following.cancel()
+                    following.add_done_callback(_discard_outcome)
+                    if stopper.done():
+                        self.ended = StreamEnd.DRAINING
+                    elif ends_at is not None and loop.time() >= ends_at:
+                        self.ended = StreamEnd.AGED
+                    else:
+                        raise IdleStreamError(f"no message for {self.idle_s:g}s")
+                    return
                 message = following.result()
-            except StopAsyncIteration:
-                return
-            yield message
-    finally:
-        stopper.cancel()
+                if message is _END:
+                    return
+                yield cast(T, message)
+        finally:
+            stopper.cancel()
+            if following is not None and not following.done():
+                # The read may still end (the stream closing) after we stopped
+                # waiting for it: retrieve its outcome so nothing logs it as lost.
+                following.cancel()
+                following.add_done_callback(_discard_outcome)
+
+
+#: What :func:`_next` returns at the end of the stream.
+_END = object()
+
+
+async def _next(messages: AsyncIterator[T]) -> T | object:
+    """The next message, or :data:`_END`: a read that ends the stream while nobody
+    waits for it (the stream was drained, or the process is exiting) leaves no
+    StopAsyncIteration in its task to be logged as never retrieved."""
+    try:
+        return await anext(messages)
+    except StopAsyncIteration:
+        return _END
+
+
+def _discard_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def stream_max_age_s(max_connection_age_s: float, rng: random.Random | None = None) -> float | None:
+    """How long one worker stream may live: None without a maximum connection age.
+
+    Between 1.15 and 1.35 times the connection's maximum age, chosen at random per
+    stream: gRPC sends GOAWAY at the connection's age ±10%, so by the time the
+    stream ends its connection takes no new streams and the worker's next Hello
+    goes over a new connection; the spread keeps a replica's workers from all
+    reconnecting at once.
+    """
+    if max_connection_age_s <= 0:
+        return None
+    return max_connection_age_s * (rng or random).uniform(1.15, 1.35)

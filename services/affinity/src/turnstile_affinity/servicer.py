@@ -16,10 +16,13 @@ from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
 from turnstile_affinity.relay import (
     Attachment,
+    IdleStreamError,
     PresenceTakenError,
     Relay,
+    StreamEnd,
+    StreamWatch,
     SupersededError,
-    until_set,
+    stream_max_age_s,
 )
 from turnstile_affinity.store import AffinityStore, SessionRecord
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
@@ -100,8 +103,10 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         heartbeat_interval_ms: int,
         presence_ttl_ms: int,
         retry_after_s: float,
+        max_connection_age_s: float = 0.0,
     ) -> None:
         self._retry_after_s = retry_after_s
+        self._max_connection_age_s = max_connection_age_s
         self._placer = placer
         self._relay = relay
         self._attestation = attestation
@@ -191,10 +196,16 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 metadata={"sandbox_id": hello.sandbox_id, "why": "presence_taken"},
                 retry_after_s=self._presence_ttl_s,
             ) from None
+        # Silent for as long as presence lasts: the worker is gone (SPEC F6).
+        watch = StreamWatch(
+            self._relay.draining,
+            idle_s=self._presence_ttl_s,
+            max_age_s=stream_max_age_s(self._max_connection_age_s),
+        )
         drained = False
         try:
             yield affinity_pb2.AttachResponse(welcome=self._welcome)
-            async for message in until_set(request_iterator, self._relay.draining):
+            async for message in watch.messages(request_iterator):
                 kind = message.WhichOneof("message")
                 if kind == "heartbeat":
                     await self._relay.heartbeat(attachment)
@@ -205,15 +216,24 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                     break
                 else:
                     raise bad_field("hello", "only the stream's first message may be a Hello")
-            if self._relay.draining.is_set():
+            if watch.ended is not StreamEnd.WORKER:
+                # Presence stays: the worker takes it over from its next stream.
                 drained = True
                 raise RichError(
                     grpc.StatusCode.UNAVAILABLE,
-                    "this relay replica is shutting down; attach again",
+                    "this relay replica is shutting down; attach again"
+                    if watch.ended is StreamEnd.DRAINING
+                    else "this stream reached its maximum age; attach again",
                     reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
-                    metadata={"sandbox_id": attachment.sandbox_id},
+                    metadata={"sandbox_id": attachment.sandbox_id, "why": watch.ended.value},
                     retry_after_s=0,
                 )
+        except IdleStreamError:
+            raise RichError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no heartbeat from sandbox {attachment.sandbox_id}'s worker for "
+                f"{self._presence_ttl_s:g}s; it is detached",
+            ) from None
         except SupersededError:
             raise RichError(
                 grpc.StatusCode.ABORTED,
@@ -224,7 +244,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         except CredentialRefusedError as error:
             raise refusal(attachment.sandbox_id, error) from None
         finally:
-            if not drained:
+            if drained:
+                self._relay.let_go(attachment, watch.ended.value)
+            else:
                 await self._relay.detach(attachment)
 
     def _renew(

@@ -16,6 +16,26 @@ class AffinitySettings(TieredSettings):
     port: int = Field(default=50053, ge=0, le=65535)
     metrics_port: int = Field(default=9093, ge=0, le=65535)
 
+    max_concurrent_streams: int = Field(default=12_000, ge=1, le=100_000)
+    """Worker ``Attach`` streams one replica holds at once (SPEC F6: 10,000 and
+    room for a rollout's reconnects); ``Place`` keeps ``max_concurrent_rpcs``."""
+
+    max_connection_age_s: float = Field(default=1800.0, ge=0, le=7 * 86_400)
+    """After about this long a worker's connection gets GOAWAY, and its stream ends
+    (presence kept) between 1.15 and 1.35 times this long after it began, so the
+    worker attaches again over a new connection, possibly to another replica: after a
+    rollout the fleet evens out within about this long. 0: never."""
+
+    relay_max_redis_calls: int = Field(default=128, ge=1, le=200)
+    """The relay's Redis scripts (attach, heartbeat, detach) in flight at once; more
+    wait their turn. Below the connection pool's 256, so a reattach storm of
+    thousands of workers queues instead of exhausting the pool Place needs too."""
+
+    max_connection_age_grace_s: float = Field(default=2700.0, ge=0, le=7 * 86_400)
+    """How long a connection past its maximum age stays open for its streams; at
+    least 1.5 times ``max_connection_age_s`` (or 0, without limit), so streams end
+    on their own, keeping presence, before gRPC closes the connection under them."""
+
     affinity_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400)
     """How long a session's record lives after its last turn (SPEC T3). Detach marks
     live as long, so a session returning late still sees how long its sandbox is gone."""
@@ -32,7 +52,8 @@ class AffinitySettings(TieredSettings):
 
     presence_ttl_s: float = Field(default=15.0, gt=0, le=3600)
     """A worker's presence expires this long after its last heartbeat: three missed
-    heartbeats by default. The relay also ends a stream that stays silent this long."""
+    heartbeats by default. The relay also ends a stream that stays silent this long
+    (the idle timeout): its presence is removed and the detach mark written."""
 
     retry_after_s: float = Field(default=5.0, gt=0, le=3600)
     """The retry hint of every retryable refusal except "pending", and of "pending"
@@ -62,6 +83,13 @@ class AffinitySettings(TieredSettings):
             raise ValueError(
                 "TURNSTILE_PRESENCE_TTL_S must exceed TURNSTILE_HEARTBEAT_INTERVAL_S, "
                 "or every worker would flap between present and absent"
+            )
+        age, grace = self.max_connection_age_s, self.max_connection_age_grace_s
+        if age > 0 and 0 < grace < 1.5 * age:
+            raise ValueError(
+                "TURNSTILE_MAX_CONNECTION_AGE_GRACE_S must be 0 or at least 1.5 times "
+                "TURNSTILE_MAX_CONNECTION_AGE_S, or gRPC would cut worker streams (and "
+                "detach their sandboxes) before they end on their own"
             )
         if self.worker_attestation == "enforce" and self.worker_credential_public_keys_file is None:
             raise ValueError(

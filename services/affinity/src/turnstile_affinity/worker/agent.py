@@ -4,8 +4,14 @@ One stream at a time. The Welcome says how often to heartbeat and how long
 presence lasts; a stream whose acks stop for that long is treated as dead (the
 relay or the network went away without closing it) and replaced. Any stream
 end other than our own Goodbye leads to a reconnect with exponential backoff
-and jitter, reset once a new stream is welcomed. A Hello the relay refuses as
-invalid is not retried: the configuration must change.
+and full jitter (:mod:`.backoff`), reset once a new stream is welcomed. A Hello
+the relay refuses as invalid is not retried: the configuration must change.
+
+The channel keeps the connection alive with HTTP/2 pings and, given a DNS name
+with several addresses (a headless Service), picks one of them at random
+(``pick_first`` with a shuffled address list): workers spread over relay
+replicas, and when a replica ends a stream at its maximum age (after sending the
+connection GOAWAY) the next stream goes over a new connection, to any replica.
 
 A worker in a warm-pool pod does not know its sandbox yet: it waits, without
 connecting, until the pod's labels file names one (:mod:`.podlabels`).
@@ -20,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
+from collections.abc import Iterator
 
 import grpc
 import grpc.aio
 
+from turnstile_affinity.worker.backoff import reconnect_delays
 from turnstile_affinity.worker.credential import read_credential, wait_for_credential
 from turnstile_affinity.worker.podlabels import wait_for_sandbox_id
 from turnstile_affinity.worker.settings import WorkerSettings
@@ -36,6 +45,30 @@ log = logging.getLogger(__name__)
 Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]
 #: What ``read()`` returns at the end of a stream (not in grpc-stubs).
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
+
+
+#: Spread workers over the addresses a name resolves to, one connection each.
+_SERVICE_CONFIG = json.dumps(
+    {"loadBalancingConfig": [{"pick_first": {"shuffleAddressList": True}}]}
+)
+
+
+def channel_options(keepalive_time_s: float) -> list[tuple[str, object]]:
+    """The relay channel's arguments: keepalive pings and random replica choice.
+
+    Pings go out every ``keepalive_time_s`` even without a call in flight; the
+    relay tolerates pings every 10 s or more (``TURNSTILE_KEEPALIVE_MIN_PING_INTERVAL_S``).
+    """
+    return [
+        ("grpc.keepalive_time_ms", round(keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.service_config", _SERVICE_CONFIG),
+        # A connection of its own: channels sharing gRPC's global subchannel pool
+        # (several agents in one process) would all pick the one already connected.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
 
 
 class HelloRefusedError(Exception):
@@ -65,6 +98,10 @@ class WorkerAgent:
         self.presented_credential = ""
         #: Set each time the relay accepts a renewed credential (tests and logs use it).
         self.renewal_accepted = asyncio.Event()
+        #: How many streams the relay has welcomed (tests and logs use it).
+        self.welcomes = 0
+        self._welcomed = asyncio.Condition()
+        self._rng = random.Random()
 
     async def run(self) -> None:
         """Learn the sandbox id if need be, then attach, and re-attach after failures,
@@ -89,8 +126,10 @@ class WorkerAgent:
             if credential is None:  # stopped before the substrate wrote it
                 return
         sandbox_id = self.sandbox_id
-        backoff = settings.reconnect_initial_s
-        async with grpc.aio.insecure_channel(settings.affinity_addr) as channel:
+        delays = self._delays()
+        async with grpc.aio.insecure_channel(
+            settings.affinity_addr, options=channel_options(settings.keepalive_time_s)
+        ) as channel:
             stub: affinity_pb2_grpc.AffinityServiceAsyncStub = (
                 affinity_pb2_grpc.AffinityServiceStub(channel)
             )
@@ -119,11 +158,18 @@ class WorkerAgent:
                 if self.stop.is_set():
                     break
                 if welcomed:  # a stream that had been welcomed: start backing off afresh
-                    backoff = settings.reconnect_initial_s
-                delay = backoff * random.uniform(0.5, 1.0)
-                backoff = min(backoff * 2, settings.reconnect_max_s)
+                    delays = self._delays()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), timeout=delay)
+                    await asyncio.wait_for(self.stop.wait(), timeout=next(delays))
+
+    async def welcomed(self, count: int) -> None:
+        """Return once the relay has welcomed ``count`` streams of this worker."""
+        async with self._welcomed:
+            await self._welcomed.wait_for(lambda: self.welcomes >= count)
+
+    def _delays(self) -> Iterator[float]:
+        settings = self.settings
+        return reconnect_delays(settings.reconnect_initial_s, settings.reconnect_max_s, self._rng)
 
     async def _stream(
         self, stub: affinity_pb2_grpc.AffinityServiceAsyncStub, sandbox_id: str
@@ -148,6 +194,9 @@ class WorkerAgent:
             interval = max(welcome.heartbeat_interval.ToTimedelta().total_seconds(), 0.05)
             silence = max(welcome.presence_ttl.ToTimedelta().total_seconds(), interval * 2)
             self.detached.clear()
+            async with self._welcomed:
+                self.welcomes += 1
+                self._welcomed.notify_all()
             self.attached.set()
             log.info(
                 "attached to the relay",

@@ -76,11 +76,18 @@ class WorkerSettings(BaseSettings):
     )
     """Where the affinity relay listens (any replica: presence is shared)."""
 
-    reconnect_initial_s: float = Field(default=0.1, gt=0, le=60)
-    """First wait before reconnecting after the relay went away; doubles each time."""
+    reconnect_initial_s: float = Field(default=1.0, gt=0, le=60)
+    """The first reconnect after a stream ends waits a random time up to this long;
+    the window doubles with each failed attempt (full jitter), so a replica's
+    workers do not all come back in the same instant."""
 
-    reconnect_max_s: float = Field(default=5.0, gt=0, le=300)
-    """Longest wait between reconnection attempts (with jitter)."""
+    reconnect_max_s: float = Field(default=10.0, gt=0, le=300)
+    """The largest reconnect window; below the relay's presence ttl (15 s), so a
+    worker usually re-attaches before its presence lapses."""
+
+    keepalive_time_s: float = Field(default=30.0, ge=10, le=3600)
+    """How often the channel pings the relay to keep the connection (and any
+    middlebox's state of it) alive; at least the relay's minimum ping interval."""
 
     goodbye_timeout_s: float = Field(default=2.0, gt=0, le=60)
     """On SIGTERM/SIGINT, how long to wait for the relay to close after Goodbye."""

@@ -95,7 +95,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     limit, current.
     """
     ERROR_REASON_CONCURRENCY_LIMITED: _ErrorReason.ValueType  # 4
-    """The client has its maximum number of activations in flight."""
+    """The client has its maximum number of activations in flight, or a server
+    its maximum of concurrent unary calls or streams (metadata: kind, limit,
+    method).
+    """
     ERROR_REASON_NODE_SLOTS_EXHAUSTED: _ErrorReason.ValueType  # 5
     """Every candidate node's network slots are held (cold creates only)."""
     ERROR_REASON_POLICY_BACKEND_UNAVAILABLE: _ErrorReason.ValueType  # 6
@@ -137,7 +140,10 @@ ERROR_REASON_RATE_LIMITED: ErrorReason.ValueType  # 3
 limit, current.
 """
 ERROR_REASON_CONCURRENCY_LIMITED: ErrorReason.ValueType  # 4
-"""The client has its maximum number of activations in flight."""
+"""The client has its maximum number of activations in flight, or a server
+its maximum of concurrent unary calls or streams (metadata: kind, limit,
+method).
+"""
 ERROR_REASON_NODE_SLOTS_EXHAUSTED: ErrorReason.ValueType  # 5
 """Every candidate node's network slots are held (cold creates only)."""
 ERROR_REASON_POLICY_BACKEND_UNAVAILABLE: ErrorReason.ValueType  # 6

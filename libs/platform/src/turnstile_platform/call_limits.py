@@ -1,0 +1,78 @@
+"""Caps on the RPCs a server runs at once: one for unary calls, one for streams (SPEC F6).
+
+gRPC's own ``maximum_concurrent_rpcs`` is server-wide: a relay's long-lived
+worker streams would use up the slots its unary ``Place`` calls need (and a
+burst of ``Place`` would refuse workers). So the bootstrap gives gRPC a cap of
+both limits plus a little room for health and reflection, and enforces the two
+limits here, in the server interceptor, where a refusal can carry the rich error
+model: ``RESOURCE_EXHAUSTED`` with ``ErrorInfo`` (``CONCURRENCY_LIMITED``, which
+limit, how large) and ``RetryInfo``.
+
+Counting is plain integers on the event loop: the server runs every handler on
+one loop, so no lock is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from enum import StrEnum
+
+import grpc
+from prometheus_client import Gauge
+
+from turnstile_contracts import common_pb2
+from turnstile_platform.errors import RichError, reason_name
+
+#: Room kept in gRPC's server-wide cap for calls the limits do not count
+#: (health checks and watches, reflection).
+UNCOUNTED_ROOM = 64
+
+IN_FLIGHT = Gauge(
+    "turnstile_grpc_server_in_flight",
+    "RPCs being served, by kind (unary or stream), against their limit.",
+    ["kind"],
+)
+
+
+class CallKind(StrEnum):
+    UNARY = "unary"
+    STREAM = "stream"
+
+
+class CallLimits:
+    """How many unary calls and how many streams may run at once."""
+
+    def __init__(self, *, unary: int, streams: int, retry_after_s: float = 1.0) -> None:
+        self._limits = {CallKind.UNARY: unary, CallKind.STREAM: streams}
+        self._in_flight = {CallKind.UNARY: 0, CallKind.STREAM: 0}
+        self._retry_after_s = retry_after_s
+
+    @property
+    def server_cap(self) -> int:
+        """gRPC's ``maximum_concurrent_rpcs``: a backstop above both limits."""
+        return sum(self._limits.values()) + UNCOUNTED_ROOM
+
+    def in_flight(self, kind: CallKind) -> int:
+        return self._in_flight[kind]
+
+    @contextlib.contextmanager
+    def slot(self, kind: CallKind, method: str) -> Iterator[None]:
+        """Hold one slot of ``kind`` for the call; raise a rich refusal when none is free."""
+        limit = self._limits[kind]
+        if self._in_flight[kind] >= limit:
+            raise RichError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this replica is serving its limit of {limit} concurrent {kind.value} "
+                f"RPCs; {method} was refused, retry later or on another replica",
+                reason=reason_name(common_pb2.ERROR_REASON_CONCURRENCY_LIMITED),
+                metadata={"kind": kind.value, "limit": str(limit), "method": method},
+                retry_after_s=self._retry_after_s,
+            )
+        self._in_flight[kind] += 1
+        IN_FLIGHT.labels(kind.value).inc()
+        try:
+            yield
+        finally:
+            self._in_flight[kind] -= 1
+            IN_FLIGHT.labels(kind.value).dec()
