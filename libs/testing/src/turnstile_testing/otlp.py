@@ -29,6 +29,9 @@ class ReceivedSpan:
     parent_span_id: str
     kind: int
     attributes: dict[str, object] = field(default_factory=dict)
+    #: Wall-clock start and end (ns since the epoch), for stage timings.
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 def _value(any_value: common_pb2.AnyValue) -> object:
@@ -80,6 +83,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                             parent_span_id=span.parent_span_id.hex(),
                             kind=span.kind,
                             attributes={a.key: _value(a.value) for a in span.attributes},
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
                         )
                     )
         with self._changed:

@@ -1,0 +1,288 @@
+"""Wake benchmark: from a session's first ``SANDBOX_PENDING`` to its next ``HIT``.
+
+    uv run python services/affinity/bench/bench_wake.py [--rounds 8] [--poll-ms 20]
+
+It runs the real local stack (``turnstilectl up``: admission, substrate on the
+Direct substrate, affinity, each its own process, the worker agent as each
+sandbox's runtime) against the test Redis and a fresh PostgreSQL database, all
+exporting spans over OTLP to the test kit's receiver. One sandbox serves one
+session; each round deactivates the sandbox, waits until its worker is gone,
+then ``Place``s every ``--poll-ms`` until ``HIT`` (the way a client retries a
+pending answer), and times the wake from the first pending answer.
+
+The split by stage comes from the trace (server spans, wall clock):
+
+- ``trigger``: the pending ``Place`` began → substrate ``Activate`` began
+  (affinity's background wake, one gRPC hop);
+- ``activate``: the substrate's ``Activate`` (admission, credential, spawn),
+  of which ``admit`` is the ``Admit`` call;
+- ``worker_start``: ``Activate`` ended → the woken worker's ``Attach`` stream
+  began at affinity (interpreter start-up, imports, connect);
+- ``to_hit``: ``Attach`` began → the client saw ``HIT`` (Hello, Welcome,
+  presence, and the client's next poll).
+
+Output: one line per round, then a JSON object (stable keys: ``rounds``,
+``p50_s``, ``p99_s``, ``stages`` with each stage's p50/p99 in seconds, ``load``).
+Environment: ``TURNSTILE_TEST_REDIS_URL`` / ``TURNSTILE_TEST_DATABASE_URL``
+(defaults: the local Redis and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import grpc
+import grpc.aio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from turnstile_contracts import (
+    affinity_pb2,
+    affinity_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+from turnstile_platform.errors import decode
+from turnstile_platform.tracing import client_interceptors
+from turnstile_testing.otlp import OtlpReceiver, ReceivedSpan
+from turnstile_testing.stack import run_stack
+
+PLACE = "/turnstile.affinity.v1.AffinityService/Place"
+ATTACH = "/turnstile.affinity.v1.AffinityService/Attach"
+ACTIVATE = "/turnstile.substrate.v1.SubstrateService/Activate"
+ADMIT = "/turnstile.admission.v1.AdmissionService/Admit"
+SERVER, CLIENT = 2, 3  # OTLP span kinds
+STAGES = ("trigger", "activate", "admit", "worker_start", "to_hit")
+SANDBOX, SESSION = "bench-wake-sb", "bench-wake-chat"
+
+
+@dataclass
+class Round:
+    trace_id: str
+    pending_ns: int  # wall clock when the first pending answer came back
+    hit_ns: int  # wall clock when the HIT came back
+    polls: int
+
+    @property
+    def wake_s(self) -> float:
+        return (self.hit_ns - self.pending_ns) / 1e9
+
+
+async def _until(probe: Callable[[], Awaitable[bool]], interval_s: float, timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not await probe():
+            await asyncio.sleep(interval_s)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _stages(rnd: Round, spans: list[ReceivedSpan]) -> dict[str, float]:
+    """The round's stage durations (s) from its trace and the Attach span that followed."""
+
+    def one(name: str, kind: int) -> ReceivedSpan:
+        found = [s for s in spans if s.trace_id == rnd.trace_id and s.name == name and s.kind == kind]
+        if len(found) != 1:
+            raise RuntimeError(f"{name}: {len(found)} spans in round {rnd.trace_id}")
+        return found[0]
+
+    place = min(
+        (s for s in spans if s.trace_id == rnd.trace_id and s.name == PLACE and s.kind == SERVER),
+        key=lambda s: s.start_ns,
+    )
+    activate = one(ACTIVATE, SERVER)
+    admit = one(ADMIT, SERVER)
+    attach = min(
+        (s for s in spans if s.name == ATTACH and s.kind == SERVER and s.start_ns >= activate.start_ns),
+        key=lambda s: s.start_ns,
+    )
+    return {
+        "trigger": (activate.start_ns - place.start_ns) / 1e9,
+        "activate": (activate.end_ns - activate.start_ns) / 1e9,
+        "admit": (admit.end_ns - admit.start_ns) / 1e9,
+        "worker_start": (attach.start_ns - activate.end_ns) / 1e9,
+        "to_hit": (rnd.hit_ns - attach.start_ns) / 1e9,
+    }
+
+
+async def _rounds(
+    affinity: affinity_pb2_grpc.AffinityServiceAsyncStub,
+    substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub,
+    tracer: trace.Tracer,
+    rounds: int,
+    poll_s: float,
+) -> list[Round]:
+    async def present() -> bool:
+        listed = await affinity.ListWorkers(affinity_pb2.ListWorkersRequest())
+        return any(w.sandbox_id == SANDBOX for w in listed.workers)
+
+    async def absent() -> bool:
+        return not await present()
+
+    await substrate.Activate(
+        substrate_pb2.ActivateRequest(
+            sandbox_id=SANDBOX, client=common_pb2.ActivationClient(client_id="bench")
+        )
+    )
+    await _until(present, poll_s, 60)
+    first = await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+    await affinity.ReleaseLease(
+        affinity_pb2.ReleaseLeaseRequest(sandbox_id=first.sandbox_id, lease_id=first.lease_id)
+    )
+    done: list[Round] = []
+    for index in range(rounds):
+        await substrate.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id=SANDBOX))
+        await _until(absent, poll_s, 60)
+        with tracer.start_as_current_span(f"wake round {index}") as root:
+            trace_id = format(root.get_span_context().trace_id, "032x")
+            pending_ns = 0
+            polls = 0
+            async with asyncio.timeout(60):
+                while True:
+                    polls += 1
+                    try:
+                        hit = await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+                    except grpc.aio.AioRpcError as raw:
+                        reason = decode(raw).reason
+                        if reason != "SANDBOX_PENDING":
+                            raise RuntimeError(f"Place answered {reason}") from raw
+                        if not pending_ns:
+                            pending_ns = time.time_ns()
+                        await asyncio.sleep(poll_s)
+                        continue
+                    hit_ns = time.time_ns()
+                    break
+        if not pending_ns:
+            raise RuntimeError("the sandbox was back before the first Place: no wake measured")
+        await affinity.ReleaseLease(
+            affinity_pb2.ReleaseLeaseRequest(sandbox_id=hit.sandbox_id, lease_id=hit.lease_id)
+        )
+        rnd = Round(trace_id, pending_ns, hit_ns, polls)
+        print(f"round {index}: {rnd.wake_s * 1000:.0f} ms ({polls} polls)", flush=True)
+        done.append(rnd)
+    # Ends the last Attach stream, so its span is exported too.
+    await substrate.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id=SANDBOX))
+    await _until(absent, poll_s, 60)
+    return done
+
+
+async def _fresh_database(postgres_url: str) -> tuple[str, Callable[[], Awaitable[None]]]:
+    name = f"bench_wake_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+
+    async def drop() -> None:
+        admin = await asyncpg.connect(postgres_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+    return f"{postgres_url.rsplit('/', 1)[0]}/{name}", drop
+
+
+async def direct(rounds: int, poll_s: float) -> dict[str, object]:
+    redis_url = os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    postgres_url = os.environ.get(
+        "TURNSTILE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+    database_url, drop = await _fresh_database(postgres_url)
+    receiver = await OtlpReceiver().start()
+    provider = TracerProvider()
+    tracer = provider.get_tracer("bench-wake")
+    exporting = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-wake-") as tmp,
+            run_stack(
+                Path(tmp),
+                redis_url=redis_url,
+                redis_prefix=f"bench-wake:{uuid.uuid4().hex[:8]}:",
+                database_url=database_url,
+                grace_s=60.0,
+                extra_env=exporting,
+            ) as stack,
+        ):
+            await stack.wait_serving(timeout_s=90)
+            _, substrate_addr, affinity_addr = stack.addresses
+            interceptors = client_interceptors(provider)
+            async with (
+                grpc.aio.insecure_channel(substrate_addr, interceptors=interceptors) as sub,
+                grpc.aio.insecure_channel(affinity_addr, interceptors=interceptors) as aff,
+            ):
+                done = await _rounds(
+                    affinity_pb2_grpc.AffinityServiceStub(aff),
+                    substrate_pb2_grpc.SubstrateServiceStub(sub),
+                    tracer,
+                    rounds,
+                    poll_s,
+                )
+
+            def complete(spans: list[ReceivedSpan]) -> bool:
+                attaches = sum(1 for s in spans if s.name == ATTACH and s.kind == SERVER)
+                traced = {s.trace_id for s in spans if s.name == ACTIVATE and s.kind == SERVER}
+                return attaches >= rounds + 1 and all(r.trace_id in traced for r in done)
+
+            spans = await receiver.wait_for(complete, timeout=60)
+            await asyncio.to_thread(stack.interrupt)
+    finally:
+        await receiver.stop()
+        await drop()
+    return _summary("direct", done, spans)
+
+
+def _summary(substrate: str, done: list[Round], spans: list[ReceivedSpan]) -> dict[str, object]:
+    walls = [r.wake_s for r in done]
+    staged = [_stages(r, spans) for r in done]
+    for index, split in enumerate(staged):
+        parts = ", ".join(f"{k} {v * 1000:.0f}" for k, v in split.items())
+        print(f"round {index} stages (ms): {parts}", flush=True)
+    return {
+        "substrate": substrate,
+        "rounds": len(done),
+        "p50_s": round(statistics.median(walls), 4),
+        "p99_s": round(_percentile(walls, 0.99), 4),
+        "stages": {
+            stage: {
+                "p50_s": round(statistics.median(s[stage] for s in staged), 4),
+                "p99_s": round(_percentile([s[stage] for s in staged], 0.99), 4),
+            }
+            for stage in STAGES
+        },
+        "load": list(os.getloadavg()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--poll-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    result = asyncio.run(direct(args.rounds, args.poll_ms / 1000))
+    print(json.dumps({"wake": [result]}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
