@@ -34,7 +34,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -82,8 +81,9 @@ class Round:
 
 
 async def _until(probe: Callable[[], Awaitable[bool]], interval_s: float, timeout_s: float) -> None:
+    """Poll another process's state: no event crosses the process boundary."""
     async with asyncio.timeout(timeout_s):
-        while not await probe():
+        while not await probe():  # noqa: ASYNC110 - the state is in other processes
             await asyncio.sleep(interval_s)
 
 
@@ -96,7 +96,9 @@ def _stages(rnd: Round, spans: list[ReceivedSpan]) -> dict[str, float]:
     """The round's stage durations (s) from its trace and the Attach span that followed."""
 
     def one(name: str, kind: int) -> ReceivedSpan:
-        found = [s for s in spans if s.trace_id == rnd.trace_id and s.name == name and s.kind == kind]
+        found = [
+            s for s in spans if s.trace_id == rnd.trace_id and s.name == name and s.kind == kind
+        ]
         if len(found) != 1:
             raise RuntimeError(f"{name}: {len(found)} spans in round {rnd.trace_id}")
         return found[0]
@@ -108,7 +110,11 @@ def _stages(rnd: Round, spans: list[ReceivedSpan]) -> dict[str, float]:
     activate = one(ACTIVATE, SERVER)
     admit = one(ADMIT, SERVER)
     attach = min(
-        (s for s in spans if s.name == ATTACH and s.kind == SERVER and s.start_ns >= activate.start_ns),
+        (
+            s
+            for s in spans
+            if s.name == ATTACH and s.kind == SERVER and s.start_ns >= activate.start_ns
+        ),
         key=lambda s: s.start_ns,
     )
     return {
@@ -199,7 +205,7 @@ async def _fresh_database(postgres_url: str) -> tuple[str, Callable[[], Awaitabl
     return f"{postgres_url.rsplit('/', 1)[0]}/{name}", drop
 
 
-async def direct(rounds: int, poll_s: float) -> dict[str, object]:
+async def direct(rounds: int, poll_s: float, workdir: Path | None) -> dict[str, object]:
     redis_url = os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     postgres_url = os.environ.get(
         "TURNSTILE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -217,7 +223,7 @@ async def direct(rounds: int, poll_s: float) -> dict[str, object]:
         with (
             tempfile.TemporaryDirectory(prefix="bench-wake-") as tmp,
             run_stack(
-                Path(tmp),
+                workdir or Path(tmp),
                 redis_url=redis_url,
                 redis_prefix=f"bench-wake:{uuid.uuid4().hex[:8]}:",
                 database_url=database_url,
@@ -279,10 +285,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--poll-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the stack's logs and runtime logs here (default: temp)"
+    )
     args = parser.parse_args()
-    result = asyncio.run(direct(args.rounds, args.poll_ms / 1000))
+    result = asyncio.run(direct(args.rounds, args.poll_ms / 1000, args.workdir))
     print(json.dumps({"wake": [result]}))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
