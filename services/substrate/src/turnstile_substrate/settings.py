@@ -67,6 +67,18 @@ class SubstrateSettings(TieredSettings):
     ``TURNSTILE_WORKER_CAPACITY`` and ``TURNSTILE_WORKER_CREDENTIAL_FILE``, and must
     exit on SIGTERM."""
 
+    direct_runtime_preload: str = Field(
+        default="", pattern=r"^([A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)?$"
+    )
+    """Direct substrate: ``module:function`` of a Python runtime to preload. Set: a
+    launcher process imports the module once, at start, and each runtime is forked
+    from it and calls the function (milliseconds instead of the interpreter's start
+    and imports, which a woken session waits for); the runtime gets the same
+    environment, working directory, log and process group as one started from
+    ``direct_runtime_command``, which is still used whenever the launcher is
+    unavailable. ``turnstilectl up`` sets ``turnstile_affinity.worker.__main__:main``
+    (the worker agent). Empty: every runtime starts from the command."""
+
     direct_state_dir: Path = Path(".run/direct")
     """Direct substrate: one directory per sandbox holds its workspace (the
     runtime's working directory, kept across stop and restore), its runtime

@@ -59,6 +59,7 @@ from turnstile_platform.sandbox_credentials import (
 )
 from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
+from turnstile_substrate.direct.launcher import Launcher
 from turnstile_substrate.live_store import LiveStore, declare_unsupported
 from turnstile_substrate.runtime import (
     CapGate,
@@ -135,6 +136,10 @@ class DirectSubstrate:
         if settings.direct_worker_capacity is not None:
             self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
         self._reaper = processes.Reaper()
+        #: Forks runtimes from a process that imported them already (fast wakes).
+        self._launcher = (
+            Launcher(settings.direct_runtime_preload) if settings.direct_runtime_preload else None
+        )
         self._started = False
         self.credentials = credentials
         self._renew_interval_s = settings.worker_credential_renew_interval_s
@@ -146,6 +151,8 @@ class DirectSubstrate:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.state_dir.mkdir, parents=True, exist_ok=True)
+        if self._launcher is not None:
+            await asyncio.to_thread(self._launcher.start)
         self._started = True
         if self.credentials is not None and self._leadership is None:
             self._renewing = asyncio.create_task(self._renew_forever(self.credentials))
@@ -157,6 +164,8 @@ class DirectSubstrate:
             self._renewing.cancel()
             await asyncio.gather(self._renewing, return_exceptions=True)
         self._reaper.close()
+        if self._launcher is not None:
+            await asyncio.to_thread(self._launcher.close)
 
     def ready(self) -> bool:
         return self._started
@@ -197,15 +206,20 @@ class DirectSubstrate:
         except asyncio.CancelledError:
             await asyncio.wait([starting])
             if not starting.cancelled() and starting.exception() is None:
-                self._reaper.watch(starting.result()[1])
+                self._watch(starting.result()[1])
                 await self.stop_runtime(spec.sandbox_id)
             raise
-        self._reaper.watch(child)
+        self._watch(child)
         log.info(
             "runtime started",
             extra={"sandbox_id": spec.sandbox_id, "pid": record.pid, "kind": plan.kind.value},
         )
         return record.runtime(spec.sandbox_id)
+
+    def _watch(self, child: subprocess.Popen[bytes] | None) -> None:
+        """Reap our own child; a runtime forked by the launcher is reaped by the kernel."""
+        if child is not None:
+            self._reaper.watch(child)
 
     async def stop_runtime(self, sandbox_id: str) -> bool:
         """Revoke the runtime's credential, then SIGTERM its process group and
@@ -355,8 +369,12 @@ class DirectSubstrate:
 
     def _start(
         self, spec: RuntimeSpec, kind: CreateKind, issued: Issued | None
-    ) -> tuple[RuntimeRecord, subprocess.Popen[bytes]]:
-        """Blocking part of a start (runs in a thread): workspace, spawn, record."""
+    ) -> tuple[RuntimeRecord, subprocess.Popen[bytes] | None]:
+        """Blocking part of a start (runs in a thread): workspace, spawn, record.
+
+        The runtime is forked by the launcher when there is one that works, or
+        else started from the command (then it is our child, returned for reaping).
+        """
         directory = self.sandbox_dir(spec.sandbox_id)
         workspace = self.workspace(spec.sandbox_id)
         if kind is not CreateKind.RESTORE and workspace.exists():
@@ -364,20 +382,24 @@ class DirectSubstrate:
         workspace.mkdir(parents=True, exist_ok=True)
         if issued is not None:
             write_private_file(self._credential_path(spec.sandbox_id), issued.credential.encode())
-        child = processes.spawn(
-            self.command,
-            env=self._environment(spec, issued),
-            cwd=workspace,
-            log_path=directory / "runtime.log",
-        )
+        env = self._environment(spec, issued)
+        log_path = directory / "runtime.log"
+        child: subprocess.Popen[bytes] | None = None
+        pid = None
+        if self._launcher is not None:
+            pid = self._launcher.spawn(env, workspace, log_path, self.command[0])
+        if pid is None:
+            child = processes.spawn(self.command, env=env, cwd=workspace, log_path=log_path)
+            pid = child.pid
         try:
-            ticks = processes.start_ticks(child.pid)
+            ticks = processes.start_ticks(pid)
             if ticks is None:
-                raise RuntimeError(f"runtime exited at once with status {child.wait()}")
+                status = child.wait() if child is not None else "unknown"
+                raise RuntimeError(f"runtime exited at once with status {status}")
             record = RuntimeRecord(
-                pid=child.pid,
+                pid=pid,
                 start_ticks=ticks,
-                name=f"proc-{child.pid}",
+                name=f"proc-{pid}",
                 kind=kind.value,
                 client_label=spec.client_label,
                 tier=spec.tier,
@@ -386,8 +408,9 @@ class DirectSubstrate:
             )
             self._write_record(spec.sandbox_id, record)
         except BaseException:
-            processes.signal_group(child.pid, signal.SIGKILL)
-            child.wait()
+            processes.signal_group(pid, signal.SIGKILL)
+            if child is not None:
+                child.wait()
             raise
         return record, child
 

@@ -102,6 +102,8 @@ class StackConfig:
                     "TURNSTILE_SUBSTRATE_KIND": "direct",
                     "TURNSTILE_DATABASE_URL": self.database_url,
                     "TURNSTILE_DIRECT_STATE_DIR": str(self.state_dir.absolute()),
+                    # Woken sandboxes' workers are forked pre-imported (fast wakes).
+                    "TURNSTILE_DIRECT_RUNTIME_PRELOAD": "turnstile_affinity.worker.__main__:main",
                     "TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE": str(self.signing_key_file),
                 },
             ),

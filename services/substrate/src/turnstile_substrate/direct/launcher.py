@@ -1,0 +1,216 @@
+"""A preloaded launcher: runtimes forked from a process that has imported them already.
+
+Why: a woken sandbox waits for its runtime to start, and the worker agent's
+imports (pydantic, protobuf, grpc) take 0.5 s on an idle machine and well over
+a second under load, most of the wake (``services/affinity/bench/bench_wake.py``).
+A process that imported the runtime's module once, before any wake, can fork
+a new runtime in milliseconds.
+
+The launcher is a child of the substrate (``python -m
+turnstile_substrate.direct.launcher MODULE:FUNCTION FD``), talking over one
+end of a socket pair: a request is one line of JSON (environment, working
+directory, log file, ``argv[0]``), the answer one line with the new runtime's
+pid, or an error. It forks, and the child sets itself up as a runtime started
+by :func:`~turnstile_substrate.direct.processes.spawn` would be (its own
+session and process group, the working directory, stdin from ``/dev/null``,
+stdout and stderr to the log, only the given environment), then calls
+``FUNCTION()`` and exits with its status. The answer comes only once the child
+is set up (or failed to be), so the runtime's process group exists when the
+substrate learns its pid. The launcher never runs an event loop or a thread,
+so forking it is safe; children are reaped by the kernel (``SIGCHLD``
+ignored), and their exits are seen through pidfds like any runtime's. It exits
+when the substrate closes its end.
+
+This module imports only the standard library, so the substrate side
+(:class:`Launcher`) costs nothing to load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for one answer (the first one waits for the preload's imports).
+ANSWER_TIMEOUT_S = 60.0
+
+
+class Launcher:
+    """The substrate's side: starts the launcher process and asks it for runtimes.
+
+    Blocking: call :meth:`spawn` from a thread, like
+    :func:`~turnstile_substrate.direct.processes.spawn`. Any failure of the
+    launcher (it could not import the target, died, or stopped answering) makes
+    :meth:`spawn` return None and the launcher is not asked again: the caller
+    then starts the runtime from its command.
+    """
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+        self._reader: Callable[[], bytes] | None = None
+
+    def start(self) -> None:
+        """Start the launcher process; it imports the target in the background."""
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, self.target, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+            )
+        except OSError:
+            ours.close()
+            log.warning("the runtime launcher did not start", exc_info=True)
+            return
+        finally:
+            theirs.close()
+        ours.settimeout(ANSWER_TIMEOUT_S)
+        self._socket = ours
+        self._reader = ours.makefile("rb").readline
+
+    def spawn(self, env: Mapping[str, str], cwd: Path, log_path: Path, argv0: str) -> int | None:
+        """Fork a runtime; its pid, or None when the launcher cannot (see the class)."""
+        with self._lock:
+            if self._socket is None or self._reader is None:
+                return None
+            request = {"env": dict(env), "cwd": str(cwd), "log": str(log_path), "argv0": argv0}
+            try:
+                self._socket.sendall(json.dumps(request).encode() + b"\n")
+                line = self._reader()
+                answer = json.loads(line) if line else {"error": "the launcher exited"}
+            except (OSError, ValueError) as error:
+                answer = {"error": f"the launcher failed: {error}"}
+            pid = answer.get("pid")
+            if isinstance(pid, int):
+                return pid
+            if answer.get("setup"):  # this runtime could not be set up; the launcher is fine
+                raise RuntimeError(f"runtime set-up failed: {answer['error']}")
+            log.warning(
+                "the runtime launcher is unavailable; starting runtimes from the command",
+                extra={"detail": str(answer.get("error"))},
+            )
+            self._close_locked()
+            return None
+
+    def close(self) -> None:
+        """Close the socket (the launcher then exits) and reap the launcher."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+            self._reader = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+
+# -- the launcher process ---------------------------------------------------------
+
+
+def serve(target: str, fd: int) -> int:
+    """Import ``target`` (``module:function``), then fork a runtime per request."""
+    module_name, _, function_name = target.partition(":")
+    entry = getattr(importlib.import_module(module_name), function_name)
+    # Ctrl-C at a terminal reaches the whole process group; the launcher ends
+    # when the substrate does (EOF), and never leaves zombies.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    with socket.socket(fileno=fd) as channel, channel.makefile("rwb") as stream:
+        for line in stream:
+            request = json.loads(line)
+            try:
+                answer: dict[str, object] = {"pid": _fork(entry, request, channel)}
+            except _SetupError as error:
+                answer = {"error": str(error), "setup": True}
+            except OSError as error:
+                answer = {"error": f"fork failed: {error}"}
+            stream.write(json.dumps(answer).encode() + b"\n")
+            stream.flush()
+    return 0
+
+
+class _SetupError(Exception):
+    """The child could not set itself up as a runtime (working directory, log file)."""
+
+
+def _fork(entry: Callable[[], object], request: dict[str, object], channel: socket.socket) -> int:
+    """Fork a child that runs ``entry``; its pid once it is set up."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(ready_r)
+        channel.close()
+        _run_child(entry, request, ready_w)
+    os.close(ready_w)
+    with os.fdopen(ready_r, "rb") as ready:
+        report = ready.read()
+    if report:
+        raise _SetupError(report.decode(errors="replace"))
+    return pid
+
+
+def _run_child(entry: Callable[[], object], request: dict[str, object], ready_w: int) -> None:
+    code = 1
+    try:
+        try:
+            os.setsid()
+            os.chdir(str(request["cwd"]))
+            out = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            null = os.open(os.devnull, os.O_RDONLY)
+        except OSError as error:
+            os.write(ready_w, str(error).encode())
+            os._exit(1)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, ready_w)
+        os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        env = request["env"]
+        assert isinstance(env, dict)
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+        sys.argv = [str(request["argv0"])]
+        os.close(ready_w)  # set up: the launcher may answer with our pid
+        entry()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1], int(sys.argv[2])))
