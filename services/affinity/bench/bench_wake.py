@@ -1,14 +1,21 @@
 """Wake benchmark: from a session's first ``SANDBOX_PENDING`` to its next ``HIT``.
 
     uv run python services/affinity/bench/bench_wake.py [--rounds 8] [--poll-ms 20]
+        [--substrate direct,kubernetes]
 
-It runs the real local stack (``turnstilectl up``: admission, substrate on the
-Direct substrate, affinity, each its own process, the worker agent as each
-sandbox's runtime) against the test Redis and a fresh PostgreSQL database, all
-exporting spans over OTLP to the test kit's receiver. One sandbox serves one
-session; each round deactivates the sandbox, waits until its worker is gone,
-then ``Place``s every ``--poll-ms`` until ``HIT`` (the way a client retries a
-pending answer), and times the wake from the first pending answer.
+``direct`` runs the real local stack (``turnstilectl up``: admission, substrate
+on the Direct substrate, affinity, each its own process, the worker agent as
+each sandbox's runtime, forked from the preloaded launcher). ``kubernetes``
+runs the same three services as processes with the substrate on the
+Kubernetes substrate against the test kit's API-server emulator (in this
+process), with a stand-in kubelet here that marks each new sandbox pod
+Running at once and starts, for it, a fresh ``turnstile-worker`` process (as
+the pod's container would; no preloading), stopped when the pod goes. Both
+use the test Redis and a fresh PostgreSQL database, and export spans over OTLP
+to the test kit's receiver. One sandbox serves one session; each round
+deactivates the sandbox, waits until its worker is gone, then ``Place``s every
+``--poll-ms`` until ``HIT`` (the way a client retries a pending answer), and
+times the wake from the first pending answer.
 
 The split by stage comes from the trace (server spans, wall clock):
 
@@ -17,12 +24,14 @@ The split by stage comes from the trace (server spans, wall clock):
 - ``activate``: the substrate's ``Activate`` (admission, credential, spawn),
   of which ``admit`` is the ``Admit`` call;
 - ``worker_start``: ``Activate`` ended → the woken worker's ``Attach`` stream
-  began at affinity (interpreter start-up, imports, connect);
+  began at affinity (interpreter start-up or fork, imports, connect); negative
+  when the worker attached before ``Activate`` answered;
 - ``to_hit``: ``Attach`` began → the client saw ``HIT`` (Hello, Welcome,
   presence, and the client's next poll).
 
-Output: one line per round, then a JSON object (stable keys: ``rounds``,
-``p50_s``, ``p99_s``, ``stages`` with each stage's p50/p99 in seconds, ``load``).
+Output: one line per round, then a JSON object ``{"wake": [...]}`` with one
+entry per substrate (stable keys: ``substrate``, ``rounds``, ``p50_s``,
+``p99_s``, ``stages`` with each stage's p50/p99 in seconds, ``load``).
 Environment: ``TURNSTILE_TEST_REDIS_URL`` / ``TURNSTILE_TEST_DATABASE_URL``
 (defaults: the local Redis and PostgreSQL).
 """
@@ -33,13 +42,18 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import grpc
@@ -54,9 +68,13 @@ from turnstile_contracts import (
     substrate_pb2,
     substrate_pb2_grpc,
 )
+from turnstile_platform import peers
 from turnstile_platform.errors import decode
+from turnstile_platform.health_check import wait_serving
 from turnstile_platform.tracing import client_interceptors
+from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.otlp import OtlpReceiver, ReceivedSpan
+from turnstile_testing.processes import free_port
 from turnstile_testing.stack import run_stack
 
 PLACE = "/turnstile.affinity.v1.AffinityService/Place"
@@ -66,6 +84,9 @@ ADMIT = "/turnstile.admission.v1.AdmissionService/Admit"
 SERVER, CLIENT = 2, 3  # OTLP span kinds
 STAGES = ("trigger", "activate", "admit", "worker_start", "to_hit")
 SANDBOX, SESSION = "bench-wake-sb", "bench-wake-chat"
+NAMESPACE = "sandboxes"
+LABEL_SANDBOX_ID = "turnstile.dev/sandbox-id"
+BIN = Path(sys.executable).parent
 
 
 @dataclass
@@ -205,7 +226,169 @@ async def _fresh_database(postgres_url: str) -> tuple[str, Callable[[], Awaitabl
     return f"{postgres_url.rsplit('/', 1)[0]}/{name}", drop
 
 
-async def direct(rounds: int, poll_s: float, workdir: Path | None) -> dict[str, object]:
+@dataclass
+class Setup:
+    redis_url: str
+    redis_prefix: str
+    database_url: str
+    exporting: dict[str, str]
+    workdir: Path
+    preload: bool = True
+
+    @property
+    def extra_env(self) -> dict[str, str]:
+        if self.preload:
+            return self.exporting
+        return {**self.exporting, "TURNSTILE_DIRECT_RUNTIME_PRELOAD": ""}
+
+
+@asynccontextmanager
+async def _direct(setup: Setup) -> AsyncIterator[tuple[str, str]]:
+    """The local stack (``turnstilectl up``); yields (substrate, affinity) addresses."""
+    with run_stack(
+        setup.workdir,
+        redis_url=setup.redis_url,
+        redis_prefix=setup.redis_prefix,
+        database_url=setup.database_url,
+        grace_s=60.0,
+        extra_env=setup.extra_env,
+    ) as stack:
+        await stack.wait_serving(timeout_s=90)
+        _, substrate_addr, affinity_addr = stack.addresses
+        yield substrate_addr, affinity_addr
+        await asyncio.to_thread(stack.interrupt)
+
+
+class Kubelet:
+    """Stands in for the scheduler and kubelet: each new sandbox pod is marked Running
+    at once and gets a fresh worker agent process; a pod that goes stops its worker."""
+
+    def __init__(self, kube: KubeEmulator, affinity_addr: str, log: Path) -> None:
+        self._kube = kube
+        self._affinity_addr = affinity_addr
+        self._log = log
+        self._workers: dict[str, subprocess.Popen[bytes]] = {}
+
+    async def run(self) -> None:
+        while True:  # the emulator is in this process: a 5 ms scan costs little
+            live: set[str] = set()
+            for pod in self._kube.pods(NAMESPACE):
+                meta: dict[str, Any] = pod["metadata"]
+                if meta.get("deletionTimestamp"):
+                    continue
+                name = meta["name"]
+                live.add(name)
+                if name not in self._workers:
+                    self._kube.set_pod_phase(NAMESPACE, name, "Running", ready=True)
+                    self._workers[name] = self._start(meta["labels"][LABEL_SANDBOX_ID])
+            for name in set(self._workers) - live:
+                self._workers.pop(name).send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.005)
+
+    def _start(self, sandbox_id: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OTEL_"))}
+        env.update(
+            TURNSTILE_WORKER_SANDBOX_ID=sandbox_id,
+            TURNSTILE_WORKER_TIER="",
+            TURNSTILE_AFFINITY_ADDR=self._affinity_addr,
+            TURNSTILE_LOG_FORMAT="text",
+        )
+        with self._log.open("ab") as out:
+            return subprocess.Popen(
+                [str(BIN / "turnstile-worker")], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.send_signal(signal.SIGTERM)
+        for worker in self._workers.values():
+            worker.wait(timeout=30)
+
+
+def _migrate(env: dict[str, str], log: Path) -> None:
+    with log.open("ab") as out:
+        subprocess.run(
+            [str(BIN / "turnstile-migrate")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+
+
+def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([str(BIN / command)], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@asynccontextmanager
+async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
+    """The three services as processes, the substrate on the emulator; yields
+    (substrate, affinity) addresses."""
+    ports = {name: free_port() for name in ("admission", "substrate", "affinity")}
+    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OTEL_"))}
+    common = {
+        **base,
+        **setup.exporting,
+        "TURNSTILE_HOST": "127.0.0.1",
+        "TURNSTILE_METRICS_PORT": "0",
+        "TURNSTILE_REDIS_URL": setup.redis_url,
+        "TURNSTILE_REDIS_PREFIX": setup.redis_prefix,
+        "TURNSTILE_DATABASE_URL": setup.database_url,
+        "TURNSTILE_ADMISSION_ADDR": addr["admission"],
+        "TURNSTILE_SUBSTRATE_ADDR": addr["substrate"],
+        "TURNSTILE_AFFINITY_ADDR": addr["affinity"],
+        "TURNSTILE_LOG_FORMAT": "text",
+        "TURNSTILE_SHUTDOWN_GRACE_S": "3",
+    }
+    await asyncio.to_thread(_migrate, common, setup.workdir / "migrate.log")
+    async with AsyncExitStack() as stack:
+        kube = await stack.enter_async_context(KubeEmulator(bookmark_interval=0.2))
+        own = {
+            "substrate": {
+                "TURNSTILE_SUBSTRATE_KIND": "kubernetes",
+                "TURNSTILE_K8S_API_HOST": kube.url,
+                "TURNSTILE_K8S_NAMESPACE": NAMESPACE,
+            },
+            "admission": {},
+            "affinity": {"TURNSTILE_GRACE_S": "60", "TURNSTILE_WORKER_ATTESTATION": "off"},
+        }
+        procs = [
+            _spawn(
+                f"turnstile-{name}",
+                {**common, **own[name], "TURNSTILE_PORT": str(port)},
+                setup.workdir / f"{name}.log",
+            )
+            for name, port in ports.items()
+        ]
+        try:
+            services = {"admission": peers.ADMISSION, "substrate": peers.SUBSTRATE}
+            services["affinity"] = peers.AFFINITY
+            for name, service in services.items():
+                if not await wait_serving(addr[name], timeout_s=90, service=service):
+                    raise RuntimeError(f"{name} did not come up: see {setup.workdir}")
+            kubelet = Kubelet(kube, addr["affinity"], setup.workdir / "workers.log")
+            running = asyncio.create_task(kubelet.run())
+            try:
+                yield addr["substrate"], addr["affinity"]
+            finally:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+                await asyncio.to_thread(kubelet.close)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGINT)
+            for proc in procs:
+                await asyncio.to_thread(proc.wait, 30)
+
+
+STACKS = {"direct": _direct, "kubernetes": _kubernetes}
+
+
+async def measure(
+    substrate: str, rounds: int, poll_s: float, workdir: Path | None, *, preload: bool = True
+) -> dict[str, object]:
     redis_url = os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     postgres_url = os.environ.get(
         "TURNSTILE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -220,43 +403,35 @@ async def direct(rounds: int, poll_s: float, workdir: Path | None) -> dict[str, 
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="bench-wake-") as tmp,
-            run_stack(
-                workdir or Path(tmp),
-                redis_url=redis_url,
-                redis_prefix=f"bench-wake:{uuid.uuid4().hex[:8]}:",
-                database_url=database_url,
-                grace_s=60.0,
-                extra_env=exporting,
-            ) as stack,
-        ):
-            await stack.wait_serving(timeout_s=90)
-            _, substrate_addr, affinity_addr = stack.addresses
-            interceptors = client_interceptors(provider)
-            async with (
-                grpc.aio.insecure_channel(substrate_addr, interceptors=interceptors) as sub,
-                grpc.aio.insecure_channel(affinity_addr, interceptors=interceptors) as aff,
-            ):
-                done = await _rounds(
-                    affinity_pb2_grpc.AffinityServiceStub(aff),
-                    substrate_pb2_grpc.SubstrateServiceStub(sub),
-                    tracer,
-                    rounds,
-                    poll_s,
-                )
+        with tempfile.TemporaryDirectory(prefix="bench-wake-") as tmp:
+            where = workdir / substrate if workdir is not None else Path(tmp)
+            where.mkdir(parents=True, exist_ok=True)
+            prefix = f"bench-wake:{uuid.uuid4().hex[:8]}:"
+            setup = Setup(redis_url, prefix, database_url, exporting, where, preload)
+            async with STACKS[substrate](setup) as (substrate_addr, affinity_addr):
+                interceptors = client_interceptors(provider)
+                async with (
+                    grpc.aio.insecure_channel(substrate_addr, interceptors=interceptors) as sub,
+                    grpc.aio.insecure_channel(affinity_addr, interceptors=interceptors) as aff,
+                ):
+                    done = await _rounds(
+                        affinity_pb2_grpc.AffinityServiceStub(aff),
+                        substrate_pb2_grpc.SubstrateServiceStub(sub),
+                        tracer,
+                        rounds,
+                        poll_s,
+                    )
 
-            def complete(spans: list[ReceivedSpan]) -> bool:
-                attaches = sum(1 for s in spans if s.name == ATTACH and s.kind == SERVER)
-                traced = {s.trace_id for s in spans if s.name == ACTIVATE and s.kind == SERVER}
-                return attaches >= rounds + 1 and all(r.trace_id in traced for r in done)
+                def complete(spans: list[ReceivedSpan]) -> bool:
+                    attaches = sum(1 for s in spans if s.name == ATTACH and s.kind == SERVER)
+                    traced = {s.trace_id for s in spans if s.name == ACTIVATE and s.kind == SERVER}
+                    return attaches >= rounds + 1 and all(r.trace_id in traced for r in done)
 
-            spans = await receiver.wait_for(complete, timeout=60)
-            await asyncio.to_thread(stack.interrupt)
+                spans = await receiver.wait_for(complete, timeout=60)
     finally:
         await receiver.stop()
         await drop()
-    return _summary("direct", done, spans)
+    return _summary(substrate, done, spans)
 
 
 def _summary(substrate: str, done: list[Round], spans: list[ReceivedSpan]) -> dict[str, object]:
@@ -285,12 +460,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--poll-ms", type=float, default=20.0)
+    parser.add_argument("--substrate", default="direct,kubernetes")
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="direct: start each runtime from its command, without the preloaded launcher",
+    )
     parser.add_argument(
         "--workdir", type=Path, help="keep the stack's logs and runtime logs here (default: temp)"
     )
     args = parser.parse_args()
-    result = asyncio.run(direct(args.rounds, args.poll_ms / 1000, args.workdir))
-    print(json.dumps({"wake": [result]}))
+    results = [
+        asyncio.run(
+            measure(
+                name, args.rounds, args.poll_ms / 1000, args.workdir, preload=not args.no_preload
+            )
+        )
+        for name in args.substrate.split(",")
+    ]
+    print(json.dumps({"wake": results}))
 
 
 if __name__ == "__main__":
