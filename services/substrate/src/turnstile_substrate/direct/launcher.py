@@ -40,6 +40,7 @@ import threading
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
-        self._reader: Callable[[], bytes] | None = None
+        self._reader: BinaryIO | None = None
 
     def start(self) -> None:
         """Start the launcher process; it imports the target in the background."""
@@ -82,7 +83,7 @@ class Launcher:
             theirs.close()
         ours.settimeout(ANSWER_TIMEOUT_S)
         self._socket = ours
-        self._reader = ours.makefile("rb").readline
+        self._reader = ours.makefile("rb")
 
     def spawn(self, env: Mapping[str, str], cwd: Path, log_path: Path, argv0: str) -> int | None:
         """Fork a runtime; its pid, or None when the launcher cannot (see the class)."""
@@ -92,7 +93,7 @@ class Launcher:
             request = {"env": dict(env), "cwd": str(cwd), "log": str(log_path), "argv0": argv0}
             try:
                 self._socket.sendall(json.dumps(request).encode() + b"\n")
-                line = self._reader()
+                line = self._reader.readline()
                 answer = json.loads(line) if line else {"error": "the launcher exited"}
             except (OSError, ValueError) as error:
                 answer = {"error": f"the launcher failed: {error}"}
@@ -114,10 +115,13 @@ class Launcher:
             self._close_locked()
 
     def _close_locked(self) -> None:
+        # The file object holds the socket open too: close both, so the launcher sees EOF.
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._socket is not None:
             self._socket.close()
             self._socket = None
-            self._reader = None
         if self._process is not None:
             try:
                 self._process.wait(timeout=5)

@@ -102,8 +102,11 @@ class StackConfig:
                     "TURNSTILE_SUBSTRATE_KIND": "direct",
                     "TURNSTILE_DATABASE_URL": self.database_url,
                     "TURNSTILE_DIRECT_STATE_DIR": str(self.state_dir.absolute()),
-                    # Woken sandboxes' workers are forked pre-imported (fast wakes).
-                    "TURNSTILE_DIRECT_RUNTIME_PRELOAD": "turnstile_affinity.worker.__main__:main",
+                    # Woken sandboxes' workers are forked pre-imported (fast wakes);
+                    # an explicit setting, even empty, wins.
+                    "TURNSTILE_DIRECT_RUNTIME_PRELOAD": os.environ.get(
+                        "TURNSTILE_DIRECT_RUNTIME_PRELOAD", WORKER_PRELOAD
+                    ),
                     "TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE": str(self.signing_key_file),
                 },
             ),
@@ -128,6 +131,10 @@ class StackConfig:
             **spec.env,
             **self.extra_env,
         }
+
+
+#: The worker agent's entry point, preloaded by the Direct substrate (fast wakes).
+WORKER_PRELOAD = "turnstile_affinity.worker.__main__:main"
 
 
 def bin_dir() -> Path:
