@@ -4,6 +4,9 @@ The runtime is the worker agent (``turnstile-worker``, configurable), started
 in the sandbox's workspace directory with the worker's settings in its
 environment. A cold start gets a fresh workspace; a restore keeps the one the
 sandbox's previous runtime left (that is what is restored).
+With ``direct_runtime_preload`` set, runtimes are forked from a launcher that
+imported the runtime once (:mod:`.launcher`), set up the same way: a woken
+session does not wait for an interpreter's start and imports.
 
 Where the truth lives: a runtime record per sandbox in the state directory
 (``<state_dir>/<sandbox_id>/runtime.json``: pid, start time, label, tier). The
