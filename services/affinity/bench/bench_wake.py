@@ -73,6 +73,7 @@ from turnstile_platform.errors import decode
 from turnstile_platform.health_check import wait_serving
 from turnstile_platform.tracing import client_interceptors
 from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.kube_emulator.kubelet import mark_running
 from turnstile_testing.otlp import OtlpReceiver, ReceivedSpan
 from turnstile_testing.processes import free_port
 from turnstile_testing.stack import run_stack
@@ -279,7 +280,7 @@ class Kubelet:
                 name = meta["name"]
                 live.add(name)
                 if name not in self._workers:
-                    self._kube.set_pod_phase(NAMESPACE, name, "Running", ready=True)
+                    self._kube.mutate_pod(NAMESPACE, name, mark_running)
                     self._workers[name] = self._start(meta["labels"][LABEL_SANDBOX_ID])
             for name in set(self._workers) - live:
                 self._workers.pop(name).send_signal(signal.SIGTERM)
