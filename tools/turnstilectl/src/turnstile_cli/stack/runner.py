@@ -123,8 +123,9 @@ class Stack:
                 await self.stop()
                 return 1
             await self.start_prometheus()
-            self.banner()
+            # stack.json first: whoever sees the banner may read it at once.
             self.describe()
+            self.banner()
             died = await self.wait_for_stop_or_death(stop)
             if died is not None:
                 self.say(f"{died} exited unexpectedly (exit {self.running[died].proc.returncode})")
