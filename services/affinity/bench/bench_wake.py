@@ -425,8 +425,14 @@ async def measure(
 
                 def complete(spans: list[ReceivedSpan]) -> bool:
                     attaches = sum(1 for s in spans if s.name == ATTACH and s.kind == SERVER)
-                    traced = {s.trace_id for s in spans if s.name == ACTIVATE and s.kind == SERVER}
-                    return attaches >= rounds + 1 and all(r.trace_id in traced for r in done)
+                    # Each service exports on its own schedule: wait for every one.
+                    activated = {
+                        s.trace_id for s in spans if s.name == ACTIVATE and s.kind == SERVER
+                    }
+                    admitted = {s.trace_id for s in spans if s.name == ADMIT and s.kind == SERVER}
+                    return attaches >= rounds + 1 and all(
+                        r.trace_id in activated and r.trace_id in admitted for r in done
+                    )
 
                 spans = await receiver.wait_for(complete, timeout=60)
     finally:
