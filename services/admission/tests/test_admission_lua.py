@@ -13,6 +13,10 @@ from turnstile_admission.policies import (
 )
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys.live_counts import COUNTED
+
+# The substrate leader's real script: the one consumer of pending entries.
+from turnstile_substrate.live_store import Change, LiveStore, Op
 
 if TYPE_CHECKING:
     from conftest import LiveSets
@@ -89,6 +93,36 @@ async def test_admit_drops_expired_pending_entries(store: AdmissionStore) -> Non
     assert answer.outcome == "admit"
     assert answer.results[PolicyName.CAP].current == 1  # sb-2 only
     assert answer.pending_count == 2
+
+
+async def test_an_expired_pending_entry_is_reported_once_and_a_consumed_one_never(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """admit.lua and usage.lua report the pending entries they drop as expired
+    (``turnstile_admission_pending_expired_total``); an entry the substrate's
+    leader moved to the live set (live_publish.lua, the real script) was consumed
+    and is never reported, even once its expiry has passed."""
+    await store.admit(args("h1", "sb-expires", CAP_ONLY))
+    await store.admit(args("h2", "sb-consumed", CAP_ONLY))
+    leader = LiveStore(redis, redis_prefix, state_ttl_s=60.0)
+    await leader.write(1, [Change(Op.SET, "sb-consumed", "acme")], state=COUNTED)
+
+    await store.set_test_clock(NOW + 121_000)  # both entries' 120 s have passed
+    first = await store.admit(args("h3", "sb-3", CAP_ONLY))
+    again = await store.admit(args("h4", "sb-4", CAP_ONLY))
+
+    assert first.pending_expired == 1  # sb-expires; sb-consumed had left the set
+    assert again.pending_expired == 0  # counted once
+    assert (first.results[PolicyName.CAP].current, first.live.live) == (1, 1)
+
+
+async def test_usage_reports_the_expired_pending_entries_it_drops(store: AdmissionStore) -> None:
+    await store.admit(args("h1", "sb-1", CAP_ONLY))
+    await store.set_test_clock(NOW + 121_000)
+    usage = await store.usage("acme")
+    assert (usage.pending_ids, usage.pending_expired) == ((), 1)
+    assert (await store.usage("acme")).pending_expired == 0
+    assert (await store.admit(args("h2", "sb-2", CAP_ONLY))).pending_expired == 0
 
 
 async def test_admit_without_a_current_count_decides_on_the_pending_set_alone(

@@ -81,11 +81,18 @@ async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_cannot_coun
 ) -> None:
     await live.unsupported()  # the Direct substrate's declaration (SPEC S4)
     running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 0})
+    labels = {"policy": "cap", "key": "acme"}
+    unsupported = sample("turnstile_admission_fail_open_total", backend="unsupported", **labels)
+    outage = sample("turnstile_admission_fail_open_total", backend="redis", **labels)
     answer = await running.stub.Admit(request("sb-1"))
     assert answer.decision == ADMITTED
     cap = verdict(answer, admission_pb2.POLICY_CAP)
     assert cap.verdict == admission_pb2.VERDICT_UNKNOWN
     assert "unsupported" in cap.detail
+    # Counted apart from an outage, which TurnstileAdmissionFailingOpen alerts on.
+    after = sample("turnstile_admission_fail_open_total", backend="unsupported", **labels)
+    assert after == unsupported + 1
+    assert sample("turnstile_admission_fail_open_total", backend="redis", **labels) == outage
 
 
 async def test_an_unavailable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(

@@ -18,7 +18,9 @@
 --             code (0 not evaluated, 1 within, 2 over, 3 unknown), limit, current,
 --             retry_ms (-1 none), detail,
 --           the number of the key's pending entries,
---           the live count used (-1 unsupported, -2 unavailable, -3 not read)}
+--           the live count used (-1 unsupported, -2 unavailable, -3 not read),
+--           the pending entries this call dropped as expired (never seen live:
+--           live_publish.lua removes those it sees, so an expired one is drift)}
 -- outcome is 'admit' or 'refuse'.
 
 local i = 0
@@ -81,8 +83,9 @@ end
 local cap = {0, 0, 0, -1, ''}
 local live = -3
 local own_live = false
+local expired = 0
 if cap_mode > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   local pending = redis.call('ZCARD', KEYS[2])
   if redis.call('ZSCORE', KEYS[2], sandbox) then pending = pending - 1 end
   local state = redis.call('GET', KEYS[10])
@@ -143,6 +146,7 @@ local function answer(outcome, expires, node)
   if cap_mode > 0 then pending_count = redis.call('ZCARD', KEYS[2]) end
   out[#out + 1] = pending_count
   out[#out + 1] = live
+  out[#out + 1] = expired
   return out
 end
 

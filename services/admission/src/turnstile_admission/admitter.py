@@ -32,7 +32,13 @@ from turnstile_admission.policies import (
     SlotsPolicy,
     Verdict,
 )
-from turnstile_admission.redis_store import AdmissionStore, AdmitAnswer, AdmitArgs, CancelAnswer
+from turnstile_admission.redis_store import (
+    UNSUPPORTED_DETAIL,
+    AdmissionStore,
+    AdmitAnswer,
+    AdmitArgs,
+    CancelAnswer,
+)
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import BoundedKey, Client, Resolver
 from turnstile_platform.redis_client import UNREACHABLE
@@ -117,6 +123,8 @@ class Admitter:
             return self._unreachable(key, activation, args.hold_id, error)
         if modes[PolicyName.CAP]:
             metrics.PENDING.labels(key.key).set(answer.pending_count)
+        if answer.pending_expired:
+            metrics.PENDING_EXPIRED.labels(key.key).inc(answer.pending_expired)
         return self._from_answer(key, activation, args.hold_id, answer)
 
     def _from_answer(
@@ -179,8 +187,7 @@ class Admitter:
             if v.verdict is Verdict.SHADOW_REFUSE:
                 metrics.SHADOW_REFUSALS.labels(v.policy.value, key).inc()
             elif v.verdict is Verdict.UNKNOWN:
-                backend = "redis" if "redis" in v.detail else "substrate"
-                metrics.FAIL_OPEN.labels(v.policy.value, backend, key).inc()
+                metrics.FAIL_OPEN.labels(v.policy.value, _fail_open_backend(v), key).inc()
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(
@@ -214,6 +221,8 @@ class Admitter:
     async def usage(self, client: Client) -> Usage:
         key = self.resolver.resolve(client)
         answer = await self.store.usage(key.key)
+        if answer.pending_expired:
+            metrics.PENDING_EXPIRED.labels(key.key).inc(answer.pending_expired)
         return Usage(
             key=key,
             live=answer.live.live,
@@ -227,6 +236,19 @@ class Admitter:
             concurrency_limit=answer.concurrency_limit,
             node_slots_held=answer.node_slots_held,
         )
+
+
+def _fail_open_backend(verdict: PolicyVerdict) -> str:
+    """The ``backend`` label of a decision made without a verdict.
+
+    ``unsupported``: the substrate cannot count at all (Direct, SPEC S4), so the
+    cap answers UNKNOWN on every decision by design; an operator must be able to
+    tell that apart from a real outage (``redis``), which
+    ``TurnstileAdmissionFailingOpen`` alerts on.
+    """
+    if verdict.detail == UNSUPPORTED_DETAIL:
+        return "unsupported"
+    return "redis"
 
 
 def _message(admitted: bool, key: BoundedKey, verdicts: Sequence[PolicyVerdict]) -> str:

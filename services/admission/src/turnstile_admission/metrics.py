@@ -31,6 +31,12 @@ PENDING = Gauge(
     "Pending entries of a bounded key, as the last decision for it saw them.",
     ["key"],
 )
+PENDING_EXPIRED = Counter(
+    "turnstile_admission_pending_expired_total",
+    "Pending entries dropped because they expired before the substrate's leader saw their "
+    "sandbox live (a consumed entry leaves the set and is never counted): drift, by bounded key.",
+    ["key"],
+)
 DECISION_SECONDS = Histogram(
     "turnstile_admission_decision_seconds",
     "Time to decide an Admit, live count included, by outcome.",

@@ -42,6 +42,9 @@ class AdmitArgs:
 
 #: How a script reports the live count when it has none.
 LIVE_UNSUPPORTED, LIVE_UNAVAILABLE, LIVE_NOT_READ = -1, -2, -3
+#: The cap's detail when the substrate cannot count (its fail-open ``backend`` label
+#: is ``unsupported``, not an outage).
+UNSUPPORTED_DETAIL = "live count unsupported by the substrate"
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class LiveCount:
         if self.live is not None:
             return ""
         if self.unsupported:
-            return "live count unsupported by the substrate"
+            return UNSUPPORTED_DETAIL
         return "live count unavailable: no current count from the substrate's leader"
 
 
@@ -83,6 +86,8 @@ class AdmitAnswer:
     results: Mapping[PolicyName, RawResult]
     pending_count: int
     live: LiveCount
+    pending_expired: int = 0
+    """Pending entries this call dropped because they expired unconsumed."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ class UsageAnswer:
     concurrency_limit: int
     cap: int
     node_slots_held: dict[str, int] = field(default_factory=dict)
+    pending_expired: int = 0
+    """Pending entries this call dropped because they expired unconsumed."""
 
 
 def _s(value: object) -> str:
@@ -186,6 +193,7 @@ class AdmissionStore:
             results,
             int(raw[24]),
             LiveCount.from_script(int(raw[25])),
+            int(raw[26]),
         )
 
     async def commit(self, hold_id: str) -> bool:
@@ -239,6 +247,7 @@ class AdmissionStore:
             concurrency_limit=int(raw[6]),
             cap=int(raw[7]),
             node_slots_held={_s(nodes[i]): int(nodes[i + 1]) for i in range(0, len(nodes), 2)},
+            pending_expired=int(raw[10]),
         )
 
     async def set_test_clock(self, now_ms: int) -> None:

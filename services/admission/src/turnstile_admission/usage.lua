@@ -7,7 +7,8 @@
 --       cluster burst, use_test_clock
 -- Returns {pending ids, client tokens, burst, cluster tokens, cluster burst,
 --          in flight, concurrency limit, cap, {node, held, node, held, ...},
---          live (-1 unsupported, -2 unavailable: as admit.lua reads it)}
+--          live (-1 unsupported, -2 unavailable: as admit.lua reads it),
+--          the pending entries dropped here as expired (as admit.lua reports them)}
 
 local base, key = ARGV[1], ARGV[2]
 local d = {cap = tonumber(ARGV[3]), rate = tonumber(ARGV[4]), burst = tonumber(ARGV[5]),
@@ -15,7 +16,7 @@ local d = {cap = tonumber(ARGV[3]), rate = tonumber(ARGV[4]), burst = tonumber(A
            cluster_burst = tonumber(ARGV[8])}
 local now = now_ms(tonumber(ARGV[9]), KEYS[6])
 local lim = limits(KEYS[1], key, d)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 local nodes = {}
 for _, node in ipairs(redis.call('SMEMBERS', KEYS[7])) do
@@ -37,5 +38,5 @@ return {
   redis.call('ZRANGE', KEYS[2], 0, -1),
   fmt(bucket_level(KEYS[3], lim.rate, lim.burst, now)), fmt(lim.burst),
   fmt(bucket_level(KEYS[4], lim.cluster_rate, lim.cluster_burst, now)), fmt(lim.cluster_burst),
-  redis.call('ZCARD', KEYS[5]), lim.concurrency, lim.cap, nodes, live,
+  redis.call('ZCARD', KEYS[5]), lim.concurrency, lim.cap, nodes, live, expired,
 }
