@@ -235,3 +235,24 @@ async def test_a_key_that_leaves_the_key_set_leaves_the_per_key_gauges(
             break
         await asyncio.sleep(0.05)
     assert REGISTRY.get_sample_value(pending, {"key": "gauged"}) is None
+
+
+async def test_pending_entries_that_expire_unconsumed_are_counted_once_by_bounded_key(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    """``turnstile_admission_pending_expired_total{key}`` counts what the scripts
+    report dropping: by the Admit or GetUsage that drops them, once."""
+    running = await start_admission(client_allowlist=("acme",), test_clock=True)
+    await redis.set(running.keys.test_clock, 1_000_000)
+    before = sample("turnstile_admission_pending_expired_total", key="acme")
+    assert (await running.stub.Admit(request("sb-1"))).decision == ADMITTED
+    assert (await running.stub.Admit(request("sb-2"))).decision == ADMITTED
+
+    await redis.set(running.keys.test_clock, 1_000_000 + 121_000)  # past the 120 s TTL
+    usage = await running.stub.GetUsage(
+        admission_pb2.GetUsageRequest(client=common_pb2.ActivationClient(client_id="acme"))
+    )
+    assert usage.pending == 0
+    assert (await running.stub.Admit(request("sb-3"))).decision == ADMITTED
+
+    assert sample("turnstile_admission_pending_expired_total", key="acme") == before + 2
