@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+import grpc
 import grpc.aio
 from opentelemetry import trace
 
@@ -81,8 +82,10 @@ def create_channel(
     idempotent_methods: Iterable[str] = (),
     tracer_provider: trace.TracerProvider | None = None,
     max_message_bytes: int = 4 * 1024 * 1024,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel to ``target`` for calls to ``service``.
+    """A grpc.aio channel to ``target`` for calls to ``service``: mTLS with
+    ``credentials`` (from :mod:`turnstile_platform.tls`), plaintext without.
 
     ``service`` is the full service name (``turnstile.admission.v1.AdmissionService``).
     """
@@ -101,4 +104,8 @@ def create_channel(
         *tracing.client_interceptors(provider),
         cast(grpc.aio.ClientInterceptor, DefaultDeadline(timeout_s)),
     ]
+    if credentials is not None:
+        return grpc.aio.secure_channel(
+            target, credentials, options=options, interceptors=interceptors
+        )
     return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

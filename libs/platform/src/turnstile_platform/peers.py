@@ -4,11 +4,20 @@ Which methods are idempotent (safe for gRPC to retry on UNAVAILABLE) is declared
 here, once, next to the service they belong to. Admit and Activate are not
 retried by the channel: a retry after a lost response could take a second hold
 or create a second runtime; their callers decide.
+
+Channels use mTLS with the process's own certificate (SPEC Z1). grpc reads a
+channel's client certificate once, so a :class:`Peer` checks the files'
+signatures at most every :data:`ROTATION_CHECK_S` and, when they changed, builds
+a new channel for the calls that follow; the old one is closed after
+:data:`RETIRE_AFTER_S`, so calls in flight on it finish.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc.aio
@@ -22,6 +31,7 @@ from turnstile_contracts import (
     substrate_pb2,
     substrate_pb2_grpc,
 )
+from turnstile_platform import tls
 from turnstile_platform.channels import create_channel
 
 ADMISSION = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
@@ -38,8 +48,9 @@ IDEMPOTENT = {
 StubT = TypeVar("StubT")
 
 
-class PeerSettings(Protocol):
-    """What a peer channel reads from settings. ``ServiceSettings`` has all of it;
+class PeerSettings(tls.TransportSettings, Protocol):
+    """What a peer channel reads from settings (addresses, deadline, message size,
+    and the transport security fields). ``ServiceSettings`` has all of it;
     ``turnstilectl`` passes a plain object, so a command does not import pydantic."""
 
     @property
@@ -54,14 +65,77 @@ class PeerSettings(Protocol):
     def max_message_bytes(self) -> int: ...
 
 
-@dataclass
-class Peer(Generic[StubT]):
-    """A stub and the channel it owns; close the channel when done."""
+ROTATION_CHECK_S = 5.0
+RETIRE_AFTER_S = 60.0
 
-    stub: StubT
-    channel: grpc.aio.Channel
+
+class _RotatingStub:
+    """Delegates to the peer's current stub, rebuilding it after a certificate change."""
+
+    def __init__(self, peer: Peer[Any]) -> None:
+        self._peer = peer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._peer.current_stub(), name)
+
+
+class Peer(Generic[StubT]):
+    """A stub and the channel it owns; close the channel when done.
+
+    ``stub`` stays valid across certificate rotations (it follows the current
+    channel), so callers may keep it."""
+
+    def __init__(
+        self,
+        make_stub: Callable[[grpc.aio.Channel], StubT],
+        make_channel: Callable[[grpc.ChannelCredentials | None], grpc.aio.Channel],
+        source: tls.ChannelCredentialsSource | None,
+        reload_source: Callable[[], tls.ChannelCredentialsSource] | None = None,
+    ) -> None:
+        self._make_stub = make_stub
+        self._make_channel = make_channel
+        self._source = source
+        self._reload_source = reload_source
+        self.channel = make_channel(source.credentials if source else None)
+        self._stub = make_stub(self.channel)
+        self._checked_at = time.monotonic()
+        self._retired: set[asyncio.Task[None]] = set()
+        self.stub: StubT = (
+            _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]
+        )
+
+    def current_stub(self) -> StubT:
+        now = time.monotonic()
+        if self._source is not None and now - self._checked_at >= ROTATION_CHECK_S:
+            self._checked_at = now
+            if self._source.changed():
+                self._rotate()
+        return self._stub
+
+    def _rotate(self) -> None:
+        assert self._reload_source is not None
+        try:
+            source = self._reload_source()
+        except (OSError, ValueError):
+            return  # half-written files: keep the old channel, look again later
+        old = self.channel
+        self._source = source
+        self.channel = self._make_channel(source.credentials)
+        self._stub = self._make_stub(self.channel)
+        task = asyncio.get_running_loop().create_task(self._retire(old))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    @staticmethod
+    async def _retire(channel: grpc.aio.Channel) -> None:
+        await asyncio.sleep(RETIRE_AFTER_S)
+        await channel.close(grace=None)
 
     async def close(self) -> None:
+        for task in list(self._retired):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.channel.close(grace=None)
 
 
@@ -71,21 +145,32 @@ def _async(stub: Any) -> Any:
     return stub
 
 
-def _channel(
+def _peer(
+    make_stub: Callable[[grpc.aio.Channel], Any],
     target: str,
     service: str,
     settings: PeerSettings,
     provider: trace.TracerProvider | None,
     timeout_s: float | None,
-) -> grpc.aio.Channel:
-    return create_channel(
-        target,
-        service,
-        timeout_s=timeout_s or settings.rpc_timeout_s,
-        idempotent_methods=IDEMPOTENT[service],
-        tracer_provider=provider,
-        max_message_bytes=settings.max_message_bytes,
-    )
+) -> Peer[Any]:
+    def make_channel(credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+        return create_channel(
+            target,
+            service,
+            timeout_s=timeout_s or settings.rpc_timeout_s,
+            idempotent_methods=IDEMPOTENT[service],
+            tracer_provider=provider,
+            max_message_bytes=settings.max_message_bytes,
+            credentials=credentials,
+        )
+
+    def reload() -> tls.ChannelCredentialsSource:
+        source = tls.client_source(settings, target, service)
+        assert source is not None
+        return source
+
+    source = tls.client_source(settings, target, service)
+    return Peer(lambda channel: _async(make_stub(channel)), make_channel, source, reload)
 
 
 def admission(
@@ -95,8 +180,14 @@ def admission(
     target: str | None = None,
     timeout_s: float | None = None,
 ) -> Peer[admission_pb2_grpc.AdmissionServiceAsyncStub]:
-    channel = _channel(target or settings.admission_addr, ADMISSION, settings, provider, timeout_s)
-    return Peer(_async(admission_pb2_grpc.AdmissionServiceStub(channel)), channel)
+    return _peer(
+        admission_pb2_grpc.AdmissionServiceStub,
+        target or settings.admission_addr,
+        ADMISSION,
+        settings,
+        provider,
+        timeout_s,
+    )
 
 
 def substrate(
@@ -106,8 +197,14 @@ def substrate(
     target: str | None = None,
     timeout_s: float | None = None,
 ) -> Peer[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
-    channel = _channel(target or settings.substrate_addr, SUBSTRATE, settings, provider, timeout_s)
-    return Peer(_async(substrate_pb2_grpc.SubstrateServiceStub(channel)), channel)
+    return _peer(
+        substrate_pb2_grpc.SubstrateServiceStub,
+        target or settings.substrate_addr,
+        SUBSTRATE,
+        settings,
+        provider,
+        timeout_s,
+    )
 
 
 def affinity(
@@ -117,5 +214,11 @@ def affinity(
     target: str | None = None,
     timeout_s: float | None = None,
 ) -> Peer[affinity_pb2_grpc.AffinityServiceAsyncStub]:
-    channel = _channel(target or settings.affinity_addr, AFFINITY, settings, provider, timeout_s)
-    return Peer(_async(affinity_pb2_grpc.AffinityServiceStub(channel)), channel)
+    return _peer(
+        affinity_pb2_grpc.AffinityServiceStub,
+        target or settings.affinity_addr,
+        AFFINITY,
+        settings,
+        provider,
+        timeout_s,
+    )

@@ -2,9 +2,16 @@
 
 It wires, in one place: the health service driven by a component map, server
 reflection (v1 and v1alpha), OpenTelemetry server spans (health and reflection
-excluded), rich errors and RPC metrics, undecodable requests answered with
-INVALID_ARGUMENT, a message-size limit, limits on concurrent unary calls and
-streams (:mod:`.call_limits`), keepalive and a maximum connection age.
+excluded), rich errors and RPC metrics, mutual TLS and per-method authorization
+(SPEC Z1, Z2; :mod:`turnstile_platform.tls`, :mod:`turnstile_platform.authz`),
+undecodable requests answered with INVALID_ARGUMENT, a message-size limit, limits
+on concurrent unary calls and streams (:mod:`.call_limits`), keepalive and a
+maximum connection age.
+
+With mTLS (the default) the process needs its certificate files and a policy
+file, and refuses to start without them; with ``plaintext`` it listens only on
+loopback, callers have no identity and no authorization is installed. An
+optional plaintext ``health_port`` serves health alone, for kubelet probes.
 
 Shutdown is staged (kopf style), each stage bounded:
 
@@ -24,12 +31,16 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 
-from turnstile_platform import reflection, tracing
+from turnstile_platform import reflection, tls, tracing
+from turnstile_platform.authz.interceptor import AuthorizationInterceptor
+from turnstile_platform.authz.methods import all_methods
+from turnstile_platform.authz.watcher import POLICY_HEALTH_NAME, PolicyWatcher
 from turnstile_platform.call_limits import CallLimits
 from turnstile_platform.decoding import DecodingInterceptor
 from turnstile_platform.health import HealthMap
@@ -95,22 +106,45 @@ class GrpcService:
         self._drain_hooks: list[Cleanup] = []
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
+        self.tls_files = tls.server_files(settings, settings.host, name)
+        #: The live policy (None in plaintext mode).
+        self.policy: PolicyWatcher | None = None
+        #: The authorization interceptor (None in plaintext mode); services with
+        #: sandbox-addressed calls give it their owner lookup.
+        self.authorizer: AuthorizationInterceptor | None = None
+        self.limits = CallLimits(
+            unary=settings.max_concurrent_rpcs, streams=settings.max_concurrent_streams
+        )
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [
+            tracing.server_interceptor(self.tracer_provider),
+            ServerInterceptor(self.limits),
+        ]
+        if self.tls_files is not None:
+            if settings.authz_policy_file is None:
+                raise tls.TransportSecurityError(
+                    f"{name}: mutual TLS needs an authorization policy "
+                    "(TURNSTILE_AUTHZ_POLICY_FILE); without one every call would be denied"
+                )
+            self.policy = PolicyWatcher(
+                settings.authz_policy_file,
+                poll_interval_s=settings.authz_poll_interval_s,
+                known_methods=all_methods(),
+            )
+            self.authorizer = AuthorizationInterceptor(self.policy)
+            interceptors.append(self.authorizer)
+        # Innermost: it wraps the handlers' own deserializers (an undecodable request
+        # is answered INVALID_ARGUMENT once the caller has been authorized).
+        interceptors.append(DecodingInterceptor())
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
             *connection_options(settings),
         ]
-        self.limits = CallLimits(
-            unary=settings.max_concurrent_rpcs, streams=settings.max_concurrent_streams
-        )
         self.server = grpc.aio.server(
-            interceptors=[
-                tracing.server_interceptor(self.tracer_provider),
-                ServerInterceptor(self.limits),
-                # Innermost: it wraps the handlers' own deserializers.
-                DecodingInterceptor(),
-            ],
+            interceptors=interceptors,
             options=options,
             maximum_concurrent_rpcs=self.limits.server_cap,
         )
@@ -134,11 +168,35 @@ class GrpcService:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        bind = f"{self.settings.host}:{self.settings.port}"
+        if self.tls_files is None:
+            self.port = self.server.add_insecure_port(bind)
+        else:
+            self.port = self.server.add_secure_port(bind, tls.server_credentials(self.tls_files))
+        if self.settings.health_port:
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(
+                f"{self.settings.host}:{self.settings.health_port}"
+            )
+            await self._health_server.start()
         await self.server.start()
         await self.health.start()
+        if self.policy is not None:
+            await self._publish_policy(self.policy.valid)
+            self.policy.on_validity(self._publish_policy)
+            self.policy.start()
+            self.add_cleanup(self.policy.stop)
         log.info("serving", extra={"service": self.name, "address": self.address})
         return self.port
+
+    async def _publish_policy(self, valid: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if valid
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.servicer.set(POLICY_HEALTH_NAME, status)
 
     def request_stop(self) -> None:
         """Ask :meth:`wait` to begin the staged shutdown (signal-safe)."""
@@ -178,6 +236,8 @@ class GrpcService:
                 log.exception("drain hook failed during shutdown")
         log.info("draining in-flight calls", extra={"grace_s": settings.shutdown_grace_s})
         await self.server.stop(settings.shutdown_grace_s)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         for cleanup in reversed(self._cleanups):
             try:
                 await asyncio.wait_for(cleanup(), timeout=max(1.0, settings.shutdown_grace_s))

@@ -7,6 +7,7 @@ Invalid values fail start-up with pydantic's message naming the variable.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AnyUrl, Field, UrlConstraints
@@ -124,6 +125,33 @@ class ServiceSettings(BaseSettings):
     keyset_poll_interval_s: float = Field(default=0.5, gt=0, le=10)
     """How often each replica checks the key-set version, the safety net behind
     pub/sub; a change reaches every replica within about this long."""
+
+    plaintext: bool = False
+    """Serve and call without TLS. Only for development, and only when the listen
+    address is loopback: the process refuses to start otherwise (SPEC Z5). Callers
+    then have no identity and authorization is off."""
+
+    tls_cert_file: Path | None = None
+    """This process's certificate chain (PEM; its one URI SAN is its SPIFFE ID),
+    presented as server and as client. Re-read when it changes."""
+
+    tls_key_file: Path | None = None
+    """The private key of ``tls_cert_file`` (PEM)."""
+
+    tls_ca_file: Path | None = None
+    """The CA bundle (PEM) that peers' certificates must chain to."""
+
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """A second, plaintext port serving only ``grpc.health.v1`` (kubelet gRPC probes
+    carry no client certificate); 0 disables it. Health tells nothing a probe
+    should not know."""
+
+    authz_policy_file: Path | None = None
+    """The authorization policy (TOML, see docs/security.md); required with mTLS.
+    Reloaded when it changes; an invalid file keeps the last good policy."""
+
+    authz_poll_interval_s: float = Field(default=0.5, gt=0, le=60)
+    """How often each replica checks the policy file for a change."""
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Root log level."""

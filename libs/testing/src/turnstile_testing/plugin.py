@@ -7,6 +7,7 @@ order in which servers are found or started.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -18,8 +19,20 @@ import redis.asyncio as aioredis
 
 from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_testing.otlp import OtlpReceiver
+from turnstile_testing.pki import TestPki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.services import find_postgres, find_redis, using
+
+# The shared fixtures start services in explicit loopback plaintext (SPEC Z5 allows
+# it there); tests of TLS and authorization turn mTLS on with the ``pki`` fixture.
+# Subprocesses that should run mTLS (the stack) drop ``TURNSTILE_*`` variables.
+os.environ.setdefault("TURNSTILE_PLAINTEXT", "true")
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> TestPki:
+    """A CA of this test's own that issues SPIFFE certificates and writes policies."""
+    return TestPki(tmp_path / "pki")
 
 
 @pytest.fixture(scope="session")

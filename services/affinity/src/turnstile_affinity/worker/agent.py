@@ -39,8 +39,20 @@ from turnstile_affinity.worker.credential import read_credential, wait_for_crede
 from turnstile_affinity.worker.podlabels import wait_for_sandbox_id
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform import tls
 
 log = logging.getLogger(__name__)
+
+
+def _relay_channel(settings: WorkerSettings) -> grpc.aio.Channel:
+    """The channel to the relay: mTLS with the worker's sandbox-class certificate
+    (read once: a runtime lives shorter than its certificate), or loopback plaintext."""
+    options = channel_options(settings.keepalive_time_s)
+    source = tls.client_source(settings, settings.affinity_addr, "worker agent")
+    if source is None:
+        return grpc.aio.insecure_channel(settings.affinity_addr, options=options)
+    return grpc.aio.secure_channel(settings.affinity_addr, source.credentials, options=options)
+
 
 Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]
 #: What ``read()`` returns at the end of a stream (not in grpc-stubs).
@@ -127,9 +139,7 @@ class WorkerAgent:
                 return
         sandbox_id = self.sandbox_id
         delays = self._delays()
-        async with grpc.aio.insecure_channel(
-            settings.affinity_addr, options=channel_options(settings.keepalive_time_s)
-        ) as channel:
+        async with _relay_channel(settings) as channel:
             stub: affinity_pb2_grpc.AffinityServiceAsyncStub = (
                 affinity_pb2_grpc.AffinityServiceStub(channel)
             )

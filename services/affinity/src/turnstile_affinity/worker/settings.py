@@ -12,6 +12,11 @@
 ``TURNSTILE_WORKER_CREDENTIAL_FILE``  the sandbox credential the substrate keeps current
                                       (SPEC Z3); unset: the Hello carries none
 ``TURNSTILE_AFFINITY_ADDR``           the affinity relay (default ``127.0.0.1:50053``)
+``TURNSTILE_WORKER_TLS_CERT_FILE``    the worker's certificate (the sandbox-class SPIFFE ID),
+``TURNSTILE_WORKER_TLS_KEY_FILE``     its key and the CA bundle; the Direct substrate passes
+``TURNSTILE_WORKER_TLS_CA_FILE``      them (Kubernetes: a mounted Secret)
+``TURNSTILE_WORKER_PLAINTEXT``        plaintext to a loopback relay (development only; also
+                                      ``TURNSTILE_PLAINTEXT``)
 ====================================  ==========================================================
 """
 
@@ -75,6 +80,24 @@ class WorkerSettings(BaseSettings):
         validation_alias=AliasChoices("TURNSTILE_AFFINITY_ADDR", "affinity_addr"),
     )
     """Where the affinity relay listens (any replica: presence is shared)."""
+
+    tls_cert_file: Path | None = None
+    """The worker's certificate: the sandbox class identity
+    (``spiffe://<trust-domain>/sandbox``), which the policy lets call ``Attach`` only."""
+
+    tls_key_file: Path | None = None
+    """The private key of ``tls_cert_file``."""
+
+    tls_ca_file: Path | None = None
+    """The CA bundle the relay's certificate must chain to."""
+
+    plaintext: bool = Field(
+        default=False,
+        validation_alias=AliasChoices(
+            "TURNSTILE_WORKER_PLAINTEXT", "TURNSTILE_PLAINTEXT", "plaintext"
+        ),
+    )
+    """Plaintext to the relay; refused unless ``affinity_addr`` is loopback (SPEC Z5)."""
 
     reconnect_initial_s: float = Field(default=1.0, gt=0, le=60)
     """The first reconnect after a stream ends waits a random time up to this long;

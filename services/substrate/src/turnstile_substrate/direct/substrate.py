@@ -116,6 +116,25 @@ class RuntimeRecord:
         )
 
 
+def _worker_transport(settings: SubstrateSettings) -> dict[str, str]:
+    """How runtimes reach the relay: the sandbox-class certificate, or plaintext
+    when this process itself runs plaintext (loopback development)."""
+    if settings.plaintext:
+        return {"TURNSTILE_WORKER_PLAINTEXT": "true"}
+    cert, key = settings.direct_worker_tls_cert_file, settings.direct_worker_tls_key_file
+    if cert is None or key is None or settings.tls_ca_file is None:
+        raise ValueError(
+            "the Direct substrate with mTLS needs TURNSTILE_DIRECT_WORKER_TLS_CERT_FILE and "
+            "TURNSTILE_DIRECT_WORKER_TLS_KEY_FILE (the sandbox-class certificate its "
+            "runtimes attach with)"
+        )
+    return {
+        "TURNSTILE_WORKER_TLS_CERT_FILE": str(cert.absolute()),
+        "TURNSTILE_WORKER_TLS_KEY_FILE": str(key.absolute()),
+        "TURNSTILE_WORKER_TLS_CA_FILE": str(settings.tls_ca_file.absolute()),
+    }
+
+
 class DirectSubstrate:
     """Runtimes as host processes, one process group each."""
 
@@ -138,6 +157,7 @@ class DirectSubstrate:
         self._worker_env = {ENV_AFFINITY_ADDR: settings.affinity_addr}
         if settings.direct_worker_capacity is not None:
             self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
+        self._worker_env.update(_worker_transport(settings))
         self._reaper = processes.Reaper()
         #: Forks runtimes from a process that imported them already (fast wakes).
         self._launcher = (

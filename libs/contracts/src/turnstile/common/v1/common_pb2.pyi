@@ -115,11 +115,18 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A dependency (Redis, PostgreSQL, another service, the API server) failed."""
     ERROR_REASON_RUNTIME_FAILED: _ErrorReason.ValueType  # 12
     """The runtime could not be created or started."""
+    ERROR_REASON_UNAUTHENTICATED: _ErrorReason.ValueType  # 13
+    """The caller presented no identity: its certificate carries no SPIFFE ID.
+    Metadata: method. Nothing changed.
+    """
+    ERROR_REASON_PERMISSION_DENIED: _ErrorReason.ValueType  # 14
+    """The authorization policy does not let the caller's identity call this method,
+    or act for this client. Metadata: identity, method. Nothing changed.
+    """
     ERROR_REASON_WORKER_CREDENTIAL_REFUSED: _ErrorReason.ValueType  # 15
     """A worker's sandbox credential does not prove it is the sandbox's runtime
     (missing, forged, expired, revoked, or for another sandbox): metadata
-    `sandbox_id`, `why`. Nothing changed. (13 and 14 are left to the
-    authentication and authorization reasons.)
+    `sandbox_id`, `why`. Nothing changed.
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -160,11 +167,18 @@ ERROR_REASON_DEPENDENCY_UNAVAILABLE: ErrorReason.ValueType  # 11
 """A dependency (Redis, PostgreSQL, another service, the API server) failed."""
 ERROR_REASON_RUNTIME_FAILED: ErrorReason.ValueType  # 12
 """The runtime could not be created or started."""
+ERROR_REASON_UNAUTHENTICATED: ErrorReason.ValueType  # 13
+"""The caller presented no identity: its certificate carries no SPIFFE ID.
+Metadata: method. Nothing changed.
+"""
+ERROR_REASON_PERMISSION_DENIED: ErrorReason.ValueType  # 14
+"""The authorization policy does not let the caller's identity call this method,
+or act for this client. Metadata: identity, method. Nothing changed.
+"""
 ERROR_REASON_WORKER_CREDENTIAL_REFUSED: ErrorReason.ValueType  # 15
 """A worker's sandbox credential does not prove it is the sandbox's runtime
 (missing, forged, expired, revoked, or for another sandbox): metadata
-`sandbox_id`, `why`. Nothing changed. (13 and 14 are left to the
-authentication and authorization reasons.)
+`sandbox_id`, `why`. Nothing changed.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 

@@ -1,0 +1,128 @@
+"""For each method that acts for a client, where that client comes from — in one place.
+
+The policy (:mod:`turnstile_platform.authz.policy`) says which clients an
+identity may act for; this table says which client a call acts for:
+
+==============================  ===============================================================
+``Admit``, ``GetUsage``         the request's ``client``: a client id, or the reserved keys
+                                ``native`` / ``unattributed``
+``Activate``                    the request's ``client``; ``inherit`` acts for the sandbox's
+                                recorded client (the substrate's record), so an identity
+                                scoped to ``self`` or a list may wake only its own sandboxes
+``Deactivate``, ``GetSandbox``  the sandbox's recorded client (substrate record)
+``ReleaseSandbox`` (admission)  the sandbox's recorded client; admission keeps no owner
+                                record, so only an identity allowed ``any`` client may call it
+``ListSandboxes``               the request's ``client_id``; empty (every client) needs ``any``
+==============================  ===============================================================
+
+Every other method (holds, placement, the relay, counting) acts for no client:
+the method grant alone decides. A sandbox-addressed call whose owner is unknown
+(no such sandbox, no recorded client, or a service without an owner lookup)
+acts for no client and is allowed only to an identity with ``any``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from turnstile_contracts import (
+    admission_pb2,
+    affinity_pb2,
+    common_pb2,
+    substrate_pb2,
+)
+
+#: Resolves a sandbox id to its recorded client id (None: unknown).
+OwnerLookup = Callable[[str], Awaitable[str | None]]
+
+
+@dataclass(frozen=True)
+class FromRequest:
+    """The client is named in the request (None: the request names none)."""
+
+    client: Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class FromSandbox:
+    """The client is the recorded owner of the sandbox the request names."""
+
+    sandbox_id: Callable[[Any], str]
+
+
+@dataclass(frozen=True)
+class FromActivationClient:
+    """``client`` in the request, with ``inherit`` meaning the sandbox's owner."""
+
+    client: Callable[[Any], common_pb2.ActivationClient]
+    sandbox_id: Callable[[Any], str]
+
+
+ClientSource = FromRequest | FromSandbox | FromActivationClient
+
+INHERIT = object()
+
+
+def activation_client(client: common_pb2.ActivationClient) -> str | object | None:
+    """The client id an ``ActivationClient`` names, :data:`INHERIT`, or None (unset)."""
+    form = client.WhichOneof("client")
+    if form == "client_id":
+        return client.client_id
+    if form == "native":
+        return "native"
+    if form == "unattributed":
+        return "unattributed"
+    if form == "inherit":
+        return INHERIT
+    return None
+
+
+def _name(descriptor: Any, service: str, method: str) -> str:
+    full: str = descriptor.services_by_name[service].full_name
+    return f"/{full}/{method}"
+
+
+_ADMISSION = admission_pb2.DESCRIPTOR
+_SUBSTRATE = substrate_pb2.DESCRIPTOR
+
+CLIENT_SOURCES: dict[str, ClientSource] = {
+    _name(_ADMISSION, "AdmissionService", "Admit"): FromActivationClient(
+        lambda r: r.client, lambda r: r.sandbox_id
+    ),
+    _name(_ADMISSION, "AdmissionService", "GetUsage"): FromActivationClient(
+        lambda r: r.client, lambda r: ""
+    ),
+    _name(_ADMISSION, "AdmissionService", "ReleaseSandbox"): FromSandbox(lambda r: r.sandbox_id),
+    _name(_SUBSTRATE, "SubstrateService", "Activate"): FromActivationClient(
+        lambda r: r.client, lambda r: r.sandbox_id
+    ),
+    _name(_SUBSTRATE, "SubstrateService", "Deactivate"): FromSandbox(lambda r: r.sandbox_id),
+    _name(_SUBSTRATE, "SubstrateService", "GetSandbox"): FromSandbox(lambda r: r.sandbox_id),
+    _name(_SUBSTRATE, "SubstrateService", "ListSandboxes"): FromRequest(
+        lambda r: r.client_id or None
+    ),
+}
+
+
+def all_methods() -> frozenset[str]:
+    """Every RPC of Turnstile's contracts as ``pkg.Service/Method`` (policy validation)."""
+    out: set[str] = set()
+    for descriptor in (admission_pb2.DESCRIPTOR, substrate_pb2.DESCRIPTOR, affinity_pb2.DESCRIPTOR):
+        for service in descriptor.services_by_name.values():
+            out |= {f"{service.full_name}/{m.name}" for m in service.methods}
+    return frozenset(out)
+
+
+async def client_of(source: ClientSource, request: Any, owner: OwnerLookup | None) -> str | None:
+    """The client the call acts for (None: none can be determined)."""
+    if isinstance(source, FromRequest):
+        return source.client(request)
+    if isinstance(source, FromSandbox):
+        return await owner(source.sandbox_id(request)) if owner is not None else None
+    named = activation_client(source.client(request))
+    if named is INHERIT:
+        sandbox_id = source.sandbox_id(request)
+        return await owner(sandbox_id) if owner is not None and sandbox_id else None
+    return named if isinstance(named, str) else None

@@ -1,0 +1,251 @@
+"""The authorization policy: which identities may call which methods, for which clients.
+
+The file is TOML (stdlib ``tomllib``)::
+
+    [[allow]]
+    identities = ["spiffe://turnstile.local/service/substrate"]
+    methods = ["turnstile.admission.v1.AdmissionService/*"]
+    clients = "any"
+
+    [[allow]]
+    identities = ["spiffe://turnstile.local/client/*"]
+    methods = ["turnstile.substrate.v1.SubstrateService/Activate"]
+    clients = "self"
+
+* ``identities``: exact SPIFFE IDs, prefixes written ``spiffe://td/path/*`` (any
+  identity under that path), or ``*`` (any authenticated identity).
+* ``methods``: ``package.Service/Method``, ``package.Service/*`` or ``*``; every
+  name must exist in Turnstile's contracts, so a typo is an invalid file rather
+  than a silent deny.
+* ``clients`` (for the methods that act for a client, see
+  :mod:`turnstile_platform.authz.methods`): ``"any"``, ``"self"`` (the last path
+  segment of the caller's own identity: ``…/client/acme`` acts for ``acme``), or a
+  list of client ids. Omitted: no client — the rule grants only the methods that
+  do not act for one. Fail closed.
+
+Default deny: a call is allowed only if some rule matching the caller's identity
+names the method, and (for a method that acts for a client) some such rule's
+clients include the client. Rules add up; none subtracts.
+
+Decisions are compiled once per (identity, method) and cached on the policy
+object, so the check on the hot path is a dict lookup; a reload builds a new
+policy with an empty cache.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnstile_platform.identity import last_segment, parse_spiffe_id
+
+ANY = "any"
+SELF = "self"
+OTHER_LABEL = "other"
+_CACHE_LIMIT = 8192
+
+
+class PolicyError(ValueError):
+    """The policy file is invalid; the message names the rule and the field."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one identity may do with one method."""
+
+    allowed: bool
+    any_client: bool = False
+    clients: frozenset[str] = frozenset()
+    label: str = OTHER_LABEL
+    """The metric label of the identity: the policy's name for it, or ``other``."""
+
+    def allows_client(self, client_id: str | None) -> bool:
+        if self.any_client:
+            return True
+        return client_id is not None and client_id in self.clients
+
+
+@dataclass(frozen=True)
+class _Rule:
+    exact: frozenset[str]
+    prefixes: tuple[str, ...]
+    wildcard: bool
+    methods_exact: frozenset[str]
+    services: frozenset[str]
+    all_methods: bool
+    any_client: bool
+    self_client: bool
+    clients: frozenset[str]
+
+    def identity_label(self, identity: str) -> str | None:
+        if identity in self.exact:
+            return identity
+        for prefix in self.prefixes:
+            if identity.startswith(prefix):
+                return prefix + "*"
+        if self.wildcard:
+            return "*"
+        return None
+
+    def names(self, method: str) -> bool:
+        if self.all_methods or method in self.methods_exact:
+            return True
+        return method.rpartition("/")[0] in self.services
+
+
+@dataclass
+class Policy:
+    """A compiled policy. :meth:`decide` is cheap after the first call per pair."""
+
+    rules: tuple[_Rule, ...]
+    source: str = ""
+    _cache: dict[tuple[str, str], Decision] = field(default_factory=dict, repr=False)
+
+    @property
+    def labels(self) -> frozenset[str]:
+        """Every identity label this policy can produce (bounded metric cardinality)."""
+        out = {OTHER_LABEL}
+        for rule in self.rules:
+            out |= rule.exact
+            out |= {p + "*" for p in rule.prefixes}
+            if rule.wildcard:
+                out.add("*")
+        return frozenset(out)
+
+    def decide(self, identity: str, method: str) -> Decision:
+        """The decision for ``identity`` calling ``method`` (``/pkg.Service/Method``
+        or ``pkg.Service/Method``)."""
+        key = (identity, method)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        decision = self._compute(identity, method.lstrip("/"))
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = decision
+        return decision
+
+    def _compute(self, identity: str, method: str) -> Decision:
+        allowed = False
+        any_client = False
+        clients: set[str] = set()
+        label: str | None = None
+        for rule in self.rules:
+            matched = rule.identity_label(identity)
+            if matched is None:
+                continue
+            if label is None or (label != identity and matched == identity):
+                label = matched
+            if not rule.names(method):
+                continue
+            allowed = True
+            any_client = any_client or rule.any_client
+            clients |= rule.clients
+            if rule.self_client:
+                clients.add(last_segment(identity))
+        return Decision(allowed, any_client, frozenset(clients), label or OTHER_LABEL)
+
+
+def _strings(value: object, where: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    raise PolicyError(f"{where}: expected a non-empty string or list of strings")
+
+
+def _rule(raw: Mapping[str, Any], index: int, known_methods: frozenset[str] | None) -> _Rule:
+    where = f"allow[{index}]"
+    unknown = set(raw) - {"identities", "methods", "clients", "comment"}
+    if unknown:
+        raise PolicyError(f"{where}: unknown keys {sorted(unknown)}")
+    exact: set[str] = set()
+    prefixes: list[str] = []
+    wildcard = False
+    for pattern in _strings(raw.get("identities"), f"{where}.identities"):
+        if pattern == "*":
+            wildcard = True
+            continue
+        try:
+            parse_spiffe_id(pattern.removesuffix("*"))
+        except ValueError as error:
+            raise PolicyError(f"{where}.identities: {error}") from None
+        if pattern.endswith("/*"):
+            prefixes.append(pattern[:-1])
+        elif "*" in pattern:
+            raise PolicyError(f"{where}.identities: {pattern!r}: '*' only as a last path segment")
+        else:
+            exact.add(pattern)
+    methods_exact: set[str] = set()
+    services: set[str] = set()
+    all_methods = False
+    known_services = {m.rpartition("/")[0] for m in known_methods or ()}
+    for method in _strings(raw.get("methods"), f"{where}.methods"):
+        method = method.lstrip("/")
+        if method == "*":
+            all_methods = True
+        elif method.endswith("/*"):
+            service = method[:-2]
+            if known_methods is not None and service not in known_services:
+                raise PolicyError(f"{where}.methods: no service {service!r}")
+            services.add(service)
+        else:
+            if known_methods is not None and method not in known_methods:
+                raise PolicyError(f"{where}.methods: no method {method!r}")
+            methods_exact.add(method)
+    clients_raw = raw.get("clients", [])
+    any_client = self_client = False
+    clients: set[str] = set()
+    if clients_raw == ANY:
+        any_client = True
+    elif clients_raw == SELF:
+        self_client = True
+    elif isinstance(clients_raw, list) and all(isinstance(c, str) and c for c in clients_raw):
+        clients = set(clients_raw)
+    else:
+        raise PolicyError(f'{where}.clients: expected "any", "self" or a list of client ids')
+    return _Rule(
+        frozenset(exact),
+        tuple(prefixes),
+        wildcard,
+        frozenset(methods_exact),
+        frozenset(services),
+        all_methods,
+        any_client,
+        self_client,
+        frozenset(clients),
+    )
+
+
+def parse_policy(
+    text: str, *, source: str = "", known_methods: Iterable[str] | None = None
+) -> Policy:
+    """Parse and compile a policy; :class:`PolicyError` names what is wrong."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise PolicyError(f"not valid TOML: {error}") from None
+    unknown = set(data) - {"allow"}
+    if unknown:
+        raise PolicyError(f"unknown top-level keys {sorted(unknown)} (expected [[allow]] rules)")
+    raw_rules = data.get("allow", [])
+    if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
+        raise PolicyError("allow: expected an array of tables ([[allow]])")
+    known = frozenset(m.lstrip("/") for m in known_methods) if known_methods is not None else None
+    rules = tuple(_rule(raw, i, known) for i, raw in enumerate(raw_rules))
+    return Policy(rules, source)
+
+
+def load_policy(path: Path, *, known_methods: Iterable[str] | None = None) -> Policy:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise PolicyError(f"cannot read {path}: {error}") from None
+    return parse_policy(text, source=str(path), known_methods=known_methods)
+
+
+ALLOW_ALL = Policy((_rule({"identities": "*", "methods": "*", "clients": ANY}, 0, None),), "")
+"""Every authenticated identity may do everything (plaintext development and tests)."""

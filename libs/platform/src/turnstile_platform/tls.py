@@ -1,0 +1,238 @@
+"""Transport security for every Turnstile server and channel (SPEC Z1, Z4, Z5).
+
+One place builds credentials from certificate files; no other module calls
+``grpc.ssl_*``:
+
+* **Servers** use grpc's dynamic SSL credentials with client authentication
+  required: every caller must present a certificate signed by the CA bundle.
+  gRPC calls the certificate-configuration fetcher before each new connection's
+  handshake; :class:`ReloadingServerFiles` answers it by comparing the files'
+  ``stat`` signatures and re-reading them only when one changed, so a rotated
+  certificate (cert-manager, SPIRE, ``./scripts/up``) is used by the next
+  connection, with no restart and no cost on the hot path beyond three ``stat``\\ s
+  per new connection. Connections already open keep the credentials they were
+  handshaken with, so no in-flight call fails.
+* **Channels** use ``grpc.ssl_channel_credentials``: grpc reads the PEM bytes when
+  the credentials are built, so a channel keeps its client certificate for its
+  life. :class:`ChannelCredentialsSource` remembers the files' signatures, and
+  long-lived holders (:mod:`turnstile_platform.peers`) ask it whether the files
+  changed and rebuild their channel when they did.
+* **Plaintext** exists only when explicitly enabled and only on a loopback
+  address (:func:`check_plaintext_allowed`); the process refuses to start
+  otherwise.
+
+TLS 1.2 is the floor gRPC's BoringSSL enforces for ``ssl_*`` credentials; TLS 1.3 is
+negotiated where both ends offer it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
+
+
+class TransportSecurityError(ValueError):
+    """The settings ask for something unsafe or incomplete; the message says what to set."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A holder's certificate chain, its private key and the CA bundle it trusts."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(certificate chain, private key, CA bundle) as PEM bytes."""
+        return self.cert_file.read_bytes(), self.key_file.read_bytes(), self.ca_file.read_bytes()
+
+    def signature(self) -> tuple[tuple[int, int, int], ...]:
+        """What changes when any file is replaced: (inode, size, mtime) of each.
+
+        ``stat`` follows symlinks, so the atomic symlink swap a Kubernetes Secret or
+        ConfigMap volume does counts as a change too."""
+        out = []
+        for path in (self.cert_file, self.key_file, self.ca_file):
+            st = os.stat(path)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address or a target's host part) is loopback only."""
+    host = host.strip("[]")
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plaintext_allowed(host: str, what: str) -> None:
+    """Raise unless ``host`` is loopback: plaintext never leaves the machine (Z5)."""
+    if not is_loopback(host):
+        raise TransportSecurityError(
+            f"{what}: plaintext was enabled (TURNSTILE_PLAINTEXT) but the address {host!r} "
+            "is not loopback; plaintext is allowed only on 127.0.0.1/::1/localhost. Give "
+            "certificate files (TURNSTILE_TLS_CERT_FILE, TURNSTILE_TLS_KEY_FILE, "
+            "TURNSTILE_TLS_CA_FILE) instead."
+        )
+
+
+def require_files(
+    cert_file: Path | None, key_file: Path | None, ca_file: Path | None, what: str
+) -> TlsFiles:
+    """The three files, or a start-up error naming the missing settings."""
+    missing = [
+        name
+        for name, value in (
+            ("TLS_CERT_FILE", cert_file),
+            ("TLS_KEY_FILE", key_file),
+            ("TLS_CA_FILE", ca_file),
+        )
+        if value is None
+    ]
+    if missing:
+        raise TransportSecurityError(
+            f"{what}: mutual TLS needs {', '.join(missing)} (settings prefix TURNSTILE_); "
+            "plaintext is only for loopback development, with TURNSTILE_PLAINTEXT=true"
+        )
+    assert cert_file is not None
+    assert key_file is not None
+    assert ca_file is not None
+    files = TlsFiles(cert_file, key_file, ca_file)
+    for path in (cert_file, key_file, ca_file):
+        if not path.is_file():
+            raise TransportSecurityError(f"{what}: {path} does not exist or is not a file")
+    return files
+
+
+class ReloadingServerFiles:
+    """The certificate-configuration fetcher of a server's dynamic credentials.
+
+    gRPC calls it (from its own threads) before every new connection's
+    handshake; it returns a new configuration only when the files changed. A
+    half-written set (a key that does not match, an unreadable file) is logged and
+    the previous configuration stays in use; the next connection tries again.
+    """
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._lock = threading.Lock()
+        self._signature = files.signature()
+        self.initial = self._configuration()
+        self.reloads = 0
+
+    def _configuration(self) -> grpc.ServerCertificateConfiguration:
+        cert, key, ca = self.files.read()
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            signature = self.files.signature()
+        except OSError:
+            return None
+        if signature == self._signature:
+            return None
+        with self._lock:
+            if signature == self._signature:
+                return None
+            try:
+                configuration = self._configuration()
+            except (OSError, ValueError):
+                log.warning("certificate files changed but could not be read; keeping the old")
+                return None
+            self._signature = signature
+            self.reloads += 1
+        log.info("server certificate files changed: new connections use them")
+        return configuration
+
+
+def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """mTLS server credentials that re-read ``files`` when they change."""
+    fetcher = ReloadingServerFiles(files)
+    # grpc-stubs type the fetcher as never returning None; grpc documents None as
+    # "no change", which is what most calls return.
+    return grpc.dynamic_ssl_server_credentials(
+        fetcher.initial,
+        fetcher,  # type: ignore[arg-type]
+        require_client_authentication=True,
+    )
+
+
+class ChannelCredentialsSource:
+    """Client credentials from files, and whether the files changed since."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._signature = files.signature()
+        cert, key, ca = files.read()
+        self.credentials = grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+
+    def changed(self) -> bool:
+        """True when any file was replaced since these credentials were built."""
+        try:
+            return self.files.signature() != self._signature
+        except OSError:
+            return False
+
+
+def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
+    """mTLS channel credentials (read now; see the module docstring on rotation)."""
+    return ChannelCredentialsSource(files).credentials
+
+
+class TransportSettings(Protocol):
+    """The settings fields this module reads (every ``ServiceSettings`` has them)."""
+
+    @property
+    def plaintext(self) -> bool: ...
+    @property
+    def tls_cert_file(self) -> Path | None: ...
+    @property
+    def tls_key_file(self) -> Path | None: ...
+    @property
+    def tls_ca_file(self) -> Path | None: ...
+
+
+def server_files(settings: TransportSettings, host: str, what: str) -> TlsFiles | None:
+    """The server's files, or None for (allowed) plaintext; raises on anything unsafe."""
+    if settings.plaintext:
+        check_plaintext_allowed(host, what)
+        return None
+    return require_files(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file, what)
+
+
+def client_source(
+    settings: TransportSettings, target: str, what: str
+) -> ChannelCredentialsSource | None:
+    """Credentials for a channel to ``target``, or None for (allowed) plaintext."""
+    if settings.plaintext:
+        check_plaintext_allowed(target_host(target), what)
+        return None
+    files = require_files(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file, what)
+    return ChannelCredentialsSource(files)
+
+
+def target_host(target: str) -> str:
+    """The host part of a gRPC target (``host:port``, ``[v6]:port``, ``dns:///host:port``)."""
+    rest = target.split(":///", 1)[-1]
+    if rest.startswith("["):
+        return rest[1 : rest.find("]")]
+    host, sep, _port = rest.rpartition(":")
+    return host if sep else rest
