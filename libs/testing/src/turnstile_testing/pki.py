@@ -4,7 +4,7 @@ The shared service fixtures run in explicit loopback plaintext (the plugin sets
 ``TURNSTILE_PLAINTEXT=true`` for the test process), so the many tests about
 admission, placement and runtimes need no certificates. Tests about transport
 security and authorization ask for :func:`pki` and pass
-:meth:`TestPki.server_settings` as overrides to the same fixtures, which turns
+:meth:`Pki.server_settings` as overrides to the same fixtures, which turns
 mTLS and the policy on for that server.
 """
 
@@ -56,7 +56,7 @@ class Identity:
 
 
 @dataclass
-class TestPki:
+class Pki:
     directory: Path
     ca: CertificateAuthority = field(default_factory=CertificateAuthority.create)
     trust_domain: str = TRUST_DOMAIN

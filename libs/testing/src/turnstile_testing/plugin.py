@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_testing.otlp import OtlpReceiver
-from turnstile_testing.pki import TestPki
+from turnstile_testing.pki import Pki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.services import find_postgres, find_redis, using
 
@@ -30,9 +30,9 @@ os.environ.setdefault("TURNSTILE_PLAINTEXT", "true")
 
 
 @pytest.fixture
-def pki(tmp_path: Path) -> TestPki:
+def pki(tmp_path: Path) -> Pki:
     """A CA of this test's own that issues SPIFFE certificates and writes policies."""
-    return TestPki(tmp_path / "pki")
+    return Pki(tmp_path / "pki")
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
 from turnstile_substrate.admission import AdmissionClient
 from turnstile_substrate.db.pool import create_pool
+from turnstile_substrate.db.records import fetch_sandbox
 from turnstile_substrate.live_store import LiveStore
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
@@ -119,6 +120,15 @@ async def create_app(
 
     app.add_cleanup(stop_leading)
     monitor.add("substrate", _ready(substrate))
+
+    if app.authorizer is not None:
+        # Sandbox-addressed calls act for the sandbox's recorded client (SPEC Z2).
+        async def owner(sandbox_id: str) -> str | None:
+            async with pool.acquire() as conn:
+                record = await fetch_sandbox(conn, sandbox_id)
+            return record.activating_client_id if record is not None else None
+
+        app.authorizer.set_owner_lookup(owner)
 
     activator = Activator(substrate, pool, admission, settings)
     substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(

@@ -1,0 +1,160 @@
+"""Mutual TLS on the real bootstrap (SPEC Z1, Z4, Z5): who gets a connection, who gets
+an identity, that certificates rotate without a restart, and that plaintext is
+loopback-only and explicit."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from turnstile_platform.errors import decode
+from turnstile_platform.pki import CertificateAuthority
+from turnstile_platform.server import GrpcService
+from turnstile_platform.tls import TransportSecurityError, is_loopback, target_host
+from turnstile_testing.pki import Pki
+from turnstile_testing.probe import add_probe, call, settings
+from turnstile_testing.processes import free_port
+
+
+async def _echo(payload: bytes, _: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    return payload
+
+
+async def _start(pki: Pki, **extra: Any) -> GrpcService:
+    app = GrpcService("probe", settings(**pki.server_settings(**extra)), service_names=[])
+    add_probe(app, {"Echo": _echo})
+    await app.start()
+    return app
+
+
+async def test_a_client_certificate_from_the_trusted_ca_is_served(pki: Pki) -> None:
+    app = await _start(pki)
+    try:
+        async with pki.identity("client/acme").channel(app.address) as channel:
+            assert await call(channel, "Echo", b"hi") == b"hi"
+    finally:
+        await app.stop()
+
+
+async def test_plaintext_and_another_ca_and_no_certificate_get_no_connection(
+    pki: Pki,
+) -> None:
+    app = await _start(pki)
+    stranger = Pki(pki.directory / "other")
+    try:
+        nobody = grpc.ssl_channel_credentials(root_certificates=pki.ca_file.read_bytes())
+        for channel in (
+            grpc.aio.insecure_channel(app.address),
+            stranger.identity("client/acme").channel(app.address),
+            grpc.aio.secure_channel(app.address, nobody),
+        ):
+            async with channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call(channel, "Echo")
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await app.stop()
+
+
+async def test_a_certificate_without_a_spiffe_id_is_unauthenticated(pki: Pki) -> None:
+    app = await _start(pki)
+    try:
+        async with pki.identity(None).channel(app.address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(channel, "Echo")
+        error = decode(refused.value)
+        assert error.code == grpc.StatusCode.UNAUTHENTICATED
+        assert error.reason == "UNAUTHENTICATED"
+        assert error.metadata["method"] == "test.Probe/Echo"
+    finally:
+        await app.stop()
+
+
+async def test_rotated_files_are_used_by_new_connections_without_failing_open_ones(
+    pki: Pki,
+) -> None:
+    """Swap the server's certificate, key and CA bundle for ones from a second CA
+    while a client is connected: the connected client keeps working, a client of
+    the new CA connects, and nothing restarted."""
+    server_settings = pki.server_settings()
+    app = GrpcService("probe", settings(**server_settings), service_names=[])
+    add_probe(app, {"Echo": _echo})
+    await app.start()
+    old_client = pki.identity("client/acme").channel(app.address)
+    new_pki = Pki(pki.directory / "new")
+    new_client = new_pki.identity("client/acme").channel(app.address)
+    try:
+        assert await call(old_client, "Echo", b"before") == b"before"
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call(new_client, "Echo")
+        # The rotation: both CAs trusted during the overlap, the server's leaf now
+        # issued by the new CA (as cert-manager does when its issuer rotates).
+        bundle = pki.ca.cert_pem + new_pki.ca.cert_pem
+        leaf = new_pki.leaf("service/test")
+        staging = pki.directory / "staging"
+        staging.mkdir()
+        (staging / "ca.crt").write_bytes(bundle)
+        leaf.write(staging / "tls.crt", staging / "tls.key")
+        shutil.move(staging / "tls.key", server_settings["tls_key_file"])
+        shutil.move(staging / "tls.crt", server_settings["tls_cert_file"])
+        shutil.move(staging / "ca.crt", server_settings["tls_ca_file"])
+        results = await asyncio.gather(*(call(old_client, "Echo", b"%d" % i) for i in range(50)))
+        assert results == [b"%d" % i for i in range(50)]
+        await new_client.close()
+        new_client = new_pki.identity("client/globex").channel(app.address)
+        assert await call(new_client, "Echo", b"after") == b"after"
+        assert await call(old_client, "Echo", b"still") == b"still"
+    finally:
+        await old_client.close()
+        await new_client.close()
+        await app.stop()
+
+
+async def test_the_health_port_answers_without_a_certificate(pki: Pki) -> None:
+    app = await _start(pki, health_port=free_port())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.health_port}") as channel:
+            response = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest()
+            )
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(channel, "Echo")
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await app.stop()
+
+
+def test_plaintext_is_refused_on_a_non_loopback_address() -> None:
+    with pytest.raises(TransportSecurityError, match="not loopback"):
+        GrpcService("probe", settings(plaintext=True, host="0.0.0.0"), service_names=[])
+
+
+def test_without_certificates_or_a_policy_the_server_refuses_to_start(pki: Pki) -> None:
+    with pytest.raises(TransportSecurityError, match="TLS_CERT_FILE"):
+        GrpcService("probe", settings(plaintext=False), service_names=[])
+    files = pki.identity("service/test").settings()
+    with pytest.raises(TransportSecurityError, match="AUTHZ_POLICY_FILE"):
+        GrpcService("probe", settings(**files), service_names=[])
+
+
+def test_loopback_addresses_are_recognised() -> None:
+    assert all(map(is_loopback, ["127.0.0.1", "::1", "[::1]", "localhost", "127.1.2.3"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "10.0.0.1", "admission.turnstile.svc", "::"]))
+    assert target_host("dns:///admission:50051") == "admission"
+    assert target_host("[::1]:50051") == "::1"
+
+
+def test_the_local_ca_issues_one_spiffe_uri_san() -> None:
+    from cryptography import x509
+
+    leaf = CertificateAuthority.create().issue("spiffe://td/client/acme", dns_names=["x"])
+    cert = x509.load_pem_x509_certificate(leaf.cert_pem)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://td/client/acme"]
