@@ -1,0 +1,94 @@
+"""Helpers of the authorization tests: call every RPC as some identity, classify the
+outcome, and snapshot Redis and PostgreSQL to prove a refused call changed nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import grpc
+import grpc.aio
+import redis.asyncio as aioredis
+
+from turnstile_platform.errors import decode
+
+#: What the authorization layer answers with; anything else means the handler ran.
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+Invoke = Callable[[grpc.aio.Channel], Awaitable[object]]
+
+
+async def outcome(channel: grpc.aio.Channel, invoke: Invoke) -> grpc.StatusCode:
+    """OK, or the status code the call failed with."""
+    try:
+        await invoke(channel)
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+async def refusal(channel: grpc.aio.Channel, invoke: Invoke) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    """(code, ErrorInfo reason, ErrorInfo metadata) of a refused call."""
+    try:
+        await invoke(channel)
+    except grpc.aio.AioRpcError as error:
+        rich = decode(error)
+        return rich.code, rich.reason, dict(rich.metadata)
+    raise AssertionError("the call was served")
+
+
+def unary(method: str, request: Any) -> Invoke:
+    """Call ``/pkg.Service/Method`` with ``request`` (any response type)."""
+
+    async def invoke(channel: grpc.aio.Channel) -> object:
+        call = channel.unary_unary(
+            method, request_serializer=type(request).SerializeToString, response_deserializer=None
+        )
+        return await call(request, timeout=10)
+
+    return invoke
+
+
+def stream(method: str, requests: list[Any]) -> Invoke:
+    """Open a bidirectional stream, send ``requests``, read one response."""
+
+    async def invoke(channel: grpc.aio.Channel) -> object:
+        async def sent() -> AsyncIterator[Any]:
+            for request in requests:
+                yield request
+
+        call = channel.stream_stream(
+            method,
+            request_serializer=type(requests[0]).SerializeToString,
+            response_deserializer=None,
+        )
+        responses = call(sent(), timeout=10)
+        async for response in responses:
+            responses.cancel()
+            return response
+        return None
+
+    return invoke
+
+
+async def redis_snapshot(client: aioredis.Redis, prefix: str) -> dict[bytes, bytes | None]:
+    """Every key under ``prefix`` and its serialized value (DUMP)."""
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+    return {key: await client.dump(key) for key in sorted(keys)}
+
+
+async def postgres_snapshot(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table in the public schema, sorted."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        tables = await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
+        )
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        for row in tables:
+            rows = await conn.fetch(f'SELECT * FROM "{row["tablename"]}"')
+            out[row["tablename"]] = sorted((tuple(r.values()) for r in rows), key=repr)
+        return out
+    finally:
+        await conn.close()

@@ -1,0 +1,150 @@
+"""Authorization of every admission RPC over mTLS (SPEC Z1, Z2): the allowed identity
+is served, another identity gets PERMISSION_DENIED, a certificate without an identity
+gets UNAUTHENTICATED, and Redis is unchanged after each refusal. Client ids are
+scoped: an identity allowed only ``self`` or a list acts for no other client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_testing.authz import REFUSALS, Invoke, outcome, redis_snapshot, refusal, unary
+from turnstile_testing.pki import Pki
+
+SERVICE = "turnstile.admission.v1.AdmissionService"
+TD = "spiffe://turnstile.test"
+
+POLICY = f"""
+[[allow]]
+identities = ["{TD}/service/substrate"]
+methods = ["{SERVICE}/*"]
+clients = "any"
+
+[[allow]]
+identities = ["{TD}/client/*"]
+methods = ["{SERVICE}/Admit", "{SERVICE}/GetUsage", "{SERVICE}/ReleaseSandbox"]
+clients = "self"
+
+[[allow]]
+identities = ["{TD}/client/ops"]
+methods = ["{SERVICE}/GetUsage"]
+clients = ["acme", "globex"]
+
+[[allow]]
+identities = ["{TD}/service/affinity"]
+methods = ["turnstile.substrate.v1.SubstrateService/Activate"]
+clients = "any"
+"""
+
+
+def _client(client_id: str) -> common_pb2.ActivationClient:
+    return common_pb2.ActivationClient(client_id=client_id)
+
+
+def _admit(client_id: str, sandbox_id: str = "sb-1") -> admission_pb2.AdmitRequest:
+    return admission_pb2.AdmitRequest(
+        sandbox_id=sandbox_id,
+        client=_client(client_id),
+        kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+    )
+
+
+CALLS: dict[str, Invoke] = {
+    "Admit": unary(f"/{SERVICE}/Admit", _admit("acme")),
+    "CommitHold": unary(f"/{SERVICE}/CommitHold", admission_pb2.CommitHoldRequest(hold_id="h")),
+    "CancelHold": unary(f"/{SERVICE}/CancelHold", admission_pb2.CancelHoldRequest(hold_id="h")),
+    "ReleaseSandbox": unary(
+        f"/{SERVICE}/ReleaseSandbox", admission_pb2.ReleaseSandboxRequest(sandbox_id="sb-1")
+    ),
+    "GetUsage": unary(
+        f"/{SERVICE}/GetUsage", admission_pb2.GetUsageRequest(client=_client("acme"))
+    ),
+}
+
+
+def test_the_table_covers_every_method() -> None:
+    descriptor = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"]
+    assert set(CALLS) == {m.name for m in descriptor.methods}
+
+
+@pytest.fixture
+async def secured(start_admission: Any, pki: Pki) -> Any:
+    return await start_admission(
+        client_allowlist=("acme", "globex"),
+        **pki.server_settings("service/admission", policy=POLICY),
+    )
+
+
+@pytest.mark.parametrize("method", sorted(CALLS))
+async def test_every_rpc_serves_the_allowed_and_refuses_the_rest_changing_nothing(
+    method: str, secured: Any, pki: Pki, redis: aioredis.Redis
+) -> None:
+    address = secured.app.address
+    invoke = CALLS[method]
+    async with pki.identity("service/affinity").channel(address) as other:
+        before = await redis_snapshot(redis, secured.settings.redis_prefix)
+        code, reason, metadata = await refusal(other, invoke)
+        assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+        assert metadata == {"identity": f"{TD}/service/affinity", "method": f"{SERVICE}/{method}"}
+        assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
+    async with pki.identity(None).channel(address) as anonymous:
+        code, reason, _ = await refusal(anonymous, invoke)
+        assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
+        assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
+    async with pki.identity("service/substrate").channel(address) as allowed:
+        assert await outcome(allowed, invoke) not in REFUSALS
+
+
+async def test_self_scoped_clients_act_only_for_themselves(
+    secured: Any, pki: Pki, redis: aioredis.Redis
+) -> None:
+    address = secured.app.address
+    async with pki.identity("client/acme").channel(address) as acme:
+        assert await outcome(acme, unary(f"/{SERVICE}/Admit", _admit("acme"))) == (
+            grpc.StatusCode.OK
+        )
+        before = await redis_snapshot(redis, secured.settings.redis_prefix)
+        for invoke in (
+            unary(f"/{SERVICE}/Admit", _admit("globex", "sb-2")),
+            unary(f"/{SERVICE}/GetUsage", admission_pb2.GetUsageRequest(client=_client("globex"))),
+            # Admission keeps no sandbox owner: a scoped identity cannot prove it owns one.
+            unary(
+                f"/{SERVICE}/ReleaseSandbox", admission_pb2.ReleaseSandboxRequest(sandbox_id="sb-1")
+            ),
+        ):
+            code, reason, metadata = await refusal(acme, invoke)
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+            assert metadata["identity"] == f"{TD}/client/acme"
+        assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
+
+
+async def test_a_listed_scope_reads_usage_of_the_listed_clients_only(
+    secured: Any, pki: Pki
+) -> None:
+    async with pki.identity("client/ops").channel(secured.app.address) as ops:
+        for client_id in ("acme", "globex", "ops"):
+            request = admission_pb2.GetUsageRequest(client=_client(client_id))
+            assert await outcome(ops, unary(f"/{SERVICE}/GetUsage", request)) == (
+                grpc.StatusCode.OK
+            )
+        request = admission_pb2.GetUsageRequest(client=_client("initech"))
+        code, _, _ = await refusal(ops, unary(f"/{SERVICE}/GetUsage", request))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        # The list does not extend to Admit: that rule grants GetUsage alone.
+        code, _, _ = await refusal(ops, unary(f"/{SERVICE}/Admit", _admit("acme", "sb-9")))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_plaintext_is_refused_by_the_secured_service(secured: Any) -> None:
+    async with grpc.aio.insecure_channel(secured.app.address) as plaintext:
+        assert await outcome(plaintext, CALLS["GetUsage"]) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_certificate_from_another_ca_is_refused(secured: Any, pki: Pki) -> None:
+    stranger = Pki(pki.directory / "stranger").identity("service/substrate")
+    async with stranger.channel(secured.app.address) as channel:
+        assert await outcome(channel, CALLS["GetUsage"]) == grpc.StatusCode.UNAVAILABLE
