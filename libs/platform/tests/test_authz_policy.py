@@ -165,6 +165,4 @@ async def test_a_changed_policy_applies_and_a_broken_one_keeps_the_last_good(pki
 
 def test_an_invalid_policy_at_start_fails_start_up(pki: Pki) -> None:
     with pytest.raises(PolicyError):
-        GrpcService(
-            "probe", settings(**pki.server_settings(policy="allow = 3")), service_names=[]
-        )
+        GrpcService("probe", settings(**pki.server_settings(policy="allow = 3")), service_names=[])

@@ -143,7 +143,10 @@ async def test_a_client_acts_only_for_its_own_sandboxes(secured: Harness, pki: P
     async with pki.identity("client/acme").channel(address) as acme:
         before = await postgres_snapshot(secured.database_url)
         for method, request in (
-            ("Activate", substrate_pb2.ActivateRequest(sandbox_id="sb-x", client=_client("globex"))),
+            (
+                "Activate",
+                substrate_pb2.ActivateRequest(sandbox_id="sb-x", client=_client("globex")),
+            ),
             ("Activate", substrate_pb2.ActivateRequest(sandbox_id="sb-globex", client=INHERIT)),
             ("Activate", substrate_pb2.ActivateRequest(sandbox_id="sb-nobody", client=INHERIT)),
             ("Deactivate", substrate_pb2.DeactivateRequest(sandbox_id="sb-globex")),
@@ -168,6 +171,8 @@ async def test_a_client_acts_only_for_its_own_sandboxes(secured: Harness, pki: P
         listed = _call("ListSandboxes", substrate_pb2.ListSandboxesRequest(client_id="acme"))
         assert await outcome(acme, listed) == grpc.StatusCode.OK
         # Waking its own sandbox with ``inherit`` is served: a runtime starts.
-        woken = _call("Activate", substrate_pb2.ActivateRequest(sandbox_id="sb-acme", client=INHERIT))
+        woken = _call(
+            "Activate", substrate_pb2.ActivateRequest(sandbox_id="sb-acme", client=INHERIT)
+        )
         assert await outcome(acme, woken) == grpc.StatusCode.OK
         assert set(secured.processes()) == {"sb-acme"}

@@ -145,6 +145,7 @@ async def create_pool(
     min_size: int,
     max_size: int,
     application_name: str,
+    **connect_kwargs: Any,
 ) -> BoundedPool:
     """A bounded pool to ``dsn`` (see the module doc); ``min_size`` connections are
     opened now, which raises if PostgreSQL cannot be reached."""
@@ -166,6 +167,7 @@ async def create_pool(
         command_timeout=guard.budget_s,
         timeout=guard.budget_s,
         server_settings={"application_name": application_name},
+        **connect_kwargs,  # password, ssl (SPEC Z4)
     )
     await pool
     return pool

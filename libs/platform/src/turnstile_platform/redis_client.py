@@ -33,7 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from turnstile_platform.bounded import BreakerOpenError, BudgetExceededError, Guard, report_breaker
 from turnstile_platform.health import HealthMonitor
-from turnstile_platform.settings import ServiceSettings
+from turnstile_platform.settings import ServiceSettings, read_secret
 
 #: Exceptions that mean "Redis could not be reached", as opposed to a script error.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
@@ -115,6 +115,7 @@ def create_redis(
     timeout_s: float = 0.5,
     max_connections: int = 256,
     guard: Guard | None = None,
+    **connection: Any,
 ) -> BoundedRedis:
     """A pooled async client; each call bounded by ``timeout_s`` and a breaker.
 
@@ -131,12 +132,22 @@ def create_redis(
         max_connections=max_connections,
         retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=1),
         decode_responses=False,
+        **connection,
     )
     client.guard = guard or redis_guard(timeout_s)
     return client
 
 
 def redis_from_settings(settings: ServiceSettings) -> BoundedRedis:
+    """A client per the settings: URL, ACL user, password file, TLS CA (SPEC Z4),
+    each call bounded and behind the Redis breaker."""
+    connection: dict[str, Any] = {}
+    if settings.redis_username:
+        connection["username"] = settings.redis_username
+    if (password := read_secret(settings.redis_password_file)) is not None:
+        connection["password"] = password
+    if settings.redis_ca_file is not None and settings.redis_url.scheme == "rediss":
+        connection["ssl_ca_certs"] = str(settings.redis_ca_file)
     return create_redis(
         str(settings.redis_url),
         timeout_s=settings.redis_timeout_s,
@@ -145,6 +156,7 @@ def redis_from_settings(settings: ServiceSettings) -> BoundedRedis:
             failures=settings.breaker_failures,
             open_s=settings.breaker_open_s,
         ),
+        **connection,
     )
 
 

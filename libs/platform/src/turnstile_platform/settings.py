@@ -2,7 +2,9 @@
 
 Each service subclasses :class:`ServiceSettings` and adds its own fields; every
 default lives on the field that owns it, with a docstring saying what it is for.
-Invalid values fail start-up with pydantic's message naming the variable.
+Invalid values fail start-up with pydantic's message naming the variable, but
+never echoing the value: a URL may carry a password (SPEC Z4). URLs are left out
+of the settings' ``repr`` too; :func:`redact_url` is what logs may print.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ class ServiceSettings(BaseSettings):
     """What every service process needs: where it listens, Redis, peers, limits."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TURNSTILE_", extra="ignore", frozen=True, validate_default=True
+        env_prefix="TURNSTILE_",
+        extra="ignore",
+        frozen=True,
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     host: str = "127.0.0.1"
@@ -40,8 +46,20 @@ class ServiceSettings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus ``/metrics`` port; 0 disables the endpoint."""
 
-    redis_url: RedisUrl = AnyUrl("redis://127.0.0.1:6379/0")
-    """Redis holding admission, key-set and affinity state."""
+    redis_url: RedisUrl = Field(default=AnyUrl("redis://127.0.0.1:6379/0"), repr=False)
+    """Redis holding admission, key-set and affinity state. ``rediss://`` for TLS;
+    an ACL user as ``rediss://user@host:6380/0`` with the password from
+    ``redis_password_file`` (a password in the URL works but belongs in a Secret)."""
+
+    redis_username: str | None = None
+    """Redis ACL user (overrides the URL's); pair it with ``redis_password_file``."""
+
+    redis_password_file: Path | None = None
+    """A file holding the Redis password (a mounted Secret); read at start."""
+
+    redis_ca_file: Path | None = None
+    """CA bundle that a ``rediss://`` server's certificate must chain to (unset:
+    the system's trust store)."""
 
     redis_prefix: str = Field(default="turnstile:", min_length=1, max_length=64)
     """Prefix of every Redis key this deployment writes; tests give each run its own."""
@@ -158,3 +176,24 @@ class ServiceSettings(BaseSettings):
 
     log_format: LogFormat = "json"
     """``json`` (one object per line, with trace ids) or ``text`` for terminals."""
+
+
+def redact_url(url: object) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and messages)."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return text
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"
+
+
+def read_secret(path: Path | None) -> str | None:
+    """The stripped contents of a secret file, or None when no file is set."""
+    if path is None:
+        return None
+    return path.read_text(encoding="utf-8").strip()

@@ -28,7 +28,9 @@ async def outcome(channel: grpc.aio.Channel, invoke: Invoke) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-async def refusal(channel: grpc.aio.Channel, invoke: Invoke) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+async def refusal(
+    channel: grpc.aio.Channel, invoke: Invoke
+) -> tuple[grpc.StatusCode, str, dict[str, str]]:
     """(code, ErrorInfo reason, ErrorInfo metadata) of a refused call."""
     try:
         await invoke(channel)

@@ -12,6 +12,7 @@ from turnstile_platform.settings import PostgresUrl
 from turnstile_platform.tiers import TieredSettings
 
 SubstrateKind = Literal["direct", "kubernetes"]
+DatabaseSslMode = Literal["disable", "prefer", "require", "verify-ca", "verify-full"]
 
 
 class SubstrateSettings(TieredSettings):
@@ -24,11 +25,25 @@ class SubstrateSettings(TieredSettings):
     """Which substrate runs sandbox runtimes: ``direct`` (host processes, the
     embedded default for local runs) or ``kubernetes`` (pods)."""
 
-    database_url: PostgresUrl = MultiHostUrl("postgresql://postgres@127.0.0.1:5432/turnstile")
+    database_url: PostgresUrl = Field(
+        default=MultiHostUrl("postgresql://postgres@127.0.0.1:5432/turnstile"), repr=False
+    )
     """PostgreSQL holding sandbox records, executions and receipts. The schema is
     applied by ``turnstile-migrate`` (same variable), never by the service itself.
     Several hosts (``h1:5432,h2:5432``) with ``?target_session_attrs=read-write``
-    connect to whichever is the primary, again after a failover."""
+    connect to whichever is the primary, again after a failover. Keep the password
+    out of it: use ``database_password_file``."""
+    database_password_file: Path | None = None
+    """A file holding the PostgreSQL password (a mounted Secret); read at start."""
+
+    database_sslmode: DatabaseSslMode | None = None
+    """libpq's ``sslmode``: ``disable``, ``prefer``, ``require``, ``verify-ca`` or
+    ``verify-full`` (production). Unset: the URL's ``sslmode``, else asyncpg's
+    default (``prefer``)."""
+
+    database_ssl_root_cert_file: Path | None = None
+    """CA bundle the server's certificate must chain to (``verify-ca`` and
+    ``verify-full``); unset: the system's trust store."""
 
     database_pool_min: int = Field(default=1, ge=0, le=100)
     """Connections the pool keeps open when idle."""

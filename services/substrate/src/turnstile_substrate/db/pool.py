@@ -4,6 +4,8 @@ and the one place database failures are classified."""
 from __future__ import annotations
 
 import logging
+import ssl
+from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -11,6 +13,7 @@ from asyncpg.pool import PoolConnectionProxy
 from turnstile_platform.postgres import UNAVAILABLE_ERRORS, BoundedPool, postgres_guard
 from turnstile_platform.postgres import create_pool as create_bounded_pool
 from turnstile_platform.postgres import is_unavailable as is_unavailable
+from turnstile_platform.settings import read_secret
 from turnstile_substrate.settings import SubstrateSettings
 
 log = logging.getLogger(__name__)
@@ -19,6 +22,22 @@ log = logging.getLogger(__name__)
 Connection = asyncpg.Connection | PoolConnectionProxy
 
 __all__ = ["UNAVAILABLE_ERRORS", "Connection", "create_pool", "is_unavailable"]
+
+
+def connection_options(settings: SubstrateSettings) -> dict[str, Any]:
+    """Password (from its file) and TLS for asyncpg, per the settings (SPEC Z4)."""
+    options: dict[str, Any] = {}
+    if (password := read_secret(settings.database_password_file)) is not None:
+        options["password"] = password
+    mode = settings.database_sslmode
+    if mode in ("verify-ca", "verify-full"):
+        cafile = settings.database_ssl_root_cert_file
+        context = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+        context.check_hostname = mode == "verify-full"
+        options["ssl"] = context
+    elif mode is not None:
+        options["ssl"] = mode
+    return options
 
 
 async def create_pool(settings: SubstrateSettings) -> BoundedPool:
@@ -44,6 +63,7 @@ async def create_pool(settings: SubstrateSettings) -> BoundedPool:
             min_size=min_size,
             max_size=settings.database_pool_max,
             application_name="turnstile-substrate",
+            **connection_options(settings),
         )
 
     try:
