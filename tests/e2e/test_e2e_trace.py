@@ -91,8 +91,8 @@ async def test_a_place_that_wakes_a_sandbox_is_one_trace_across_every_service(
         del admission_addr
         interceptors = client_interceptors(provider)
         async with (
-            grpc.aio.insecure_channel(substrate_addr, interceptors=interceptors) as sub_channel,
-            grpc.aio.insecure_channel(affinity_addr, interceptors=interceptors) as aff_channel,
+            stack.channel(substrate_addr, interceptors=interceptors) as sub_channel,
+            stack.channel(affinity_addr, interceptors=interceptors) as aff_channel,
         ):
             substrate = substrate_pb2_grpc.SubstrateServiceStub(sub_channel)
             affinity = affinity_pb2_grpc.AffinityServiceStub(aff_channel)

@@ -116,7 +116,7 @@ async def test_self_scoped_clients_act_only_for_themselves(
                 f"/{SERVICE}/ReleaseSandbox", admission_pb2.ReleaseSandboxRequest(sandbox_id="sb-1")
             ),
         ):
-            code, reason, metadata = await refusal(acme, invoke)
+            code, _, metadata = await refusal(acme, invoke)
             assert code == grpc.StatusCode.PERMISSION_DENIED
             assert metadata["identity"] == f"{TD}/client/acme"
         assert await redis_snapshot(redis, secured.settings.redis_prefix) == before

@@ -33,7 +33,8 @@ def test_password_file_and_verify_full_build_the_connection_options(tmp_path: Pa
     assert options["password"] == SECRET
     context = options["ssl"]
     assert isinstance(context, ssl.SSLContext)
-    assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname
+    assert context.verify_mode == ssl.CERT_REQUIRED
     assert (
         connection_options(SubstrateSettings(database_sslmode="verify-ca"))["ssl"].check_hostname
         is False

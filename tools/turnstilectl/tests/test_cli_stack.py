@@ -9,7 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-import grpc.aio
 import pytest
 
 from turnstile_cli.stack import procs, state
@@ -18,7 +17,7 @@ from turnstile_testing.stack import RunningStack, run_stack
 
 
 async def _activate(stack: RunningStack, sandbox_id: str) -> substrate_pb2.ActivateResponse:
-    async with grpc.aio.insecure_channel(stack.addresses[1]) as channel:
+    async with stack.channel(stack.addresses[1]) as channel:
         stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
         response: substrate_pb2.ActivateResponse = await stub.Activate(
             substrate_pb2.ActivateRequest(

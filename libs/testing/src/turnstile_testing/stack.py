@@ -12,6 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
 
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
@@ -25,6 +29,28 @@ class RunningStack:
     redis_url: str
     redis_prefix: str
     log: Path
+    tls_dir: Path
+
+    def tls_env(self) -> dict[str, str]:
+        """The stack's CLI certificate (``turnstilectl up`` issues it on start)."""
+        return {
+            "TURNSTILE_PLAINTEXT": "false",
+            "TURNSTILE_TLS_CERT_FILE": str(self.tls_dir / "cli.crt"),
+            "TURNSTILE_TLS_KEY_FILE": str(self.tls_dir / "cli.key"),
+            "TURNSTILE_TLS_CA_FILE": str(self.tls_dir / "ca.crt"),
+        }
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """mTLS client credentials of the stack's CLI identity (an operator)."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=(self.tls_dir / "ca.crt").read_bytes(),
+            private_key=(self.tls_dir / "cli.key").read_bytes(),
+            certificate_chain=(self.tls_dir / "cli.crt").read_bytes(),
+        )
+
+    def channel(self, address: str, **kwargs: Any) -> grpc.aio.Channel:
+        """A channel to one of the stack's services, over mTLS as the operator."""
+        return grpc.aio.secure_channel(address, self.credentials(), **kwargs)
 
     @property
     def addresses(self) -> tuple[str, str, str]:
@@ -40,13 +66,20 @@ class RunningStack:
             "TURNSTILE_AFFINITY_ADDR": affinity,
             "TURNSTILE_REDIS_URL": self.redis_url,
             "TURNSTILE_REDIS_PREFIX": self.redis_prefix,
+            **self.tls_env(),
         }
 
     async def wait_serving(self, timeout_s: float = 45.0) -> None:
         services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
+        # The certificates exist once the runner's preflight has issued them.
+        for _ in range(int(timeout_s / 0.05)):
+            if (self.tls_dir / "cli.key").exists() or self.proc.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        credentials = self.credentials()
         results = await asyncio.gather(
             *(
-                wait_serving(a, timeout_s=timeout_s, service=s)
+                wait_serving(a, timeout_s=timeout_s, service=s, credentials=credentials)
                 for a, s in zip(self.addresses, services, strict=True)
             )
         )
@@ -112,6 +145,8 @@ def run_stack(
                 database_url,
                 "--state-dir",
                 str(tmp_path / "direct"),
+                "--tls-dir",
+                str(tmp_path / "tls"),
                 "--grace",
                 str(grace_s),
                 "--stop-grace",
@@ -122,7 +157,7 @@ def run_stack(
             env=env,
             start_new_session=True,
         )
-    stack = RunningStack(proc, ports, redis_url, redis_prefix, log)
+    stack = RunningStack(proc, ports, redis_url, redis_prefix, log, tmp_path / "tls")
     try:
         yield stack
     finally:

@@ -41,7 +41,7 @@ def run(argv: list[str] | None = None) -> int:
         parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
     import asyncio
 
-    from turnstile_cli.context import Context, Targets
+    from turnstile_cli.context import ClientTls, Context, Targets
     from turnstile_cli.output import Output
 
     color = {"always": True, "never": False}.get(args.color)
@@ -51,7 +51,8 @@ def run(argv: list[str] | None = None) -> int:
     targets = Targets.resolve(args.admission, args.substrate, args.affinity)
     if getattr(args, "service", None) and getattr(args, "target", None):
         targets = replace(targets, **{args.service: args.target})
-    ctx = Context(out=out, targets=targets, timeout_s=args.timeout)
+    tls = ClientTls.resolve(args.cert, args.key, args.ca)
+    ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls)
     try:
         return asyncio.run(_dispatch(args, ctx))
     except KeyboardInterrupt:

@@ -4,6 +4,11 @@ Addresses come from, in order: ``--target`` (the one service a command talks
 to), ``--admission``/``--substrate``/``--affinity``, the ``TURNSTILE_*_ADDR``
 variables the services themselves read, and the local stack's ports. Against a
 cluster, port-forward the three services and point these at the forwards.
+
+The mTLS client certificate comes from ``--cert/--key/--ca``, then the
+``TURNSTILE_TLS_*_FILE`` variables, then the local stack's CLI certificate in
+``.run/tls`` (which ``./scripts/up`` issues on first start). With
+``TURNSTILE_PLAINTEXT=true`` and loopback targets, no certificate is needed.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a command imports the contracts and channels it uses, when it uses them
+    import grpc
     from opentelemetry import trace
 
     from turnstile_cli.output import Output
@@ -26,6 +33,43 @@ LOCAL_SUBSTRATE = "127.0.0.1:50052"
 LOCAL_AFFINITY = "127.0.0.1:50053"
 
 DEFAULT_TIMEOUT_S = 10.0
+
+#: Where ``turnstilectl up`` writes the local CA and certificates.
+LOCAL_TLS_DIR = Path(".run/tls")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """The CLI's certificate, key and CA bundle (None: not found; a channel then
+    refuses to build unless plaintext is enabled)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    plaintext: bool = False
+
+    @classmethod
+    def resolve(
+        cls, cert: str | None = None, key: str | None = None, ca: str | None = None
+    ) -> ClientTls:
+        env = os.environ
+
+        def pick(flag: str | None, variable: str, local: str) -> Path | None:
+            if flag:
+                return Path(flag)
+            if env.get(variable):
+                return Path(env[variable])
+            candidate = LOCAL_TLS_DIR / local
+            return candidate if candidate.is_file() else None
+
+        return cls(
+            cert=pick(cert, "TURNSTILE_TLS_CERT_FILE", "cli.crt"),
+            key=pick(key, "TURNSTILE_TLS_KEY_FILE", "cli.key"),
+            ca=pick(ca, "TURNSTILE_TLS_CA_FILE", "ca.crt"),
+            plaintext=env.get("TURNSTILE_PLAINTEXT", "").strip().lower() in _TRUE,
+        )
 
 
 @dataclass(frozen=True)
@@ -58,6 +102,10 @@ class PeerSettings:
     affinity_addr: str
     rpc_timeout_s: float
     max_message_bytes: int = 4 * 1024 * 1024
+    plaintext: bool = False
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
 
 
 @dataclass
@@ -66,6 +114,7 @@ class Context:
     targets: Targets = field(default_factory=Targets)
     timeout_s: float = DEFAULT_TIMEOUT_S
     tracer_provider: trace.TracerProvider | None = None
+    tls: ClientTls = field(default_factory=ClientTls)
 
     def settings(self) -> PeerSettings:
         """Channel settings for :mod:`turnstile_platform.peers` (deadline, addresses).
@@ -77,7 +126,18 @@ class Context:
             substrate_addr=self.targets.substrate,
             affinity_addr=self.targets.affinity,
             rpc_timeout_s=self.timeout_s,
+            plaintext=self.tls.plaintext,
+            tls_cert_file=self.tls.cert,
+            tls_key_file=self.tls.key,
+            tls_ca_file=self.tls.ca,
         )
+
+    def credentials(self, target: str) -> grpc.ChannelCredentials | None:
+        """mTLS credentials for a raw channel to ``target`` (None: plaintext)."""
+        from turnstile_platform import tls
+
+        source = tls.client_source(self.settings(), target, "turnstilectl")
+        return source.credentials if source is not None else None
 
     @asynccontextmanager
     async def admission(self) -> AsyncIterator[admission_pb2_grpc.AdmissionServiceAsyncStub]:

@@ -410,7 +410,11 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
     provider = tracing.create_tracer_provider("turnstilectl-demo")
     story = Story(
         ctx=Context(
-            out=ctx.out, targets=ctx.targets, timeout_s=ctx.timeout_s, tracer_provider=provider
+            out=ctx.out,
+            targets=ctx.targets,
+            timeout_s=ctx.timeout_s,
+            tracer_provider=provider,
+            tls=ctx.tls,
         ),
         console=ctx.out.console if not ctx.out.json_mode else Console(quiet=True),
         tracer=provider.get_tracer("turnstile_cli.demo"),

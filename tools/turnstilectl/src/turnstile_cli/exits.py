@@ -85,6 +85,9 @@ def known_failure(error: BaseException) -> tuple[str, Exit] | None:
     keyset = sys.modules.get("turnstile_clientkeys.keyset")
     if keyset is not None and isinstance(error, keyset.KeySetError):
         return str(error), Exit.USAGE
+    tls = sys.modules.get("turnstile_platform.tls")
+    if tls is not None and isinstance(error, tls.TransportSecurityError):
+        return f"{error} (see the README: getting a client certificate)", Exit.USAGE
     redis = sys.modules.get("redis.exceptions")
     if redis is not None and isinstance(error, redis.RedisError):
         return f"Redis: {error}", Exit.RETRYABLE

@@ -274,6 +274,18 @@ def _stack(sub: Subparsers) -> None:
         default=Path(env("TURNSTILE_DIRECT_STATE_DIR", ".run/direct")),
         help="where the Direct substrate keeps runtimes' workspaces and logs",
     )
+    up.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=Path(".run/tls"),
+        help="the local CA, every process's certificate and the policy, issued on first "
+        "start (default: .run/tls)",
+    )
+    up.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="no TLS and no authorization (loopback only; for debugging)",
+    )
     up.add_argument("--log-level", default=env("TURNSTILE_LOG_LEVEL", "INFO"))
     up.add_argument(
         "--startup-timeout", type=float, default=60.0, help="seconds to wait for SERVING"

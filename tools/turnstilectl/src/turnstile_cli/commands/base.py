@@ -56,6 +56,17 @@ def common_options(*, suppress: bool) -> argparse.ArgumentParser:
             help=f"the {service} service (default: $TURNSTILE_{service.upper()}_ADDR "
             f"or 127.0.0.1:{port})",
         )
+    for flag, what, variable in (
+        ("cert", "client certificate", "TURNSTILE_TLS_CERT_FILE"),
+        ("key", "its private key", "TURNSTILE_TLS_KEY_FILE"),
+        ("ca", "CA bundle", "TURNSTILE_TLS_CA_FILE"),
+    ):
+        group.add_argument(
+            f"--{flag}",
+            metavar="FILE",
+            default=default if suppress else None,
+            help=f"mTLS {what} (default: ${variable}, else the local stack's in .run/tls)",
+        )
     return parser
 
 

@@ -19,7 +19,10 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
         "affinity": ctx.targets.affinity,
     }
     results = await asyncio.gather(
-        *(check(t, timeout_s=min(ctx.timeout_s, 2.0)) for t in targets.values())
+        *(
+            check(t, timeout_s=min(ctx.timeout_s, 2.0), credentials=ctx.credentials(t))
+            for t in targets.values()
+        )
     )
     statuses = dict(zip(targets, results, strict=True))
 

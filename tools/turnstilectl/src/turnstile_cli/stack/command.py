@@ -24,6 +24,7 @@ async def _up(args: argparse.Namespace, ctx: Context) -> int:
         log_level=args.log_level,
         prometheus_port=args.prometheus_port,
         prometheus_scrape_s=args.prometheus_scrape_interval,
+        tls_dir=None if args.plaintext else args.tls_dir,
     )
     stack = Stack(
         config,

@@ -16,6 +16,18 @@ from pathlib import Path
 #: Tiers of the local stack: two, so placement inside a tier can be seen.
 LOCAL_TIERS = "container,microvm"
 
+#: The local stack's SPIFFE trust domain (the Kubernetes manifests use the same).
+TRUST_DOMAIN = "turnstile.local"
+
+#: Who gets a certificate under the TLS directory, and its SPIFFE path.
+HOLDERS = {
+    "admission": "service/admission",
+    "substrate": "service/substrate",
+    "affinity": "service/affinity",
+    "cli": "operator/turnstilectl",
+    "worker": "sandbox",
+}
+
 #: The local stack's grace period: short, so a killed worker's sessions fall
 #: back within the demo (production default: 60 s).
 LOCAL_GRACE_S = 10.0
@@ -65,6 +77,28 @@ class StackConfig:
     @property
     def public_keys_file(self) -> Path:
         return self.credentials_dir / "public-keys.pem"
+    tls_dir: Path | None = Path(".run/tls")
+    """Where the local CA, certificates and policy live; None runs plaintext."""
+
+    def tls_file(self, name: str) -> str:
+        assert self.tls_dir is not None
+        return str((self.tls_dir / name).absolute())
+
+    def transport_env(self, service: str) -> dict[str, str]:
+        """mTLS files of one service (or plaintext when there is no TLS directory)."""
+        if self.tls_dir is None:
+            return {"TURNSTILE_PLAINTEXT": "true"}
+        env = {
+            "TURNSTILE_PLAINTEXT": "false",
+            "TURNSTILE_TLS_CERT_FILE": self.tls_file(f"{service}.crt"),
+            "TURNSTILE_TLS_KEY_FILE": self.tls_file(f"{service}.key"),
+            "TURNSTILE_TLS_CA_FILE": self.tls_file("ca.crt"),
+            "TURNSTILE_AUTHZ_POLICY_FILE": self.tls_file("policy.toml"),
+        }
+        if service == "substrate":
+            env["TURNSTILE_DIRECT_WORKER_TLS_CERT_FILE"] = self.tls_file("worker.crt")
+            env["TURNSTILE_DIRECT_WORKER_TLS_KEY_FILE"] = self.tls_file("worker.key")
+        return env
 
     @property
     def addresses(self) -> tuple[str, str, str]:
@@ -128,6 +162,7 @@ class StackConfig:
             **self.common_env(),
             "TURNSTILE_PORT": str(spec.port),
             "TURNSTILE_METRICS_PORT": str(spec.metrics_port),
+            **self.transport_env(spec.name),
             **spec.env,
             **self.extra_env,
         }

@@ -25,13 +25,21 @@ import ctypes
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
+import grpc
 import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
 from turnstile_cli.stack import procs, prometheus, state
-from turnstile_cli.stack.config import ServiceSpec, StackConfig, find_command
+from turnstile_cli.stack.config import (
+    HOLDERS,
+    TRUST_DOMAIN,
+    ServiceSpec,
+    StackConfig,
+    find_command,
+)
 from turnstile_cli.stack.logs import LogPrinter
 from turnstile_cli.stack.preflight import (
     PreflightError,
@@ -47,7 +55,10 @@ from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
 from turnstile_platform.sandbox_credentials import generate_key_pair
+from turnstile_platform.pki import ensure_local_pki
+from turnstile_platform.redis_client import read_script
 from turnstile_platform.tiers import parse_tiers
+from turnstile_platform.tls import TlsFiles, channel_credentials
 
 _PR_SET_PDEATHSIG = 1
 
@@ -135,6 +146,31 @@ class Stack:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
+    def prepare_tls(self) -> None:
+        """Issue the local CA and certificates on first start (kept afterwards) and
+        write the local policy when there is none (an edited one is left alone)."""
+        config = self.config
+        if config.tls_dir is None:
+            self.say("plaintext on loopback: no certificates, no authorization")
+            return
+        ensure_local_pki(config.tls_dir, TRUST_DOMAIN, HOLDERS)
+        policy = config.tls_dir / "policy.toml"
+        if not policy.exists():
+            policy.write_text(read_script("turnstile_cli.stack", "authz-policy.toml"))
+        self.say(f"mTLS: CA and certificates in {config.tls_dir}")
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """The CLI certificate, for the runner's own health checks and calls."""
+        config = self.config
+        if config.tls_dir is None:
+            return None
+        files = TlsFiles(
+            Path(config.tls_file("cli.crt")),
+            Path(config.tls_file("cli.key")),
+            Path(config.tls_file("ca.crt")),
+        )
+        return channel_credentials(files)
+
     def hang_up(self, stop: asyncio.Event) -> None:
         """The terminal closed (SIGHUP): stop as Ctrl-C does, and since nobody reads
         the terminal any more (writing to it would fail mid-stop), write what the
@@ -150,6 +186,7 @@ class Stack:
         stop.set()
 
     async def preflight(self) -> None:
+        self.prepare_tls()
         pruned = state.prune(self.config.state_dir, older_than_s=self.prune_after_s)
         if pruned:
             self.say(
@@ -184,12 +221,14 @@ class Stack:
             pump = asyncio.create_task(self.printer.pump(spec.name, proc.stdout))
             self.running[spec.name] = Running(spec, proc, pump)
             self.say(f"started {spec.name} (pid {proc.pid}) on {spec.address}")
+        credentials = self.credentials()
         waits = {
             name: asyncio.create_task(
                 wait_serving(
                     r.spec.address,
                     timeout_s=self.startup_timeout_s,
                     service=SERVICE_NAMES[r.spec.name],
+                    credentials=credentials,
                 )
             )
             for name, r in self.running.items()
@@ -352,7 +391,13 @@ class Stack:
     async def deactivate_sandboxes(self, address: str) -> None:
         """Stop every running sandbox through the substrate (best effort, bounded)."""
         try:
-            async with grpc.aio.insecure_channel(address) as channel:
+            credentials = self.credentials()
+            channel = (
+                grpc.aio.secure_channel(address, credentials)
+                if credentials is not None
+                else grpc.aio.insecure_channel(address)
+            )
+            async with channel:
                 stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
                 running: list[str] = []
                 token = ""
