@@ -18,10 +18,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
 
+from .certmanager import CERT_MANAGER, validate_cert_manager
 from .manifests import (
     KUSTOMIZATIONS,
     PORTS,
@@ -49,6 +51,9 @@ SUBSTRATE_SECRET_VERBS = {"create", "get", "list", "update", "delete"}
 RUNTIME_UID = 10001
 """The numeric user of the images (deploy/docker/service.Dockerfile)."""
 
+HEALTH_PORT = 8081
+"""The plaintext, health-only port kubelet probes (TURNSTILE_HEALTH_PORT)."""
+
 HA_KUSTOMIZATIONS = ("base", "production")
 """Where replicas are at least two; dev runs one of each on a laptop."""
 
@@ -74,6 +79,9 @@ def _quantity(value: str | int | float) -> float:
 
 
 def _validate(obj: Obj, version: str) -> None:
+    if obj["apiVersion"].startswith(CERT_MANAGER):
+        validate_cert_manager(obj)  # a CRD: kubernetes-validate has no schema for it
+        return
     kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -93,7 +101,7 @@ def test_every_object_validates_against_the_kubernetes_schema(
     for obj in built(name):
         try:
             _validate(obj, version)
-        except kubernetes_validate.ValidationError as exc:
+        except jsonschema.ValidationError as exc:  # kubernetes-validate's is a subclass
             where = "/".join(str(p) for p in exc.path)
             failures.append(f"{obj['kind']}/{obj['metadata']['name']} at {where}: {exc.message}")
     assert not failures, "\n".join(failures)
@@ -137,14 +145,15 @@ def test_production_runs_more_replicas_and_more_resources_than_base(built: Built
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
 def test_services_probe_grpc_health_natively(built: Built, name: str) -> None:
     objects = built(name)
-    for service, (grpc_port, _) in PORTS.items():
+    # Not the gRPC port: it wants a client certificate, and kubelet presents none.
+    for service in PORTS:
         container = _container(objects, service)
         readiness, liveness = container["readinessProbe"], container["livenessProbe"]
-        assert readiness["grpc"] == {"port": grpc_port}, "readiness follows overall health"
-        assert liveness["grpc"] == {"port": grpc_port, "service": "liveness"}
+        assert readiness["grpc"] == {"port": HEALTH_PORT}, "readiness follows overall health"
+        assert liveness["grpc"] == {"port": HEALTH_PORT, "service": "liveness"}
         if service == "substrate":
             startup = container["startupProbe"]
-            assert startup["grpc"] == {"port": grpc_port}
+            assert startup["grpc"] == {"port": HEALTH_PORT}
             budget = startup["periodSeconds"] * startup["failureThreshold"]
             assert budget >= 60, "the reflector's first list needs time on large clusters"
         else:
@@ -340,7 +349,7 @@ def test_services_listen_where_their_peers_and_services_point(built: Built, name
         assert env_value(container, "OTEL_SERVICE_NAME") == f"turnstile-{service}"
         assert {"configMapRef": {"name": config["metadata"]["name"]}} in container["envFrom"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports == {"grpc": grpc_port, "metrics": metrics_port}
+        assert ports == {"grpc": grpc_port, "metrics": metrics_port, "health": HEALTH_PORT}
 
         svc = named(objects, "Service", f"turnstile-{service}")
         labels = _deployment(objects, service)["spec"]["template"]["metadata"]["labels"]
@@ -355,7 +364,8 @@ def test_services_listen_where_their_peers_and_services_point(built: Built, name
     assert settings["TURNSTILE_HOST"] == "0.0.0.0"  # noqa: S104  (containers listen on all)
     assert settings["TURNSTILE_LOG_FORMAT"] == "json"
     assert 0 < float(settings["TURNSTILE_SHUTDOWN_DRAIN_DELAY_S"]) < 30
-    assert settings["TURNSTILE_REDIS_URL"].startswith("redis://")
+    assert settings["TURNSTILE_REDIS_URL"].startswith(("redis://", "rediss://"))
+    assert settings["TURNSTILE_HEALTH_PORT"] == str(HEALTH_PORT)
     assert settings["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
 
 

@@ -55,7 +55,6 @@ ALLOWED = [
     ("admission", "otel-collector", 4317),
     ("substrate", "otel-collector", 4317),
     ("affinity", "otel-collector", 4317),
-    ("worker", "otel-collector", 4317),
     ("prometheus", "admission", 9091),
     ("prometheus", "substrate", 9092),
     ("prometheus", "affinity", 9093),
@@ -77,6 +76,10 @@ DENIED = [
     ("worker", "admission", 50051),
     ("worker", "redis", 6379),
     ("worker", "postgres", 5432),
+    ("worker", "otel-collector", 4317),
+    ("worker", "affinity", 8081),  # health port
+    ("worker", "affinity", 9093),  # metrics
+    ("worker", "neighbour", 8080),
     ("migrate", "redis", 6379),
     ("migrate", "kube-apiserver", 443),
     ("stranger", "affinity", 50053),

@@ -161,7 +161,7 @@ async def test_a_changed_policy_applies_and_a_broken_one_keeps_the_last_good(pki
         overall = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert overall.status == health_pb2.HealthCheckResponse.SERVING
     finally:
-        await channel.close()
+        await channel.close(None)
         await app.stop()
 
 

@@ -106,13 +106,13 @@ async def test_rotated_files_are_used_by_new_connections_without_failing_open_on
         shutil.move(staging / "ca.crt", server_settings["tls_ca_file"])
         results = await asyncio.gather(*(call(old_client, "Echo", b"%d" % i) for i in range(50)))
         assert results == [b"%d" % i for i in range(50)]
-        await new_client.close()
+        await new_client.close(None)
         new_client = new_pki.identity("client/globex").channel(app.address)
         assert await call(new_client, "Echo", b"after") == b"after"
         assert await call(old_client, "Echo", b"still") == b"still"
     finally:
-        await old_client.close()
-        await new_client.close()
+        await old_client.close(None)
+        await new_client.close(None)
         await app.stop()
 
 

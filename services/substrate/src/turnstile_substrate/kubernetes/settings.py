@@ -111,6 +111,13 @@ class KubernetesSettings(BaseSettings):
     worker_capacity: int = Field(default=1, ge=1, le=1024)
     """Concurrent turns each sandbox's worker serves (``TURNSTILE_WORKER_CAPACITY``)."""
 
+    worker_tls_secret: str = Field(default="", max_length=253)
+    """A Secret (``tls.crt``, ``tls.key``, ``ca.crt``: cert-manager's layout) holding the
+    sandbox-class certificate, mounted read-only in every sandbox pod for the worker's
+    mTLS channel to the relay (``TURNSTILE_WORKER_TLS_*``). One Secret for all pods:
+    it proves only "a sandbox runtime", which the policy lets call ``Attach`` alone.
+    Empty mounts none (the worker then cannot reach an mTLS relay)."""
+
     name_prefix: str = Field(default="ts", pattern=r"^[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?$")
     """Prefix of pod names: ``<prefix>-<sandbox>-<random>``, ``<prefix>-warm-<tier>-<random>``."""
 

@@ -79,6 +79,9 @@ ENV_TIER = "TURNSTILE_WORKER_TIER"
 ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
 ENV_CREDENTIAL_FILE = "TURNSTILE_WORKER_CREDENTIAL_FILE"
 
+#: Where the sandbox-class certificate Secret is mounted (``worker_tls_secret``).
+WORKER_TLS_DIR = "/etc/turnstile/tls"
+
 #: Pod names stay within 63 characters so they are also valid hostnames.
 _MAX_NAME = 63
 _SUFFIX_LEN = 6
@@ -182,6 +185,10 @@ def worker_env(
     }
     if credentials:
         env[ENV_CREDENTIAL_FILE] = CREDENTIAL_FILE
+    if settings.worker_tls_secret:
+        env["TURNSTILE_WORKER_TLS_CERT_FILE"] = f"{WORKER_TLS_DIR}/tls.crt"
+        env["TURNSTILE_WORKER_TLS_KEY_FILE"] = f"{WORKER_TLS_DIR}/tls.key"
+        env["TURNSTILE_WORKER_TLS_CA_FILE"] = f"{WORKER_TLS_DIR}/ca.crt"
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -254,6 +261,16 @@ def _pod(
                     "defaultMode": 0o440,
                     "items": [{"key": CREDENTIAL_KEY, "path": CREDENTIAL_KEY}],
                 },
+            }
+        )
+    if settings.worker_tls_secret:
+        container["volumeMounts"].append(
+            {"name": "worker-tls", "mountPath": WORKER_TLS_DIR, "readOnly": True}
+        )
+        spec["volumes"].append(
+            {
+                "name": "worker-tls",
+                "secret": {"secretName": settings.worker_tls_secret, "defaultMode": 0o444},
             }
         )
     if settings.service_account:
