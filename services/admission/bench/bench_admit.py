@@ -20,6 +20,20 @@ reported as a ratio of each ceiling; Redis commands per decision come from the
 INFO commandstats delta over the Admit runs. A stub substrate still listens at
 admission's substrate address and counts the ``CountLiveSandboxes`` calls it gets
 (in Redis, so they would show in commandstats too): a decision should make none.
+
+Then COLD_CREATE again under transport security (SPEC Z1, Z2), each a fresh
+admission process, to price mTLS and the authorization check separately:
+
+* mtls       — mutual TLS on the client's and the substrate hop's channels, with
+               the authorization interceptor replaced by a pass-through (a
+               bench-only patch: the service itself cannot run mTLS without it);
+* mtls+authz — the same with the real policy (deploy's), called as the substrate
+               identity (``clients = "any"``: method check only);
+* mtls+self  — called as ``client/acme`` allowed ``self``: the client id is read
+               from the request and checked too.
+
+Reported as ratios: mtls / plaintext (the TLS cost), and each authorization mode
+/ mtls (the authorization cost). Goal: authorization within 5 %.
 """
 
 from __future__ import annotations
@@ -31,8 +45,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -49,7 +65,25 @@ from turnstile_contracts import (
     substrate_pb2,
     substrate_pb2_grpc,
 )
+from turnstile_platform import tls
+from turnstile_platform.pki import ensure_local_pki
 from turnstile_testing.processes import RedisProcess, free_port, port_open
+
+REPO = Path(__file__).resolve().parents[3]
+POLICY = REPO / "deploy/kustomize/base/authz-policy.toml"
+#: The bench's extra rule: a tenant identity may Admit for itself (the ``self`` path).
+SELF_RULE = """
+[[allow]]
+identities = ["spiffe://turnstile.local/client/*"]
+methods = ["turnstile.admission.v1.AdmissionService/Admit"]
+clients = "self"
+"""
+HOLDERS = {
+    "admission": "service/admission",
+    "substrate": "service/substrate",
+    "acme": "client/acme",
+}
+SECURE_MODES = ("mtls", "mtls+authz", "mtls+self")
 
 ECHO = "/bench.Echo/Echo"
 BYTES: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
@@ -108,9 +142,41 @@ class StubSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
 async def serve_substrate(port: int, redis_url: str) -> None:
     server = grpc.aio.server()
     substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(StubSubstrate(redis_url), server)  # type: ignore[abstract]
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    if tls_dir := os.environ.get("BENCH_TLS_DIR"):
+        files = _files(Path(tls_dir), "substrate")
+        server.add_secure_port(f"127.0.0.1:{port}", tls.server_credentials(files))
+    else:
+        server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
+
+
+def _files(directory: Path, holder: str) -> tls.TlsFiles:
+    return tls.TlsFiles(
+        directory / f"{holder}.crt", directory / f"{holder}.key", directory / "ca.crt"
+    )
+
+
+class _PassThrough(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Stands in for the authorization interceptor in the ``mtls`` mode."""
+
+    def __init__(self, *_: Any) -> None:
+        pass
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        return await continuation(details)
+
+
+def serve_admission(without_authorization: bool) -> None:
+    """The admission service as ``turnstile-admission`` runs it (settings from the
+    environment), optionally with authorization replaced by a pass-through."""
+    if without_authorization:
+        import turnstile_platform.server
+
+        setattr(turnstile_platform.server, "AuthorizationInterceptor", _PassThrough)  # noqa: B010
+    from turnstile_admission.__main__ import main
+
+    main()
 
 
 SERVERS = {"echo": serve_echo, "evalsha": serve_evalsha, "substrate": serve_substrate}
@@ -149,8 +215,13 @@ def _admit(stub: Any, make: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
     return lambda: stub.Admit(make())
 
 
-def spawn(kind: str, port: int, redis_url: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(port), redis_url])
+def spawn(
+    kind: str, port: int, redis_url: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind, str(port), redis_url],
+        env={**os.environ, **(env or {})},
+    )
     _wait(port)
     return proc
 
@@ -191,6 +262,7 @@ async def bench(seconds: float) -> None:
             "TURNSTILE_HOLD_TTL_S": "5",
             "TURNSTILE_PENDING_TTL_S": "5",
             "OTEL_TRACES_EXPORTER": "none",
+            "TURNSTILE_PLAINTEXT": "true",
         }
         command = [sys.executable, "-m", "turnstile_admission"]
         procs.append(subprocess.Popen(command, env=env))  # noqa: ASYNC220 - start-up only
@@ -241,12 +313,83 @@ async def bench(seconds: float) -> None:
         await redis.aclose()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
         report(results, delta, decisions, count_calls)
+        secure = await bench_security(env, redis_proc.url, cold, seconds)
+        report_security(results["admit_cold"], secure)
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=15)
         redis_proc.close()
+
+
+async def bench_security(
+    plain_env: dict[str, str],
+    redis_url: str,
+    cold: Callable[[], admission_pb2.AdmitRequest],
+    seconds: float,
+) -> dict[str, dict[int, dict[str, float]]]:
+    """COLD_CREATE under mTLS, then mTLS + authorization (module docstring)."""
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        ensure_local_pki(directory, "turnstile.local", HOLDERS)
+        policy = directory / "policy.toml"
+        policy.write_text(POLICY.read_text() + SELF_RULE)
+        substrate_port = free_port()
+        substrate = spawn("substrate", substrate_port, redis_url, {"BENCH_TLS_DIR": str(directory)})
+        try:
+            for mode in SECURE_MODES:
+                port = free_port()
+                files = _files(directory, "admission")
+                env = {
+                    **plain_env,
+                    "TURNSTILE_PLAINTEXT": "false",
+                    "TURNSTILE_PORT": str(port),
+                    "TURNSTILE_SUBSTRATE_ADDR": f"127.0.0.1:{substrate_port}",
+                    "TURNSTILE_TLS_CERT_FILE": str(files.cert_file),
+                    "TURNSTILE_TLS_KEY_FILE": str(files.key_file),
+                    "TURNSTILE_TLS_CA_FILE": str(files.ca_file),
+                    "TURNSTILE_AUTHZ_POLICY_FILE": str(policy),
+                }
+                admission = spawn(f"admission-{mode}", port, redis_url, env)
+                caller = "acme" if mode == "mtls+self" else "substrate"
+                credentials = tls.channel_credentials(_files(directory, caller))
+                try:
+                    async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as ch:
+                        stub: Any = admission_pb2_grpc.AdmissionServiceStub(ch)
+                        answer = await stub.Admit(cold())
+                        assert answer.decision == admission_pb2.DECISION_ADMITTED, answer
+                        results[mode] = {
+                            n: await measure(_admit(stub, cold), n, seconds) for n in (1, 64)
+                        }
+                finally:
+                    admission.terminate()
+                    admission.wait(timeout=15)
+        finally:
+            substrate.terminate()
+            substrate.wait(timeout=15)
+    return results
+
+
+def report_security(
+    plain: dict[int, dict[str, float]], secure: dict[str, dict[int, dict[str, float]]]
+) -> None:
+    print("\nAdmit COLD_CREATE under transport security (ratio of calls/s):")
+    print(f"{'mode':<14}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>22}")
+    for n in (1, 64):
+        r = plain[n]
+        print(f"{'plaintext':<14}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}")
+        for mode in SECURE_MODES:
+            r = secure[mode][n]
+            base, against = (
+                (plain[n], "plaintext") if mode == "mtls" else (secure["mtls"][n], "mtls")
+            )
+            ratio = f"{r['rps'] / base['rps']:.3f} of {against}"
+            print(
+                f"{mode:<14}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+                f"{ratio:>22}"
+            )
 
 
 def report(
@@ -286,6 +429,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         kind, port, url = args.serve
+        if kind.startswith("admission-"):
+            serve_admission(without_authorization=kind == "admission-mtls")
+            return
         uvloop.run(SERVERS[kind](int(port), url))
     else:
         uvloop.run(bench(args.seconds))

@@ -21,6 +21,13 @@ its bound), Redis commands and round trips per placement, and how p99 moves
 from 10 to 10,000 sandboxes in one tier. Each turn releases its lease with
 ReleaseLease (itself one gRPC call and one EVALSHA), as a real turn does; the
 ratio compares RPCs/s (Place + ReleaseLease) with the ceiling's calls/s.
+
+Then the cost of transport security (SPEC Z1, Z2), a hit in the small tier on
+three affinity servers taken in turn: ``plaintext``; ``mtls`` (mutual TLS, the
+authorization interceptor replaced by a pass-through — a bench-only patch); and
+``mtls+authz`` (the real policy from deploy/, called as the gateway identity).
+Reported as mtls / plaintext (TLS cost) and mtls+authz / mtls (authorization
+cost; goal within 5 %).
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -45,6 +55,8 @@ from turnstile_affinity.app import create_app
 from turnstile_affinity.settings import AffinitySettings
 from turnstile_affinity.store import AffinityStore
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform import tls
+from turnstile_platform.pki import ensure_local_pki
 from turnstile_platform.server import GrpcService
 from turnstile_platform.tiers import TIER_LABEL
 from turnstile_testing.processes import RedisProcess
@@ -52,6 +64,9 @@ from turnstile_testing.processes import RedisProcess
 PREFIX = "bench:"
 SMALL, BIG = 10, 10_000
 CAPACITY = 1024
+POLICY = Path(__file__).resolve().parents[3] / "deploy/kustomize/base/authz-policy.toml"
+HOLDERS = {"affinity": "service/affinity", "gateway": "service/gateway"}
+SECURE_MODES = ("mtls", "mtls+authz")
 
 
 # Servers (child processes) -----------------------------------------------------------
@@ -62,7 +77,9 @@ async def _serve_ceiling(kind: str, redis_url: str) -> None:
     script = client.register_script("return redis.call('INCR', KEYS[1])")
     if kind == "platform":
         # The same handler behind the platform's bootstrap: tracing and RPC metrics.
-        settings = AffinitySettings(port=0, metrics_port=0, worker_attestation="off")
+        settings = AffinitySettings(
+            port=0, metrics_port=0, worker_attestation="off", plaintext=True
+        )
         server = GrpcService("bench", settings, service_names=[]).server
     else:
         server = grpc.aio.server()
@@ -82,8 +99,43 @@ async def _serve_ceiling(kind: str, redis_url: str) -> None:
     await server.wait_for_termination()
 
 
-async def _serve_affinity(redis_url: str) -> None:
+class _PassThrough(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Stands in for the authorization interceptor in the ``mtls`` mode."""
+
+    def __init__(self, *_: Any) -> None:
+        pass
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        return await continuation(details)
+
+
+def _files(directory: Path, holder: str) -> tls.TlsFiles:
+    return tls.TlsFiles(
+        directory / f"{holder}.crt", directory / f"{holder}.key", directory / "ca.crt"
+    )
+
+
+def _security(mode: str) -> dict[str, Any]:
+    """Settings of one transport mode (``BENCH_TLS_DIR`` holds the files)."""
+    if mode == "plaintext":
+        return {"plaintext": True}
+    if mode == "mtls":
+        import turnstile_platform.server
+
+        setattr(turnstile_platform.server, "AuthorizationInterceptor", _PassThrough)  # noqa: B010
+    directory = Path(os.environ["BENCH_TLS_DIR"])
+    files = _files(directory, "affinity")
+    return {
+        "tls_cert_file": files.cert_file,
+        "tls_key_file": files.key_file,
+        "tls_ca_file": files.ca_file,
+        "authz_policy_file": directory / "policy.toml",
+    }
+
+
+async def _serve_affinity(redis_url: str, mode: str = "plaintext") -> None:
     settings = AffinitySettings(
+        **_security(mode),
         redis_url=redis_url,  # type: ignore[arg-type]
         redis_prefix=PREFIX,
         port=0,
@@ -101,12 +153,14 @@ async def _serve_affinity(redis_url: str) -> None:
     await app.server.wait_for_termination()
 
 
-def _start_server(kind: str, redis_url: str) -> tuple[subprocess.Popen[str], str]:
+def _start_server(
+    kind: str, redis_url: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", kind, "--redis", redis_url],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OTEL_TRACES_EXPORTER": "none"},
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {})},
     )
     assert proc.stdout is not None
     port = proc.stdout.readline().strip()
@@ -348,6 +402,7 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
             "round_trips_per_hit": hit_trips,
             "round_trips_per_first_turn": first_trips,
         }
+        results |= await _bench_security(url, affinity, seconds, concurrency, procs)
         print("\n" + json.dumps(results))
         return results
     finally:
@@ -358,17 +413,68 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
         redis_proc.close()
 
 
+async def _bench_security(
+    url: str,
+    plaintext: str,
+    seconds: float,
+    concurrency: int,
+    procs: list[subprocess.Popen[str]],
+) -> dict[str, object]:
+    """Place hits on plaintext, mTLS and mTLS + authorization servers, in turn."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        ensure_local_pki(directory, "turnstile.local", HOLDERS)
+        (directory / "policy.toml").write_text(POLICY.read_text())
+        addresses = {"plaintext": plaintext}
+        for mode in SECURE_MODES:
+            proc, addresses[mode] = _start_server(
+                f"affinity-{mode}", url, {"BENCH_TLS_DIR": str(directory)}
+            )
+            procs.append(proc)
+        credentials = tls.channel_credentials(_files(directory, "gateway"))
+        channels = {
+            mode: grpc.aio.secure_channel(address, credentials)
+            if mode != "plaintext"
+            else grpc.aio.insecure_channel(address)
+            for mode, address in addresses.items()
+        }
+        runs: dict[tuple[str, int], Run] = {}
+        try:
+            for n, length in ((concurrency, seconds), (1, seconds / 2)):
+                for mode, channel in channels.items():
+                    stub: Any = affinity_pb2_grpc.AffinityServiceStub(channel)
+                    runs[(mode, n)] = await _place_turns(
+                        stub, "small", n, length, first_turns=False
+                    )
+        finally:
+            for channel in channels.values():
+                await channel.close(None)
+    print("\nPlace hit under transport security (turns/s ratio):")
+    out: dict[str, object] = {}
+    for n in (concurrency, 1):
+        plain, mtls, authz = (runs[(m, n)] for m in ("plaintext", *SECURE_MODES))
+        print(_row(f"plaintext, {n} in flight", plain))
+        print(_row(f"mTLS, {n} in flight (÷ plaintext)", mtls, plain.rate))
+        print(_row(f"mTLS + authorization, {n} in flight (÷ mTLS)", authz, mtls.rate))
+        out[f"mtls_over_plaintext_{n}"] = round(mtls.rate / plain.rate, 3)
+        out[f"authz_over_mtls_{n}"] = round(authz.rate / mtls.rate, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each phase")
     parser.add_argument("--concurrency", type=int, default=64, help="calls in flight")
     parser.add_argument(
-        "--serve", choices=["echo", "evalsha", "platform", "affinity"], help=argparse.SUPPRESS
+        "--serve",
+        choices=["echo", "evalsha", "platform", "affinity", "affinity-mtls", "affinity-mtls+authz"],
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--redis", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve == "affinity":
-        uvloop.run(_serve_affinity(args.redis))
+    if args.serve and args.serve.startswith("affinity"):
+        mode = args.serve.removeprefix("affinity-") if "-" in args.serve else "plaintext"
+        uvloop.run(_serve_affinity(args.redis, mode))
     elif args.serve:
         uvloop.run(_serve_ceiling(args.serve, args.redis))
     else:
