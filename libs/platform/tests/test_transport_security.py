@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnstile_platform.errors import decode
+from turnstile_platform.identity import parse_spiffe_id
 from turnstile_platform.pki import CertificateAuthority
 from turnstile_platform.server import GrpcService
 from turnstile_platform.tls import TransportSecurityError, is_loopback, target_host
@@ -62,10 +63,21 @@ async def test_plaintext_and_another_ca_and_no_certificate_get_no_connection(
         await app.stop()
 
 
-async def test_a_certificate_without_a_spiffe_id_is_unauthenticated(pki: Pki) -> None:
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        (None, {}),  # a DNS and IP SAN, no URI
+        (None, {"common_name": "spiffe://turnstile.test/client/acme"}),  # the CN is no identity
+        ("client/acme", {"extra_uris": ["https://acme.example/"]}),  # two URI SANs
+        (None, {"extra_uris": ["spiffe://turnstile.test/client/../admin"]}),  # malformed
+    ],
+)
+async def test_a_certificate_without_one_valid_spiffe_id_is_unauthenticated(
+    pki: Pki, path: str | None, extra: dict[str, Any]
+) -> None:
     app = await _start(pki)
     try:
-        async with pki.identity(None).channel(app.address) as channel:
+        async with pki.identity(path, **extra).channel(app.address) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await call(channel, "Echo")
         error = decode(refused.value)
@@ -74,6 +86,25 @@ async def test_a_certificate_without_a_spiffe_id_is_unauthenticated(pki: Pki) ->
         assert error.metadata["method"] == "test.Probe/Echo"
     finally:
         await app.stop()
+
+
+def test_spiffe_ids_follow_the_spiffe_rules() -> None:
+    assert parse_spiffe_id("spiffe://turnstile.local/service/admission") == (
+        "turnstile.local",
+        "service/admission",
+    )
+    for bad in (
+        "https://turnstile.local/x",
+        "spiffe:///x",
+        "spiffe://Turnstile.local/x",
+        "spiffe://td/a//b",
+        "spiffe://td/a/./b",
+        "spiffe://td/x?y=1",
+        "spiffe://td:8443/x",
+        "spiffe://td/x/",
+    ):
+        with pytest.raises(ValueError, match=r"SPIFFE|trust domain|path"):
+            parse_spiffe_id(bad)
 
 
 async def test_rotated_files_are_used_by_new_connections_without_failing_open_ones(

@@ -119,6 +119,7 @@ class CertificateAuthority:
         days: float = 90,
         not_after: datetime.datetime | None = None,
         common_name: str | None = None,
+        extra_uris: Iterable[str] = (),
     ) -> Leaf:
         """A leaf certificate for ``spiffe_id`` (its one URI SAN), usable as client
         and server. ``spiffe_id=None`` issues one without a URI SAN (tests of callers
@@ -128,6 +129,7 @@ class CertificateAuthority:
         names: list[x509.GeneralName] = []
         if spiffe_id is not None:
             names.append(x509.UniformResourceIdentifier(spiffe_id))
+        names += [x509.UniformResourceIdentifier(u) for u in extra_uris]
         names += [x509.DNSName(d) for d in dns_names]
         names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
         cn = common_name or spiffe_id or "turnstile"

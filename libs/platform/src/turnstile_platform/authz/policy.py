@@ -169,14 +169,15 @@ def _rule(raw: Mapping[str, Any], index: int, known_methods: frozenset[str] | No
         if pattern == "*":
             wildcard = True
             continue
+        prefix = pattern.endswith("/*")
+        if "*" in (pattern[:-2] if prefix else pattern):
+            raise PolicyError(f"{where}.identities: {pattern!r}: '*' only as a last path segment")
         try:
-            parse_spiffe_id(pattern.removesuffix("*"))
+            parse_spiffe_id(pattern[:-2] if prefix else pattern)
         except ValueError as error:
             raise PolicyError(f"{where}.identities: {error}") from None
-        if pattern.endswith("/*"):
+        if prefix:
             prefixes.append(pattern[:-1])
-        elif "*" in pattern:
-            raise PolicyError(f"{where}.identities: {pattern!r}: '*' only as a last path segment")
         else:
             exact.add(pattern)
     methods_exact: set[str] = set()
