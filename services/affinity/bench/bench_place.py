@@ -26,8 +26,9 @@ Then the cost of transport security (SPEC Z1, Z2), a hit in the small tier on
 three affinity servers taken in turn: ``plaintext``; ``mtls`` (mutual TLS, the
 authorization interceptor replaced by a pass-through — a bench-only patch); and
 ``mtls+authz`` (the real policy from deploy/, called as the gateway identity).
-Reported as mtls / plaintext (TLS cost) and mtls+authz / mtls (authorization
-cost; goal within 5 %).
+Measured in interleaved rounds (``--rounds``, 3 by default); reported as the
+median per-round ratio and its range: mtls / plaintext (TLS cost) and
+mtls+authz / mtls (authorization cost; goal within 5 %).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -288,7 +290,7 @@ def _row(name: str, run: Run, ceiling: float | None = None, rpcs_per_call: int =
     )
 
 
-async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
+async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, object]:
     redis_proc = RedisProcess().start()
     procs: list[subprocess.Popen[str]] = []
     try:
@@ -402,7 +404,8 @@ async def _bench(seconds: float, concurrency: int) -> dict[str, object]:
             "round_trips_per_hit": hit_trips,
             "round_trips_per_first_turn": first_trips,
         }
-        results |= await _bench_security(url, affinity, seconds, concurrency, procs)
+        if rounds:
+            results |= await _bench_security(url, affinity, seconds, concurrency, procs, rounds)
         print("\n" + json.dumps(results))
         return results
     finally:
@@ -419,6 +422,7 @@ async def _bench_security(
     seconds: float,
     concurrency: int,
     procs: list[subprocess.Popen[str]],
+    rounds: int,
 ) -> dict[str, object]:
     """Place hits on plaintext, mTLS and mTLS + authorization servers, in turn."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -438,26 +442,35 @@ async def _bench_security(
             else grpc.aio.insecure_channel(address)
             for mode, address in addresses.items()
         }
-        runs: dict[tuple[str, int], Run] = {}
+        runs: dict[tuple[str, int], list[Run]] = {}
         try:
-            for n, length in ((concurrency, seconds), (1, seconds / 2)):
-                for mode, channel in channels.items():
-                    stub: Any = affinity_pb2_grpc.AffinityServiceStub(channel)
-                    runs[(mode, n)] = await _place_turns(
-                        stub, "small", n, length, first_turns=False
-                    )
+            for _ in range(rounds):
+                for n, length in ((concurrency, seconds), (1, seconds / 2)):
+                    for mode, channel in channels.items():
+                        stub: Any = affinity_pb2_grpc.AffinityServiceStub(channel)
+                        run = await _place_turns(stub, "small", n, length, first_turns=False)
+                        runs.setdefault((mode, n), []).append(run)
         finally:
             for channel in channels.values():
                 await channel.close(None)
-    print("\nPlace hit under transport security (turns/s ratio):")
+    print(f"\nPlace hit under transport security (medians over {rounds} interleaved rounds):")
     out: dict[str, object] = {}
     for n in (concurrency, 1):
         plain, mtls, authz = (runs[(m, n)] for m in ("plaintext", *SECURE_MODES))
-        print(_row(f"plaintext, {n} in flight", plain))
-        print(_row(f"mTLS, {n} in flight (÷ plaintext)", mtls, plain.rate))
-        print(_row(f"mTLS + authorization, {n} in flight (÷ mTLS)", authz, mtls.rate))
-        out[f"mtls_over_plaintext_{n}"] = round(mtls.rate / plain.rate, 3)
-        out[f"authz_over_mtls_{n}"] = round(authz.rate / mtls.rate, 3)
+        tls_ratios = [m.rate / p.rate for m, p in zip(mtls, plain, strict=True)]
+        authz_ratios = [a.rate / m.rate for a, m in zip(authz, mtls, strict=True)]
+        for name, mode_runs in (("plaintext", plain), ("mTLS", mtls), ("mTLS + authz", authz)):
+            rate = statistics.median(r.rate for r in mode_runs)
+            p50 = statistics.median(r.pct(0.5) for r in mode_runs)
+            print(f"{name + f', {n} in flight':<44} {rate:7.0f}/s  p50 {p50:6.2f} ms")
+        print(
+            f"  mTLS ÷ plaintext {statistics.median(tls_ratios):.3f} "
+            f"({min(tls_ratios):.2f}-{max(tls_ratios):.2f}); "
+            f"mTLS + authz ÷ mTLS {statistics.median(authz_ratios):.3f} "
+            f"({min(authz_ratios):.2f}-{max(authz_ratios):.2f})"
+        )
+        out[f"mtls_over_plaintext_{n}"] = round(statistics.median(tls_ratios), 3)
+        out[f"authz_over_mtls_{n}"] = round(statistics.median(authz_ratios), 3)
     return out
 
 
@@ -465,6 +478,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each phase")
     parser.add_argument("--concurrency", type=int, default=64, help="calls in flight")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of the security modes (0: skip)"
+    )
     parser.add_argument(
         "--serve",
         choices=["echo", "evalsha", "platform", "affinity", "affinity-mtls", "affinity-mtls+authz"],
@@ -478,7 +494,7 @@ def main() -> None:
     elif args.serve:
         uvloop.run(_serve_ceiling(args.serve, args.redis))
     else:
-        uvloop.run(_bench(args.seconds, args.concurrency))
+        uvloop.run(_bench(args.seconds, args.concurrency, args.rounds))
 
 
 if __name__ == "__main__":
