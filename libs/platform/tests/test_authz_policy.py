@@ -10,6 +10,7 @@ import grpc
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from turnstile_platform.authz.methods import all_methods
 from turnstile_platform.authz.policy import PolicyError, parse_policy
@@ -128,14 +129,19 @@ async def _policy_status(channel: grpc.aio.Channel) -> int:
     return status
 
 
-async def test_a_changed_policy_applies_and_a_broken_one_keeps_the_last_good(pki: Pki) -> None:
-    app = GrpcService(
-        "probe", settings(**pki.server_settings(policy=ONLY_ADMISSION)), service_names=[]
-    )
-    add_probe(app, {"Echo": _echo})
-    await app.start()
+async def test_a_changed_policy_applies_on_every_replica_and_a_broken_one_keeps_the_last_good(
+    pki: Pki,
+) -> None:
+    overrides = pki.server_settings(policy=ONLY_ADMISSION)
+    replicas = [GrpcService("probe", settings(**overrides), service_names=[]) for _ in range(2)]
+    for replica in replicas:
+        add_probe(replica, {"Echo": _echo})
+        await replica.start()
+    app, other = replicas
     assert app.policy is not None
+    assert other.policy is not None
     channel = pki.identity("client/acme").channel(app.address)
+    other_channel = pki.identity("client/acme").channel(other.address)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await call(channel, "Echo")
@@ -145,10 +151,13 @@ async def test_a_changed_policy_applies_and_a_broken_one_keeps_the_last_good(pki
         assert error.metadata == {"identity": f"{TD}/client/acme", "method": "test.Probe/Echo"}
 
         app.policy.reloaded.clear()
+        other.policy.reloaded.clear()
         pki.policy(EVERYTHING)
-        # The watcher polls every 0.05 s here (0.5 s by default): well within a second.
+        # The watchers poll every 0.05 s here (0.5 s by default): well within a second.
         await asyncio.wait_for(app.policy.reloaded.wait(), 10)
+        await asyncio.wait_for(other.policy.reloaded.wait(), 10)
         assert await call(channel, "Echo", b"now") == b"now"
+        assert await call(other_channel, "Echo", b"there") == b"there"
         assert await _policy_status(channel) == health_pb2.HealthCheckResponse.SERVING
 
         app.policy.reloaded.clear()
@@ -162,6 +171,27 @@ async def test_a_changed_policy_applies_and_a_broken_one_keeps_the_last_good(pki
         assert overall.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await channel.close(None)
+        await other_channel.close(None)
+        for replica in replicas:
+            await replica.stop()
+
+
+async def test_reflection_is_open_to_any_identity_and_health_to_all(pki: Pki) -> None:
+    nothing = f'[[allow]]\nidentities = ["{TD}/service/admission"]\nmethods = ["{PLACE}"]\n'
+    app = GrpcService("probe", settings(**pki.server_settings(policy=nothing)), service_names=[])
+    await app.start()
+    try:
+        async with pki.identity("client/acme").channel(app.address) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            responses = [r async for r in stub.ServerReflectionInfo(iter([request]))]
+            names = {s.name for s in responses[0].list_services_response.service}
+            assert "grpc.health.v1.Health" in names
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest()
+            )
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
         await app.stop()
 
 

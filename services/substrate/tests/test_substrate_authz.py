@@ -176,3 +176,12 @@ async def test_a_client_acts_only_for_its_own_sandboxes(secured: Harness, pki: P
         )
         assert await outcome(acme, woken) == grpc.StatusCode.OK
         assert set(secured.processes()) == {"sb-acme"}
+
+
+async def test_plaintext_and_another_ca_are_refused(secured: Harness, pki: Pki) -> None:
+    invoke = CALLS["CountLiveSandboxes"]
+    async with grpc.aio.insecure_channel(secured.app.address) as plaintext:
+        assert await outcome(plaintext, invoke) == grpc.StatusCode.UNAVAILABLE
+    stranger = Pki(pki.directory / "stranger").identity("service/affinity")
+    async with stranger.channel(secured.app.address) as channel:
+        assert await outcome(channel, invoke) == grpc.StatusCode.UNAVAILABLE
