@@ -3,13 +3,15 @@ outcome, and snapshot Redis and PostgreSQL to prove a refused call changed nothi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import grpc
 import grpc.aio
 import redis.asyncio as aioredis
+from grpc.aio import EOF  # type: ignore[attr-defined]  # exported, not in the stubs
 
 from turnstile_platform.errors import decode
 
@@ -53,23 +55,27 @@ def unary(method: str, request: Any) -> Invoke:
 
 
 def stream(method: str, requests: list[Any]) -> Invoke:
-    """Open a bidirectional stream, send ``requests``, read one response."""
+    """Open a bidirectional stream, send ``requests``, read one response.
+
+    Requests are written with ``call.write`` and a failed write is ignored: a
+    refused stream is aborted by the server before it reads anything, and the
+    status to assert is the one the server sent, which ``read`` raises (a request
+    iterator racing the abort can instead end the call with a client-side error)."""
 
     async def invoke(channel: grpc.aio.Channel) -> object:
-        async def sent() -> AsyncIterator[Any]:
-            for request in requests:
-                yield request
-
         call = channel.stream_stream(
             method,
             request_serializer=type(requests[0]).SerializeToString,
             response_deserializer=None,
-        )
-        responses = call(sent(), timeout=10)
-        async for response in responses:
-            responses.cancel()
-            return response
-        return None
+        )(None, timeout=10)  # None: requests are written with call.write
+        try:
+            with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+                for request in requests:
+                    await call.write(request)
+            response = await call.read()
+            return None if response is EOF else response
+        finally:
+            call.cancel()
 
     return invoke
 
