@@ -5,6 +5,7 @@ loopback-only and explicit."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from typing import Any
 
@@ -16,7 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from turnstile_platform.errors import decode
 from turnstile_platform.identity import parse_spiffe_id
 from turnstile_platform.pki import CertificateAuthority
+from turnstile_platform.runner import EXIT_MISCONFIGURED, run_service
 from turnstile_platform.server import GrpcService
+from turnstile_platform.settings import ServiceSettings
 from turnstile_platform.tls import TransportSecurityError, is_loopback, target_host
 from turnstile_testing.pki import Pki
 from turnstile_testing.probe import add_probe, call, settings
@@ -191,3 +194,25 @@ def test_the_local_ca_issues_one_spiffe_uri_san() -> None:
     cert = x509.load_pem_x509_certificate(leaf.cert_pem)
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["spiffe://td/client/acme"]
+
+
+def test_a_misconfigured_process_exits_with_one_line_not_a_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    async def main(loaded: ServiceSettings) -> None:
+        GrpcService("probe", loaded, service_names=[])
+
+    everywhere = "0.0.0.0"  # noqa: S104
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with pytest.raises(SystemExit) as exited:
+            run_service("probe", settings(plaintext=True, host=everywhere, log_format="text"), main)
+    finally:  # run_service configured the process's logging: give pytest its own back
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert exited.value.code == EXIT_MISCONFIGURED
+    logged = capfd.readouterr().err
+    assert "refusing to start" in logged
+    assert "not loopback" in logged
+    assert "Traceback" not in logged

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import uvloop
 
+from turnstile_platform.authz.policy import PolicyError
 from turnstile_platform.logs import configure_logging
 from turnstile_platform.settings import ServiceSettings
+from turnstile_platform.tls import TransportSecurityError
+
+log = logging.getLogger(__name__)
+
+#: Exit status of a process that refused to start on unsafe or missing security settings.
+EXIT_MISCONFIGURED = 2
 
 
 def run_service(
@@ -16,6 +24,14 @@ def run_service(
     settings: ServiceSettings,
     main: Callable[[ServiceSettings], Coroutine[Any, Any, None]],
 ) -> None:
-    """Configure logs, then run ``main(settings)`` on uvloop until it returns."""
+    """Configure logs, then run ``main(settings)`` on uvloop until it returns.
+
+    Missing certificates, plaintext off loopback or an invalid policy file end the
+    process with one log line saying what to set (exit status 2), not a traceback.
+    """
     configure_logging(name, level=settings.log_level, fmt=settings.log_format)
-    uvloop.run(main(settings))
+    try:
+        uvloop.run(main(settings))
+    except (TransportSecurityError, PolicyError) as error:
+        log.error("refusing to start: %s", error)
+        raise SystemExit(EXIT_MISCONFIGURED) from None
