@@ -62,6 +62,8 @@ class StackConfig:
     #: Where a local Prometheus listens when one is installed (0: none).
     prometheus_port: int = 9090
     prometheus_scrape_s: float = 5.0
+    tls_dir: Path | None = Path(".run/tls")
+    """Where the local CA, certificates and policy live; None runs plaintext."""
 
     @property
     def credentials_dir(self) -> Path:
@@ -77,8 +79,6 @@ class StackConfig:
     @property
     def public_keys_file(self) -> Path:
         return self.credentials_dir / "public-keys.pem"
-    tls_dir: Path | None = Path(".run/tls")
-    """Where the local CA, certificates and policy live; None runs plaintext."""
 
     def tls_file(self, name: str) -> str:
         assert self.tls_dir is not None

@@ -54,9 +54,9 @@ from turnstile_cli.stack.preflight import (
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
-from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.pki import ensure_local_pki
 from turnstile_platform.redis_client import read_script
+from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tiers import parse_tiers
 from turnstile_platform.tls import TlsFiles, channel_credentials
 
