@@ -18,6 +18,11 @@ from turnstile_platform.errors import decode
 #: What the authorization layer answers with; anything else means the handler ran.
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
+#: The ``ErrorInfo`` reasons of the authorization layer's refusals. A handler may
+#: itself answer PERMISSION_DENIED with another reason (the relay refusing a worker
+#: credential): that call passed authorization.
+AUTHZ_REASONS = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
+
 Invoke = Callable[[grpc.aio.Channel], Awaitable[object]]
 
 
@@ -28,6 +33,15 @@ async def outcome(channel: grpc.aio.Channel, invoke: Invoke) -> grpc.StatusCode:
     except grpc.aio.AioRpcError as error:
         return error.code()
     return grpc.StatusCode.OK
+
+
+async def authorized(channel: grpc.aio.Channel, invoke: Invoke) -> bool:
+    """Whether the call got past authorization: served, or refused by its handler."""
+    try:
+        await invoke(channel)
+    except grpc.aio.AioRpcError as error:
+        return decode(error).reason not in AUTHZ_REASONS
+    return True
 
 
 async def refusal(
