@@ -80,8 +80,8 @@ async def test_substrate_minted_credentials_attach_real_workers_and_refuse_impos
         await stack.wait_serving()
         _, substrate_addr, affinity_addr = stack.addresses
         async with (
-            grpc.aio.insecure_channel(substrate_addr) as sub_channel,
-            grpc.aio.insecure_channel(affinity_addr) as aff_channel,
+            stack.channel(substrate_addr) as sub_channel,
+            stack.channel(affinity_addr) as aff_channel,
         ):
             substrate = substrate_pb2_grpc.SubstrateServiceStub(sub_channel)
             affinity = affinity_pb2_grpc.AffinityServiceStub(aff_channel)

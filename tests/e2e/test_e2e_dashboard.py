@@ -71,7 +71,7 @@ def _query(prometheus_port: int, expr: str) -> list[Any]:
 async def _traffic(stack: RunningStack) -> None:
     """What the panels show: activations, a placement, admissions and refusals."""
     admission, substrate, affinity = stack.addresses
-    async with grpc.aio.insecure_channel(substrate) as channel:
+    async with stack.channel(substrate) as channel:
         stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
         await stub.Activate(
             substrate_pb2.ActivateRequest(
@@ -81,7 +81,7 @@ async def _traffic(stack: RunningStack) -> None:
             ),
             timeout=30,
         )
-    async with grpc.aio.insecure_channel(affinity) as channel:
+    async with stack.channel(affinity) as channel:
         place = affinity_pb2_grpc.AffinityServiceStub(channel)
         for _ in range(60):  # until the sandbox's worker has attached
             try:
@@ -98,7 +98,7 @@ async def _traffic(stack: RunningStack) -> None:
                 timeout=10,
             )
             break
-    async with grpc.aio.insecure_channel(admission) as channel:
+    async with stack.channel(admission) as channel:
         admit = admission_pb2_grpc.AdmissionServiceStub(channel)
         # The shared key allows 10 activations in flight: the rest are refused.
         for i in range(14):

@@ -46,10 +46,10 @@ def _reflect(
     return iter(list(call(iter([request]), timeout=10)))
 
 
-def _methods(address: str) -> list[MethodDescriptor]:
+def _methods(address: str, credentials: grpc.ChannelCredentials) -> list[MethodDescriptor]:
     """Every method the server lists, described by the server alone (reflection v1)."""
     pool = descriptor_pool.DescriptorPool()
-    with grpc.insecure_channel(address) as channel:
+    with grpc.secure_channel(address, credentials) as channel:
         (listing,) = _reflect(channel, reflection_pb2.ServerReflectionRequest(list_services=""))
         names = [s.name for s in listing.list_services_response.service]
         seen: set[str] = set()
@@ -227,11 +227,13 @@ def _call(channel: grpc.Channel, method: MethodDescriptor, payload: bytes) -> gr
     return grpc.StatusCode.OK
 
 
-def _probe(address: str) -> dict[str, grpc.StatusCode]:
+def _probe(address: str, credentials: grpc.ChannelCredentials) -> dict[str, grpc.StatusCode]:
+    """Every method with every hostile request, over mTLS as the stack's operator (an
+    identity the policy allows everything, so each request reaches its handler)."""
     found: dict[str, grpc.StatusCode] = {}
-    methods = _methods(address)
+    methods = _methods(address, credentials)
     assert methods, "reflection listed no methods"
-    with grpc.insecure_channel(address) as channel:
+    with grpc.secure_channel(address, credentials) as channel:
         for method in methods:
             for name, payload in _requests(method).items():
                 found[f"{method.full_name} [{name}]"] = _call(channel, method, payload)
@@ -253,7 +255,7 @@ async def test_no_method_of_any_service_answers_internal_or_unknown_to_hostile_r
 ) -> None:
     results: dict[str, grpc.StatusCode] = {}
     for address in stack.addresses:
-        results.update(await asyncio.to_thread(_probe, address))
+        results.update(await asyncio.to_thread(_probe, address, stack.credentials()))
     services = {key.split(" ")[0].rsplit(".", 1)[0] for key in results}
     assert {
         "turnstile.admission.v1.AdmissionService",

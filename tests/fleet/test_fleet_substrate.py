@@ -207,6 +207,7 @@ def fleet(
             env.update(
                 {
                     "TURNSTILE_HOST": "127.0.0.1",
+                    "TURNSTILE_PLAINTEXT": "true",  # loopback; mTLS has tests of its own
                     "TURNSTILE_METRICS_PORT": "0",
                     "TURNSTILE_LOG_FORMAT": "text",
                     "TURNSTILE_REDIS_URL": redis_url,
