@@ -76,8 +76,8 @@ async def test_one_pending_place_wakes_the_sandbox_and_the_next_place_hits_it(
         _, substrate_addr, affinity_addr = stack.addresses
         interceptors = client_interceptors(provider)
         async with (
-            grpc.aio.insecure_channel(substrate_addr, interceptors=interceptors) as sub_channel,
-            grpc.aio.insecure_channel(affinity_addr, interceptors=interceptors) as aff_channel,
+            stack.channel(substrate_addr, interceptors=interceptors) as sub_channel,
+            stack.channel(affinity_addr, interceptors=interceptors) as aff_channel,
         ):
             substrate = substrate_pb2_grpc.SubstrateServiceStub(sub_channel)
             affinity = affinity_pb2_grpc.AffinityServiceStub(aff_channel)
