@@ -94,6 +94,17 @@ class Admitter:
         )
         self._slots = settings.slots
         self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
+        self._modes_by_shape: dict[tuple[Kind, bool], dict[PolicyName, int]] = {}
+
+    def _modes(self, activation: Activation) -> dict[PolicyName, int]:
+        """Each policy's script mode. It depends only on the settings, the kind and
+        whether nodes were given, so it is worked out once per such shape."""
+        shape = (activation.kind, bool(activation.candidate_nodes))
+        modes = self._modes_by_shape.get(shape)
+        if modes is None:
+            modes = {p.name: p.script_mode(activation) for p in self.policies}
+            self._modes_by_shape[shape] = modes
+        return modes
 
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
@@ -106,7 +117,7 @@ class Admitter:
     async def _decide(
         self, request: AdmitInput, key: BoundedKey, activation: Activation
     ) -> Decision:
-        modes = {p.name: p.script_mode(activation) for p in self.policies}
+        modes = self._modes(activation)
         nodes: Sequence[tuple[str, int]] = ()
         if modes[PolicyName.SLOTS]:
             nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
@@ -122,7 +133,7 @@ class Admitter:
         except UNREACHABLE as error:
             return self._unreachable(key, activation, args.hold_id, error)
         if modes[PolicyName.CAP]:
-            metrics.PENDING.labels(key.key).set(answer.pending_count)
+            metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
             metrics.PENDING_EXPIRED.labels(key.key).inc(answer.pending_expired)
         return self._from_answer(key, activation, args.hold_id, answer)
@@ -180,14 +191,14 @@ class Admitter:
         key = decision.key.key
         outcome = "admitted" if decision.admitted else "refused"
         refused = decision.refused_by
-        metrics.DECISIONS.labels(outcome, refused.policy.value if refused else "", key).inc()
-        metrics.DECISION_SECONDS.labels(outcome).observe(seconds)
+        metrics.decisions(outcome, refused.policy.value if refused else "", key).inc()
+        metrics.decision_seconds(outcome).observe(seconds)
         for v in decision.verdicts:
-            metrics.VERDICTS.labels(v.policy.value, v.verdict.value, key).inc()
+            metrics.verdicts(v.policy.value, v.verdict.value, key).inc()
             if v.verdict is Verdict.SHADOW_REFUSE:
-                metrics.SHADOW_REFUSALS.labels(v.policy.value, key).inc()
+                metrics.shadow_refusals(v.policy.value, key).inc()
             elif v.verdict is Verdict.UNKNOWN:
-                metrics.FAIL_OPEN.labels(v.policy.value, _fail_open_backend(v), key).inc()
+                metrics.fail_open(v.policy.value, _fail_open_backend(v), key).inc()
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(
@@ -207,12 +218,12 @@ class Admitter:
 
     async def commit(self, hold_id: str) -> bool:
         committed = await self.store.commit(hold_id)
-        metrics.HOLDS.labels("commit", "done" if committed else "gone").inc()
+        metrics.holds("commit", "done" if committed else "gone").inc()
         return committed
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
         answer = await self.store.cancel(hold_id)
-        metrics.HOLDS.labels("cancel", "done" if answer.cancelled else "gone").inc()
+        metrics.holds("cancel", "done" if answer.cancelled else "gone").inc()
         return answer
 
     async def release(self, sandbox_id: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from turnstile_clientkeys import NATIVE, SHARED, UNATTRIBUTED, KeySet, Resolver
+from turnstile_platform.metric_children import Children
 
 DECISIONS = Counter(
     "turnstile_admission_decisions_total",
@@ -49,18 +50,28 @@ HOLDS = Counter(
     ["action", "result"],
 )
 
+#: The children the decision path records into, looked up once per label values
+#: (``labels()`` per call was a measurable share of an Admit: docs/performance.md).
+decisions = Children(DECISIONS)
+verdicts = Children(VERDICTS)
+shadow_refusals = Children(SHADOW_REFUSALS)
+fail_open = Children(FAIL_OPEN)
+pending = Children(PENDING)
+decision_seconds = Children(DECISION_SECONDS)
+holds = Children(HOLDS)
 
 #: Per-key gauges: a key that left the key set must leave them too, or its last
 #: value is reported forever (counters keep their history: rates need it).
-PER_KEY_GAUGES = (PENDING,)
+PER_KEY_GAUGES = ((PENDING, pending),)
 _ALWAYS = frozenset({SHARED, NATIVE, UNATTRIBUTED})
 
 
 def forget_departed_keys(keyset: KeySet) -> None:
     """Remove per-key gauge series of bounded keys ``keyset`` no longer resolves to."""
     resolver = Resolver(keyset)
-    for gauge in PER_KEY_GAUGES:
+    for gauge, children in PER_KEY_GAUGES:
         keys = {sample.labels["key"] for family in gauge.collect() for sample in family.samples}
         for key in keys:
             if key not in _ALWAYS and resolver.resolve_id(key).key != key:
                 gauge.remove(key)
+                children.forget(key)

@@ -145,35 +145,68 @@ class AdmissionStore:
             s.rate.cluster_burst,
         ]
         self._clock = 1 if s.test_clock else 0
-
-    async def admit(self, args: AdmitArgs) -> AdmitAnswer:
-        k, s = self.keys, self._settings
-        keys = [
-            k.limits,
-            k.pending(args.key),
-            k.bucket(args.key),
-            k.cluster_bucket,
-            k.inflight(args.key),
-            k.hold(args.hold_id),
-            k.test_clock,
-            k.nodes,
-            k.live(args.key),
-            k.live_state,
-            *(k.slots(name) for name, _ in args.nodes),
-        ]
-        argv: list[str | int | float] = [
-            args.hold_id,
-            args.key,
-            args.sandbox_id,
-            args.modes[PolicyName.CAP],
-            args.modes[PolicyName.RATE],
-            args.modes[PolicyName.CONCURRENCY],
-            args.modes[PolicyName.SLOTS],
+        # What does not change between decisions is built once: the fixed keys,
+        # each bounded key's own keys (bounded by the key set, SPEC C3), each
+        # node's slots key (bounded by the cluster's nodes) and the settings'
+        # part of the arguments. Formatting them per call was a visible share of
+        # an Admit (docs/performance.md).
+        k = self.keys
+        self._fixed_keys = (k.limits, k.cluster_bucket, k.test_clock, k.nodes, k.live_state)
+        self._per_key: dict[str, tuple[str, str, str, str]] = {}
+        self._slots_keys: dict[str, str] = {}
+        self._argv_tail: tuple[int | float, ...] = (
             *self._key_defaults,
             s.rate.cost,
             round(s.hold_ttl_s * 1000),
             round(s.pending_ttl_s * 1000),
             self._clock,
+        )
+
+    def _keys_of(self, key: str) -> tuple[str, str, str, str]:
+        """``key``'s pending, bucket, in-flight and live keys."""
+        keys = self._per_key.get(key)
+        if keys is None:
+            k = self.keys
+            keys = self._per_key[key] = (
+                k.pending(key),
+                k.bucket(key),
+                k.inflight(key),
+                k.live(key),
+            )
+        return keys
+
+    def _slots_key(self, node: str) -> str:
+        name = self._slots_keys.get(node)
+        if name is None:
+            name = self._slots_keys[node] = self.keys.slots(node)
+        return name
+
+    async def admit(self, args: AdmitArgs) -> AdmitAnswer:
+        limits, cluster_bucket, test_clock, nodes, live_state = self._fixed_keys
+        pending, bucket, inflight, live = self._keys_of(args.key)
+        keys = [
+            limits,
+            pending,
+            bucket,
+            cluster_bucket,
+            inflight,
+            self.keys.hold(args.hold_id),
+            test_clock,
+            nodes,
+            live,
+            live_state,
+            *(self._slots_key(name) for name, _ in args.nodes),
+        ]
+        modes = args.modes
+        argv: list[str | int | float] = [
+            args.hold_id,
+            args.key,
+            args.sandbox_id,
+            modes[PolicyName.CAP],
+            modes[PolicyName.RATE],
+            modes[PolicyName.CONCURRENCY],
+            modes[PolicyName.SLOTS],
+            *self._argv_tail,
             len(args.nodes),
         ]
         for name, capacity in args.nodes:

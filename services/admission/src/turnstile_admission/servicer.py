@@ -7,7 +7,6 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf import duration_pb2, timestamp_pb2
 
 from turnstile_admission import validation
 from turnstile_admission.admitter import Admitter
@@ -139,24 +138,12 @@ def _admit_response(decision: Decision) -> admission_pb2.AdmitResponse:
     )
     if decision.admitted:
         response.hold_id = decision.hold_id
-        response.hold_expires_at.CopyFrom(_timestamp(decision.hold_expires_ms))
+        response.hold_expires_at.FromMilliseconds(decision.hold_expires_ms)
     refused = decision.refused_by
     if refused is not None:
         response.refused_by = _POLICIES[refused.policy]
         response.limit = refused.limit
         response.current = refused.current
         retry = decision.retry_after_s or 1.0
-        response.retry_after.CopyFrom(_duration(retry))
+        response.retry_after.FromMilliseconds(max(1, round(retry * 1000)))
     return response
-
-
-def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromMilliseconds(ms)
-    return stamp
-
-
-def _duration(seconds: float) -> duration_pb2.Duration:
-    duration = duration_pb2.Duration()
-    duration.FromMilliseconds(max(1, round(seconds * 1000)))
-    return duration

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from turnstile_platform.metric_children import Children
+
 PLACEMENTS = Counter(
     "turnstile_affinity_placements_total",
     "Place calls by outcome: hit, first, fallback, busy, pending, exhausted.",
@@ -31,6 +33,9 @@ LEASES = Counter(
     "returned (a Place that failed or was cancelled after taking one).",
     ["event"],
 )
+#: The children Place and ReleaseLease record into, looked up once per label values.
+placements = Children(PLACEMENTS)
+leases = Children(LEASES)
 ATTACHED = Gauge(
     "turnstile_affinity_relay_streams",
     "Worker streams attached to this replica's relay.",

@@ -30,7 +30,7 @@ import grpc
 from opentelemetry import trace
 
 from turnstile_affinity.errors import store_reachable
-from turnstile_affinity.metrics import LEASES, PLACEMENTS, RESETS
+from turnstile_affinity.metrics import RESETS, leases, placements
 from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.store import (
     AffinityStore,
@@ -112,8 +112,10 @@ class Placer:
     async def place(self, session_id: str, session_tier: str) -> Placement:
         """Place the session's next turn in ``session_tier`` or raise a :class:`RichError`."""
         span = trace.get_current_span()
-        span.set_attribute("turnstile.session_id", session_id)
-        span.set_attribute("turnstile.tier", session_tier)
+        if span.is_recording():
+            span.set_attributes(
+                {"turnstile.session_id": session_id, "turnstile.tier": session_tier}
+            )
         policy = self._policy
         tier_label = session_tier if policy.filtered else "*"
         lease_id = uuid.uuid4().hex
@@ -135,10 +137,10 @@ class Placer:
                     if isinstance(found, Leased):
                         return self._placed(found, lease_id, Outcome.HIT, tier_label)
                     if isinstance(found, Busy):
-                        PLACEMENTS.labels(tier_label, "busy").inc()
+                        placements(tier_label, "busy").inc()
                         raise self._busy(session_id, found)
                     if isinstance(found, Pending):
-                        PLACEMENTS.labels(tier_label, "pending").inc()
+                        placements(tier_label, "pending").inc()
                         if found.woke and self._waker is not None:
                             self._waker.wake(
                                 found.sandbox_id, session_tier if policy.filtered else ""
@@ -157,7 +159,7 @@ class Placer:
                         outcome = Outcome.FIRST if first else Outcome.FALLBACK
                         return self._placed(moved, lease_id, outcome, tier_label, found)
                     if isinstance(moved, Exhausted):
-                        PLACEMENTS.labels(tier_label, "exhausted").inc()
+                        placements(tier_label, "exhausted").inc()
                         raise self._exhausted(session_tier)
                     log.debug("placement raced another turn", extra={"session_id": session_id})
                 raise self._contended(session_id)
@@ -176,7 +178,7 @@ class Placer:
         """ReleaseLease: False when it was already released or expired."""
         released = await self._store.release(lease_id, sandbox_id)
         if released:
-            LEASES.labels("released").inc()
+            leases("released").inc()
         return released
 
     def _placed(
@@ -204,11 +206,13 @@ class Placer:
                     "reason": reset.reason.name,
                 },
             )
-        PLACEMENTS.labels(tier_label, outcome.value).inc()
-        LEASES.labels("acquired").inc()
+        placements(tier_label, outcome.value).inc()
+        leases("acquired").inc()
         span = trace.get_current_span()
-        span.set_attribute("turnstile.sandbox_id", leased.sandbox_id)
-        span.set_attribute("turnstile.placement", outcome.value)
+        if span.is_recording():
+            span.set_attributes(
+                {"turnstile.sandbox_id": leased.sandbox_id, "turnstile.placement": outcome.value}
+            )
         return Placement(
             sandbox_id=leased.sandbox_id,
             tier=leased.tier,
@@ -226,7 +230,7 @@ class Placer:
         task.add_done_callback(self._returns.discard)
         try:
             if await asyncio.shield(task):
-                LEASES.labels("returned").inc()
+                leases("returned").inc()
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -38,6 +38,7 @@ from prometheus_client import Counter, Histogram
 from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import RichError, reason_name
+from turnstile_platform.metric_children import Children
 from turnstile_substrate.admission import AdmissionClient, Admitted, dependency_unavailable
 from turnstile_substrate.db import records
 from turnstile_substrate.db.pool import Connection, is_unavailable
@@ -59,6 +60,9 @@ ACTIVATION_SECONDS = Histogram(
     ["substrate", "result"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+#: Their children, looked up once per label values (substrates and results are few).
+_activations = Children(ACTIVATIONS)
+_activation_seconds = Children(ACTIVATION_SECONDS)
 COMPENSATIONS = Counter(
     "turnstile_substrate_compensations_total",
     "Activations undone after Admit (runtime stopped, hold cancelled), by what failed.",
@@ -178,10 +182,8 @@ class Activator:
             result = error.reason.lower() or error.code.name.lower()
             raise
         finally:
-            ACTIVATIONS.labels(self.substrate.name, result).inc()
-            ACTIVATION_SECONDS.labels(self.substrate.name, result).observe(
-                time.perf_counter() - started
-            )
+            _activations(self.substrate.name, result).inc()
+            _activation_seconds(self.substrate.name, result).observe(time.perf_counter() - started)
 
     async def _activate(self, sandbox_id: str, client: Client, tier: str) -> Activation:
         runtime = await self.substrate.find_running(sandbox_id)
