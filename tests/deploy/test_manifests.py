@@ -27,6 +27,7 @@ from .certmanager import CERT_MANAGER, validate_cert_manager
 from .manifests import (
     KUSTOMIZATIONS,
     PORTS,
+    REPO_ROOT,
     SERVICES,
     Obj,
     config_map,
@@ -383,6 +384,17 @@ def test_substrate_alone_reads_the_kubernetes_substrate_settings(built: Built, n
             assert reads == (workload["metadata"]["name"] == "turnstile-substrate"), workload
     shared = config_map(objects, "turnstile-config")["data"]
     assert not [k for k in shared if k.startswith("TURNSTILE_K8S_")], "substrate's own settings"
+
+
+def test_production_samples_one_trace_in_ten_as_the_admission_benchmark_does(
+    built: Built,
+) -> None:
+    """The admission benchmark measures with the production sampler: they must agree."""
+    settings = config_map(built("production"), "turnstile-config")["data"]
+    assert settings["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert settings["OTEL_TRACES_SAMPLER_ARG"] == "0.1"
+    bench = (REPO_ROOT / "services/admission/bench/bench_admit.py").read_text()
+    assert 'PRODUCTION_SAMPLER, PRODUCTION_SAMPLER_ARG = "parentbased_traceidratio", "0.1"' in bench
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))

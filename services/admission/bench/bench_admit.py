@@ -9,17 +9,29 @@ own (so INFO commandstats counts only this benchmark):
 * echo     — a grpc.aio server that returns the request: the gRPC ceiling;
 * evalsha  — a grpc.aio server whose handler runs one small EVALSHA: the ceiling
              of anything that does one Redis round trip per call;
+* platform — the evalsha handler behind the platform's ``GrpcService`` (the
+             interceptor chain every service pays, tracing with the same sampler);
 * admit    — the admission service, COLD_CREATE with every policy enforced
              (cap with the live count read from the key's live set in Redis,
              marked current as a substrate leader marks it; rate, concurrency,
              node slots), and RESUME (concurrency only). Limits are set high so
              every call takes the full path.
 
+Tracing stays on: admission exports its spans over OTLP/gRPC to a sink in this
+run (``otlp``, which answers every export with an empty response), with the
+sampler the production overlay sets (``--sampler``/``--sampler-arg``, default
+parent-based 10 %; the bench's calls carry no trace context, so every Admit is a
+root and the ratio applies). A second admission process samples 100 %: it runs
+the cold create once in the table, then both alternate at 64 in flight, so the
+cost of tracing everything is measured in the same run with drift falling on both.
+
 Each is measured at 1 and 64 calls in flight: calls/s, p50 and p99. Admit is
 reported as a ratio of each ceiling; Redis commands per decision come from the
 INFO commandstats delta over the Admit runs. A stub substrate still listens at
 admission's substrate address and counts the ``CountLiveSandboxes`` calls it gets
 (in Redis, so they would show in commandstats too): a decision should make none.
+The table is followed by one line of JSON with stable keys (``--json PATH``
+writes it to a file too) so runs can be compared across commits.
 
 Then COLD_CREATE again under transport security (SPEC Z1, Z2), each a fresh
 admission process, to price mTLS and the authorization check separately:
@@ -43,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import statistics
 import subprocess
@@ -88,6 +101,8 @@ HOLDERS = {
 SECURE_MODES = ("mtls", "mtls+authz", "mtls+self")
 
 ECHO = "/bench.Echo/Echo"
+#: The sampler deploy/kustomize/overlays/production sets (tests/deploy checks they agree).
+PRODUCTION_SAMPLER, PRODUCTION_SAMPLER_ARG = "parentbased_traceidratio", "0.1"
 BYTES: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
 
 
@@ -112,8 +127,26 @@ async def serve_evalsha(port: int, redis_url: str) -> None:
     await _serve(port, one_evalsha)
 
 
-async def _serve(port: int, behaviour: Any) -> None:
-    server = grpc.aio.server()
+async def serve_platform(port: int, redis_url: str) -> None:
+    """The EVALSHA handler behind the platform's GrpcService (tracing with the
+    admission's sampler, RPC metrics, call limits, rich errors, decoding): what
+    every service pays before its own code runs."""
+    from turnstile_admission.settings import AdmissionSettings
+    from turnstile_platform.server import GrpcService
+
+    client = aioredis.Redis.from_url(redis_url)
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+
+    async def one_evalsha(request: bytes, context: Any) -> bytes:
+        await script(keys=["bench:{adm}:ceiling"], args=[])
+        return request
+
+    settings = AdmissionSettings(port=0, metrics_port=0)
+    await _serve(port, one_evalsha, GrpcService("bench", settings, service_names=[]).server)
+
+
+async def _serve(port: int, behaviour: Any, server: grpc.aio.Server | None = None) -> None:
+    server = server or grpc.aio.server()
     handler = grpc.unary_unary_rpc_method_handler(
         behaviour, request_deserializer=BYTES, response_serializer=BYTES
     )
@@ -181,7 +214,38 @@ def serve_admission(without_authorization: bool) -> None:
     main()
 
 
-SERVERS = {"echo": serve_echo, "evalsha": serve_evalsha, "substrate": serve_substrate}
+OTLP_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+async def serve_otlp(port: int, redis_url: str) -> None:
+    """An OTLP trace sink: every export succeeds (an empty response is a valid one)."""
+
+    async def export(request: bytes, context: Any) -> bytes:
+        return b""
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(
+        export, request_deserializer=BYTES, response_serializer=BYTES
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": handler}
+            ),
+        )
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+SERVERS = {
+    "echo": serve_echo,
+    "evalsha": serve_evalsha,
+    "substrate": serve_substrate,
+    "otlp": serve_otlp,
+    "platform": serve_platform,
+}
 
 
 # --- load ---------------------------------------------------------------------------
@@ -241,12 +305,15 @@ async def commandstats(client: aioredis.Redis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
 
 
-async def bench(seconds: float, rounds: int) -> None:
+async def bench(
+    seconds: float, rounds: int, sampler: str, sampler_arg: str, json_path: str | None
+) -> None:
     redis_proc = RedisProcess().start()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ports = {name: free_port() for name in ("echo", "evalsha", "substrate", "admission")}
-        for name in ("echo", "evalsha", "substrate"):
+        names = ("echo", "evalsha", "substrate", "otlp", "platform", "admission", "admission_full")
+        ports = {name: free_port() for name in names}
+        for name in ("echo", "evalsha", "substrate", "otlp"):
             procs.append(spawn(name, ports[name], redis_proc.url))
         env = {
             **os.environ,
@@ -263,12 +330,24 @@ async def bench(seconds: float, rounds: int) -> None:
             "TURNSTILE_SLOTS__DEFAULT_PER_NODE": "100000",
             "TURNSTILE_HOLD_TTL_S": "5",
             "TURNSTILE_PENDING_TTL_S": "5",
-            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['otlp']}",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_TRACES_SAMPLER": sampler,
+            "OTEL_TRACES_SAMPLER_ARG": sampler_arg,
             "TURNSTILE_PLAINTEXT": "true",
         }
+        procs.append(spawn("platform", ports["platform"], redis_proc.url, env))
         command = [sys.executable, "-m", "turnstile_admission"]
-        procs.append(subprocess.Popen(command, env=env))  # noqa: ASYNC220 - start-up only
+        full_env = env | {
+            "TURNSTILE_PORT": str(ports["admission_full"]),
+            "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+            "OTEL_TRACES_SAMPLER_ARG": "",
+        }
+        for process_env in (env, full_env):
+            procs.append(subprocess.Popen(command, env=process_env))  # noqa: ASYNC220 - start-up only
         _wait(ports["admission"])
+        _wait(ports["admission_full"])
 
         results: dict[str, dict[int, dict[str, float]]] = {}
         sequence = iter(range(10**9))
@@ -291,7 +370,7 @@ async def bench(seconds: float, rounds: int) -> None:
         redis = aioredis.Redis.from_url(redis_proc.url)
         # The live counts are current, as a substrate leader keeps them (no pods).
         await redis.set(LiveCountKeys("turnstile:").state, COUNTED)
-        for name in ("echo", "evalsha"):
+        for name in ("echo", "evalsha", "platform"):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[name]}") as channel:
                 echo = channel.unary_unary(
                     ECHO, request_serializer=BYTES, response_deserializer=BYTES
@@ -301,20 +380,46 @@ async def bench(seconds: float, rounds: int) -> None:
                 }
         decisions = 0
         before = await commandstats(redis)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as channel:
-            stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
-            for name, make in (("admit_cold", cold), ("admit_resume", resume)):
+        runs = (
+            ("admission", "admit_cold", cold),
+            ("admission", "admit_resume", resume),
+            ("admission_full", "admit_cold_sampled_100", cold),
+        )
+        for server, name, make in runs:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[server]}") as channel:
+                stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
                 results[name] = {}
                 for n in (1, 64):
                     answer = await stub.Admit(make())
                     assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
                     results[name][n] = await measure(_admit(stub, make), n, seconds)
                     decisions += int(results[name][n]["calls"]) + 201
+        # Tracing's cost: the two admission processes alternate, cold create at 64
+        # in flight, so drift in the machine's load falls on both alike.
+        tracing: list[float] = []
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as production,
+            grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission_full']}") as full,
+        ):
+            prod_stub: Any = admission_pb2_grpc.AdmissionServiceStub(production)
+            full_stub: Any = admission_pb2_grpc.AdmissionServiceStub(full)
+            for _ in range(3):
+                sampled = await measure(_admit(prod_stub, cold), 64, seconds / 2)
+                everything = await measure(_admit(full_stub, cold), 64, seconds / 2)
+                tracing.append(everything["rps"] / sampled["rps"])
+                decisions += int(sampled["calls"] + everything["calls"]) + 400
         after = await commandstats(redis)
         count_calls = int(await redis.get(COUNT_CALLS) or 0)
         await redis.aclose()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-        report(results, delta, decisions, count_calls)
+        summary = report(results, delta, decisions, count_calls)
+        ratio = statistics.median(tracing)
+        print(
+            "tracing everything ÷ the production sampler, cold create at 64 in flight, "
+            f"alternating: {', '.join(f'{r:.2f}' for r in tracing)} (median {ratio:.2f})"
+        )
+        summary["goals"]["cold_64_sampled_100_per_production_sampler_alternating"] = round(ratio, 3)
+        summary["sampler"] = {"name": sampler, "arg": sampler_arg}
         if rounds:
             report_security(await bench_security(env, redis_proc.url, cold, seconds, rounds))
         cost = await authorization_check_cost()
@@ -325,10 +430,16 @@ async def bench(seconds: float, rounds: int) -> None:
                 f"  as {caller:<10} {micros:6.1f} µs = {micros / sequential:.2%} of a sequential "
                 f"Admit (p50 {sequential:.0f} µs)"
             )
+        summary["authorization_check_us"] = {k: round(v, 2) for k, v in cost.items()}
+        line = json.dumps(summary, sort_keys=True)
+        print("\n" + line)
+        if json_path:
+            with open(json_path, "w") as out:  # noqa: ASYNC230 - after the measurements
+                out.write(line + "\n")
     finally:
-        for proc in procs:
+        # Admission first: it flushes its spans to the OTLP sink as it stops.
+        for proc in reversed(procs):
             proc.terminate()
-        for proc in procs:
             proc.wait(timeout=15)
         redis_proc.close()
 
@@ -490,21 +601,52 @@ def report(
     delta: dict[str, int],
     decisions: int,
     count_calls: int,
-) -> None:
+) -> dict[str, Any]:
+    """Print the table and return the same figures as a JSON-ready dict (stable keys)."""
     print(
-        f"{'server':<14}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'server':<24}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'/echo':>8}{'/evalsha':>10}"
     )
+    runs: dict[str, Any] = {}
     for name, by_n in results.items():
+        runs[name] = {}
         for n, r in by_n.items():
             echo = r["rps"] / results["echo"][n]["rps"]
             evalsha = r["rps"] / results["evalsha"][n]["rps"]
             print(
-                f"{name:<14}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+                f"{name:<24}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
                 f"{echo:>8.2f}{evalsha:>10.2f}"
             )
+            runs[name][str(n)] = {
+                "calls": int(r["calls"]),
+                "rps": round(r["rps"], 1),
+                "p50_ms": round(r["p50_ms"], 3),
+                "p99_ms": round(r["p99_ms"], 3),
+                "rps_per_echo": round(echo, 3),
+                "rps_per_evalsha": round(evalsha, 3),
+            }
     top_level = delta.get("evalsha", 0) + delta.get("eval", 0) + delta.get("script|load", 0)
     total = sum(v for k, v in delta.items() if k not in ("info",))
+    ceiling_p50 = results["evalsha"][1]["p50_ms"]
+    goals = {
+        "cold_64_per_evalsha": round(
+            results["admit_cold"][64]["rps"] / results["evalsha"][64]["rps"], 3
+        ),
+        "cold_1_p50_per_evalsha_p50": round(results["admit_cold"][1]["p50_ms"] / ceiling_p50, 3),
+        "resume_64_per_evalsha": round(
+            results["admit_resume"][64]["rps"] / results["evalsha"][64]["rps"], 3
+        ),
+        "platform_64_per_evalsha": round(
+            results["platform"][64]["rps"] / results["evalsha"][64]["rps"], 3
+        ),
+        "platform_1_p50_per_evalsha_p50": round(results["platform"][1]["p50_ms"] / ceiling_p50, 3),
+        "cold_64_per_platform": round(
+            results["admit_cold"][64]["rps"] / results["platform"][64]["rps"], 3
+        ),
+        "cold_64_sampled_100_per_production_sampler": round(
+            results["admit_cold_sampled_100"][64]["rps"] / results["admit_cold"][64]["rps"], 3
+        ),
+    }
     print(f"\ndecisions: {decisions}")
     print(f"scripts (EVALSHA/EVAL) per decision: {top_level / decisions:.3f}")
     print(
@@ -513,6 +655,23 @@ def report(
     )
     print(f"CountLiveSandboxes calls per decision: {count_calls / decisions:.3f}")
     print("commandstats delta:", {k: v for k, v in sorted(delta.items()) if v})
+    print(
+        "goals: cold@64 {cold_64_per_evalsha}x evalsha (>= 0.6), cold p50 "
+        "{cold_1_p50_per_evalsha_p50}x (<= 1.5), resume@64 {resume_64_per_evalsha}x "
+        "(>= 0.75); 100 % sampling / production sampler at 64: "
+        "{cold_64_sampled_100_per_production_sampler}; the platform's interceptors alone: "
+        "{platform_64_per_evalsha}x at 64, p50 {platform_1_p50_per_evalsha_p50}x".format(**goals)
+    )
+    return {
+        "schema": 1,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "runs": runs,
+        "goals": goals,
+        "decisions": decisions,
+        "scripts_per_decision": round(top_level / decisions, 4),
+        "commands_per_decision": round(total / decisions, 3),
+        "count_live_calls_per_decision": round(count_calls / decisions, 4),
+    }
 
 
 def main() -> None:
@@ -522,6 +681,13 @@ def main() -> None:
         "--rounds", type=int, default=3, help="interleaved rounds of the security modes (0: skip)"
     )
     parser.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "REDIS_URL"))
+    parser.add_argument(
+        "--sampler",
+        default=PRODUCTION_SAMPLER,
+        help="OTEL_TRACES_SAMPLER of the admission under test (default: the production overlay's)",
+    )
+    parser.add_argument("--sampler-arg", default=PRODUCTION_SAMPLER_ARG)
+    parser.add_argument("--json", metavar="PATH", help="also write the JSON summary to PATH")
     args = parser.parse_args()
     if args.serve:
         kind, port, url = args.serve
@@ -530,7 +696,7 @@ def main() -> None:
             return
         uvloop.run(SERVERS[kind](int(port), url))
     else:
-        uvloop.run(bench(args.seconds, args.rounds))
+        uvloop.run(bench(args.seconds, args.rounds, args.sampler, args.sampler_arg, args.json))
 
 
 if __name__ == "__main__":
