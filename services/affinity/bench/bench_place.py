@@ -162,7 +162,14 @@ def _start_server(
         [sys.executable, __file__, "--serve", kind, "--redis", redis_url],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {})},
+        # Tracing on with the production overlay's sampler (spans kept in process).
+        env={
+            **os.environ,
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+            **(env or {}),
+        },
     )
     assert proc.stdout is not None
     port = proc.stdout.readline().strip()
