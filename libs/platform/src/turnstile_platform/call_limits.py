@@ -23,6 +23,7 @@ from prometheus_client import Gauge
 
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import RichError, reason_name
+from turnstile_platform.metric_children import Children
 
 #: Room kept in gRPC's server-wide cap for calls the limits do not count
 #: (health checks and watches, reflection).
@@ -33,6 +34,7 @@ IN_FLIGHT = Gauge(
     "RPCs being served, by kind (unary or stream), against their limit.",
     ["kind"],
 )
+_IN_FLIGHT = Children(IN_FLIGHT)
 
 
 class CallKind(StrEnum):
@@ -70,9 +72,9 @@ class CallLimits:
                 retry_after_s=self._retry_after_s,
             )
         self._in_flight[kind] += 1
-        IN_FLIGHT.labels(kind.value).inc()
+        _IN_FLIGHT(kind.value).inc()
         try:
             yield
         finally:
             self._in_flight[kind] -= 1
-            IN_FLIGHT.labels(kind.value).dec()
+            _IN_FLIGHT(kind.value).dec()
