@@ -305,6 +305,12 @@ async def commandstats(client: aioredis.Redis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
 
 
+async def script_usec(client: aioredis.Redis) -> int:
+    """Microseconds Redis spent running EVALSHA so far (the script's own time)."""
+    info = await client.info("commandstats")
+    return int(info.get("cmdstat_evalsha", {}).get("usec", 0))
+
+
 async def bench(
     seconds: float, rounds: int, sampler: str, sampler_arg: str, json_path: str | None
 ) -> None:
@@ -380,6 +386,7 @@ async def bench(
                 }
         decisions = 0
         before = await commandstats(redis)
+        usec_before = await script_usec(redis)
         runs = (
             ("admission", "admit_cold", cold),
             ("admission", "admit_resume", resume),
@@ -409,10 +416,14 @@ async def bench(
                 tracing.append(everything["rps"] / sampled["rps"])
                 decisions += int(sampled["calls"] + everything["calls"]) + 400
         after = await commandstats(redis)
+        usec = await script_usec(redis) - usec_before
         count_calls = int(await redis.get(COUNT_CALLS) or 0)
         await redis.aclose()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
         summary = report(results, delta, decisions, count_calls)
+        per_script = usec / max(1, delta.get("evalsha", 1))
+        print(f"Redis time inside the script, per decision: {per_script:.1f} µs")
+        summary["script_usec_per_decision"] = round(per_script, 1)
         ratio = statistics.median(tracing)
         print(
             "tracing everything ÷ the production sampler, cold create at 64 in flight, "

@@ -139,6 +139,8 @@ async def main(database_url: str) -> None:
             "direct_state_dir": state,
             "log_level": "WARNING",
             "shutdown_grace_s": 1,
+            # Loopback only, as the other benchmarks run (mTLS is priced in admission's).
+            "plaintext": True,
         }
         app = await create_app(SubstrateSettings(**values))
         await app.start()
