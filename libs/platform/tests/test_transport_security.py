@@ -20,7 +20,12 @@ from turnstile_platform.pki import CertificateAuthority
 from turnstile_platform.runner import EXIT_MISCONFIGURED, run_service
 from turnstile_platform.server import GrpcService
 from turnstile_platform.settings import ServiceSettings
-from turnstile_platform.tls import TransportSecurityError, is_loopback, target_host
+from turnstile_platform.tls import (
+    TransportSecurityError,
+    client_source,
+    is_loopback,
+    target_hosts,
+)
 from turnstile_testing.pki import Pki
 from turnstile_testing.probe import add_probe, call, settings
 from turnstile_testing.processes import free_port
@@ -183,8 +188,18 @@ def test_loopback_addresses_are_recognised() -> None:
     assert all(map(is_loopback, ["127.0.0.1", "::1", "[::1]", "localhost", "127.1.2.3"]))
     others = ["0.0.0.0", "10.0.0.1", "admission.turnstile.svc", "::"]  # noqa: S104
     assert not any(map(is_loopback, others))
-    assert target_host("dns:///admission:50051") == "admission"
-    assert target_host("[::1]:50051") == "::1"
+    assert target_hosts("dns:///admission:50051") == ["admission"]
+    assert target_hosts("[::1]:50051") == ["::1"]
+    assert target_hosts("127.0.0.1:1") == ["127.0.0.1"]
+    assert target_hosts("ipv4:127.0.0.1:1,127.0.0.2:2") == ["127.0.0.1", "127.0.0.2"]
+    assert target_hosts("ipv6:[::1]:1,[::1]:2") == ["::1", "::1"]
+
+
+def test_plaintext_to_an_address_list_needs_every_address_on_loopback() -> None:
+    local = settings(plaintext=True)
+    assert client_source(local, "ipv4:127.0.0.1:1,127.0.0.1:2", "worker") is None
+    with pytest.raises(TransportSecurityError, match="not loopback"):
+        client_source(local, "ipv4:127.0.0.1:1,10.0.0.1:2", "worker")
 
 
 def test_the_local_ca_issues_one_spiffe_uri_san() -> None:

@@ -223,16 +223,25 @@ def client_source(
 ) -> ChannelCredentialsSource | None:
     """Credentials for a channel to ``target``, or None for (allowed) plaintext."""
     if settings.plaintext:
-        check_plaintext_allowed(target_host(target), what)
+        for host in target_hosts(target):
+            check_plaintext_allowed(host, what)
         return None
     files = require_files(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file, what)
     return ChannelCredentialsSource(files)
 
 
-def target_host(target: str) -> str:
-    """The host part of a gRPC target (``host:port``, ``[v6]:port``, ``dns:///host:port``)."""
-    rest = target.split(":///", 1)[-1]
-    if rest.startswith("["):
-        return rest[1 : rest.find("]")]
-    host, sep, _port = rest.rpartition(":")
-    return host if sep else rest
+def target_hosts(target: str) -> list[str]:
+    """The host of every address a gRPC target names: ``host:port``, ``[v6]:port``,
+    ``dns:///host:port``, or an address list (``ipv4:a:p,b:p``, ``ipv6:[a]:p,[b]:p``),
+    as a worker names several relay replicas."""
+    scheme, sep, rest = target.partition(":")
+    if sep and scheme in ("ipv4", "ipv6") and not rest.startswith("//"):
+        return [_address_host(address) for address in rest.split(",")]
+    return [_address_host(target.split(":///", 1)[-1])]
+
+
+def _address_host(address: str) -> str:
+    if address.startswith("["):
+        return address[1 : address.find("]")]
+    host, sep, _port = address.rpartition(":")
+    return host if sep else address
