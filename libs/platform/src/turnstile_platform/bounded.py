@@ -253,7 +253,7 @@ class Guard:
                 self.breaker.failure()
                 CALLS.labels(self.dependency, "timeout").inc()
                 raise
-            raise self._spent(started, budget, loop.time()) from error
+            raise await self._spent(started, budget, loop.time()) from error
         except asyncio.CancelledError:
             self.breaker.abandon()
             raise
@@ -268,7 +268,7 @@ class Guard:
                 raise
             if timeout.expired():
                 # The client's own (socket) timeout fired with ours: the budget is spent.
-                raise self._spent(started, budget, loop.time()) from error
+                raise await self._spent(started, budget, loop.time()) from error
 
             self.breaker.failure()
             CALLS.labels(self.dependency, "unreachable").inc()
@@ -277,8 +277,18 @@ class Guard:
         self.breaker.success()
         CALLS.labels(self.dependency, "ok").inc()
 
-    def _spent(self, started: float, budget: float, now: float) -> BaseException:
-        """Count a spent budget (or not, under local overload); the error to raise."""
+    async def _spent(self, started: float, budget: float, now: float) -> BaseException:
+        """Count a spent budget (or not, under local overload); the error to raise.
+
+        Waits one turn of the event loop first: an answer that arrived in the same
+        turn as the expiry is recorded by its own call, which the loop resumes
+        after this one's cancellation.
+        """
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.breaker.abandon()
+            raise
         if self._overloaded(started, budget, now):
             self.breaker.abandon()
             CALLS.labels(self.dependency, "overloaded").inc()
