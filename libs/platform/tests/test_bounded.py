@@ -131,3 +131,56 @@ async def test_a_script_error_is_an_answer_not_a_failure(private_redis: RedisPro
         assert guard.breaker.state is BreakerState.CLOSED
     finally:
         await client.aclose()
+
+
+async def test_a_call_queued_here_while_redis_answers_others_does_not_open_the_breaker(
+    private_redis: RedisProcess,
+) -> None:
+    """Time a call spends waiting on this process (a semaphore, the pool, the event
+    loop) is our overload: it fails the call, not Redis's breaker."""
+    guard = redis_guard(BUDGET_S, failures=1, open_s=60)
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
+    local_queue = asyncio.Lock()
+    entered = asyncio.Event()
+
+    async def queued_behind_local_work() -> None:
+        async with guard.call():
+            entered.set()
+            async with local_queue:
+                await client.get("k")
+
+    try:
+        async with local_queue:
+            task = asyncio.create_task(queued_behind_local_work())
+            await entered.wait()
+            assert await client.ping()  # Redis answers meanwhile
+            with pytest.raises(RedisBudgetExceededError):
+                await task
+        assert guard.breaker.state is BreakerState.CLOSED
+        assert await client.set("k", "v")
+    finally:
+        await client.aclose()
+
+
+async def test_a_stalled_event_loop_does_not_open_the_breaker_but_a_paused_redis_does(
+    private_redis: RedisProcess,
+) -> None:
+    """An expiry that fires a whole budget late means the loop was stalled and the
+    call never had its budget; the next call, on time against the paused server,
+    is a real failure and opens the breaker."""
+    guard = redis_guard(BUDGET_S, failures=1, open_s=60)
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
+    try:
+        await client.ping()
+        private_redis.pause()
+        # Runs once the call below is in flight: blocks the loop past its deadline.
+        asyncio.get_running_loop().call_soon(time.sleep, BUDGET_S * 3)
+        with pytest.raises(RedisBudgetExceededError):
+            await client.get("k")
+        assert guard.breaker.state is BreakerState.CLOSED
+        with pytest.raises(RedisBudgetExceededError):
+            await client.get("k")
+        assert guard.breaker.state.name == "OPEN"  # narrowed above; read again
+    finally:
+        private_redis.resume()
+        await client.aclose()

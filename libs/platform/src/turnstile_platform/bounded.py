@@ -14,6 +14,19 @@ After ``open_s`` the breaker half-opens and lets exactly one call through as a
 probe; its success closes the breaker, its failure opens it again (the
 resilience4j state machine). Health and metrics report the state.
 
+The budget counts everything the caller waits for, our own event loop and
+connection pool included, but the breaker must open only when the *dependency*
+stops answering, never because this process is overloaded (a burst of
+thousands of streams reattaching at once). So a spent budget counts as a
+dependency failure only when the dependency gave no sign of life meanwhile:
+when another call to it got an answer after this one began, the dependency was
+answering and this call's time went to queueing here (the event loop, the
+pool); and when the expiry itself fired a whole budget late, the event loop
+was stalled and the call never had its budget. Either way the call still fails
+with ``budget_exceeded`` (its caller applies its fail mode), but the breaker is
+left as it was and the metrics say ``overloaded``. A paused server answers
+nobody, so its calls' timeouts still count and open the breaker.
+
 The errors raised are chosen by the caller (:class:`Guard` takes the classes),
 so each client can raise what its existing handlers already treat as
 "dependency unavailable": a redis-py ``TimeoutError``/``ConnectionError``
@@ -64,8 +77,10 @@ BREAKER_TRANSITIONS = Counter(
 CALLS = Counter(
     "turnstile_dependency_calls_total",
     "Bounded calls to a dependency by result: ok, error (the dependency answered "
-    "with an error), timeout (budget spent), unreachable (connection failed), "
-    "rejected (breaker open).",
+    "with an error), timeout (budget spent, the dependency silent), overloaded "
+    "(budget spent while the dependency answered other calls, or the event loop "
+    "stalled: local overload, not counted by the breaker), unreachable "
+    "(connection failed), rejected (breaker open).",
     ["dependency", "result"],
 )
 
@@ -207,6 +222,8 @@ class Guard:
         self.breaker = Breaker(dependency, failures=failures, open_s=open_s)
         self._unreachable = unreachable
         self._local = local
+        #: Event-loop time of the latest answer (ok or error) from the dependency.
+        self._answered_at = float("-inf")
         self._budget_exceeded = budget_exceeded
         self._breaker_open = breaker_open
 
@@ -225,18 +242,18 @@ class Guard:
             CALLS.labels(self.dependency, "rejected").inc()
             raise self._breaker_open(self.dependency, self._open_message())
         budget = self.budget_s if budget_s is None else budget_s
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         timeout = asyncio.timeout(budget)
         try:
             async with timeout:
                 yield
         except TimeoutError as error:
-            self.breaker.failure()
-            CALLS.labels(self.dependency, "timeout").inc()
-            if timeout.expired():
-                raise self._budget_exceeded(
-                    self.dependency, f"{self.dependency} did not answer within {budget:g}s"
-                ) from error
-            raise
+            if not timeout.expired():
+                self.breaker.failure()
+                CALLS.labels(self.dependency, "timeout").inc()
+                raise
+            raise await self._spent(started, budget, loop.time()) from error
         except asyncio.CancelledError:
             self.breaker.abandon()
             raise
@@ -245,15 +262,66 @@ class Guard:
                 self.breaker.abandon()
                 raise
             if not isinstance(error, self._unreachable):
+                self._answered_at = loop.time()
                 self.breaker.success()
                 CALLS.labels(self.dependency, "error").inc()
                 raise
+            if timeout.expired():
+                # The client's own (socket) timeout fired with ours: the budget is spent.
+                raise await self._spent(started, budget, loop.time()) from error
 
             self.breaker.failure()
             CALLS.labels(self.dependency, "unreachable").inc()
             raise
+        self._answered_at = loop.time()
         self.breaker.success()
         CALLS.labels(self.dependency, "ok").inc()
+
+    async def _spent(self, started: float, budget: float, now: float) -> BaseException:
+        """Count a spent budget (or not, under local overload); the error to raise.
+
+        Waits one turn of the event loop first: an answer that arrived in the same
+        turn as the expiry is recorded by its own call, which the loop resumes
+        after this one's cancellation.
+        """
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.breaker.abandon()
+            raise
+        if self._overloaded(started, budget, now):
+            self.breaker.abandon()
+            CALLS.labels(self.dependency, "overloaded").inc()
+            message = (
+                f"{self.dependency} call did not complete within {budget:g}s "
+                "(local overload: not counted by the breaker)"
+            )
+        else:
+            self.breaker.failure()
+            CALLS.labels(self.dependency, "timeout").inc()
+            message = f"{self.dependency} did not answer within {budget:g}s"
+        return self._budget_exceeded(self.dependency, message)
+
+    def _overloaded(self, started: float, budget: float, now: float) -> bool:
+        """Whether a call that spent its budget was held up here, not by the dependency.
+
+        The dependency answered another call after this one began (so it was
+        answering; this call waited on our event loop or pool), or the expiry ran
+        a whole budget late (the event loop was stalled past the deadline).
+        """
+        answered_meanwhile = self._answered_at > started
+        stalled = now - (started + budget) >= budget
+        if answered_meanwhile or stalled:
+            log.debug(
+                "dependency call timed out under local overload; breaker not counting it",
+                extra={
+                    "dependency": self.dependency,
+                    "answered_meanwhile": answered_meanwhile,
+                    "expiry_late_s": round(now - started - budget, 3),
+                },
+            )
+            return True
+        return False
 
     def _open_message(self) -> str:
         return f"{self.dependency} is unavailable (circuit breaker open); not tried"
