@@ -15,6 +15,10 @@ a shared machine hit all of them alike:
   rich error decoded and rendered: the bench server answers UNIMPLEMENTED, exit 1),
   goal: under 0.6 s.
 
+Everything runs over mutual TLS with an authorization policy, as a user's stack does:
+the benchmark issues its own CA and certificates (``turnstile_platform.pki``) in a
+temporary directory.
+
 Reported: median and best wall time of each, the median minus the floor, and the
 median CPU time (user + system, which moves less than wall time when the machine
 is shared), with the load average before and after (a 2-core machine shared with
@@ -30,11 +34,13 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 from turnstile_platform import peers
+from turnstile_platform.pki import LocalIdentity, ensure_local_pki
 from turnstile_platform.server import GrpcService
 from turnstile_platform.settings import ServiceSettings
 
@@ -44,12 +50,33 @@ GOALS = {"--help": 0.3, "status": 0.6, "usage": 0.6}
 EXPECTED = {"usage": {1}}
 
 
-def _serve(ready: threading.Event, port: list[int], stop: threading.Event) -> None:
+POLICY = """
+[[allow]]
+identities = ["spiffe://turnstile.local/operator/bench"]
+methods = ["*"]
+clients = "any"
+"""
+
+
+def _serve(
+    ready: threading.Event,
+    port: list[int],
+    stop: threading.Event,
+    server: LocalIdentity,
+    ca: Path,
+    policy: Path,
+) -> None:
     async def main() -> None:
+        settings = ServiceSettings(
+            port=0,
+            shutdown_grace_s=1,
+            tls_cert_file=server.cert_file,
+            tls_key_file=server.key_file,
+            tls_ca_file=ca,
+            authz_policy_file=policy,
+        )
         app = GrpcService(
-            "bench",
-            ServiceSettings(port=0, shutdown_grace_s=1),
-            service_names=[peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY],
+            "bench", settings, service_names=[peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY]
         )
         port.append(await app.start())
         ready.set()
@@ -80,14 +107,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args.runs, Path(tmp))
+
+
+def run(runs: int, tls_dir: Path) -> None:
+    ca, holders = ensure_local_pki(
+        tls_dir, "turnstile.local", {"server": "service/bench", "cli": "operator/bench"}
+    )
+    policy = tls_dir / "policy.toml"
+    policy.write_text(POLICY)
     ready, stop = threading.Event(), threading.Event()
     port: list[int] = []
-    server = threading.Thread(target=_serve, args=(ready, port, stop), daemon=True)
+    server = threading.Thread(
+        target=_serve, args=(ready, port, stop, holders["server"], ca, policy), daemon=True
+    )
     server.start()
     if not ready.wait(30):
         raise SystemExit("the benchmark's server did not start")
     address = f"127.0.0.1:{port[0]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OTEL_"))}
+    env |= {
+        "TURNSTILE_TLS_CERT_FILE": str(holders["cli"].cert_file),
+        "TURNSTILE_TLS_KEY_FILE": str(holders["cli"].key_file),
+        "TURNSTILE_TLS_CA_FILE": str(ca),
+    }
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "--help": [CLI, "--help"],
@@ -108,7 +152,7 @@ def main() -> None:
         _time(argv, env, EXPECTED.get(name, {0}))
     times: dict[str, list[float]] = {name: [] for name in cases}
     cpus: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.runs):
+    for _ in range(runs):
         for name, argv in cases.items():
             wall, cpu = _time(argv, env, EXPECTED.get(name, {0}))
             times[name].append(wall)
@@ -117,7 +161,7 @@ def main() -> None:
     stop.set()
     server.join(10)
     floor = statistics.median(times["python -c pass"])
-    print(f"runs: {args.runs} each, interleaved; load average {load_before:.2f} → {load_after:.2f}")
+    print(f"runs: {runs} each, interleaved; load average {load_before:.2f} → {load_after:.2f}")
     print(f"{'case':<16}{'median':>9}{'best':>9}{'− floor':>10}{'cpu':>9}{'goal':>8}")
     for name, samples in times.items():
         median = statistics.median(samples)
