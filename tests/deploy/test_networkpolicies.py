@@ -43,7 +43,6 @@ POSTGRES = Endpoint("postgres", {"app.kubernetes.io/name": "postgresql"})
 ALLOWED = [
     ("affinity", "substrate", 50052),  # Activate
     ("substrate", "admission", 50051),  # Admit / CommitHold / CancelHold
-    ("admission", "substrate", 50052),  # CountLiveSandboxes
     ("admission", "redis", 6379),
     ("substrate", "redis", 6379),
     ("affinity", "redis", 6379),
