@@ -217,16 +217,25 @@ class PodsApi:
         return True
 
     async def _call(self, method: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        response: aiohttp.ClientResponse = await method(
-            *args, _preload_content=False, _request_timeout=self._timeout, **kwargs
-        )
-        try:
-            body = await response.read()
-            if not 200 <= response.status <= 299:
-                raise KubeApiError.from_status(response.status, body)
-        finally:
-            response.release()
-        return decode(body)
+        return await call_raw(method, *args, timeout=self._timeout, **kwargs)
+
+
+async def call_raw(
+    method: Any, *args: Any, timeout: aiohttp.ClientTimeout, **kwargs: Any
+) -> dict[str, Any]:
+    """Call a kubernetes-asyncio API method without its model layer: the raw JSON
+    body decoded, a non-2xx answer raised as :class:`KubeApiError` (the pod and
+    Secret stores share this)."""
+    response: aiohttp.ClientResponse = await method(
+        *args, _preload_content=False, _request_timeout=timeout, **kwargs
+    )
+    try:
+        body = await response.read()
+        if not 200 <= response.status <= 299:
+            raise KubeApiError.from_status(response.status, body)
+    finally:
+        response.release()
+    return decode(body)
 
 
 #: Bodies larger than this are decoded with the cyclic garbage collector paused.

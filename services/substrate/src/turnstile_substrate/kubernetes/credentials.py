@@ -50,7 +50,7 @@ from kubernetes_asyncio import client as k8s
 from turnstile_platform.leader import LeaderTerm
 from turnstile_platform.sandbox_credentials import CredentialIssuer, Issued, now_ms
 from turnstile_substrate.kubernetes import metrics, template
-from turnstile_substrate.kubernetes.api import KubeApiError, decode
+from turnstile_substrate.kubernetes.api import KubeApiError, call_raw
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.runtime import LABEL_MANAGED_BY, LABEL_SANDBOX_ID, MANAGED_BY, RuntimeSpec
@@ -124,16 +124,7 @@ class SecretsApi:
         return True
 
     async def _call(self, method: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        response: aiohttp.ClientResponse = await method(
-            *args, _preload_content=False, _request_timeout=self._timeout, **kwargs
-        )
-        try:
-            body = await response.read()
-            if not 200 <= response.status <= 299:
-                raise KubeApiError.from_status(response.status, body)
-        finally:
-            response.release()
-        return decode(body)
+        return await call_raw(method, *args, timeout=self._timeout, **kwargs)
 
 
 @dataclass(frozen=True)
