@@ -82,6 +82,7 @@ from turnstile_contracts import (
 )
 from turnstile_platform import tls
 from turnstile_platform.pki import ensure_local_pki
+from turnstile_testing.authz import without_authorization
 from turnstile_testing.processes import RedisProcess, free_port, port_open
 
 REPO = Path(__file__).resolve().parents[3]
@@ -192,23 +193,11 @@ def _files(directory: Path, holder: str) -> tls.TlsFiles:
     )
 
 
-class _PassThrough(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Stands in for the authorization interceptor in the ``mtls`` mode."""
-
-    def __init__(self, *_: Any) -> None:
-        pass
-
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        return await continuation(details)
-
-
-def serve_admission(without_authorization: bool) -> None:
+def serve_admission(unchecked: bool) -> None:
     """The admission service as ``turnstile-admission`` runs it (settings from the
     environment), optionally with authorization replaced by a pass-through."""
-    if without_authorization:
-        import turnstile_platform.server
-
-        setattr(turnstile_platform.server, "AuthorizationInterceptor", _PassThrough)  # noqa: B010
+    if unchecked:
+        without_authorization()
     from turnstile_admission.__main__ import main
 
     main()
@@ -533,7 +522,7 @@ async def authorization_check_cost(repeat: int = 5000) -> dict[str, float]:
     """Microseconds per call of the authorization check alone, measured inside a real
     mTLS handler (so ``peer_identities`` reads a real connection): the method check
     as the substrate identity, and method + client check as ``client/acme``."""
-    from turnstile_platform.authz.interceptor import AuthorizationInterceptor
+    from turnstile_platform.authz.authorizer import Authorizer
     from turnstile_platform.authz.watcher import PolicyWatcher
 
     out: dict[str, float] = {}
@@ -543,7 +532,7 @@ async def authorization_check_cost(repeat: int = 5000) -> dict[str, float]:
         ensure_local_pki(directory, "turnstile.local", HOLDERS)
         policy = directory / "policy.toml"
         policy.write_text(POLICY.read_text() + SELF_RULE)
-        checker = AuthorizationInterceptor(PolicyWatcher(policy, poll_interval_s=60))
+        checker = Authorizer(PolicyWatcher(policy, poll_interval_s=60))
         request = admission_pb2.AdmitRequest(
             sandbox_id="sb", client=common_pb2.ActivationClient(client_id="acme")
         )
@@ -551,8 +540,7 @@ async def authorization_check_cost(repeat: int = 5000) -> dict[str, float]:
         async def timed(payload: bytes, context: Any) -> bytes:
             started = time.perf_counter()
             for _ in range(repeat):
-                decision = await checker._check_call(context, method, False)
-                await checker._check_client(context, method, decision, request)
+                await checker.authorize(context, method, False, request)
             out[payload.decode()] = (time.perf_counter() - started) / repeat * 1e6
             return payload
 
@@ -703,7 +691,7 @@ def main() -> None:
     if args.serve:
         kind, port, url = args.serve
         if kind.startswith("admission-"):
-            serve_admission(without_authorization=kind == "admission-mtls")
+            serve_admission(unchecked=kind == "admission-mtls")
             return
         uvloop.run(SERVERS[kind](int(port), url))
     else:

@@ -61,6 +61,7 @@ from turnstile_platform import tls
 from turnstile_platform.pki import ensure_local_pki
 from turnstile_platform.server import GrpcService
 from turnstile_platform.tiers import TIER_LABEL
+from turnstile_testing.authz import without_authorization
 from turnstile_testing.processes import RedisProcess
 
 PREFIX = "bench:"
@@ -101,16 +102,6 @@ async def _serve_ceiling(kind: str, redis_url: str) -> None:
     await server.wait_for_termination()
 
 
-class _PassThrough(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Stands in for the authorization interceptor in the ``mtls`` mode."""
-
-    def __init__(self, *_: Any) -> None:
-        pass
-
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        return await continuation(details)
-
-
 def _files(directory: Path, holder: str) -> tls.TlsFiles:
     return tls.TlsFiles(
         directory / f"{holder}.crt", directory / f"{holder}.key", directory / "ca.crt"
@@ -122,9 +113,7 @@ def _security(mode: str) -> dict[str, Any]:
     if mode == "plaintext":
         return {"plaintext": True}
     if mode == "mtls":
-        import turnstile_platform.server
-
-        setattr(turnstile_platform.server, "AuthorizationInterceptor", _PassThrough)  # noqa: B010
+        without_authorization()
     directory = Path(os.environ["BENCH_TLS_DIR"])
     files = _files(directory, "affinity")
     return {

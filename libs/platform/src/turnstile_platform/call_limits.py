@@ -4,7 +4,7 @@ gRPC's own ``maximum_concurrent_rpcs`` is server-wide: a relay's long-lived
 worker streams would use up the slots its unary ``Place`` calls need (and a
 burst of ``Place`` would refuse workers). So the bootstrap gives gRPC a cap of
 both limits plus a little room for health and reflection, and enforces the two
-limits here, in the server interceptor, where a refusal can carry the rich error
+limits here, in the platform interceptor, where a refusal can carry the rich error
 model: ``RESOURCE_EXHAUSTED`` with ``ErrorInfo`` (``CONCURRENCY_LIMITED``, which
 limit, how large) and ``RetryInfo``.
 
@@ -14,8 +14,6 @@ one loop, so no lock is needed.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from enum import StrEnum
 
 import grpc
@@ -23,7 +21,6 @@ from prometheus_client import Gauge
 
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import RichError, reason_name
-from turnstile_platform.metric_children import Children
 
 #: Room kept in gRPC's server-wide cap for calls the limits do not count
 #: (health checks and watches, reflection).
@@ -34,7 +31,6 @@ IN_FLIGHT = Gauge(
     "RPCs being served, by kind (unary or stream), against their limit.",
     ["kind"],
 )
-_IN_FLIGHT = Children(IN_FLIGHT)
 
 
 class CallKind(StrEnum):
@@ -49,6 +45,7 @@ class CallLimits:
         self._limits = {CallKind.UNARY: unary, CallKind.STREAM: streams}
         self._in_flight = {CallKind.UNARY: 0, CallKind.STREAM: 0}
         self._retry_after_s = retry_after_s
+        self._gauges = {kind: IN_FLIGHT.labels(kind.value) for kind in CallKind}
 
     @property
     def server_cap(self) -> int:
@@ -58,9 +55,12 @@ class CallLimits:
     def in_flight(self, kind: CallKind) -> int:
         return self._in_flight[kind]
 
-    @contextlib.contextmanager
-    def slot(self, kind: CallKind, method: str) -> Iterator[None]:
-        """Hold one slot of ``kind`` for the call; raise a rich refusal when none is free."""
+    def acquire(self, kind: CallKind, method: str) -> None:
+        """Take one slot of ``kind`` for a call of ``method``; raise a rich refusal
+        when none is free. Every acquire that returns is paired with :meth:`release`.
+
+        (Plain methods rather than a context manager: this runs on every call, and
+        the caller's own ``try``/``finally`` costs nothing extra.)"""
         limit = self._limits[kind]
         if self._in_flight[kind] >= limit:
             raise RichError(
@@ -72,9 +72,9 @@ class CallLimits:
                 retry_after_s=self._retry_after_s,
             )
         self._in_flight[kind] += 1
-        _IN_FLIGHT(kind.value).inc()
-        try:
-            yield
-        finally:
-            self._in_flight[kind] -= 1
-            _IN_FLIGHT(kind.value).dec()
+        self._gauges[kind].inc()
+
+    def release(self, kind: CallKind) -> None:
+        """Give back the slot :meth:`acquire` took."""
+        self._in_flight[kind] -= 1
+        self._gauges[kind].dec()

@@ -8,21 +8,22 @@ handler sees the exception mid-iteration and answers ``INTERNAL``. A caller sent
 bad bytes: that is ``INVALID_ARGUMENT``, and the log needs one short warning, not
 a traceback an attacker can multiply.
 
-:class:`DecodingInterceptor` (the bootstrap installs it innermost, on every
-service, health and reflection included) wraps each handler's deserializer so
-it returns an :class:`Undecodable` marker instead of raising, and wraps the
-handler so the marker is answered with ``INVALID_ARGUMENT`` naming the field
-``request`` before any servicer code sees it. The warning is rate-limited per
-method (:data:`WARN_INTERVAL_S`) and counts the calls it did not log.
+The platform interceptor (:mod:`turnstile_platform.interceptors`, on every
+service, health and reflection included) gives each handler the
+:func:`tolerant` form of its deserializer, which returns an :class:`Undecodable`
+marker instead of raising, and answers the marker with ``INVALID_ARGUMENT``
+naming the field ``request`` (:func:`refuse`, :func:`checked` for request
+streams) once the caller is authorized and before any servicer code sees it.
+The warning is rate-limited per method (:data:`WARN_INTERVAL_S`) and counts the
+calls it did not log.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ import grpc.aio
 from prometheus_client import Counter
 
 from turnstile_platform.errors import abort, bad_field
+from turnstile_platform.handlers import MethodName
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,6 @@ UNDECODABLE = Counter(
 #: At most one warning per method in this many seconds; the rest are counted.
 WARN_INTERVAL_S = 60.0
 _REASON_CHARS = 120
-
-Handler = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ class _Warnings:
 _warnings = _Warnings()
 
 
-def _decoding(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserializer``, returning an :class:`Undecodable` marker instead of raising."""
     if deserializer is None:
         return None
     owner = getattr(deserializer, "__self__", None)
@@ -105,87 +106,20 @@ def _decoding(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return decode
 
 
-def _split(method: str) -> tuple[str, str]:
-    service, _, name = method.lstrip("/").rpartition("/")
-    return service, name
-
-
-async def _refuse(context: grpc.aio.ServicerContext[Any, Any], rpc: str, bad: Undecodable) -> None:
-    service, method = _split(rpc)
-    UNDECODABLE.labels(service, method).inc()
-    _warnings.warn(rpc, bad)
+async def refuse(
+    context: grpc.aio.ServicerContext[Any, Any], name: MethodName, bad: Undecodable
+) -> None:
+    """Answer INVALID_ARGUMENT naming ``request`` (always raises), counted and warned."""
+    UNDECODABLE.labels(name.service, name.method).inc()
+    _warnings.warn(name.path, bad)
     await abort(
         context,
         bad_field("request", f"the request bytes do not decode as {bad.message_type}"),
     )
 
 
-class DecodingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Answers undecodable request bytes with INVALID_ARGUMENT on every method."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler: grpc.RpcMethodHandler[Any, Any] | None = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
-            return handler  # type: ignore[return-value]  # grpc-stubs says never None; it can be
-        rpc = handler_call_details.method
-        deserializer = _decoding(handler.request_deserializer)
-        serializer = handler.response_serializer
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary, rpc),
-                request_deserializer=deserializer,
-                response_serializer=serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _unary(handler.unary_stream, rpc),
-                request_deserializer=deserializer,
-                response_serializer=serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                _streaming(handler.stream_stream, rpc),
-                request_deserializer=deserializer,
-                response_serializer=serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _streaming(handler.stream_unary, rpc),
-                request_deserializer=deserializer,
-                response_serializer=serializer,
-            )
-        return handler
-
-
-def _unary(behaviour: Handler, rpc: str) -> Handler:
-    """Wraps a handler taking one request: an async generator stays one (grpc.aio
-    tells streaming handlers apart by that), a coroutine stays a coroutine."""
-    if inspect.isasyncgenfunction(behaviour):
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if isinstance(request, Undecodable):
-                await _refuse(context, rpc, request)
-            async for response in behaviour(request, context):
-                yield response
-
-        return stream
-
-    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if isinstance(request, Undecodable):
-            await _refuse(context, rpc, request)
-        return await behaviour(request, context)
-
-    return call
-
-
-async def _checked(
-    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any], rpc: str
+async def checked(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any], name: MethodName
 ) -> AsyncIterator[Any]:
     """The request stream, aborting the call at the first undecodable message.
 
@@ -194,21 +128,5 @@ async def _checked(
     """
     async for request in requests:
         if isinstance(request, Undecodable):
-            await _refuse(context, rpc, request)
+            await refuse(context, name, request)
         yield request
-
-
-def _streaming(behaviour: Handler, rpc: str) -> Handler:
-    """Wraps a handler taking a request stream (same generator/coroutine rule)."""
-    if inspect.isasyncgenfunction(behaviour):
-
-        async def stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            async for response in behaviour(_checked(requests, context, rpc), context):
-                yield response
-
-        return stream
-
-    async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return await behaviour(_checked(requests, context, rpc), context)
-
-    return call

@@ -1,31 +1,52 @@
-"""Server interceptors every service shares: rich errors, RPC metrics, call limits.
+"""The one server interceptor every service runs: tracing, limits, authorization,
+undecodable requests, rich errors and RPC metrics, in one wrapper per method.
 
-The rich-error interceptor lets handlers ``raise RichError(...)`` instead of
-threading ``context`` through the domain code; it turns the exception into
-``context.abort`` with the packed status. Unexpected exceptions become INTERNAL
-with a log line (the message stays generic: internals are not leaked).
+Each call of a served method, in this order:
 
-Given :class:`~turnstile_platform.call_limits.CallLimits`, it also counts unary
-calls and streams against limits of their own and refuses past them (SPEC F6).
+1. its server span starts (:class:`~turnstile_platform.tracing.ServerSpans`;
+   not for health and reflection);
+2. it takes a slot of its kind from :class:`~turnstile_platform.call_limits.CallLimits`
+   (unary calls, and streams of any direction; not health and reflection) or is
+   refused ``RESOURCE_EXHAUSTED`` (SPEC F6);
+3. the :class:`~turnstile_platform.authz.authorizer.Authorizer`, when the server
+   has one (mutual TLS), checks the caller (not for health);
+4. a request that did not decode is answered ``INVALID_ARGUMENT`` naming
+   ``request`` (:mod:`turnstile_platform.decoding`; every method);
+5. the handler runs; a :class:`RichError` it raises becomes its rich status, an
+   unexpected exception ``INTERNAL`` with a log line (the message stays generic:
+   internals are not leaked), ``NotImplementedError`` ``UNIMPLEMENTED``;
+6. the slot is freed, the RPC counted by its status code and timed, the span ended.
+
+Why one interceptor and not one per concern: grpc.aio runs every interceptor's
+``intercept_service`` on every call, and each wrapped the handler anew, so four
+of them cost four handler rebuilds and four nested coroutines per call before
+any service code ran (docs/performance.md). Here the wrapped handler of a method
+is built on its first call and kept: grpc.aio's method lookup returns the same
+handler object for a method every time (registered methods and the generic
+handlers' dicts alike), and the cache checks that identity, so a handler that
+did change would be wrapped again rather than served stale.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
 
 import grpc
 import grpc.aio
+from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
+from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.call_limits import CallKind, CallLimits
+from turnstile_platform.decoding import Undecodable, checked, refuse, tolerant
 from turnstile_platform.errors import RichError, abort
-from turnstile_platform.metric_children import Children
+from turnstile_platform.handlers import Behaviour, MethodName, behaviour_of, rebuilt, yields
+from turnstile_platform.tracing import ServerSpan, ServerSpans, traced_service
 
 log = logging.getLogger(__name__)
 
@@ -40,108 +61,229 @@ RPC_SECONDS = Histogram(
     ["grpc_service", "grpc_method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-#: Their children, looked up once per label values (methods and codes are few).
-_RPCS = Children(RPCS)
-_RPC_SECONDS = Children(RPC_SECONDS)
 
-Handler = Callable[..., Any]
-
-
-def _split(method: str) -> tuple[str, str]:
-    service, _, name = method.lstrip("/").rpartition("/")
-    return service, name
+#: Methods whose wrapped handler is kept (registered methods are far fewer).
+_KNOWN_LIMIT = 4096
+_PLATFORM_SERVICES = ("grpc.health.", "grpc.reflection.")
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
-class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Maps :class:`RichError` to a rich status, records RPC metrics, enforces limits.
+class PlatformInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Serves every method through the steps in the module docstring.
 
-    Health and reflection pass through uncounted: a replica at its limits still
-    answers its probes.
-    """
+    ``spans`` None traces nothing, ``limits`` None counts no slots, ``authorizer``
+    None authorizes nothing (loopback plaintext)."""
 
-    def __init__(self, limits: CallLimits | None = None) -> None:
-        self._limits = limits or CallLimits(unary=1_000_000, streams=1_000_000)
+    def __init__(
+        self,
+        *,
+        spans: ServerSpans | None,
+        limits: CallLimits | None = None,
+        authorizer: Authorizer | None = None,
+    ) -> None:
+        self._spans = spans
+        self._limits = limits
+        self._authorizer = authorizer
+        self._known: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
         self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler: grpc.RpcMethodHandler[Any, Any] | None = await continuation(handler_call_details)
+    ) -> Handler:
+        handler: Handler | None = await continuation(handler_call_details)
         if handler is None:
             return None  # type: ignore[return-value]  # grpc-stubs says never None; it can be
-        service, method = _split(handler_call_details.method)
-        if service.startswith(("grpc.health.", "grpc.reflection.")):
-            return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, service, method, self._limits),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+        path = handler_call_details.method
+        known = self._known.get(path)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = self._wrap(MethodName.of(path), handler)
+        if path in self._known or len(self._known) < _KNOWN_LIMIT:
+            self._known[path] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, name: MethodName, handler: Handler) -> Handler:
+        served = _Method(
+            name,
+            bool(handler.request_streaming or handler.response_streaming),
+            spans=self._spans,
+            limits=self._limits,
+            authorizer=self._authorizer,
+        )
+        behaviour = behaviour_of(handler)
+        streaming_request = bool(handler.request_streaming)
+        wrapper = _generator if yields(behaviour) else _coroutine
+        return rebuilt(
+            handler,
+            wrapper(served, behaviour, streaming_request),
+            tolerant(handler.request_deserializer),
+        )
+
+
+def _coroutine(method: _Method, behaviour: Behaviour, streaming_request: bool) -> Behaviour:
+    async def call(request: Any, context: Context) -> Any:
+        async with _Serving(method, context) as serving:
+            return await behaviour(await serving.admitted(request, streaming_request), context)
+
+    return call
+
+
+def _generator(method: _Method, behaviour: Behaviour, streaming_request: bool) -> Behaviour:
+    async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+        async with _Serving(method, context) as serving:
+            admitted = await serving.admitted(request, streaming_request)
+            async for response in behaviour(admitted, context):
+                yield response
+
+    return stream
+
+
+class _Method:
+    """What serving one method needs, worked out once: its names, whether it is
+    traced, counted and authorized, and its metric children."""
+
+    __slots__ = (
+        "_handled",
+        "attributes",
+        "authorizer",
+        "counted",
+        "kind",
+        "limits",
+        "name",
+        "reflection",
+        "seconds",
+        "spans",
+    )
+
+    def __init__(
+        self,
+        name: MethodName,
+        streaming: bool,
+        *,
+        spans: ServerSpans | None,
+        limits: CallLimits | None,
+        authorizer: Authorizer | None,
+    ) -> None:
+        self.name = name
+        self.counted = not name.service.startswith(_PLATFORM_SERVICES)
+        self.kind = CallKind.STREAM if streaming else CallKind.UNARY
+        self.limits = limits if self.counted else None
+        self.spans = spans if spans is not None and traced_service(name.service) else None
+        self.attributes = ServerSpans.attributes(name.service, name.method)
+        self.authorizer = None if name.service.startswith("grpc.health.") else authorizer
+        self.reflection = name.service.startswith("grpc.reflection.")
+        self.seconds = RPC_SECONDS.labels(name.service, name.method) if self.counted else None
+        self._handled: dict[object, Any] = {}
+
+    def count(self, code: object, seconds: float) -> None:
+        if self.seconds is None:
+            return
+        counter = self._handled.get(code)
+        if counter is None:
+            label = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            counter = self._handled[code] = RPCS.labels(self.name.service, self.name.method, label)
+        counter.inc()
+        self.seconds.observe(seconds)
+
+
+class _Serving:
+    """One call of a method, as an async context manager around its handler:
+    span and clock on entry; slot, authorization and decoding through
+    :meth:`admitted`; on exit the slot freed, what was raised turned into the
+    status, the RPC counted and the span ended."""
+
+    __slots__ = ("_context", "_method", "_slot", "_span", "_started")
+
+    def __init__(self, method: _Method, context: Context) -> None:
+        self._method = method
+        self._context = context
+        self._slot = False
+        self._span: ServerSpan | None = None
+        self._started = 0.0
+
+    async def __aenter__(self) -> _Serving:
+        method = self._method
+        if method.spans is not None:
+            self._span = method.spans.start(self._context, method.name.path, method.attributes)
+        self._started = time.perf_counter()
+        return self
+
+    async def admitted(self, request: Any, streaming: bool) -> Any:
+        """The request the handler gets, once the call holds its slot and is
+        authorized (a refusal raises). A request stream is checked message by
+        message as the handler reads it."""
+        method, context = self._method, self._context
+        if method.limits is not None:
+            method.limits.acquire(method.kind, method.name.method)
+            self._slot = True
+        if method.authorizer is not None:
+            await method.authorizer.authorize(
+                context, method.name.path, method.reflection, None if streaming else request
             )
-        if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
-            return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, service, method, self._limits),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        if streaming:
+            return checked(request, context, method.name)
+        if isinstance(request, Undecodable):
+            await refuse(context, method.name, request)
+        return request
 
-    @staticmethod
-    def _wrap_unary(behaviour: Handler, service: str, method: str, limits: CallLimits) -> Handler:
-        async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            async with _handled(context, service, method):
-                with limits.slot(CallKind.UNARY, method):
-                    return await behaviour(request, context)
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        method, context = self._method, self._context
+        if self._slot:
+            # Freed before the status goes out: a caller that saw this call end
+            # finds its slot free.
+            method.limits.release(method.kind)  # type: ignore[union-attr]  # set with the slot
+        code: object = grpc.StatusCode.OK
+        try:
+            if error is None:
+                code = _code_set(context)
+            else:
+                code = _status_of(error, context)
+                if isinstance(error, Exception):
+                    await _answer(context, method.name, error)
+                # Anything else (cancellation, a stream closed early) goes on as it is.
+        finally:
+            method.count(code, time.perf_counter() - self._started)
+            if self._span is not None:
+                ServerSpans.end(self._span, code, context)
 
-        return wrapper
 
-    @staticmethod
-    def _wrap_stream(behaviour: Handler, service: str, method: str, limits: CallLimits) -> Handler:
-        async def wrapper(
-            request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> Any:
-            async with _handled(context, service, method):
-                with limits.slot(CallKind.STREAM, method):
-                    async for response in behaviour(request_iterator, context):
-                        yield response
-
-        return wrapper
+def _code_set(context: Context) -> object:
+    """The code the handler set or aborted with (grpc.aio says None for none: OK)."""
+    code: object = context.code()
+    return grpc.StatusCode.OK if code is None else code
 
 
-@contextlib.asynccontextmanager
-async def _handled(
-    context: grpc.aio.ServicerContext[Any, Any], service: str, method: str
-) -> AsyncIterator[None]:
-    """Map what a handler raised to a status, and record the RPC's metrics."""
-    started = time.perf_counter()
-    code: object = grpc.StatusCode.OK
-    try:
-        yield
-    except RichError as error:
-        code = error.code
+def _status_of(error: BaseException, context: Context) -> object:
+    """The status code the call ends with, given what its handler raised."""
+    if isinstance(error, RichError):
+        return error.code
+    if isinstance(error, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    if isinstance(error, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED
+    if isinstance(error, (grpc.aio.AbortError, grpc.aio.UsageError)) or not isinstance(
+        error, Exception
+    ):
+        return _code_set(context)
+    return grpc.StatusCode.INTERNAL
+
+
+async def _answer(context: Context, name: MethodName, error: Exception) -> None:
+    """Send the status for what the handler raised (so raise ``AbortError``), unless
+    the handler aborted already (then the error goes on as it is)."""
+    if isinstance(error, (grpc.aio.AbortError, grpc.aio.UsageError)):
+        return
+    if isinstance(error, RichError):
         await abort(context, error)
-    except (grpc.aio.AbortError, grpc.aio.UsageError):
-        code = context.code()
-        raise
-    except asyncio.CancelledError:
-        code = grpc.StatusCode.CANCELLED
-        raise
-    except NotImplementedError:
-        code = grpc.StatusCode.UNIMPLEMENTED
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
-    except Exception:
-        code = grpc.StatusCode.INTERNAL
-        log.exception("unhandled error", extra={"rpc": f"{service}/{method}"})
-        await context.abort(grpc.StatusCode.INTERNAL, "internal error")
-    finally:
-        _RPCS(service, method, _code_name(code)).inc()
-        _RPC_SECONDS(service, method).observe(time.perf_counter() - started)
-
-
-def _code_name(code: object) -> str:
-    if isinstance(code, grpc.StatusCode):
-        return code.name
-    return str(code)
+    if isinstance(error, NotImplementedError):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name.method} is not implemented")
+    log.exception("unhandled error", exc_info=error, extra={"rpc": f"{name.service}/{name.method}"})
+    trace.get_current_span().record_exception(error)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error")

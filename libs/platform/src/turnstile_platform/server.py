@@ -1,12 +1,13 @@
 """The grpc.aio server bootstrap every Turnstile service starts with (SPEC X3).
 
 It wires, in one place: the health service driven by a component map, server
-reflection (v1 and v1alpha), OpenTelemetry server spans (health and reflection
-excluded), rich errors and RPC metrics, mutual TLS and per-method authorization
-(SPEC Z1, Z2; :mod:`turnstile_platform.tls`, :mod:`turnstile_platform.authz`),
-undecodable requests answered with INVALID_ARGUMENT, a message-size limit, limits
-on concurrent unary calls and streams (:mod:`.call_limits`), keepalive and a
-maximum connection age.
+reflection (v1 and v1alpha), mutual TLS, keepalive, a maximum connection age and
+a message-size limit, and the one platform interceptor
+(:mod:`turnstile_platform.interceptors`) that serves every call with its
+OpenTelemetry server span (health and reflection excluded), limits on concurrent
+unary calls and streams (:mod:`.call_limits`), per-method authorization (SPEC
+Z1, Z2; :mod:`turnstile_platform.tls`, :mod:`turnstile_platform.authz`),
+undecodable requests answered with INVALID_ARGUMENT, rich errors and RPC metrics.
 
 With mTLS (the default) the process needs its certificate files and a policy
 file, and refuses to start without them; with ``plaintext`` it listens only on
@@ -31,20 +32,18 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_platform import reflection, tls, tracing
-from turnstile_platform.authz.interceptor import AuthorizationInterceptor
+from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.authz.methods import all_methods
 from turnstile_platform.authz.watcher import POLICY_HEALTH_NAME, PolicyWatcher
 from turnstile_platform.call_limits import CallLimits
-from turnstile_platform.decoding import DecodingInterceptor
 from turnstile_platform.health import HealthMap
-from turnstile_platform.interceptors import ServerInterceptor
+from turnstile_platform.interceptors import PlatformInterceptor
 from turnstile_platform.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -109,16 +108,12 @@ class GrpcService:
         self.tls_files = tls.server_files(settings, settings.host, name)
         #: The live policy (None in plaintext mode).
         self.policy: PolicyWatcher | None = None
-        #: The authorization interceptor (None in plaintext mode); services with
+        #: The authorization check (None in plaintext mode); services with
         #: sandbox-addressed calls give it their owner lookup.
-        self.authorizer: AuthorizationInterceptor | None = None
+        self.authorizer: Authorizer | None = None
         self.limits = CallLimits(
             unary=settings.max_concurrent_rpcs, streams=settings.max_concurrent_streams
         )
-        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [
-            tracing.server_interceptor(self.tracer_provider),
-            ServerInterceptor(self.limits),
-        ]
         if self.tls_files is not None:
             if settings.authz_policy_file is None:
                 raise tls.TransportSecurityError(
@@ -130,11 +125,12 @@ class GrpcService:
                 poll_interval_s=settings.authz_poll_interval_s,
                 known_methods=all_methods(),
             )
-            self.authorizer = AuthorizationInterceptor(self.policy)
-            interceptors.append(self.authorizer)
-        # Innermost: it wraps the handlers' own deserializers (an undecodable request
-        # is answered INVALID_ARGUMENT once the caller has been authorized).
-        interceptors.append(DecodingInterceptor())
+            self.authorizer = Authorizer(self.policy)
+        interceptor = PlatformInterceptor(
+            spans=tracing.ServerSpans(self.tracer_provider),
+            limits=self.limits,
+            authorizer=self.authorizer,
+        )
         self._health_server: grpc.aio.Server | None = None
         self.health_port = 0
         options = [
@@ -144,7 +140,7 @@ class GrpcService:
             *connection_options(settings),
         ]
         self.server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=[interceptor],
             options=options,
             maximum_concurrent_rpcs=self.limits.server_cap,
         )

@@ -1,21 +1,37 @@
-"""OpenTelemetry set-up: one tracer provider per process, OTLP export, gRPC interceptors.
+"""OpenTelemetry set-up: one tracer provider per process, OTLP export, server spans,
+client interceptors.
 
 The exporter is configured by the standard ``OTEL_*`` variables (endpoint,
 headers, protocol timeouts); ``OTEL_TRACES_EXPORTER=none`` or no endpoint at all
 keeps spans in-process. Sampling is parent-based, so a trace started by an
 upstream caller is kept or dropped as a whole across services (SPEC X4). Health
 and reflection calls are never traced: probes would drown real traffic.
+
+Server spans are started by the platform interceptor through :class:`ServerSpans`
+rather than by opentelemetry-instrumentation-grpc's server interceptor, which
+(for every call, sampled or not) builds the span's attributes, parses the peer
+address, enters two context managers and wraps the servicer context in a
+``wrapt`` proxy so it can see ``abort``. Here the sampler decides first and only
+a recording span gets the per-call attributes; the call's status comes from the
+interceptor, which knows it anyway, so the context is not wrapped. The spans
+look the same: name ``/pkg.Service/Method``, kind SERVER, the instrumentation's
+``rpc.*`` and ``net.peer.*`` attributes, ERROR status for the codes that are the
+server's fault. Client spans still come from the instrumentation.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import Token
 from typing import Any
+from urllib.parse import unquote
 
+import grpc
 import grpc.aio
-from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -69,17 +85,95 @@ def _traced() -> Callable[[Any], bool]:
         method = call_details.method
         if isinstance(method, bytes):
             method = method.decode()
-        return not method.lstrip("/").startswith(_UNTRACED_SERVICES)
+        return traced_service(method.lstrip("/"))
 
     return traced
 
 
-def server_interceptor(provider: trace.TracerProvider) -> grpc.aio.ServerInterceptor[Any, Any]:
-    """The grpc.aio server interceptor, skipping health and reflection."""
-    interceptor: grpc.aio.ServerInterceptor[Any, Any] = aio_server_interceptor(  # type: ignore[no-untyped-call]
-        tracer_provider=provider, filter_=_traced()
-    )
-    return interceptor
+def traced_service(service: str) -> bool:
+    """Whether calls of ``service`` (``pkg.Service``) get server spans."""
+    return not service.startswith(_UNTRACED_SERVICES)
+
+
+#: The codes a server span is marked ERROR for (the server's fault; as the
+#: instrumentation marks them: a refusal of a bad request is not a server error).
+_SERVER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+_LOOPBACK = ("[::1]", "127.0.0.1")
+
+ServerSpan = tuple[trace.Span, Token[otel_context.Context]]
+
+
+class ServerSpans:
+    """Starts and ends the server span of each traced call (module docstring)."""
+
+    def __init__(self, provider: trace.TracerProvider) -> None:
+        self._tracer = provider.get_tracer(__name__)
+
+    @staticmethod
+    def attributes(service: str, method: str) -> dict[str, Any]:
+        """A method's span attributes known before the call (the sampler sees them)."""
+        return {
+            "rpc.system": "grpc",
+            "rpc.grpc.status_code": grpc.StatusCode.OK.value[0],
+            "rpc.service": service,
+            "rpc.method": method,
+        }
+
+    def start(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        path: str,
+        attributes: Mapping[str, Any],
+    ) -> ServerSpan:
+        """Start the call's span under the caller's trace context, and make it current.
+
+        An unsampled call still gets a (non-recording) span made current, so the
+        calls it makes carry the trace and its "not sampled" flag onward."""
+        metadata = context.invocation_metadata()
+        parent = propagate.extract(dict(metadata)) if metadata else None
+        span = self._tracer.start_span(path, parent, trace.SpanKind.SERVER, attributes)
+        if span.is_recording():
+            span.set_attributes(_call_attributes(context, metadata or ()))
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
+
+    @staticmethod
+    def end(started: ServerSpan, code: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """End the span with the call's status code, and restore the context."""
+        span, token = started
+        if span.is_recording():
+            if isinstance(code, grpc.StatusCode):
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+                if code in _SERVER_ERRORS:
+                    description = f"{code}:{context.details()}"
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, description))
+            span.end()
+        otel_context.detach(token)
+
+
+def _call_attributes(context: grpc.aio.ServicerContext[Any, Any], metadata: Any) -> dict[str, str]:
+    """The attributes the instrumentation takes from the call: user agent and peer."""
+    out: dict[str, str] = {}
+    for key, value in metadata:
+        if key == "user-agent":
+            out["rpc.user_agent"] = value
+    peer = context.peer()  # ipv4:127.0.0.1:57284, ipv6:[::1]:57284, unix:...
+    kind, _, address = peer.split(",")[0].partition(":")
+    if kind in ("ipv4", "ipv6"):
+        ip, _, port = address.rpartition(":")
+        ip = unquote(ip)
+        out["net.peer.ip"], out["net.peer.port"] = ip, port
+        if ip in _LOOPBACK:
+            out["net.peer.name"] = "localhost"
+    return out
 
 
 def client_interceptors(provider: trace.TracerProvider) -> list[grpc.aio.ClientInterceptor]:

@@ -13,6 +13,7 @@ import grpc.aio
 import redis.asyncio as aioredis
 from grpc.aio import EOF  # type: ignore[attr-defined]  # exported, not in the stubs
 
+from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.errors import decode
 
 #: What the authorization layer answers with; anything else means the handler ran.
@@ -24,6 +25,22 @@ REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 AUTHZ_REASONS = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
 
 Invoke = Callable[[grpc.aio.Channel], Awaitable[object]]
+
+
+class _AllowAll(Authorizer):
+    """An authorizer that checks nothing (see :func:`without_authorization`)."""
+
+    async def authorize(self, context: Any, method: str, reflection: bool, request: Any) -> None:
+        return None
+
+
+def without_authorization() -> None:
+    """Make every ``GrpcService`` built after this in the process allow every call
+    unchecked under mutual TLS: a benchmark's ``mtls`` mode prices TLS apart from
+    the authorization check (the service itself cannot run mTLS without a policy)."""
+    import turnstile_platform.server
+
+    setattr(turnstile_platform.server, "Authorizer", _AllowAll)  # noqa: B010
 
 
 async def outcome(channel: grpc.aio.Channel, invoke: Invoke) -> grpc.StatusCode:

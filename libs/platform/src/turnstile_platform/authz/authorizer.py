@@ -1,4 +1,4 @@
-"""The authorization interceptor: identity, method and client checked before the handler.
+"""The authorization check: identity, method and client checked before the handler.
 
 For every call but health (always open: kubelet probes carry no certificate)
 and reflection (open to any caller with an identity):
@@ -14,19 +14,18 @@ Refusals carry ``ErrorInfo`` (reason ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``
 metadata ``identity`` and ``method``), are counted per identity label and logged
 once each. The handler never runs for a refused call, so nothing changes.
 
-With ``policy_source=None`` (explicit loopback plaintext) there are no
-identities and the interceptor is not installed at all.
+The platform interceptor (:mod:`turnstile_platform.interceptors`) runs
+:meth:`Authorizer.authorize` for every call it serves, once the call holds its
+slot and before the request is checked for undecodable bytes. In explicit
+loopback plaintext there are no identities and no authorizer at all.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
-import grpc.aio
 from prometheus_client import Counter
 
 from turnstile_contracts import common_pb2
@@ -52,15 +51,13 @@ _PERMISSION_DENIED = common_pb2.ErrorReason.Name(
     common_pb2.ERROR_REASON_PERMISSION_DENIED
 ).removeprefix("ERROR_REASON_")
 
-Handler = Callable[..., Any]
-
 
 class PolicySource(Protocol):
     @property
     def policy(self) -> Policy: ...
 
 
-class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class Authorizer:
     """Checks every call against the live policy before its handler runs."""
 
     def __init__(self, source: PolicySource, owner: OwnerLookup | None = None) -> None:
@@ -72,51 +69,21 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type
         """How this service resolves a sandbox id to its recorded client."""
         self.owner = owner
 
+    async def authorize(self, context: Any, method: str, reflection: bool, request: Any) -> None:
+        """Refuse the call (abort, so this raises) unless the policy allows it.
+
+        ``method`` is the full path (``/pkg.Service/Method``; health is never
+        checked: the caller leaves it out); ``reflection`` asks for an identity
+        only. ``request`` is the unary request, or None for a request stream
+        (such a method acts for no client)."""
+        decision = await self.check_call(context, method, reflection)
+        await self.check_client(context, method, decision, request)
+
     def _count(self, label: str, outcome: str) -> None:
         counter = self._counters.get((label, outcome))
         if counter is None:
             counter = self._counters[(label, outcome)] = DECISIONS.labels(label, outcome)
         counter.inc()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler: grpc.RpcMethodHandler[Any, Any] | None = await continuation(handler_call_details)
-        if handler is None:
-            return None  # type: ignore[return-value]
-        method = handler_call_details.method
-        if method.startswith("/grpc.health."):
-            return handler
-        reflection = method.startswith("/grpc.reflection.")
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method, reflection),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, method, reflection),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._wrap_unary_stream(handler.unary_stream, method, reflection),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._wrap_stream_unary(handler.stream_unary, method, reflection),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
 
     async def _refuse(
         self,
@@ -144,7 +111,7 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type
             ),
         )
 
-    async def _check_call(self, context: Any, method: str, reflection: bool) -> Decision | None:
+    async def check_call(self, context: Any, method: str, reflection: bool) -> Decision | None:
         """The decision if the caller may call ``method`` at all (aborts otherwise)."""
         identity = peer_identity(context)
         if identity is None:
@@ -173,7 +140,7 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type
             )
         return decision
 
-    async def _check_client(
+    async def check_client(
         self, context: Any, method: str, decision: Decision | None, request: Any
     ) -> None:
         if decision is None or decision.any_client:
@@ -182,8 +149,8 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type
             return
         source = CLIENT_SOURCES.get(method)
         if source is not None and not isinstance(request, Undecodable):
-            # (An undecodable request names no client; the decoding wrapper inside
-            # answers it INVALID_ARGUMENT before any handler runs.)
+            # (An undecodable request names no client; the platform interceptor
+            # answers it INVALID_ARGUMENT next, before any handler runs.)
             client = await client_of(source, request, self.owner)
             if not decision.allows_client(client):
                 identity = peer_identity(context) or ""
@@ -197,46 +164,3 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type
                     f"identity may not act for client {client or '(none)'!r}",
                 )
         self._count(decision.label, "allowed")
-
-    def _wrap_unary(self, behaviour: Handler, method: str, reflection: bool) -> Handler:
-        async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            decision = await self._check_call(context, method, reflection)
-            await self._check_client(context, method, decision, request)
-            return await behaviour(request, context)
-
-        return wrapper
-
-    def _wrap_unary_stream(self, behaviour: Handler, method: str, reflection: bool) -> Handler:
-        async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            decision = await self._check_call(context, method, reflection)
-            await self._check_client(context, method, decision, request)
-            async for response in behaviour(request, context):
-                yield response
-
-        return wrapper
-
-    def _wrap_stream(self, behaviour: Handler, method: str, reflection: bool) -> Handler:
-        if inspect.isasyncgenfunction(behaviour):
-
-            async def generator(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                decision = await self._check_call(context, method, reflection)
-                await self._check_client(context, method, decision, None)
-                async for response in behaviour(requests, context):
-                    yield response
-
-            return generator
-
-        async def coroutine(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            decision = await self._check_call(context, method, reflection)
-            await self._check_client(context, method, decision, None)
-            return await behaviour(requests, context)
-
-        return coroutine
-
-    def _wrap_stream_unary(self, behaviour: Handler, method: str, reflection: bool) -> Handler:
-        async def wrapper(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            decision = await self._check_call(context, method, reflection)
-            await self._check_client(context, method, decision, None)
-            return await behaviour(requests, context)
-
-        return wrapper
