@@ -139,3 +139,22 @@ async def test_unary_calls_past_their_limit_are_refused_while_streams_still_open
     assert await asyncio.gather(*holding) == [b"hold", b"hold"]
     assert await hold(b"quick") == b"quick"
     stream.cancel()
+
+
+async def test_the_in_flight_gauge_reads_the_calls_being_served(held: Any) -> None:
+    from prometheus_client import REGISTRY
+
+    def in_flight() -> float:
+        value = REGISTRY.get_sample_value("turnstile_grpc_server_in_flight", {"kind": "unary"})
+        assert value is not None
+        return value
+
+    server, channel = await held(unary=5, streams=5)
+    hold = channel.unary_unary("/test.Limits/Hold")
+    before = in_flight()
+    holding = [asyncio.ensure_future(hold(b"hold")) for _ in range(3)]
+    await server.until_entered(3)
+    assert in_flight() == before + 3
+    server.release.set()
+    await asyncio.gather(*holding)
+    assert in_flight() == before

@@ -9,11 +9,14 @@ model: ``RESOURCE_EXHAUSTED`` with ``ErrorInfo`` (``CONCURRENCY_LIMITED``, which
 limit, how large) and ``RetryInfo``.
 
 Counting is plain integers on the event loop: the server runs every handler on
-one loop, so no lock is needed.
+one loop, so no lock is needed. The in-flight gauge reads those integers when
+scraped rather than being moved on every call (two metric locks per call saved).
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from enum import StrEnum
 
 import grpc
@@ -45,7 +48,7 @@ class CallLimits:
         self._limits = {CallKind.UNARY: unary, CallKind.STREAM: streams}
         self._in_flight = {CallKind.UNARY: 0, CallKind.STREAM: 0}
         self._retry_after_s = retry_after_s
-        self._gauges = {kind: IN_FLIGHT.labels(kind.value) for kind in CallKind}
+        _LIVE.add(self)
 
     @property
     def server_cap(self) -> int:
@@ -72,9 +75,22 @@ class CallLimits:
                 retry_after_s=self._retry_after_s,
             )
         self._in_flight[kind] += 1
-        self._gauges[kind].inc()
 
     def release(self, kind: CallKind) -> None:
         """Give back the slot :meth:`acquire` took."""
         self._in_flight[kind] -= 1
-        self._gauges[kind].dec()
+
+
+#: Every server's limits in this process (one in a service; tests start several).
+_LIVE: weakref.WeakSet[CallLimits] = weakref.WeakSet()
+
+
+def _in_flight(kind: CallKind) -> Callable[[], float]:
+    def count() -> float:
+        return float(sum(limits.in_flight(kind) for limits in list(_LIVE)))
+
+    return count
+
+
+for _kind in CallKind:
+    IN_FLIGHT.labels(_kind.value).set_function(_in_flight(_kind))
