@@ -150,41 +150,45 @@ class AdmissionStore:
         # node's slots key (bounded by the cluster's nodes) and the settings'
         # part of the arguments. Formatting them per call was a visible share of
         # an Admit (docs/performance.md).
+        # Keys are kept encoded, as redis-py would send them.
         k = self.keys
-        self._fixed_keys = (k.limits, k.cluster_bucket, k.test_clock, k.nodes, k.live_state)
-        self._per_key: dict[str, tuple[str, str, str, str]] = {}
-        self._slots_keys: dict[str, str] = {}
-        self._argv_tail: tuple[int | float, ...] = (
-            *self._key_defaults,
-            s.rate.cost,
-            round(s.hold_ttl_s * 1000),
-            round(s.pending_ttl_s * 1000),
-            self._clock,
+        self._fixed_keys = tuple(
+            name.encode()
+            for name in (k.limits, k.cluster_bucket, k.test_clock, k.nodes, k.live_state)
+        )
+        self._per_key: dict[str, tuple[bytes, ...]] = {}
+        self._slots_keys: dict[str, bytes] = {}
+        # Encoded as redis-py would encode them (``repr`` of a number), once.
+        self._argv_tail: tuple[bytes, ...] = tuple(
+            repr(value).encode()
+            for value in (
+                *self._key_defaults,
+                s.rate.cost,
+                round(s.hold_ttl_s * 1000),
+                round(s.pending_ttl_s * 1000),
+                self._clock,
+            )
         )
 
-    def _keys_of(self, key: str) -> tuple[str, str, str, str]:
+    def _keys_of(self, key: str) -> tuple[bytes, ...]:
         """``key``'s pending, bucket, in-flight and live keys."""
         keys = self._per_key.get(key)
         if keys is None:
             k = self.keys
-            keys = self._per_key[key] = (
-                k.pending(key),
-                k.bucket(key),
-                k.inflight(key),
-                k.live(key),
-            )
+            names = (k.pending(key), k.bucket(key), k.inflight(key), k.live(key))
+            keys = self._per_key[key] = tuple(name.encode() for name in names)
         return keys
 
-    def _slots_key(self, node: str) -> str:
+    def _slots_key(self, node: str) -> bytes:
         name = self._slots_keys.get(node)
         if name is None:
-            name = self._slots_keys[node] = self.keys.slots(node)
+            name = self._slots_keys[node] = self.keys.slots(node).encode()
         return name
 
     async def admit(self, args: AdmitArgs) -> AdmitAnswer:
         limits, cluster_bucket, test_clock, nodes, live_state = self._fixed_keys
         pending, bucket, inflight, live = self._keys_of(args.key)
-        keys = [
+        keys: list[bytes | str] = [
             limits,
             pending,
             bucket,
@@ -198,7 +202,7 @@ class AdmissionStore:
             *(self._slots_key(name) for name, _ in args.nodes),
         ]
         modes = args.modes
-        argv: list[str | int | float] = [
+        argv: list[str | int | float | bytes] = [
             args.hold_id,
             args.key,
             args.sandbox_id,
