@@ -85,17 +85,17 @@ class Authorizer:
             counter = self._counters[(label, outcome)] = DECISIONS.labels(label, outcome)
         counter.inc()
 
-    async def _refuse(
-        self,
-        context: Any,
-        code: grpc.StatusCode,
-        reason: str,
-        identity: str,
-        method: str,
-        label: str,
-        why: str,
-    ) -> None:
-        outcome = "unauthenticated" if reason == _UNAUTHENTICATED else "denied"
+    async def _refuse(self, context: Any, identity: str, method: str, label: str, why: str) -> None:
+        """Abort the call (always raises): UNAUTHENTICATED without an identity,
+        PERMISSION_DENIED otherwise; counted and logged."""
+        if identity:
+            code, reason, outcome = grpc.StatusCode.PERMISSION_DENIED, _PERMISSION_DENIED, "denied"
+        else:
+            code, reason, outcome = (
+                grpc.StatusCode.UNAUTHENTICATED,
+                _UNAUTHENTICATED,
+                "unauthenticated",
+            )
         self._count(label, outcome)
         log.warning(
             "call refused",
@@ -116,28 +116,15 @@ class Authorizer:
         identity = peer_identity(context)
         if identity is None:
             await self._refuse(
-                context,
-                grpc.StatusCode.UNAUTHENTICATED,
-                _UNAUTHENTICATED,
-                "",
-                method,
-                "other",
-                "no SPIFFE identity in the peer certificate",
+                context, "", method, "other", "no SPIFFE identity in the peer certificate"
             )
             return None  # unreachable: abort raises
         if reflection:
             return None
         decision = self.source.policy.decide(identity, method)
         if not decision.allowed:
-            await self._refuse(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                _PERMISSION_DENIED,
-                identity,
-                method,
-                decision.label,
-                "identity may not call this method",
-            )
+            why = "identity may not call this method"
+            await self._refuse(context, identity, method, decision.label, why)
         return decision
 
     async def check_client(
@@ -154,13 +141,6 @@ class Authorizer:
             client = await client_of(source, request, self.owner)
             if not decision.allows_client(client):
                 identity = peer_identity(context) or ""
-                await self._refuse(
-                    context,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    _PERMISSION_DENIED,
-                    identity,
-                    method,
-                    decision.label,
-                    f"identity may not act for client {client or '(none)'!r}",
-                )
+                why = f"identity may not act for client {client or '(none)'!r}"
+                await self._refuse(context, identity, method, decision.label, why)
         self._count(decision.label, "allowed")
