@@ -10,7 +10,7 @@ own (so INFO commandstats counts only this benchmark):
 * evalsha  — a grpc.aio server whose handler runs one small EVALSHA: the ceiling
              of anything that does one Redis round trip per call;
 * platform — the evalsha handler behind the platform's ``GrpcService`` (the
-             interceptor chain every service pays, tracing with the same sampler);
+             platform interceptor every service pays, tracing with the same sampler);
 * admit    — the admission service, COLD_CREATE with every policy enforced
              (cap with the live count read from the key's live set in Redis,
              marked current as a substrate leader marks it; rate, concurrency,
@@ -25,8 +25,11 @@ root and the ratio applies). A second admission process samples 100 %: it runs
 the cold create once in the table, then both alternate at 64 in flight, so the
 cost of tracing everything is measured in the same run with drift falling on both.
 
-Each is measured at 1 and 64 calls in flight: calls/s, p50 and p99. Admit is
-reported as a ratio of each ceiling; Redis commands per decision come from the
+Each is measured at 1 and 64 calls in flight: calls/s, p50 and p99, and the
+server process's CPU time per call (user + system, from ``/proc``: unlike calls/s
+it hardly moves when other processes load the machine, so its ratios are the
+steadier measure of what a service's own code costs). Admit is reported as a
+ratio of each ceiling; Redis commands per decision come from the
 INFO commandstats delta over the Admit runs. A stub substrate still listens at
 admission's substrate address and counts the ``CountLiveSandboxes`` calls it gets
 (in Redis, so they would show in commandstats too): a decision should make none.
@@ -37,7 +40,7 @@ Then COLD_CREATE again under transport security (SPEC Z1, Z2), each a fresh
 admission process, to price mTLS and the authorization check separately:
 
 * mtls       — mutual TLS on the client's and the substrate hop's channels, with
-               the authorization interceptor replaced by a pass-through (a
+               the authorization check replaced by a pass-through (a
                bench-only patch: the service itself cannot run mTLS without it);
 * mtls+authz — the same with the real policy (deploy's), called as the substrate
                identity (``clients = "any"``: method check only);
@@ -240,11 +243,21 @@ SERVERS = {
 # --- load ---------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def measure(
-    call: Callable[[], Awaitable[Any]], in_flight: int, seconds: float
+    call: Callable[[], Awaitable[Any]], in_flight: int, seconds: float, pid: int | None = None
 ) -> dict[str, float]:
+    """calls/s, p50 and p99 of ``call`` with ``in_flight`` at once; with the
+    server's ``pid``, also its CPU time per call."""
     for _ in range(200):  # warm up connections, script cache, JIT-free but caches
         await call()
+    cpu_before = cpu_seconds(pid) if pid is not None else 0.0
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
 
@@ -258,12 +271,15 @@ async def measure(
     await asyncio.gather(*(worker() for _ in range(in_flight)))
     elapsed = time.perf_counter() - started
     latencies.sort()
-    return {
+    out = {
         "calls": len(latencies),
         "rps": len(latencies) / elapsed,
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
     }
+    if pid is not None:
+        out["cpu_us"] = (cpu_seconds(pid) - cpu_before) / len(latencies) * 1e6
+    return out
 
 
 def _admit(stub: Any, make: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
@@ -282,7 +298,7 @@ def spawn(
 
 
 def _wait(port: int) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a loaded 2-core machine starts a service slowly
     while not port_open("127.0.0.1", port):
         if time.monotonic() > deadline:
             raise TimeoutError(f"nothing listens on {port}")
@@ -308,8 +324,10 @@ async def bench(
     try:
         names = ("echo", "evalsha", "substrate", "otlp", "platform", "admission", "admission_full")
         ports = {name: free_port() for name in names}
+        pids: dict[str, int] = {}
         for name in ("echo", "evalsha", "substrate", "otlp"):
             procs.append(spawn(name, ports[name], redis_proc.url))
+            pids[name] = procs[-1].pid
         env = {
             **os.environ,
             "TURNSTILE_PORT": str(ports["admission"]),
@@ -333,14 +351,16 @@ async def bench(
             "TURNSTILE_PLAINTEXT": "true",
         }
         procs.append(spawn("platform", ports["platform"], redis_proc.url, env))
+        pids["platform"] = procs[-1].pid
         command = [sys.executable, "-m", "turnstile_admission"]
         full_env = env | {
             "TURNSTILE_PORT": str(ports["admission_full"]),
             "OTEL_TRACES_SAMPLER": "parentbased_always_on",
             "OTEL_TRACES_SAMPLER_ARG": "",
         }
-        for process_env in (env, full_env):
+        for name, process_env in (("admission", env), ("admission_full", full_env)):
             procs.append(subprocess.Popen(command, env=process_env))  # noqa: ASYNC220 - start-up only
+            pids[name] = procs[-1].pid
         _wait(ports["admission"])
         _wait(ports["admission_full"])
 
@@ -371,7 +391,8 @@ async def bench(
                     ECHO, request_serializer=BYTES, response_deserializer=BYTES
                 )
                 results[name] = {
-                    n: await measure(functools.partial(echo, payload), n, seconds) for n in (1, 64)
+                    n: await measure(functools.partial(echo, payload), n, seconds, pids[name])
+                    for n in (1, 64)
                 }
         decisions = 0
         before = await commandstats(redis)
@@ -388,7 +409,7 @@ async def bench(
                 for n in (1, 64):
                     answer = await stub.Admit(make())
                     assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
-                    results[name][n] = await measure(_admit(stub, make), n, seconds)
+                    results[name][n] = await measure(_admit(stub, make), n, seconds, pids[server])
                     decisions += int(results[name][n]["calls"]) + 201
         # Tracing's cost: the two admission processes alternate, cold create at 64
         # in flight, so drift in the machine's load falls on both alike.
@@ -604,7 +625,7 @@ def report(
     """Print the table and return the same figures as a JSON-ready dict (stable keys)."""
     print(
         f"{'server':<24}{'in flight':>10}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'/echo':>8}{'/evalsha':>10}"
+        f"{'/echo':>8}{'/evalsha':>10}{'CPU µs/call':>13}{'/evalsha':>10}"
     )
     runs: dict[str, Any] = {}
     for name, by_n in results.items():
@@ -612,9 +633,10 @@ def report(
         for n, r in by_n.items():
             echo = r["rps"] / results["echo"][n]["rps"]
             evalsha = r["rps"] / results["evalsha"][n]["rps"]
+            cpu = r["cpu_us"] / results["evalsha"][n]["cpu_us"]
             print(
                 f"{name:<24}{n:>10}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
-                f"{echo:>8.2f}{evalsha:>10.2f}"
+                f"{echo:>8.2f}{evalsha:>10.2f}{r['cpu_us']:>13.0f}{cpu:>10.2f}"
             )
             runs[name][str(n)] = {
                 "calls": int(r["calls"]),
@@ -623,6 +645,8 @@ def report(
                 "p99_ms": round(r["p99_ms"], 3),
                 "rps_per_echo": round(echo, 3),
                 "rps_per_evalsha": round(evalsha, 3),
+                "server_cpu_us_per_call": round(r["cpu_us"], 1),
+                "server_cpu_per_evalsha": round(cpu, 3),
             }
     top_level = delta.get("evalsha", 0) + delta.get("eval", 0) + delta.get("script|load", 0)
     total = sum(v for k, v in delta.items() if k not in ("info",))
@@ -646,6 +670,17 @@ def report(
             results["admit_cold_sampled_100"][64]["rps"] / results["admit_cold"][64]["rps"], 3
         ),
     }
+    # Server CPU per call against the one-EVALSHA ceiling's, at 64 in flight: the
+    # inverse of the throughput ratio a CPU-bound replica reaches.
+    cpu_64 = results["evalsha"][64]["cpu_us"]
+    cpu_goals = {
+        f"cpu_{name}_64_per_evalsha": round(results[run][64]["cpu_us"] / cpu_64, 3)
+        for name, run in (
+            ("platform", "platform"),
+            ("cold", "admit_cold"),
+            ("resume", "admit_resume"),
+        )
+    }
     print(f"\ndecisions: {decisions}")
     print(f"scripts (EVALSHA/EVAL) per decision: {top_level / decisions:.3f}")
     print(
@@ -661,11 +696,17 @@ def report(
         "{cold_64_sampled_100_per_production_sampler}; the platform's interceptors alone: "
         "{platform_64_per_evalsha}x at 64, p50 {platform_1_p50_per_evalsha_p50}x".format(**goals)
     )
+    print(
+        "server CPU per call ÷ the EVALSHA ceiling's at 64: "
+        "platform {cpu_platform_64_per_evalsha}, cold {cpu_cold_64_per_evalsha}, "
+        "resume {cpu_resume_64_per_evalsha}".format(**cpu_goals)
+    )
     return {
         "schema": 1,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "runs": runs,
         "goals": goals,
+        "cpu_per_call": cpu_goals,
         "decisions": decisions,
         "scripts_per_decision": round(top_level / decisions, 4),
         "commands_per_decision": round(total / decisions, 3),

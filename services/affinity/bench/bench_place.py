@@ -8,7 +8,7 @@ private redis-server (so INFO commandstats counts only this run):
 - ceiling ``echo``: a bare grpc.aio unary echo;
 - ceiling ``evalsha``: the same, whose handler runs one EVALSHA;
 - ceiling ``platform``: that handler behind the platform's ``GrpcService``
-  (OpenTelemetry server spans, RPC metrics, rich errors), which every service
+  (its interceptor: server spans, limits, RPC metrics, rich errors), which every service
   pays before its own code runs;
 - the affinity service itself (``create_app``), tiers ``small`` (10 sandboxes)
   and ``big`` (10,000 sandboxes), presence put through its own attach script.
@@ -24,7 +24,7 @@ ratio compares RPCs/s (Place + ReleaseLease) with the ceiling's calls/s.
 
 Then the cost of transport security (SPEC Z1, Z2), a hit in the small tier on
 three affinity servers taken in turn: ``plaintext``; ``mtls`` (mutual TLS, the
-authorization interceptor replaced by a pass-through — a bench-only patch); and
+authorization check replaced by a pass-through — a bench-only patch); and
 ``mtls+authz`` (the real policy from deploy/, called as the gateway identity).
 Measured in interleaved rounds (``--rounds``, 3 by default); reported as the
 median per-round ratio and its range: mtls / plaintext (TLS cost) and
