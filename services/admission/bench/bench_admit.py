@@ -36,6 +36,11 @@ admission's substrate address and counts the ``CountLiveSandboxes`` calls it get
 The table is followed by one line of JSON with stable keys (``--json PATH``
 writes it to a file too) so runs can be compared across commits.
 
+Last, two figures measured inside one process: the authorization check alone,
+and the platform interceptor alone (CPU per call around a handler that returns at
+once, against that handler called bare, with the production sampler and tracing
+everything).
+
 Then COLD_CREATE again under transport security (SPEC Z1, Z2), each a fresh
 admission process, to price mTLS and the authorization check separately:
 
@@ -452,6 +457,15 @@ async def bench(
                 f"Admit (p50 {sequential:.0f} µs)"
             )
         summary["authorization_check_us"] = {k: round(v, 2) for k, v in cost.items()}
+        chain = await interceptor_cpu_cost(sampler, sampler_arg)
+        ceiling = results["evalsha"][64]["cpu_us"]
+        print("\nthe platform interceptor alone, CPU per call (inside a real handler):")
+        for label, micros in chain.items():
+            print(
+                f"  {label:<30} {micros:6.1f} µs = {micros / ceiling:.1%} of the EVALSHA "
+                f"ceiling's server CPU per call at 64 ({ceiling:.0f} µs)"
+            )
+        summary["interceptor_cpu_us"] = {k: round(v, 2) for k, v in chain.items()}
         line = json.dumps(summary, sort_keys=True)
         print("\n" + line)
         if json_path:
@@ -588,6 +602,79 @@ async def authorization_check_cost(repeat: int = 5000) -> dict[str, float]:
                     await echo(caller.encode())
         finally:
             await server.stop(None)
+    return out
+
+
+async def interceptor_cpu_cost(
+    sampler: str, sampler_arg: str, repeat: int = 5000
+) -> dict[str, float]:
+    """CPU µs per call of the platform interceptor (``intercept_service`` and the
+    wrapped handler, as grpc.aio runs them per call) around a handler that returns
+    at once, run ``repeat`` times inside a real handler on its real servicer
+    context; beside the same handler called bare. Once with ``sampler`` and once
+    tracing everything (spans kept in process, not exported)."""
+    import types
+
+    from turnstile_platform.call_limits import CallLimits
+    from turnstile_platform.interceptors import PlatformInterceptor
+    from turnstile_platform.tracing import ServerSpans, create_tracer_provider
+
+    async def inner(request: bytes, context: Any) -> bytes:
+        return request
+
+    handler = grpc.unary_unary_rpc_method_handler(inner, BYTES, BYTES)
+
+    async def resolve(details: Any) -> Any:
+        return handler
+
+    details = types.SimpleNamespace(method=ECHO, invocation_metadata=())
+    interceptors = {}
+    saved = {k: os.environ.get(k) for k in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")}
+    for label, name, arg in (
+        (f"{sampler} {sampler_arg}", sampler, sampler_arg),
+        ("parentbased_always_on", "parentbased_always_on", ""),
+    ):
+        # The SDK builds a sampler from these variables (as the service's do).
+        os.environ["OTEL_TRACES_SAMPLER"], os.environ["OTEL_TRACES_SAMPLER_ARG"] = name, arg
+        provider = create_tracer_provider("bench-interceptor")
+        limits = CallLimits(unary=1_000_000, streams=1_000_000)
+        interceptors[label] = PlatformInterceptor(spans=ServerSpans(provider), limits=limits)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    out: dict[str, float] = {}
+
+    async def timed(payload: bytes, context: Any) -> bytes:
+        started = time.process_time()
+        for _ in range(repeat):
+            await (await resolve(details)).unary_unary(payload, context)
+        out["bare handler"] = (time.process_time() - started) / repeat * 1e6
+        for label, interceptor in interceptors.items():
+            started = time.process_time()
+            for _ in range(repeat):
+                wrapped = await interceptor.intercept_service(resolve, details)
+                await wrapped.unary_unary(payload, context)
+            out[f"interceptor, {label}"] = (time.process_time() - started) / repeat * 1e6
+        return payload
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(timed, BYTES, BYTES)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary(ECHO, request_serializer=BYTES, response_deserializer=BYTES)
+            await echo(b"x" * 40)
+    finally:
+        await server.stop(None)
     return out
 
 
