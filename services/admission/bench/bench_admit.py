@@ -36,7 +36,7 @@ admission's substrate address and counts the ``CountLiveSandboxes`` calls it get
 The table is followed by one line of JSON with stable keys (``--json PATH``
 writes it to a file too) so runs can be compared across commits.
 
-Last, two figures measured inside one process: the authorization check alone,
+Also two figures measured inside one process: the authorization check alone,
 and the platform interceptor alone (CPU per call around a handler that returns at
 once, against that handler called bare, with the production sampler and tracing
 everything).
@@ -627,7 +627,7 @@ async def interceptor_cpu_cost(
     async def resolve(details: Any) -> Any:
         return handler
 
-    details = types.SimpleNamespace(method=ECHO, invocation_metadata=())
+    details: Any = types.SimpleNamespace(method=ECHO, invocation_metadata=())
     interceptors = {}
     saved = {k: os.environ.get(k) for k in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")}
     for label, name, arg in (
@@ -654,7 +654,7 @@ async def interceptor_cpu_cost(
         for label, interceptor in interceptors.items():
             started = time.process_time()
             for _ in range(repeat):
-                wrapped = await interceptor.intercept_service(resolve, details)
+                wrapped: Any = await interceptor.intercept_service(resolve, details)
                 await wrapped.unary_unary(payload, context)
             out[f"interceptor, {label}"] = (time.process_time() - started) / repeat * 1e6
         return payload
