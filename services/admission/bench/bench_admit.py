@@ -450,21 +450,21 @@ async def bench(
             report_security(await bench_security(env, redis_proc.url, cold, seconds, rounds))
         cost = await authorization_check_cost()
         sequential = results["admit_cold"][1]["p50_ms"] * 1000
-        print("\nthe authorization check alone, per call (inside a real mTLS handler):")
-        for caller, micros in cost.items():
-            print(
-                f"  as {caller:<10} {micros:6.1f} µs = {micros / sequential:.2%} of a sequential "
-                f"Admit (p50 {sequential:.0f} µs)"
-            )
+        print_costs(
+            "the authorization check alone, per call (inside a real mTLS handler):",
+            {f"as {caller}": micros for caller, micros in cost.items()},
+            sequential,
+            f"a sequential Admit (p50 {sequential:.0f} µs)",
+        )
         summary["authorization_check_us"] = {k: round(v, 2) for k, v in cost.items()}
         chain = await interceptor_cpu_cost(sampler, sampler_arg)
         ceiling = results["evalsha"][64]["cpu_us"]
-        print("\nthe platform interceptor alone, CPU per call (inside a real handler):")
-        for label, micros in chain.items():
-            print(
-                f"  {label:<30} {micros:6.1f} µs = {micros / ceiling:.1%} of the EVALSHA "
-                f"ceiling's server CPU per call at 64 ({ceiling:.0f} µs)"
-            )
+        print_costs(
+            "the platform interceptor alone, CPU per call (inside a real handler):",
+            chain,
+            ceiling,
+            f"the EVALSHA ceiling's server CPU per call at 64 ({ceiling:.0f} µs)",
+        )
         summary["interceptor_cpu_us"] = {k: round(v, 2) for k, v in chain.items()}
         line = json.dumps(summary, sort_keys=True)
         print("\n" + line)
@@ -676,6 +676,13 @@ async def interceptor_cpu_cost(
     finally:
         await server.stop(None)
     return out
+
+
+def print_costs(title: str, costs: dict[str, float], against: float, of_what: str) -> None:
+    """One line per cost in µs, with its share of ``against`` (µs, described by ``of_what``)."""
+    print(f"\n{title}")
+    for label, micros in costs.items():
+        print(f"  {label:<44} {micros:6.1f} µs = {micros / against:.2%} of {of_what}")
 
 
 def report_security(results: dict[str, dict[int, list[dict[str, float]]]]) -> None:
