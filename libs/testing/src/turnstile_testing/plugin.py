@@ -80,16 +80,9 @@ async def redis_cluster_client(
     try:
         yield client
     finally:
-        for node in client.get_primaries():
-            cursor = 0
-            while True:
-                cursor, keys = await client.scan(
-                    cursor, match=f"{redis_prefix}*", count=1000, target_nodes=node
-                )
-                for key in keys:
-                    await client.delete(key)
-                if not cursor:
-                    break
+        # scan_iter walks every master; DEL of one key goes to the one that holds it.
+        async for key in client.scan_iter(match=f"{redis_prefix}*", count=1000):
+            await client.delete(key)
         await client.aclose()
 
 
