@@ -41,6 +41,23 @@ from redis.commands.core import AsyncScript
 from turnstile_platform.redis_client import read_script
 
 _PACKAGE = "turnstile_affinity.scripts"
+#: Every affinity script (``scripts/<name>.lua``).
+SCRIPTS = (
+    "place",
+    "claim",
+    "replace",
+    "release",
+    "attach",
+    "heartbeat",
+    "detach",
+    "session",
+    "workers",
+)
+
+
+def script_text(name: str) -> str:
+    """The full text of one script: ``_lib.lua``, then the script."""
+    return read_script(_PACKAGE, "_lib.lua") + read_script(_PACKAGE, f"{name}.lua")
 
 
 @dataclass
@@ -233,20 +250,8 @@ class AffinityStore:
         self.keys = Keys(prefix)
         self.clock = clock or Clock()
         self._shared = self.keys.shared()
-        lib = read_script(_PACKAGE, "_lib.lua")
         self._scripts: dict[str, AsyncScript] = {
-            name: redis.register_script(lib + read_script(_PACKAGE, f"{name}.lua"))
-            for name in (
-                "place",
-                "claim",
-                "replace",
-                "release",
-                "attach",
-                "heartbeat",
-                "detach",
-                "session",
-                "workers",
-            )
+            name: redis.register_script(script_text(name)) for name in SCRIPTS
         }
 
     async def _run(self, name: str, keys: Sequence[str], *args: str | int) -> Any:
