@@ -254,18 +254,30 @@ class AffinityStore:
             name: redis.register_script(script_text(name)) for name in SCRIPTS
         }
 
+    def request(
+        self, name: str, keys: Sequence[str], *args: str | int
+    ) -> tuple[list[str], list[str | int]]:
+        """The KEYS and ARGV of script ``name``: the shared indexes, then ``keys``;
+        the clock offset, then ``args``."""
+        return [*self._shared, *keys], [self.clock.offset_ms, *args]
+
+    def place_request(self, turn: Turn, *, grace_ms: int) -> tuple[list[str], list[str | int]]:
+        """The KEYS and ARGV of ``place.lua`` (the slot benchmark replays them).
+        A detach mark lives as long as the records that may name it."""
+        return self.request(
+            "place", turn.keys(self.keys), *turn.args(), grace_ms, turn.record_ttl_ms
+        )
+
     async def _run(self, name: str, keys: Sequence[str], *args: str | int) -> Any:
-        argv: list[str | int] = [self.clock.offset_ms, *args]
-        return await self._scripts[name](keys=[*self._shared, *keys], args=argv)
+        keys, argv = self.request(name, keys, *args)
+        return await self._scripts[name](keys=keys, args=argv)
 
     # Placement -------------------------------------------------------------------
 
     async def place(self, turn: Turn, *, grace_ms: int) -> PlaceResult:
         """The session's recorded sandbox, leased if present with capacity."""
-        # A detach mark lives as long as the records that may name it.
-        reply = await self._run(
-            "place", turn.keys(self.keys), *turn.args(), grace_ms, turn.record_ttl_ms
-        )
+        keys, argv = self.place_request(turn, grace_ms=grace_ms)
+        reply = await self._scripts["place"](keys=keys, args=argv)
         kind = _s(reply[0])
         if kind == "hit":
             return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]))
