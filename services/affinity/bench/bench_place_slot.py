@@ -1,7 +1,7 @@
 """What one Redis Cluster slot sustains for affinity: ``place.lua`` (a turn that
 hits its session's sandbox) against a bare EVALSHA ceiling, in the same run.
 
-    uv run python services/affinity/bench/bench_slot.py [--rounds 3]
+    uv run python services/affinity/bench/bench_place_slot.py [--rounds 3]
 
 Every affinity key shares the hash tag ``{affinity}`` (a placement picks a
 sandbox and then touches its keys, so they must share the session's slot; see

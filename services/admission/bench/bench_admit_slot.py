@@ -1,7 +1,7 @@
 """What one Redis Cluster slot sustains for admission: ``admit.lua`` against a bare
 EVALSHA ceiling, in the same run.
 
-    uv run python services/admission/bench/bench_slot.py [--rounds 3]
+    uv run python services/admission/bench/bench_admit_slot.py [--rounds 3]
 
 Every admission key shares the hash tag ``{adm}`` (the cluster bucket is one key
 every decision consumes), so every decision of a deployment runs on one slot:
