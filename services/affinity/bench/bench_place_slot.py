@@ -55,7 +55,7 @@ async def place_load(port: int) -> SlotLoad:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=200_000)
+    parser.add_argument("--requests", type=int, default=20_000)
     options = parser.parse_args()
     server = RedisProcess().start()
     try:

@@ -101,7 +101,7 @@ def measure(
     loads: Sequence[SlotLoad],
     *,
     rounds: int = 3,
-    requests: int = 200_000,
+    requests: int = 20_000,
     clients: int = 16,
     pipeline: int = 16,
 ) -> dict[str, list[Figure]]:
