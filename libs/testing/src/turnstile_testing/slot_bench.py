@@ -142,7 +142,9 @@ def report(figures: dict[str, list[Figure]], ceiling: str) -> str:
     return "\n".join(lines)
 
 
-def main(description: str, prepare: Callable[[int], Awaitable[SlotLoad]], bare_key: str) -> None:
+def main(
+    description: str, prepare: Callable[[int], Coroutine[Any, Any, SlotLoad]], bare_key: str
+) -> None:
     """A slot benchmark's command line: a private redis-server, ``prepare(port)`` to
     set the state up and say what to replay, then the table against ``bare_key``'s
     bare EVALSHA (a key of the same tag)."""
