@@ -45,7 +45,7 @@ from turnstile_platform.sandbox_credentials import (
 )
 from turnstile_platform.settings import ServiceSettings
 from turnstile_testing.redis_cluster import RedisClusterServers
-from turnstile_testing.script_keys import ScriptKeyRecorder
+from turnstile_testing.script_keys import ScriptKeyRecorder, group_runs, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 ADMISSION = ("admit", "commit_hold", "cancel_hold", "release_sandbox", "usage")
@@ -150,6 +150,29 @@ async def test_a_key_touched_without_being_declared_is_reported(
         [declared],
         {f"{declared}:more"},
     )
+
+
+@pytest.mark.parametrize("calls_first", [False, True])
+def test_the_recorder_gives_each_script_its_own_commands_in_either_log_order(
+    calls_first: bool,
+) -> None:
+    """Redis 7.0 logs a script's EVALSHA before its commands; the order is calibrated
+    per node, so both must group the same way."""
+    scripts = [
+        ('"evalsha" "aaa" "1" "p:{t}:one"', ['"GET" "p:{t}:one"']),
+        ('"evalsha" "bbb" "1" "p:{t}:two"', ['"SET" "p:{t}:two" "1"', '"TIME"']),
+    ]
+    lines = ['1.0 [0 127.0.0.1:1] "echo" "unrelated"']
+    for call, commands in scripts:
+        inner = [f"1.0 [0 lua] {command}" for command in commands]
+        outer = [f"1.0 [0 127.0.0.1:1] {call}"]
+        lines += inner + outer if calls_first else outer + inner
+    parsed = [p for p in map(parse_line, lines) if p is not None]
+    runs = group_runs(parsed, names={"aaa": "a"}, prefix="p:", calls_first=calls_first)
+    assert [(r.script, r.declared, r.commands) for r in runs] == [
+        ("a", ["p:{t}:one"], [["GET", "p:{t}:one"]]),
+        ("bbb", ["p:{t}:two"], [["SET", "p:{t}:two", "1"], ["TIME"]]),
+    ]
 
 
 async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:

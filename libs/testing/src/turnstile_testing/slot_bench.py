@@ -26,8 +26,8 @@ import shutil
 import statistics
 import subprocess
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
