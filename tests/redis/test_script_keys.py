@@ -99,8 +99,9 @@ def test_every_lua_file_is_a_script_checked_here_or_a_prelude() -> None:
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_every_script_is_a_redis_7_script_with_flags(name: str) -> None:
-    """``#!lua`` first: Redis then refuses a key of another slot than the first one
-    touched (on a single server too) and an out-of-memory write before it starts."""
+    """``#!lua`` first: a cluster node then refuses a key of another slot than the
+    first one touched even when it holds both slots, and Redis refuses an
+    out-of-memory write before the script starts."""
     assert SCRIPTS[name].startswith("#!lua\n")
 
 
