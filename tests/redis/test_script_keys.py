@@ -137,6 +137,26 @@ async def test_a_script_touching_a_key_of_another_slot_is_refused_by_the_cluster
         await redis_cluster_client.eval(script, 1, declared, other)
 
 
+async def test_only_the_lua_flags_line_stops_a_script_crossing_slots_on_one_node(
+    redis_cluster_client: RedisCluster, redis_prefix: str
+) -> None:
+    """Why every script starts ``#!lua``: a node holding both slots lets an
+    old-style script through."""
+    declared = f"{redis_prefix}{{adm}}:x"
+    await redis_cluster_client.initialize()  # the slot map
+    node = redis_cluster_client.get_node_from_key(declared)
+    other = next(
+        key
+        for key in (f"{redis_prefix}{{other-{n}}}:x" for n in range(10_000))
+        if key_slot(key.encode()) != key_slot(declared.encode())
+        and redis_cluster_client.get_node_from_key(key) == node
+    )
+    body = "redis.call('SET', KEYS[1], 1)\nreturn redis.call('GET', ARGV[1])"
+    assert await redis_cluster_client.eval(body, 1, declared, other) is None
+    with pytest.raises(ResponseError, match="same slot"):
+        await redis_cluster_client.eval("#!lua\n" + body, 1, declared, other)
+
+
 async def test_a_key_touched_without_being_declared_is_reported(
     redis_cluster_client: RedisCluster, masters: list[aioredis.Redis], redis_prefix: str
 ) -> None:
