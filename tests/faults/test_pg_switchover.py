@@ -10,8 +10,8 @@ INTERNAL, never a hang); after the switch calls succeed against the new primary
 without a restart; no committed activation is lost; and once the TTLs have passed
 nothing is left in admission and the live set equals the pods.
 
-The figures (the gap with no successful activation against the switchover's own
-duration, the answers by class) are printed: run with ``-s``.
+The figures (the gap with no successful write against the switchover's own duration,
+the answers by class) are printed: run with ``-s``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 import grpc
@@ -60,6 +61,8 @@ STEADY_S = 2.0
 AFTER = 20
 ACME = common_pb2.ActivationClient(client_id=CLIENT)
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Call:
@@ -69,7 +72,12 @@ class Call:
     #: ``OK`` or the status code's name.
     code: str
     reason: str = ""
+    #: ``ErrorInfo`` metadata's ``dependency``: which one was unavailable.
+    dependency: str = ""
     retryable: bool = False
+    #: A success that needed the primary: an Activate that made a runtime (not one
+    #: answered ALREADY_RUNNING from the runtime, which needs no database) or a Deactivate.
+    wrote: bool = False
 
     @property
     def ended(self) -> float:
@@ -80,7 +88,7 @@ class Call:
         if self.code == "OK":
             return "OK"
         hint = "retry hint" if self.retryable else "no retry hint"
-        return f"{self.code} {self.reason or '-'} ({hint})"
+        return f"{self.code} {self.reason or '-'} {self.dependency} ({hint})"
 
 
 @dataclass
@@ -145,35 +153,40 @@ async def stack(
 
 @dataclass
 class Load:
-    """The calls the workers made, and when enough succeeded after the switch."""
+    """The calls the workers made, and when enough writes succeeded after the switch."""
 
     calls: list[Call] = field(default_factory=list)
     activated: set[str] = field(default_factory=set)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
-    #: When the new primary took over (set by the test), and successes since.
+    #: When the new primary took over (set by the test), and writes that succeeded since.
     switched: float | None = None
-    successes_after: int = 0
+    writes_after: int = 0
     enough_after: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def timed(self, rpc: str, call: Callable[[], Awaitable[object]]) -> bool:
-        """Make one call, record its answer and how long it took; whether it succeeded."""
+    async def timed(self, rpc: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """Make one call, record its answer and how long it took; its response, if any."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            await call()
+            response = await call()
         except grpc.aio.AioRpcError as error:
             rich = decode(error)
             seconds = loop.time() - started
+            dependency = rich.metadata.get("dependency", "")
             self.calls.append(
-                Call(rpc, started, seconds, rich.code.name, rich.reason, rich.retryable)
+                Call(rpc, started, seconds, rich.code.name, rich.reason, dependency, rich.retryable)
             )
-            return False
-        self.calls.append(Call(rpc, started, loop.time() - started, "OK"))
-        if rpc == "Activate" and self.switched is not None and started > self.switched:
-            self.successes_after += 1
-            if self.successes_after >= AFTER:
+            return None
+        wrote = rpc == "Deactivate" or (
+            isinstance(response, substrate_pb2.ActivateResponse)
+            and response.outcome != substrate_pb2.OUTCOME_ALREADY_RUNNING
+        )
+        self.calls.append(Call(rpc, started, loop.time() - started, "OK", wrote=wrote))
+        if wrote and self.switched is not None and started > self.switched:
+            self.writes_after += 1
+            if self.writes_after >= AFTER:
                 self.enough_after.set()
-        return True
+        return response
 
     async def worker(self, stub: substrate_pb2_grpc.SubstrateServiceAsyncStub, n: int) -> None:
         """Round after round over three sandboxes of its own: activate one and read it, and
@@ -211,16 +224,19 @@ async def test_a_switchover_under_load_answers_every_call_retryably_and_loses_no
 
     # -- every answer: success, or UNAVAILABLE with a retry hint, within the bound
     by_class = Counter((c.rpc, c.answer_class) for c in calls)
-    successes = sorted(c.ended for c in calls if c.rpc == "Activate" and c.code == "OK")
-    gap_start, gap_end = max(itertools.pairwise(successes), key=lambda p: p[1] - p[0])
-    first_after = min(t for t in successes if t > switched)
+    activations = sorted(c.ended for c in calls if c.rpc == "Activate" and c.code == "OK")
+    writes = sorted(c.ended for c in calls if c.wrote)
+    no_activation = max(b - a for a, b in itertools.pairwise(activations))
+    gap_start, gap_end = max(itertools.pairwise(writes), key=lambda p: p[1] - p[0])
+    first_after = min(t for t in writes if t > switched)
     slowest = max(calls, key=lambda c: c.seconds)
     during = [c for c in calls if c.ended > switch_started and c.started < first_after]
     print(
         f"\nswitchover {took.total_s:.2f} s (stop {took.stop_s:.2f} s, promote "
-        f"{took.promote_s:.2f} s); longest gap with no successful activation "
-        f"{gap_end - gap_start:.2f} s ({gap_start - switch_started:+.2f} s to "
-        f"{gap_end - switch_started:+.2f} s from the stop); first success "
+        f"{took.promote_s:.2f} s); longest gap with no successful write (an Activate that "
+        f"made a runtime, a Deactivate) {gap_end - gap_start:.2f} s "
+        f"({gap_start - switch_started:+.2f} s to {gap_end - switch_started:+.2f} s from the "
+        f"stop), with no successful Activate of any outcome {no_activation:.2f} s; first write "
         f"{first_after - switched:.2f} s after the promotion; slowest call {slowest.rpc} "
         f"{slowest.seconds:.2f} s; {len(during)} calls answered during the switch; "
         f"load {os.getloadavg()[0]:.1f}"
