@@ -15,9 +15,8 @@ HOLD_TTL_S = 3.0
 PENDING_TTL_S = 4.0
 
 
-def admission_settings(redis_url: str, redis_prefix: str, **overrides: Any) -> dict[str, Any]:
-    """The real admission service's settings: limits far above the load (these tests
-    count what is left behind, not refusals), short TTLs."""
+def _service(redis_url: str, redis_prefix: str) -> dict[str, Any]:
+    """What every service of these tests shares: loopback, the test's Redis and prefix."""
     return {
         "host": "127.0.0.1",
         "port": 0,
@@ -27,6 +26,14 @@ def admission_settings(redis_url: str, redis_prefix: str, **overrides: Any) -> d
         "client_allowlist": (CLIENT,),
         "shutdown_grace_s": 1.0,
         "log_format": "text",
+    }
+
+
+def admission_settings(redis_url: str, redis_prefix: str, **overrides: Any) -> dict[str, Any]:
+    """The real admission service's settings: limits far above the load (these tests
+    count what is left behind, not refusals), short TTLs."""
+    return {
+        **_service(redis_url, redis_prefix),
         "hold_ttl_s": HOLD_TTL_S,
         "pending_ttl_s": PENDING_TTL_S,
         "cap": {"default_cap": 10_000},
@@ -67,14 +74,7 @@ def substrate_settings(
     """The Kubernetes substrate's service settings (its ``TURNSTILE_K8S_*`` ones are
     :func:`k8s_env`'s)."""
     return {
-        "host": "127.0.0.1",
-        "port": 0,
-        "metrics_port": 0,
-        "redis_url": redis_url,
-        "redis_prefix": redis_prefix,
-        "client_allowlist": (CLIENT,),
-        "shutdown_grace_s": 1.0,
-        "log_format": "text",
+        **_service(redis_url, redis_prefix),
         "substrate_kind": "kubernetes",
         "database_url": database_url,
         "health_check_interval_s": 0.2,

@@ -17,6 +17,7 @@ the answers by class) are printed: run with ``-s``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 from collections import Counter
@@ -164,7 +165,8 @@ class Load:
     enough_after: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def timed(self, rpc: str, call: Callable[[], Awaitable[T]]) -> T | None:
-        """Make one call, record its answer and how long it took; its response, if any."""
+        """Make one call (``call()`` starts it), record its answer and how long it took;
+        its response, if any."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -196,14 +198,18 @@ class Load:
                 return
             sandbox, oldest = f"sw-{n}-{round_ % 3}", f"sw-{n}-{(round_ + 1) % 3}"
             activate = substrate_pb2.ActivateRequest(sandbox_id=sandbox, client=ACME)
+            get = substrate_pb2.GetSandboxRequest(sandbox_id=sandbox)
+            deactivate = substrate_pb2.DeactivateRequest(sandbox_id=oldest)
             if await self.timed(
-                "Activate", lambda r=activate: stub.Activate(r, timeout=DEADLINE_S)
+                "Activate", functools.partial(stub.Activate, activate, timeout=DEADLINE_S)
             ):
                 self.activated.add(sandbox)
-                get = substrate_pb2.GetSandboxRequest(sandbox_id=sandbox)
-                await self.timed("GetSandbox", lambda r=get: stub.GetSandbox(r, timeout=DEADLINE_S))
-            stop = substrate_pb2.DeactivateRequest(sandbox_id=oldest)
-            await self.timed("Deactivate", lambda r=stop: stub.Deactivate(r, timeout=DEADLINE_S))
+                await self.timed(
+                    "GetSandbox", functools.partial(stub.GetSandbox, get, timeout=DEADLINE_S)
+                )
+            await self.timed(
+                "Deactivate", functools.partial(stub.Deactivate, deactivate, timeout=DEADLINE_S)
+            )
 
 
 async def test_a_switchover_under_load_answers_every_call_retryably_and_loses_nothing(
