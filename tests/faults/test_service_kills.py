@@ -20,7 +20,8 @@ exists, but nothing after that has happened.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -43,7 +44,7 @@ from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.kube_emulator.store import ADDED, DELETED, Event
 from turnstile_testing.service_process import ServiceProcess
 
-from .invariants import ledger, live_pods, settled
+from .invariants import Ledger, live_pods, settled
 from .settings import CLIENT, admission_settings, as_env, k8s_env, substrate_settings
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
@@ -88,57 +89,79 @@ async def activate_retrying(
                 await asyncio.sleep(rich.retry_after_s or 0.2)
 
 
-async def recorded_runtimes(database_url: str) -> dict[str, str]:
-    """Sandbox id → pod name of every active execution."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        active = await records.active_runtimes(conn, "kubernetes")
-    finally:
-        await conn.close()
-    return {a.sandbox_id: name for name, a in active.items()}
+async def unsettled_holds(redis: aioredis.Redis, redis_prefix: str) -> int:
+    """Hold records in Redis, read from Redis itself (admission may be dead): a commit or
+    a cancel deletes its hold, one nobody settled stays until its key expires (a minute
+    after the hold does, for a late cancel), whatever the machine's speed."""
+    return len([k async for k in redis.scan_iter(match=AdmissionKeys(redis_prefix).hold("*"))])
 
 
-async def uncommitted_holds(redis: aioredis.Redis, redis_prefix: str) -> int:
-    """In-flight leases of unsettled holds not yet expired, read from Redis itself (for
-    when admission is not there to ask)."""
-    seconds, micros = await redis.time()
-    now_ms = seconds * 1000 + micros // 1000
-    return int(await redis.zcount(AdmissionKeys(redis_prefix).inflight(CLIENT), now_ms, "+inf"))
+@dataclass(frozen=True)
+class World:
+    """What the services of one test share: the emulator, a migrated database, Redis."""
+
+    kube: KubeEmulator
+    database_url: str
+    redis: aioredis.Redis
+    redis_url: str
+    redis_prefix: str
+    logs: Path
+
+    async def settled(self, admission_address: str) -> tuple[Ledger, float]:
+        return await settled(admission_address, self.redis, self.redis_prefix, self.kube)
+
+    async def recorded_runtimes(self) -> dict[str, str]:
+        """Sandbox id → pod name of every active execution."""
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            active = await records.active_runtimes(conn, "kubernetes")
+        finally:
+            await conn.close()
+        return {a.sandbox_id: name for name, a in active.items()}
+
+    def substrate_process(
+        self, identity: str, admission_addr: str, orphan_grace_s: float
+    ) -> ServiceProcess:
+        """A Kubernetes substrate replica as a process (not started)."""
+        settings = substrate_settings(
+            self.redis_url, self.redis_prefix, self.database_url, admission_addr
+        )
+        env = {
+            **as_env(settings),
+            **k8s_env(
+                self.kube, leader_identity=identity, sweep_orphan_grace_s=str(orphan_grace_s)
+            ),
+        }
+        return ServiceProcess("turnstile_substrate", env, self.logs / f"{identity}.log")
 
 
 @pytest.fixture
-async def migrated(database_url: str) -> str:
+async def world(
+    database_url: str, redis: aioredis.Redis, redis_url: str, redis_prefix: str, tmp_path: Path
+) -> AsyncIterator[World]:
     await asyncio.to_thread(apply_migrations, database_url)
-    return database_url
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(bookmark_interval=0.2) as emulator:
-        yield emulator
+    async with KubeEmulator(bookmark_interval=0.2) as kube:
+        yield World(kube, database_url, redis, redis_url, redis_prefix, tmp_path)
 
 
 # -- admission killed between Admit and CommitHold ---------------------------------
 
 
 async def test_admission_killed_between_admit_and_commit_strands_nothing(
-    kube: KubeEmulator,
-    migrated: str,
-    redis: aioredis.Redis,
-    redis_url: str,
-    redis_prefix: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = admission_settings(redis_url, redis_prefix)
+    kube = world.kube
+    settings = admission_settings(world.redis_url, world.redis_prefix)
     admission = await ServiceProcess(
-        "turnstile_admission", as_env(settings), tmp_path / "admission.log"
+        "turnstile_admission", as_env(settings), world.logs / "admission.log"
     ).start()
     for name, value in k8s_env(kube).items():
         monkeypatch.setenv(name, value)
     substrate = await create_substrate(
         SubstrateSettings.model_validate(
-            substrate_settings(redis_url, redis_prefix, migrated, admission.address)
+            substrate_settings(
+                world.redis_url, world.redis_prefix, world.database_url, admission.address
+            )
         )
     )
     await substrate.start()
@@ -153,9 +176,9 @@ async def test_admission_killed_between_admit_and_commit_strands_nothing(
         assert admission.returncode == -9
         # made and recorded: a success, whose hold could not be committed
         assert answer.outcome == substrate_pb2.OUTCOME_CREATED
-        assert await uncommitted_holds(redis, redis_prefix) == 1
+        assert await unsettled_holds(world.redis, world.redis_prefix) == 1
         assert live_pods(kube) == {"victim": [answer.sandbox.runtime_name]}
-        assert await recorded_runtimes(migrated) == {"victim": answer.sandbox.runtime_name}
+        assert await world.recorded_runtimes() == {"victim": answer.sandbox.runtime_name}
         # with admission down, nothing new is admitted, nothing made
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Activate(activate("other"), timeout=30)
@@ -169,7 +192,7 @@ async def test_admission_killed_between_admit_and_commit_strands_nothing(
 
         await admission.start()  # the same port, the same Redis
 
-        after, took = await settled(admission.address, redis, redis_prefix, kube)
+        after, took = await world.settled(admission.address)
         print(f"\nadmission: settled {took:.1f} s after its restart: {after}")
         assert after.live == {"victim"}  # counted live: live + pending == runtimes
         assert after.drift(live_pods(kube)) == 0
@@ -178,7 +201,7 @@ async def test_admission_killed_between_admit_and_commit_strands_nothing(
         assert other.outcome == substrate_pb2.OUTCOME_CREATED
         for sandbox in ("victim", "other"):
             await stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id=sandbox), timeout=30)
-        final, _ = await settled(admission.address, redis, redis_prefix, kube)
+        final, _ = await world.settled(admission.address)
         assert (final.live, final.node_slots, live_pods(kube)) == (frozenset(), {}, {})
     finally:
         await channel.close(None)
@@ -189,25 +212,6 @@ async def test_admission_killed_between_admit_and_commit_strands_nothing(
 # -- the substrate killed mid-activation -------------------------------------------
 
 
-def substrate_process(
-    kube: KubeEmulator,
-    identity: str,
-    tmp_path: Path,
-    *,
-    redis_url: str,
-    redis_prefix: str,
-    database_url: str,
-    admission_addr: str,
-    orphan_grace_s: float,
-) -> ServiceProcess:
-    settings = substrate_settings(redis_url, redis_prefix, database_url, admission_addr)
-    env = {
-        **as_env(settings),
-        **k8s_env(kube, leader_identity=identity, sweep_orphan_grace_s=str(orphan_grace_s)),
-    }
-    return ServiceProcess("turnstile_substrate", env, tmp_path / f"{identity}.log")
-
-
 @pytest.mark.parametrize(
     ("retry", "orphan_grace_s"),
     # the sweep takes a pod no record names once it is this old: long enough for the
@@ -215,30 +219,15 @@ def substrate_process(
     [("at once", 300.0), ("after the sweep", 2.0)],
 )
 async def test_a_substrate_killed_mid_activation_leaves_one_runtime_and_nothing_stranded(
-    kube: KubeEmulator,
-    migrated: str,
-    redis: aioredis.Redis,
-    redis_url: str,
-    redis_prefix: str,
-    tmp_path: Path,
-    retry: str,
-    orphan_grace_s: float,
+    world: World, retry: str, orphan_grace_s: float
 ) -> None:
+    kube = world.kube
     admission = await create_admission(
-        AdmissionSettings.model_validate(admission_settings(redis_url, redis_prefix))
+        AdmissionSettings.model_validate(admission_settings(world.redis_url, world.redis_prefix))
     )
     await admission.start()
-    replica: Callable[[str], ServiceProcess] = lambda identity: substrate_process(  # noqa: E731
-        kube,
-        identity,
-        tmp_path,
-        redis_url=redis_url,
-        redis_prefix=redis_prefix,
-        database_url=migrated,
-        admission_addr=admission.address,
-        orphan_grace_s=orphan_grace_s,
-    )
-    first, second = replica("first"), replica("second")
+    first = world.substrate_process("first", admission.address, orphan_grace_s)
+    second = world.substrate_process("second", admission.address, orphan_grace_s)
     deleted = asyncio.Event()
     kube.store.add_observer(lambda e: deleted.set() if e.type == DELETED else None)
     try:
@@ -255,9 +244,8 @@ async def test_a_substrate_killed_mid_activation_leaves_one_runtime_and_nothing_
         assert first.returncode == -9
         assert lost.value.code() == grpc.StatusCode.UNAVAILABLE  # the connection went away
         orphan = live_pods(kube)["victim"]
-        assert await recorded_runtimes(migrated) == {}  # made, never recorded
-        stranded = await ledger(admission.address, redis, redis_prefix)
-        assert stranded.in_flight == 1  # a hold nobody will settle
+        assert await world.recorded_runtimes() == {}  # made, never recorded
+        assert await unsettled_holds(world.redis, world.redis_prefix) == 1  # nobody will
 
         async with grpc.aio.insecure_channel(second.address) as channel:
             stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
@@ -275,18 +263,18 @@ async def test_a_substrate_killed_mid_activation_leaves_one_runtime_and_nothing_
                 assert pods["victim"] == orphan  # adopted, not made again
             else:
                 assert answer.outcome == substrate_pb2.OUTCOME_CREATED
-            assert await recorded_runtimes(migrated) == {"victim": answer.sandbox.runtime_name}
+            assert await world.recorded_runtimes() == {"victim": answer.sandbox.runtime_name}
 
-            after, took = await settled(admission.address, redis, redis_prefix, kube)
+            after, took = await world.settled(admission.address)
             print(f"\nsubstrate ({retry}): settled in {took:.1f} s: {after}")
             assert after.live == {"victim"}
             assert after.drift(live_pods(kube)) == 0
             assert after.immortal_holds == 0
 
             await stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="victim"), timeout=30)
-            final, _ = await settled(admission.address, redis, redis_prefix, kube)
+            final, _ = await world.settled(admission.address)
             assert (final.live, final.node_slots, live_pods(kube)) == (frozenset(), {}, {})
-            assert await recorded_runtimes(migrated) == {}
+            assert await world.recorded_runtimes() == {}
     except BaseException:
         print(f"--- first\n{first.output()}\n--- second\n{second.output()}")
         raise
