@@ -245,7 +245,8 @@ async def test_a_substrate_killed_mid_activation_leaves_one_runtime_and_nothing_
         assert lost.value.code() == grpc.StatusCode.UNAVAILABLE  # the connection went away
         orphan = live_pods(kube)["victim"]
         assert await world.recorded_runtimes() == {}  # made, never recorded
-        assert await unsettled_holds(world.redis, world.redis_prefix) == 1  # nobody will
+        # a hold nobody will settle (its in-flight lease expires with it)
+        assert await unsettled_holds(world.redis, world.redis_prefix) == 1
 
         async with grpc.aio.insecure_channel(second.address) as channel:
             stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
