@@ -23,6 +23,7 @@ from turnstile_testing.otlp import OtlpReceiver
 from turnstile_testing.pki import Pki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
+from turnstile_testing.replication import PostgresPair
 from turnstile_testing.services import find_postgres, find_redis, using
 
 # The shared fixtures start services in explicit loopback plaintext (SPEC Z5 allows
@@ -131,6 +132,16 @@ def private_postgres() -> Iterator[PostgresProcess]:
         yield proc
     finally:
         proc.close()
+
+
+@pytest.fixture
+def postgres_pair() -> Iterator[PostgresPair]:
+    """A private primary with a streaming standby, which the test may switch over."""
+    pair = PostgresPair().start()
+    try:
+        yield pair
+    finally:
+        pair.close()
 
 
 @pytest.fixture

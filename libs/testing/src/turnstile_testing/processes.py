@@ -149,21 +149,25 @@ class PostgresProcess:
             return str(candidate)
         raise RuntimeError(f"{name} is not installed (scripts/test installs PostgreSQL)")
 
+    def _initialise(self) -> None:
+        """Create the data directory (a new cluster; a standby copies its primary's)."""
+        self._run(
+            self._binary("initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
+
     def start(self) -> PostgresProcess:
         if self._as_postgres:
             shutil.chown(self.base, "postgres", "postgres")
         if not self._initialised:
-            self._run(
-                self._binary("initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--no-sync",
-                "-E",
-                "UTF8",
-            )
+            self._initialise()
             self._initialised = True
         self._run(
             self._binary("pg_ctl"),
@@ -180,6 +184,28 @@ class PostgresProcess:
             "start",
         )
         return self
+
+    def query(self, sql: str) -> str:
+        """The text of ``sql``'s result (psql over TCP with trust auth; no event loop needed)."""
+        done = subprocess.run(
+            [
+                self._binary("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-Atc",
+                sql,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout.strip()
 
     def _pids(self) -> list[int]:
         """The postmaster and every process it started (one backend per connection)."""
