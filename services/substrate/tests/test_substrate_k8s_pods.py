@@ -252,7 +252,7 @@ async def test_the_substrate_never_changes_a_client_id_label_once_set(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
     history = kube.store.subscribe(PodFilter(namespace=NS), None)
-    async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 2}}) as sub:
         await sub.reflector.wait_until(lambda: sub.index.warm_count("default") == 2, 5)
         clients = ["acme", None, "globex", "acme"]
         for i, client in enumerate(clients):

@@ -71,7 +71,8 @@ COLD_CREATES = Counter(
 SWEEPS = Counter(
     "turnstile_substrate_sweep_total",
     "What the leader's sweeps found and did (SPEC F4), by sweep (gone_runtimes, "
-    "finished_pods, expired_warm_pods, orphan_pods) and action (found, removed, adopted, error).",
+    "gone_runtimes_watch: the same at once for a pod the reflector saw go, finished_pods, "
+    "expired_warm_pods, orphan_pods) and action (found, removed, adopted, error).",
     ["sweep", "action"],
 )
 SWEEP_RUNS = Counter(

@@ -19,6 +19,10 @@ Leader-only work: one replica compares the reflector's pods with the PostgreSQL 
    a pod whose activation died between creating and recording it and was never retried. The
    record is read again right before the delete, and the delete carries the pod's uid.
 
+The first sweep has a prompt path: the leader ends a gone pod's execution as soon as its
+reflector sees the pod go (:mod:`.gone_watch`), so the pass only catches what that missed (a
+leader change, a failed write).
+
 The grace must exceed the longest activation (create → record), so an activation in flight is
 never swept. ``sweep_dry_run`` finds and counts without changing anything.
 
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 SUBSTRATE = "kubernetes"
 
 GONE = "gone_runtimes"
+#: The same work, for one pod the moment the reflector sees it go (:mod:`.gone_watch`).
+GONE_WATCH = "gone_runtimes_watch"
 FINISHED = "finished_pods"
 EXPIRED_WARM = "expired_warm_pods"
 ORPHANS = "orphan_pods"
@@ -137,37 +143,64 @@ class Sweeper:
             cached = self._index.pods.get(name)
             if cached is not None and cached.live:
                 continue
-            try:
-                pod = await self._api.get(name)  # the cache may not have seen a fresh create
-            except Exception as error:
-                report.add(GONE, "error")
-                log.warning("sweep: reading pod %s failed: %s", name, error)
-                continue
-            if pod is not None and pod.live:
-                continue
-            report.add(GONE, "found")
-            if self.dry_run:
-                continue
-            replacement = next(
-                (p for p in self._index.live_pods(execution.sandbox_id) if p.name != name), None
-            )
-            try:
-                if replacement is not None:
-                    await self._adopt(replacement)
-                    adopted.add(replacement.name)
-                    report.add(GONE, "adopted")
-                    continue
-                async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-                    ended = await records.end_runtime(
-                        conn, execution.sandbox_id, name, reason="runtime_gone"
-                    )
-                if ended:
-                    await self._release(execution.sandbox_id)
-                    report.add(GONE, "removed")
-            except Exception as error:
-                report.add(GONE, "error")
-                log.warning("sweep: ending the execution of pod %s failed: %s", name, error)
+            replacement = await self._end_gone(GONE, execution.sandbox_id, name, report)
+            if replacement is not None:
+                adopted.add(replacement)
         return adopted
+
+    async def end_if_recorded(self, sandbox_id: str, name: str) -> SweepReport:
+        """The prompt path of the gone-runtimes sweep, for one pod the reflector saw go
+        (:mod:`.gone_watch`): if it is still the sandbox's active execution, end it (or move
+        the record to the sandbox's other live pod) now rather than at the next pass.
+        Idempotent: a record already ended, or naming another pod, is left alone."""
+        report = SweepReport()
+        try:
+            async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                recorded = await records.runtime_is_recorded(conn, sandbox_id, name)
+        except Exception as error:
+            report.add(GONE_WATCH, "error")
+            log.warning(
+                "ending the execution of pod %s: reading its record failed: %s", name, error
+            )
+            return report
+        if recorded:
+            await self._end_gone(GONE_WATCH, sandbox_id, name, report)
+        return report
+
+    async def _end_gone(
+        self, sweep: str, sandbox_id: str, name: str, report: SweepReport
+    ) -> str | None:
+        """End the execution of pod ``name`` if the API server confirms it is gone, or adopt
+        the sandbox's other live pod instead; returns the adopted pod's name."""
+        try:
+            pod = await self._api.get(name)  # the cache may not have seen a fresh create
+        except Exception as error:
+            report.add(sweep, "error")
+            log.warning("sweep: reading pod %s failed: %s", name, error)
+            return None
+        if pod is not None and pod.live:
+            return None
+        report.add(sweep, "found")
+        if self.dry_run:
+            return None
+        replacement = next((p for p in self._index.live_pods(sandbox_id) if p.name != name), None)
+        try:
+            if replacement is not None:
+                await self._adopt(replacement)
+                report.add(sweep, "adopted")
+                return replacement.name
+            async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                ended = await records.end_runtime(conn, sandbox_id, name, reason="runtime_gone")
+            if ended:
+                await self._release(sandbox_id)
+                report.add(sweep, "removed")
+                log.info(
+                    "%s: ended the execution of sandbox %s (pod %s gone)", sweep, sandbox_id, name
+                )
+        except Exception as error:
+            report.add(sweep, "error")
+            log.warning("sweep: ending the execution of pod %s failed: %s", name, error)
+        return None
 
     async def _adopt(self, pod: PodInfo) -> None:
         runtime = Runtime(

@@ -29,6 +29,12 @@ on ``/etc/turnstile/credential`` and names the file in
 attaches. The credential itself is never in the pod spec. The pod's ``fsGroup``
 is its ``runAsGroup``, so the group-readable (0440) file is the worker's to read.
 
+Each tier's pods take its runtime from ``tier_runtimes`` (:mod:`.tier_runtime`):
+``runtimeClassName``, resources, node selector and tolerations. Warm and cold pods of a tier
+are built by the same function from the same settings, so they differ only in name and
+labels, and a claim (which takes only warm pods of the activation's tier) hands out the
+runtime a cold create would have made.
+
 Pods meet the restricted Pod Security Standard: non-root, no privilege
 escalation, no capabilities, the runtime's seccomp profile, a read-only root
 filesystem with an emptyDir on ``/tmp``, and no service-account token (a sandbox
@@ -201,8 +207,8 @@ def _pod(
     annotations: dict[str, str],
     credentials: bool,
 ) -> dict[str, Any]:
-    requests = _quantities(cpu=settings.cpu_request, memory=settings.memory_request)
-    limits = _quantities(cpu=settings.cpu_limit, memory=settings.memory_limit)
+    runtime = settings.tier_runtime(tier)
+    resources = runtime.resources(settings)
     container: dict[str, Any] = {
         "name": settings.container_name,
         "image": settings.image,
@@ -223,10 +229,8 @@ def _pod(
         container["volumeMounts"].append(
             {"name": "credential", "mountPath": CREDENTIAL_DIR, "readOnly": True}
         )
-    if requests or limits:
-        container["resources"] = {
-            part: values for part, values in (("requests", requests), ("limits", limits)) if values
-        }
+    if resources:
+        container["resources"] = resources
     tmp: dict[str, Any] = {"sizeLimit": settings.tmp_size_limit} if settings.tmp_size_limit else {}
     spec: dict[str, Any] = {
         "containers": [container],
@@ -275,6 +279,9 @@ def _pod(
         )
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
+    # The tier's runtime (a RuntimeClass) and the nodes that have it: cold and warm pods
+    # alike, so a warm claim hands out what a cold create of the tier would have made.
+    spec.update(runtime.scheduling())
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": settings.namespace,
@@ -288,7 +295,3 @@ def _pod(
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-def _quantities(**values: str) -> dict[str, str]:
-    return {name: value for name, value in values.items() if value}

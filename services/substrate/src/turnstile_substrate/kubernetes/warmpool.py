@@ -229,7 +229,7 @@ class WarmPool:
         self._prune()
         for name in list(self._discard_pending):
             await self._discard(name)
-        tiers = set(self._settings.warm_pool_sizes) | set(self._index.warm_tiers())
+        tiers = set(self._settings.warm_tiers()) | set(self._index.warm_tiers())
         for tier in sorted(tiers):
             size = self._settings.warm_size(tier)
             have = self.available(tier)
