@@ -109,6 +109,18 @@ async def caught_up(sub: KubernetesSubstrate, kube: KubeEmulator) -> None:
     await reflector.wait_until(lambda: reflector.resource_version == str(kube.resource_version), 5)
 
 
+async def recorded_then_deleted(
+    sub: KubernetesSubstrate, kube: KubeEmulator, pool: asyncpg.Pool, sandbox: str
+) -> Runtime:
+    """A recorded sandbox pod deleted outside Turnstile (kubectl delete, an eviction, a node
+    lost), once the cache has seen it go."""
+    runtime = await sub.ensure_runtime(spec(sandbox), Plan(CreateKind.COLD), no_gate)
+    await record(pool, sandbox, runtime.name)
+    kube.delete_pod(NS, runtime.name)
+    await caught_up(sub, kube)
+    return runtime
+
+
 def sweeper(sub: KubernetesSubstrate, pool: asyncpg.Pool, released: Released) -> Sweeper:
     return sub.sweeper(pool, released)
 
@@ -186,10 +198,7 @@ async def test_a_pod_deleted_outside_turnstile_ends_its_execution(
 ) -> None:
     released = Released()
     async with substrate(kube) as sub:
-        runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
-        await record(pool, "s1", runtime.name)
-        kube.delete_pod(NS, runtime.name)  # kubectl delete, an eviction, a node lost
-        await caught_up(sub, kube)
+        await recorded_then_deleted(sub, kube, pool, "s1")
 
         report = await sweeper(sub, pool, released).sweep_once()
 
@@ -245,10 +254,7 @@ async def test_a_pod_seen_to_go_twice_or_already_ended_changes_nothing(
 ) -> None:
     released = Released()
     async with substrate(kube) as sub:
-        runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
-        await record(pool, "s1", runtime.name)
-        kube.delete_pod(NS, runtime.name)
-        await caught_up(sub, kube)
+        runtime = await recorded_then_deleted(sub, kube, pool, "s1")
         ender = sweeper(sub, pool, released)
         first = await ender.end_if_recorded("s1", runtime.name)
         again = await ender.end_if_recorded("s1", runtime.name)
