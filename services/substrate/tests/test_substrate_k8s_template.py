@@ -15,6 +15,7 @@ from turnstile_substrate.kubernetes.template import (
     PODINFO_DIR,
     adoption_patch,
     sandbox_pod,
+    template_hash,
     warm_pod,
 )
 from turnstile_substrate.runtime import (
@@ -23,6 +24,7 @@ from turnstile_substrate.runtime import (
     LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     WORKER_NAME,
@@ -77,6 +79,7 @@ def test_warm_and_cold_pods_of_a_tier_differ_only_in_name_and_labels() -> None:
     assert warm["metadata"]["labels"] == {
         LABEL_TIER: "container",
         LABEL_POOL: "warm",
+        LABEL_TEMPLATE: template_hash(config, "container"),
         LABEL_NAME: WORKER_NAME,
         LABEL_MANAGED_BY: MANAGED_BY,
     }
@@ -197,6 +200,21 @@ def test_each_tier_runs_on_its_own_runtime_class_nodes_and_resources() -> None:
         "requests": {"cpu": "250m", "memory": "512Mi"},
         "limits": {"memory": "1Gi"},
     }
+
+
+def test_the_template_hash_changes_with_the_tiers_runtime_and_nothing_else() -> None:
+    plain, with_tiers = settings(), settings(tier_runtimes=TIERS)
+    assert template_hash(plain, "microvm") != template_hash(with_tiers, "microvm")
+    assert template_hash(plain, "container") == template_hash(with_tiers, "container")
+    assert template_hash(plain, "container") != template_hash(
+        settings(image="other:2"), "container"
+    )
+    assert template_hash(with_tiers, "microvm") == template_hash(
+        settings(tier_runtimes=TIERS), "microvm"
+    )
+    first, second = warm_pod(with_tiers, "microvm"), warm_pod(with_tiers, "microvm")
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    assert first["metadata"]["labels"] == second["metadata"]["labels"]
 
 
 def test_a_warm_pod_of_a_tier_carries_that_tiers_runtime_as_a_cold_pod_does() -> None:

@@ -184,3 +184,30 @@ async def test_kubectl_reads_each_tiers_runtime_back_from_the_pods_it_produced(
     )
     assert code == 0, err
     assert out.split() == ["kata", "kata"]
+
+
+async def test_warm_pods_of_an_older_template_are_never_claimed_and_are_replaced(
+    kube: KubeEmulator, substrate: StartSubstrate
+) -> None:
+    # the microvm tier's warm pod was made while the tier still ran plain containers
+    before = {"microvm": {"warm_pool_size": 1}}
+    async with substrate(kube, tier_runtimes=before) as sub:
+        await pools_full(sub, kube, "microvm")
+        [stale] = warm_in(kube, "microvm")
+        await sub.pool.stop()
+    assert runtime_of(kube, stale)["runtimeClassName"] is None
+
+    async with substrate(kube, tier_runtimes=TIERS) as sub:
+        micro = spec("m1", "microvm")
+        # not claimable, whatever the plan: a cold create on the tier's runtime instead
+        runtime = await sub.ensure_runtime(micro, Plan(CreateKind.WARM), no_gate)
+        assert runtime.kind is CreateKind.COLD
+        assert runtime_of(kube, runtime.name) == MICROVM_RUNTIME
+        # and the refill replaces it with a pod of the current template
+        await sub.reflector.wait_until(
+            lambda: kube.pod(NS, stale) is None and len(warm_in(kube, "microvm")) == 1, 5
+        )
+        [fresh] = warm_in(kube, "microvm")
+        assert runtime_of(kube, fresh) == MICROVM_RUNTIME
+        claimed = await sub.ensure_runtime(spec("m2", "microvm"), Plan(CreateKind.WARM), no_gate)
+        assert (claimed.kind, claimed.name) == (CreateKind.WARM, fresh)

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client import REGISTRY
 
-from turnstile_substrate.kubernetes import KubernetesSubstrate
+from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate, template
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     CreateKind,
@@ -297,6 +298,7 @@ async def test_excess_warm_pods_are_trimmed_to_the_configured_size(
                         LABEL_POOL: "warm",
                         LABEL_TIER: "default",
                         LABEL_MANAGED_BY: MANAGED_BY,
+                        LABEL_TEMPLATE: template.template_hash(KubernetesSettings(), "default"),
                     },
                 },
                 "spec": {"containers": [{"name": "c", "image": "i"}]},

@@ -52,8 +52,8 @@ WARM_CLAIMS = Counter(
 )
 WARM_INVALIDATIONS = Counter(
     "turnstile_substrate_warm_invalidations_total",
-    "Warm pods discarded after a failed adoption (SPEC S6), by tier and reason "
-    "(conflict, not_found, error).",
+    "Warm pods discarded, by tier and reason: after a failed adoption (SPEC S6: conflict, "
+    "not_found, error), or made from a template the tier no longer has (stale_template).",
     ["tier", "reason"],
 )
 WARM_CREATED = Counter(

@@ -9,6 +9,10 @@ Labels (SPEC S2, DESIGN "Kubernetes"):
   record is NULL (an inheriting activation of an unattributed sandbox);
 * ``turnstile.dev/tier`` — the tier;
 * ``turnstile.dev/pool`` — only on unclaimed warm pods; the adoption patch removes it;
+* ``turnstile.dev/template`` — only on unclaimed warm pods: a hash of the spec their tier's
+  template gave them (:func:`template_hash`), so the pool claims only pods made from the
+  current template and replaces the others (a tier moved to another RuntimeClass never
+  hands out a pod of the old one); the adoption patch removes it;
 * ``app.kubernetes.io/managed-by: turnstile`` — what the reflector selects;
 * ``app.kubernetes.io/name: turnstile-worker`` — what the NetworkPolicies select.
 
@@ -44,6 +48,7 @@ has no business with the API server).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from typing import Any
@@ -55,6 +60,7 @@ from turnstile_substrate.runtime import (
     LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     WORKER_NAME,
@@ -152,14 +158,30 @@ def warm_pod(
     settings: KubernetesSettings, tier: str, *, credentials: bool = False
 ) -> dict[str, Any]:
     """The manifest of a warm-pool pod of ``tier``: no sandbox, no client."""
+    labels = {
+        LABEL_TIER: tier,
+        LABEL_POOL: POOL_WARM,
+        LABEL_TEMPLATE: template_hash(settings, tier, credentials=credentials),
+    }
     return _pod(
         settings,
         name=warm_pod_name(settings, tier),
         tier=tier,
-        labels={LABEL_TIER: tier, LABEL_POOL: POOL_WARM},
+        labels=labels,
         annotations={},
         credentials=credentials,
     )
+
+
+def template_hash(settings: KubernetesSettings, tier: str, *, credentials: bool = False) -> str:
+    """A hash of the pod spec ``tier``'s template gives (16 hex): equal for every pod the
+    same settings make, different once anything in the spec changes (RuntimeClass,
+    resources, image, ...). The spec is built for a fixed name, since a credential volume
+    names its pod's Secret."""
+    spec = _pod(
+        settings, name="template", tier=tier, labels={}, annotations={}, credentials=credentials
+    )["spec"]
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
@@ -168,9 +190,14 @@ def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
     It carries the resourceVersion the claimer saw, so the API server applies it
     only to the pod as seen: of two concurrent claims one wins and the other gets
     409 Conflict. It adds the sandbox labels (the client id is set here, once)
-    and removes the pool label (``null`` deletes a key in a merge patch).
+    and removes the pool and template labels (``null`` deletes a key in a merge patch): the
+    pod is then labelled as a cold pod of the sandbox is.
     """
-    labels: dict[str, str | None] = {**sandbox_labels(spec), LABEL_POOL: None}
+    labels: dict[str, str | None] = {
+        **sandbox_labels(spec),
+        LABEL_POOL: None,
+        LABEL_TEMPLATE: None,
+    }
     return {"metadata": {"resourceVersion": resource_version, "labels": labels}}
 
 
