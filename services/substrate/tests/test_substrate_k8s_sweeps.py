@@ -25,6 +25,7 @@ from turnstile_substrate.kubernetes.sweeps import (
     ORPHANS,
     Sweeper,
 )
+from turnstile_substrate.locks import sandbox_advisory_lock
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec
 from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.kubectl import KUBECTL, run_kubectl
@@ -264,6 +265,26 @@ async def test_a_pod_seen_to_go_twice_or_already_ended_changes_nothing(
     assert again.counts == {}
     assert never.counts == {}
     assert released == ["s1"]
+
+
+async def test_a_pod_a_deactivate_is_stopping_keeps_the_deactivates_end_reason(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    released = Released()
+    async with substrate(kube) as sub:
+        # a Deactivate in progress: it holds the sandbox's lock, has deleted the pod (which is
+        # how the watch hears of it), and ends the row itself before it lets go
+        async with pool.acquire() as deactivate, sandbox_advisory_lock(deactivate, "s1", 1.0):
+            runtime = await recorded_then_deleted(sub, kube, pool, "s1")
+            ender = sub.sweeper(pool, released, database_timeout_s=0.2)
+            waited = await ender.end_if_recorded("s1", runtime.name)
+            await records.end_execution(deactivate, "s1", reason="deactivated")
+        after = await ender.end_if_recorded("s1", runtime.name)
+
+    assert waited.get(GONE_WATCH, "error") == 1  # the lock was held: left alone
+    assert after.counts == {}
+    assert await ended_reason(pool, "s1") == "deactivated"
+    assert released == []
 
 
 async def test_a_deleted_pod_whose_sandbox_has_another_live_pod_moves_the_record_at_once(
