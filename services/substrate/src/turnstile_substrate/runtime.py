@@ -23,6 +23,9 @@ LABEL_SANDBOX_ID = "turnstile.dev/sandbox-id"
 LABEL_CLIENT_ID = "turnstile.dev/client-id"
 LABEL_TIER = "turnstile.dev/tier"
 LABEL_POOL = "turnstile.dev/pool"
+#: On warm pods: a hash of the spec their tier's template gave them (a claim takes only
+#: warm pods made from the current one).
+LABEL_TEMPLATE = "turnstile.dev/template"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "turnstile"
 #: Every sandbox pod is ``app.kubernetes.io/name=turnstile-worker``: the label the
