@@ -28,6 +28,7 @@ from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.template import sandbox_pod, warm_pod
 from turnstile_substrate.runtime import RuntimeSpec
 from turnstile_substrate.settings import SubstrateSettings
+from turnstile_testing.kube_emulator.podsecurity import restricted_violations
 
 from .conftest import TILTFILE
 from .manifests import KUSTOMIZATIONS, Obj, containers, named, of_kind, workloads
@@ -105,7 +106,7 @@ def test_the_walker_reads_aliases_and_nested_policies_and_misses_stale_names() -
         "TURNSTILE_CAP__MODE",
         "TURNSTILE_SLOTS__PER_NODE",
         "TURNSTILE_K8S_IMAGE",
-        "TURNSTILE_K8S_WARM_POOL_SIZES",
+        "TURNSTILE_K8S_TIER_RUNTIMES",
         "TURNSTILE_K8S_AFFINITY_ADDR",
         "TURNSTILE_AFFINITY_ADDR",
         "TURNSTILE_WORKER_SANDBOX_ID_FILE",
@@ -159,11 +160,11 @@ def test_each_containers_environment_builds_its_processes_settings(built: Built,
     k8s = _deployed_k8s(objects)
     assert k8s.namespace == "turnstile", "sandbox pods go where substrate's Role applies"
     assert k8s.image.rpartition("/")[2].startswith("turnstile-worker")
-    assert sum(k8s.warm_pool_sizes.values()) >= 1
+    assert sum(runtime.warm_pool_size for runtime in k8s.tier_runtimes.values()) >= 1
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
-def test_substrate_and_affinity_read_the_same_tiers_and_warm_pools_are_declared_tiers(
+def test_substrate_and_affinity_read_the_same_tiers_and_tier_runtimes_are_declared_tiers(
     built: Built, name: str
 ) -> None:
     objects = built(name)
@@ -172,7 +173,7 @@ def test_substrate_and_affinity_read_the_same_tiers_and_warm_pools_are_declared_
     assert substrate.tier_config.enabled
     assert substrate.tier_config == affinity.tier_config
     declared = set(substrate.tier_config.declared)
-    assert set(_deployed_k8s(objects).warm_pool_sizes) <= declared
+    assert set(_deployed_k8s(objects).tier_runtimes) <= declared
 
 
 # ---------------------------------------------------------------------- sandbox pods
@@ -186,15 +187,16 @@ def _pod_labels(objects: list[Obj], deployment: str) -> dict[str, str]:
 
 
 def _sandbox_pods(objects: list[Obj]) -> dict[str, dict[str, Any]]:
+    """A cold and a warm pod of every declared tier, as the deployed substrate makes them."""
     k8s = _deployed_k8s(objects)
-    tier = _build(SubstrateSettings, _workload_env(objects, "turnstile-substrate")).tier_config
-    assert tier.default is not None
-    spec = RuntimeSpec(sandbox_id="sb-1", tier=tier.default, client_label="acme")
-    # The deployed substrate has a signing key, so its pods mount the credential Secret.
-    return {
-        "cold": sandbox_pod(k8s, spec, credentials=True),
-        "warm": warm_pod(k8s, tier.default, credentials=True),
-    }
+    tiers = _build(SubstrateSettings, _workload_env(objects, "turnstile-substrate")).tier_config
+    pods = {}
+    for tier in tiers.declared:
+        spec = RuntimeSpec(sandbox_id="sb-1", tier=tier, client_label="acme")
+        # The deployed substrate has a signing key, so its pods mount the credential Secret.
+        pods[f"cold {tier}"] = sandbox_pod(k8s, spec, credentials=True)
+        pods[f"warm {tier}"] = warm_pod(k8s, tier, credentials=True)
+    return pods
 
 
 @pytest.mark.parametrize("version", ["1.31.0", str(latest_version())])
@@ -215,6 +217,7 @@ def test_sandbox_pods_meet_the_namespaces_restricted_pod_security_standard(
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     for kind, pod in _sandbox_pods(objects).items():
         spec = pod["spec"]
+        assert restricted_violations(pod) == [], kind  # the emulator's admission checks
         assert pod["metadata"]["namespace"] == namespace["metadata"]["name"], kind
         pod_ctx = spec["securityContext"]
         assert pod_ctx["runAsNonRoot"] is True, kind
@@ -268,3 +271,22 @@ def test_sandbox_pods_workers_reach_the_relay_and_nothing_else_of_turnstile(
         assert worker_settings.sandbox_id_file is not None
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert str(worker_settings.sandbox_id_file.parent) in mounts
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_each_tiers_pods_name_a_runtime_class_the_manifests_ship(built: Built, name: str) -> None:
+    objects = built(name)
+    shipped = {rc["metadata"]["name"]: rc for rc in of_kind(objects, "RuntimeClass")}
+    pods = _sandbox_pods(objects)
+    for kind, pod in pods.items():
+        runtime_class = pod["spec"].get("runtimeClassName")
+        assert runtime_class is None or runtime_class in shipped, f"{kind}: {runtime_class}"
+    if name == "dev":
+        # laptop clusters have no Kata: every tier runs the default runtime there
+        assert all("runtimeClassName" not in pod["spec"] for pod in pods.values())
+        return
+    for kind in ("cold", "warm"):
+        assert pods[f"{kind} microvm"]["spec"]["runtimeClassName"] == "kata"
+        assert "runtimeClassName" not in pods[f"{kind} container"]["spec"]
+    assert shipped["kata"]["handler"] == "kata"
+    assert _deployed_k8s(objects).warm_size("microvm") >= 1

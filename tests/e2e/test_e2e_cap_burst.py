@@ -20,20 +20,14 @@ import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app as create_admission
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED
-from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
-from turnstile_platform.errors import RichError, decode
-from turnstile_platform.server import GrpcService
-from turnstile_substrate.app import create_app as create_substrate
-from turnstile_substrate.db.migrate import apply_migrations
-from turnstile_substrate.settings import SubstrateSettings
+from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform.errors import RichError
 from turnstile_testing.kube_emulator import KubeEmulator
-from turnstile_testing.processes import free_port
 
-NAMESPACE = "sandboxes"
+from .kube_stack import API_ONLY, NAMESPACE, activate_for_acme, kube_services
+
 CAP = 7
 BURST = 300
 
@@ -61,54 +55,31 @@ async def stack(
     leader whose marker has run out), so every cap decision has the pending set
     alone.
     """
-    await asyncio.to_thread(apply_migrations, database_url)
-    async with KubeEmulator(bookmark_interval=0.2) as kube:
-        monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
-        monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
-        admission_port = free_port()
-        common: dict[str, object] = {
-            "host": "127.0.0.1",
-            "metrics_port": 0,
-            "redis_url": redis_url,
-            "redis_prefix": redis_prefix,
-            "client_allowlist": ("acme",),
-            "shutdown_grace_s": 1.0,
-            "log_format": "text",
-        }
-        substrate_app = await create_substrate(
-            SubstrateSettings.model_validate(
-                {
-                    **common,
-                    "port": 0,
-                    "substrate_kind": "kubernetes",
-                    "database_url": database_url,
-                    "admission_addr": f"127.0.0.1:{admission_port}",
-                }
-            )
-        )
-        await substrate_app.start()
-        counted = request.param == "counted"
+    counted = request.param == "counted"
+
+    async def until_counted() -> None:
         if counted:
             await _until_counted(redis, LiveCountKeys(redis_prefix))
-        admission_app = await create_admission(
-            AdmissionSettings.model_validate(
-                {
-                    **common,
-                    "port": admission_port,
-                    # Unavailable: admission reads live counts no leader writes.
-                    "redis_prefix": redis_prefix if counted else f"{redis_prefix}nobody:",
-                    "cap": {"default_cap": CAP},
-                    "rate": {"default_burst": 10_000, "cluster_burst": 10_000},
-                    "concurrency": {"default_limit": 10_000},
-                }
-            )
-        )
-        await admission_app.start()
-        apps: list[GrpcService] = [admission_app, substrate_app]
-        async with grpc.aio.insecure_channel(substrate_app.address) as sub:
-            yield Stack(kube, substrate_pb2_grpc.SubstrateServiceStub(sub))
-        for app in apps:
-            await app.stop()
+
+    async with (
+        kube_services(
+            redis_url,
+            redis_prefix,
+            database_url,
+            monkeypatch,
+            cluster=API_ONLY,
+            before_admission=until_counted,
+            admission={
+                # Unavailable: admission reads live counts no leader writes.
+                "redis_prefix": redis_prefix if counted else f"{redis_prefix}nobody:",
+                "cap": {"default_cap": CAP},
+                "rate": {"default_burst": 10_000, "cluster_burst": 10_000},
+                "concurrency": {"default_limit": 10_000},
+            },
+        ) as services,
+        grpc.aio.insecure_channel(services.substrates[0].address) as sub,
+    ):
+        yield Stack(services.kube, substrate_pb2_grpc.SubstrateServiceStub(sub))
 
 
 async def _until_counted(redis: aioredis.Redis, keys: LiveCountKeys) -> None:
@@ -122,14 +93,7 @@ async def _until_counted(redis: aioredis.Redis, keys: LiveCountKeys) -> None:
 
 
 async def _activate(stack: Stack, sandbox_id: str) -> substrate_pb2.ActivateResponse | RichError:
-    try:
-        return await stack.substrate.Activate(
-            substrate_pb2.ActivateRequest(
-                sandbox_id=sandbox_id, client=common_pb2.ActivationClient(client_id="acme")
-            )
-        )
-    except grpc.aio.AioRpcError as error:
-        return decode(error)
+    return await activate_for_acme(stack.substrate, sandbox_id)
 
 
 async def test_a_burst_of_300_activations_under_a_cap_of_7_leaves_at_most_8_pods(

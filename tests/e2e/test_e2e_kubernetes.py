@@ -19,9 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from turnstile_admission.app import create_app as create_admission
 from turnstile_admission.keys import AdmissionKeys
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -29,16 +27,15 @@ from turnstile_contracts import (
     substrate_pb2,
     substrate_pb2_grpc,
 )
-from turnstile_platform.errors import RichError, decode
-from turnstile_platform.server import GrpcService
+from turnstile_platform.errors import RichError
 from turnstile_substrate.app import create_app as create_substrate
 from turnstile_substrate.db.migrate import apply_migrations
 from turnstile_substrate.runtime import LABEL_CLIENT_ID, LABEL_SANDBOX_ID
 from turnstile_substrate.settings import SubstrateSettings
-from turnstile_testing.kube_emulator import KubeEmulator, KubeletConfig
-from turnstile_testing.processes import free_port
+from turnstile_testing.kube_emulator import KubeEmulator
 
-NAMESPACE = "sandboxes"
+from .kube_stack import NAMESPACE, activate_for_acme, kube_services
+
 CAP = 10
 
 
@@ -65,76 +62,35 @@ async def running_stack(
 ) -> AsyncIterator[Stack]:
     """Both services on the emulator (``replicas`` substrate processes); ``admission``
     overrides admission settings."""
-    await asyncio.to_thread(apply_migrations, database_url)
-    # A cluster that schedules and starts pods, deletes them gracefully, and enforces the
-    # sandbox namespace's restricted Pod Security level on what the substrate creates.
-    async with KubeEmulator(
-        bookmark_interval=0.2,
-        graceful_deletion=True,
-        kubelet=KubeletConfig(start_delay=0.01, stop_delay=0.05),
-        pod_security="restricted",
-    ) as kube:
-        monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
-        monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
-        admission_port = free_port()
-        common: dict[str, object] = {
-            "host": "127.0.0.1",
-            "metrics_port": 0,
-            "redis_url": redis_url,
-            "redis_prefix": redis_prefix,
-            "client_allowlist": ("acme",),
-            "shutdown_grace_s": 1.0,
-            "log_format": "text",
-        }
-        substrate_apps = []
-        for _ in range(replicas):
-            replica = await create_substrate(
-                SubstrateSettings.model_validate(
-                    {
-                        **common,
-                        "port": 0,
-                        "substrate_kind": "kubernetes",
-                        "database_url": database_url,
-                        "admission_addr": f"127.0.0.1:{admission_port}",
-                        "health_check_interval_s": 0.1,
-                    }
-                )
+    async with (
+        kube_services(
+            redis_url,
+            redis_prefix,
+            database_url,
+            monkeypatch,
+            replicas=replicas,
+            substrate={"health_check_interval_s": 0.1},
+            admission={
+                "cap": {"default_cap": CAP},
+                "rate": {"default_burst": 1000, "cluster_burst": 1000},
+                "concurrency": {"default_limit": 1000},
+                **admission,
+            },
+        ) as services,
+        contextlib.AsyncExitStack() as channels,
+    ):
+        subs = [
+            substrate_pb2_grpc.SubstrateServiceStub(
+                await channels.enter_async_context(grpc.aio.insecure_channel(app.address))
             )
-            await replica.start()
-            substrate_apps.append(replica)
-        substrate_app = substrate_apps[0]
-        admission_app = await create_admission(
-            AdmissionSettings.model_validate(
-                {
-                    **common,
-                    "port": admission_port,
-                    "substrate_addr": substrate_app.address,
-                    "cap": {"default_cap": CAP},
-                    "rate": {"default_burst": 1000, "cluster_burst": 1000},
-                    "concurrency": {"default_limit": 1000},
-                    **admission,
-                }
-            )
+            for app in services.substrates
+        ]
+        adm = await channels.enter_async_context(
+            grpc.aio.insecure_channel(services.admission.address)
         )
-        await admission_app.start()
-        apps: list[GrpcService] = [admission_app, *substrate_apps]
-        try:
-            async with contextlib.AsyncExitStack() as channels:
-                subs = [
-                    substrate_pb2_grpc.SubstrateServiceStub(
-                        await channels.enter_async_context(grpc.aio.insecure_channel(app.address))
-                    )
-                    for app in substrate_apps
-                ]
-                adm = await channels.enter_async_context(
-                    grpc.aio.insecure_channel(admission_app.address)
-                )
-                yield Stack(
-                    kube, subs[0], admission_pb2_grpc.AdmissionServiceStub(adm), tuple(subs[1:])
-                )
-        finally:  # a failed test must not leave services running against a closed emulator
-            for app in apps:
-                await app.stop()
+        yield Stack(
+            services.kube, subs[0], admission_pb2_grpc.AdmissionServiceStub(adm), tuple(subs[1:])
+        )
 
 
 @pytest.fixture
@@ -146,14 +102,7 @@ async def stack(
 
 
 async def _activate(stack: Stack, sandbox_id: str) -> substrate_pb2.ActivateResponse | RichError:
-    try:
-        return await stack.substrate.Activate(
-            substrate_pb2.ActivateRequest(
-                sandbox_id=sandbox_id, client=common_pb2.ActivationClient(client_id="acme")
-            )
-        )
-    except grpc.aio.AioRpcError as error:
-        return decode(error)
+    return await activate_for_acme(stack.substrate, sandbox_id)
 
 
 async def test_a_hundred_concurrent_activations_under_a_cap_of_ten_leave_exactly_ten_pods(

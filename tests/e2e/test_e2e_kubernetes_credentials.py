@@ -24,8 +24,6 @@ import grpc
 import grpc.aio
 import pytest
 
-from turnstile_admission.app import create_app as create_admission
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_affinity.app import create_app as create_affinity
 from turnstile_affinity.settings import AffinitySettings
 from turnstile_contracts import (
@@ -36,16 +34,11 @@ from turnstile_contracts import (
     substrate_pb2_grpc,
 )
 from turnstile_platform.errors import RichError, decode
-from turnstile_platform.server import GrpcService
-from turnstile_substrate.app import create_app as create_substrate
-from turnstile_substrate.db.migrate import apply_migrations
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID
-from turnstile_substrate.settings import SubstrateSettings
-from turnstile_testing.kube_emulator import KubeEmulator, KubeletConfig
+from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.plugin import CredentialKeyFiles
-from turnstile_testing.processes import free_port
 
-NAMESPACE = "sandboxes"
+from .kube_stack import NAMESPACE, kube_services
 
 
 @dataclass
@@ -78,49 +71,20 @@ async def stack(
     credential_keys: CredentialKeyFiles,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Stack]:
-    await asyncio.to_thread(apply_migrations, database_url)
-    async with KubeEmulator(
-        bookmark_interval=0.2,
-        graceful_deletion=True,
-        kubelet=KubeletConfig(start_delay=0.01, stop_delay=0.05),
-        pod_security="restricted",
-    ) as kube:
-        monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
-        monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
-        admission_port = free_port()
-        common: dict[str, object] = {
-            "host": "127.0.0.1",
-            "metrics_port": 0,
-            "redis_url": redis_url,
-            "redis_prefix": redis_prefix,
-            "client_allowlist": ("acme",),
-            "shutdown_grace_s": 1.0,
-            "log_format": "text",
-        }
-        substrate_app = await create_substrate(
-            SubstrateSettings.model_validate(
-                {
-                    **common,
-                    "port": 0,
-                    "substrate_kind": "kubernetes",
-                    "database_url": database_url,
-                    "admission_addr": f"127.0.0.1:{admission_port}",
-                    "health_check_interval_s": 0.1,
-                    "worker_credential_signing_key_file": credential_keys.signing_key_file,
-                }
-            )
-        )
-        await substrate_app.start()
-        admission_app = await create_admission(
-            AdmissionSettings.model_validate(
-                {**common, "port": admission_port, "substrate_addr": substrate_app.address}
-            )
-        )
-        await admission_app.start()
+    async with kube_services(
+        redis_url,
+        redis_prefix,
+        database_url,
+        monkeypatch,
+        substrate={
+            "health_check_interval_s": 0.1,
+            "worker_credential_signing_key_file": credential_keys.signing_key_file,
+        },
+    ) as services:
         affinity_app = await create_affinity(
             AffinitySettings.model_validate(
                 {
-                    **common,
+                    **services.common,
                     "port": 0,
                     "wake_enabled": False,
                     "heartbeat_interval_s": 0.2,
@@ -131,21 +95,19 @@ async def stack(
             )
         )
         await affinity_app.start()
-        apps: list[GrpcService] = [affinity_app, admission_app, substrate_app]
         try:
             async with (
-                grpc.aio.insecure_channel(substrate_app.address) as sub,
+                grpc.aio.insecure_channel(services.substrates[0].address) as sub,
                 grpc.aio.insecure_channel(affinity_app.address) as aff,
             ):
                 yield Stack(
-                    kube,
+                    services.kube,
                     substrate_pb2_grpc.SubstrateServiceStub(sub),
                     affinity_pb2_grpc.AffinityServiceStub(aff),
                     affinity_app.address,
                 )
         finally:
-            for app in apps:
-                await app.stop()
+            await affinity_app.stop()
 
 
 async def _eventually(probe: Callable[[], Awaitable[bool]], timeout_s: float = 30) -> None:

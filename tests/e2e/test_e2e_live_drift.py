@@ -23,19 +23,14 @@ import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app as create_admission
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
 from turnstile_platform.server import GrpcService
-from turnstile_substrate.app import create_app as create_substrate
-from turnstile_substrate.db.migrate import apply_migrations
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID
-from turnstile_substrate.settings import SubstrateSettings
 from turnstile_testing.kube_emulator import KubeEmulator
-from turnstile_testing.processes import free_port
 
-NAMESPACE = "sandboxes"
+from .kube_stack import API_ONLY, NAMESPACE, kube_services
+
 CAP = 5
 REPLICAS = 3
 
@@ -61,59 +56,30 @@ class Fleet:
 async def fleet(
     redis_url: str, redis_prefix: str, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Fleet]:
-    await asyncio.to_thread(apply_migrations, database_url)
-    async with KubeEmulator(bookmark_interval=0.2) as kube:
-        monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
-        monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
-        admission_port = free_port()
-        common: dict[str, object] = {
-            "host": "127.0.0.1",
-            "metrics_port": 0,
-            "redis_url": redis_url,
-            "redis_prefix": redis_prefix,
-            "client_allowlist": ("acme",),
-            "shutdown_grace_s": 1.0,
-            "log_format": "text",
-        }
-        substrates = []
-        for _ in range(REPLICAS):
-            app = await create_substrate(
-                SubstrateSettings.model_validate(
-                    {
-                        **common,
-                        "port": 0,
-                        "substrate_kind": "kubernetes",
-                        "database_url": database_url,
-                        "admission_addr": f"127.0.0.1:{admission_port}",
-                        "live_counts_ttl_s": 2.0,
-                    }
-                )
-            )
-            await app.start()
-            substrates.append(app)
-        admission = await create_admission(
-            AdmissionSettings.model_validate(
-                {
-                    **common,
-                    "port": admission_port,
-                    "cap": {"default_cap": CAP},
-                    "rate": {"default_burst": 100_000, "cluster_burst": 100_000},
-                    "concurrency": {"default_limit": 100_000},
-                }
-            )
-        )
-        await admission.start()
-        channels = [grpc.aio.insecure_channel(app.address) for app in substrates]
+    async with kube_services(
+        redis_url,
+        redis_prefix,
+        database_url,
+        monkeypatch,
+        replicas=REPLICAS,
+        cluster=API_ONLY,
+        substrate={"live_counts_ttl_s": 2.0},
+        admission={
+            "cap": {"default_cap": CAP},
+            "rate": {"default_burst": 100_000, "cluster_burst": 100_000},
+            "concurrency": {"default_limit": 100_000},
+        },
+    ) as services:
+        channels = [grpc.aio.insecure_channel(app.address) for app in services.substrates]
         try:
             yield Fleet(
-                kube, substrates, [substrate_pb2_grpc.SubstrateServiceStub(c) for c in channels]
+                services.kube,
+                services.substrates,
+                [substrate_pb2_grpc.SubstrateServiceStub(c) for c in channels],
             )
         finally:
             for channel in channels:
                 await channel.close(None)
-            await admission.stop()
-            for app in substrates:
-                await app.stop()
 
 
 async def _activate(stub: substrate_pb2_grpc.SubstrateServiceAsyncStub, sandbox_id: str) -> bool:

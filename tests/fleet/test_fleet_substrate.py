@@ -297,7 +297,9 @@ async def test_killing_the_leader_during_a_refill_makes_no_pod_storm(
     # leader's in-flight creates die with it.
     kube.delay_requests(0.3, method="POST", path=rf"/api/v1/namespaces/{NS}/pods")
     recorder = Recorder(kube)
-    async with fleet(kube=kube, warm_pool_sizes=f'{{"default": {size}}}') as group:
+    async with fleet(
+        kube=kube, tier_runtimes=f'{{"default": {{"warm_pool_size": {size}}}}}'
+    ) as group:
         await group.until(lambda: group.holder() is not None)
         await asyncio.wait_for(recorder.first_create.wait(), WAIT_S)
         before = len(recorder.created)
@@ -398,7 +400,9 @@ async def _activate(address: str, sandbox: str) -> substrate_pb2.ActivateRespons
 async def test_concurrent_activations_over_three_replicas_make_one_runtime_per_sandbox(
     fleet: FleetFactory, database_url: str, sandboxes: int, per_sandbox: int
 ) -> None:
-    async with fleet(warm_pool_sizes='{"default": 4}', sweep_orphan_grace_s="30") as group:
+    async with fleet(
+        tier_runtimes='{"default": {"warm_pool_size": 4}}', sweep_orphan_grace_s="30"
+    ) as group:
         await group.until(lambda: len(warm_pods(group.kube)) >= 4)
         addresses = [r.address for r in group.replicas]
         calls = [

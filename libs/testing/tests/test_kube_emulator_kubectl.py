@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,39 +12,27 @@ import pytest
 
 from turnstile_testing.kube_emulator import KubeEmulator, KubeletConfig
 from turnstile_testing.kube_emulator import pod_manifest as pod_body
-
-KUBECTL = shutil.which("kubectl")
+from turnstile_testing.kubectl import KUBECTL, Result, kubectl_argv, kubectl_env, run_kubectl
 
 pytestmark = pytest.mark.skipif(
     KUBECTL is None, reason="kubectl is not installed; the fidelity checks need the real client"
 )
 
-Result = tuple[int, str, str]
 Kubectl = Callable[..., Awaitable[Result]]
 
 
 def _argv(kube: KubeEmulator, home: Path, args: tuple[str, ...]) -> list[str]:
-    assert KUBECTL is not None
-    return [KUBECTL, f"--server={kube.url}", f"--cache-dir={home / 'cache'}", "-n", "ns", *args]
+    return kubectl_argv(kube.url, home, "ns", args)
 
 
 def _env(home: Path) -> dict[str, str]:
-    # A private HOME and an empty kubeconfig: nothing from the machine leaks into the run.
-    return {"HOME": str(home), "KUBECONFIG": str(home / "none"), "PATH": os.environ["PATH"]}
+    return kubectl_env(home)
 
 
 @pytest.fixture
 def kubectl(kube: KubeEmulator, tmp_path: Path) -> Kubectl:
     async def run(*args: str) -> Result:
-        proc = await asyncio.create_subprocess_exec(
-            *_argv(kube, tmp_path, args),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_env(tmp_path),
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
+        return await run_kubectl(kube.url, tmp_path, "ns", *args)
 
     return run
 

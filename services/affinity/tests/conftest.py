@@ -242,7 +242,7 @@ class WorkerProcess:
     sandbox_id: str
     lines: list[dict[str, Any]] = field(default_factory=list)
 
-    async def wait_for_log(self, message: str, timeout: float = 15) -> dict[str, Any]:
+    async def wait_for_log(self, message: str, timeout: float = 60) -> dict[str, Any]:
         """Read the agent's JSON log lines until one has ``message``."""
         assert self.proc.stderr is not None
         async with asyncio.timeout(timeout):

@@ -159,7 +159,9 @@ async def test_a_warm_claim_writes_a_secret_bound_to_the_pod_uid(
     issuer: CredentialIssuer,
     keys: VerificationKeys,
 ) -> None:
-    async with substrate(kube, credentials=issuer, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(
+        kube, credentials=issuer, tier_runtimes={"default": {"warm_pool_size": 1}}
+    ) as sub:
         await sub.reflector.wait_until(lambda: sub.index.warm_count("default") == 1, 10)
         warm = next(iter(sub.index.warm("default")))
         assert secret_of(kube, warm.name) is None  # nothing until a claim
@@ -179,7 +181,9 @@ async def test_a_warm_claim_writes_a_secret_bound_to_the_pod_uid(
 async def test_a_lost_warm_adoption_removes_the_secret_it_wrote(
     kube: KubeEmulator, substrate: StartSubstrate, issuer: CredentialIssuer
 ) -> None:
-    async with substrate(kube, credentials=issuer, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(
+        kube, credentials=issuer, tier_runtimes={"default": {"warm_pool_size": 1}}
+    ) as sub:
         await sub.reflector.wait_until(lambda: sub.index.warm_count("default") == 1, 10)
         warm = next(iter(sub.index.warm("default")))
         kube.inject_failure(409, method="PATCH", path=rf".*/pods/{warm.name}", reason="Conflict")
@@ -456,7 +460,10 @@ async def test_two_replicas_claiming_one_warm_pod_each_get_a_secret_of_their_own
         replicas = [
             await stack.enter_async_context(
                 substrate(
-                    kube, credentials=issuer, warm_pool_sizes={"default": 1}, warm_claim_spread=1
+                    kube,
+                    credentials=issuer,
+                    tier_runtimes={"default": {"warm_pool_size": 1}},
+                    warm_claim_spread=1,
                 )
             )
             for _ in range(2)

@@ -66,7 +66,7 @@ async def test_only_the_leader_refills_the_warm_pool(
         electors = [await stack.enter_async_context(elector(kube, f"r{i}")) for i in range(3)]
         replicas = [
             await stack.enter_async_context(
-                substrate(kube, leadership=e, warm_pool_sizes={"default": 4})
+                substrate(kube, leadership=e, tier_runtimes={"default": {"warm_pool_size": 4}})
             )
             for e in electors
         ]
@@ -145,7 +145,9 @@ async def test_a_name_still_held_by_a_terminating_pod_fails_the_activation(
 async def test_claims_spread_over_the_oldest_warm_pods(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 8}, warm_claim_spread=8) as sub:
+    async with substrate(
+        kube, tier_runtimes={"default": {"warm_pool_size": 8}}, warm_claim_spread=8
+    ) as sub:
         await sub.reflector.wait_until(lambda: sum(1 for _ in sub.index.warm("default")) == 8, 10)
         await sub.pool.stop()
         chosen = set()

@@ -216,3 +216,26 @@ def test_warm_index_lists_unclaimed_live_warm_pods_per_tier_in_arrival_order() -
     assert [p.name for p in index.warm("default")] == ["w3"]
     assert index.count_by_client() == {"acme": 1}
     assert changes  # the warm pool is told to look again
+
+
+def test_every_way_a_sandbox_pod_stops_being_live_is_reported_once_as_gone() -> None:
+    index = PodIndex(Resolver(KeySet(version=1)))
+    gone: list[str] = []
+    index.on_runtime_gone = lambda p: gone.append(p.name)
+    index.replace(
+        [
+            pod(name, sandbox=f"s-{name}", rv="1")
+            for name in ("deleted", "terminating", "failed", "missed", "kept")
+        ]
+        + [pod("warm", pool=True)]
+    )
+    index.delete("deleted")
+    index.upsert(pod("terminating", sandbox="s-terminating", deleting=True, rv="2"))
+    index.upsert(pod("terminating", sandbox="s-terminating", deleting=True, rv="3"))
+    index.upsert(pod("failed", sandbox="s-failed", phase="Failed", rv="2"))
+    index.upsert(pod("kept", sandbox="s-kept", rv="2"))  # still live: not gone
+    index.delete("warm")  # a warm pod runs no sandbox
+    assert gone == ["deleted", "terminating", "failed"]
+    # a re-list that no longer has "missed" (its DELETED event was lost with a cut watch)
+    index.replace([pod("kept", sandbox="s-kept", rv="4")])
+    assert gone == ["deleted", "terminating", "failed", "missed"]

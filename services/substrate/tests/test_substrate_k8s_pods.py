@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from turnstile_substrate.kubernetes import KubernetesSubstrate
+from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate, template
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     WORKER_NAME,
@@ -42,7 +43,13 @@ def seed_warm(kube: KubeEmulator, name: str) -> None:
         {
             "metadata": {
                 "name": name,
-                "labels": {LABEL_POOL: "warm", LABEL_TIER: "default", LABEL_MANAGED_BY: MANAGED_BY},
+                "labels": {
+                    LABEL_POOL: "warm",
+                    LABEL_TIER: "default",
+                    LABEL_MANAGED_BY: MANAGED_BY,
+                    # made from the template the substrate fixture's settings give
+                    LABEL_TEMPLATE: template.template_hash(KubernetesSettings(), "default"),
+                },
             },
             "spec": {"containers": [{"name": "c", "image": "i"}]},
         },
@@ -252,7 +259,7 @@ async def test_the_substrate_never_changes_a_client_id_label_once_set(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
     history = kube.store.subscribe(PodFilter(namespace=NS), None)
-    async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 2}}) as sub:
         await sub.reflector.wait_until(lambda: sub.index.warm_count("default") == 2, 5)
         clients = ["acme", None, "globex", "acme"]
         for i, client in enumerate(clients):

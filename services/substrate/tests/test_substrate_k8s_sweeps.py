@@ -4,23 +4,31 @@ follow the sandbox's other live pod); a dry run changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
+from turnstile_platform.leader import LocalLeadership
 from turnstile_substrate.db import records
-from turnstile_substrate.kubernetes import KubernetesSubstrate, template
+from turnstile_substrate.kubernetes import KubernetesSubstrate, add_sweeps, template
 from turnstile_substrate.kubernetes.sweeps import (
     EXPIRED_WARM,
     FINISHED,
     GONE,
+    GONE_WATCH,
     ORPHANS,
     Sweeper,
 )
+from turnstile_substrate.locks import sandbox_advisory_lock
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec
 from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.kubectl import KUBECTL, run_kubectl
 
 if TYPE_CHECKING:
     from conftest import StartSubstrate
@@ -39,8 +47,37 @@ async def pool(migrated_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 class Released(list[str]):
+    """The admission release the sweeps call; ``called`` is set by the first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = asyncio.Event()
+
     async def __call__(self, sandbox_id: str) -> None:
         self.append(sandbox_id)
+        self.called.set()
+
+
+def swept(sweep: str, action: str) -> float:
+    """``turnstile_substrate_sweep_total{sweep, action}`` so far (the registry is global)."""
+    labels = {"sweep": sweep, "action": action}
+    return REGISTRY.get_sample_value("turnstile_substrate_sweep_total", labels) or 0.0
+
+
+@contextlib.asynccontextmanager
+async def leading(
+    sub: KubernetesSubstrate, pool: asyncpg.Pool, released: Released, leadership: LocalLeadership
+) -> AsyncIterator[None]:
+    """The app's leader-only sweeps (the passes and the gone-runtime watch) running."""
+    watch = add_sweeps(sub, leadership, pool, released, 5.0)
+    task = asyncio.create_task(leadership.run())
+    try:
+        await asyncio.wait_for(watch.watching.wait(), 10)
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def no_gate() -> None:
@@ -71,6 +108,18 @@ def age(kube: KubeEmulator, name: str, when: str = LONG_AGO) -> None:
 async def caught_up(sub: KubernetesSubstrate, kube: KubeEmulator) -> None:
     reflector = sub.reflector
     await reflector.wait_until(lambda: reflector.resource_version == str(kube.resource_version), 5)
+
+
+async def recorded_then_deleted(
+    sub: KubernetesSubstrate, kube: KubeEmulator, pool: asyncpg.Pool, sandbox: str
+) -> Runtime:
+    """A recorded sandbox pod deleted outside Turnstile (kubectl delete, an eviction, a node
+    lost), once the cache has seen it go."""
+    runtime = await sub.ensure_runtime(spec(sandbox), Plan(CreateKind.COLD), no_gate)
+    await record(pool, sandbox, runtime.name)
+    kube.delete_pod(NS, runtime.name)
+    await caught_up(sub, kube)
+    return runtime
 
 
 def sweeper(sub: KubernetesSubstrate, pool: asyncpg.Pool, released: Released) -> Sweeper:
@@ -122,7 +171,9 @@ async def test_failed_and_succeeded_pods_are_removed(
 async def test_warm_pods_past_their_maximum_age_are_replaced(
     kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 2}, sweep_warm_max_age_s=600) as sub:
+    async with substrate(
+        kube, tier_runtimes={"default": {"warm_pool_size": 2}}, sweep_warm_max_age_s=600
+    ) as sub:
         await sub.reflector.wait_until(lambda: sum(1 for _ in sub.index.warm("default")) == 2, 5)
         old, fresh = sorted(p.name for p in sub.index.warm("default"))
         age(kube, old)
@@ -148,10 +199,7 @@ async def test_a_pod_deleted_outside_turnstile_ends_its_execution(
 ) -> None:
     released = Released()
     async with substrate(kube) as sub:
-        runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
-        await record(pool, "s1", runtime.name)
-        kube.delete_pod(NS, runtime.name)  # kubectl delete, an eviction, a node lost
-        await caught_up(sub, kube)
+        await recorded_then_deleted(sub, kube, pool, "s1")
 
         report = await sweeper(sub, pool, released).sweep_once()
 
@@ -163,6 +211,104 @@ async def test_a_pod_deleted_outside_turnstile_ends_its_execution(
     async with pool.acquire() as conn:
         reason = await conn.fetchval("SELECT end_reason FROM executions WHERE sandbox_id = 's1'")
     assert reason == "runtime_gone"
+
+
+async def ended_reason(pool: asyncpg.Pool, sandbox: str) -> str | None:
+    async with pool.acquire() as conn:
+        reason: str | None = await conn.fetchval(
+            "SELECT end_reason FROM executions WHERE sandbox_id = $1 AND ended_at IS NOT NULL",
+            sandbox,
+        )
+    return reason
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+async def test_a_pod_kubectl_deletes_ends_its_execution_at_once_not_at_the_next_sweep(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    released, leadership = Released(), LocalLeadership()
+    # one pass when leading starts, the next an hour later: only the prompt path can end it
+    async with substrate(kube, leadership=leadership, sweep_interval_s=3600) as sub:
+        runtime = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
+        await record(pool, "s1", runtime.name)
+        kube.set_pod_phase(NS, runtime.name, "Running")
+        kept = await sub.ensure_runtime(spec("s2"), Plan(CreateKind.COLD), no_gate)
+        await record(pool, "s2", kept.name)
+        by_watch, by_pass = swept(GONE_WATCH, "removed"), swept(GONE, "removed")
+        async with leading(sub, pool, released, leadership):
+            code, _, err = await run_kubectl(
+                kube.url, tmp_path, NS, "delete", "pod", runtime.name, "--wait=false"
+            )
+            assert code == 0, err
+            await asyncio.wait_for(released.called.wait(), 10)
+
+    assert released == ["s1"]
+    assert await ended_reason(pool, "s1") == "runtime_gone"
+    assert (await execution(pool, "s1")).state == "stopped"
+    assert (await execution(pool, "s2")).execution is not None  # its pod still runs
+    assert swept(GONE_WATCH, "removed") - by_watch == 1
+    assert swept(GONE, "removed") == by_pass
+
+
+async def test_a_pod_seen_to_go_twice_or_already_ended_changes_nothing(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    released = Released()
+    async with substrate(kube) as sub:
+        runtime = await recorded_then_deleted(sub, kube, pool, "s1")
+        ender = sweeper(sub, pool, released)
+        first = await ender.end_if_recorded("s1", runtime.name)
+        again = await ender.end_if_recorded("s1", runtime.name)
+        never = await ender.end_if_recorded("s2", "ts-s2-000000")
+
+    assert first.get(GONE_WATCH, "removed") == 1
+    assert again.counts == {}
+    assert never.counts == {}
+    assert released == ["s1"]
+
+
+async def test_a_pod_a_deactivate_is_stopping_keeps_the_deactivates_end_reason(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    released = Released()
+    async with substrate(kube) as sub:
+        # a Deactivate in progress: it holds the sandbox's lock, has deleted the pod (which is
+        # how the watch hears of it), and ends the row itself before it lets go
+        async with pool.acquire() as deactivate, sandbox_advisory_lock(deactivate, "s1", 1.0):
+            runtime = await recorded_then_deleted(sub, kube, pool, "s1")
+            ender = sub.sweeper(pool, released, database_timeout_s=0.2)
+            waited = await ender.end_if_recorded("s1", runtime.name)
+            await records.end_execution(deactivate, "s1", reason="deactivated")
+        after = await ender.end_if_recorded("s1", runtime.name)
+
+    assert waited.get(GONE_WATCH, "error") == 1  # the lock was held: left alone
+    assert after.counts == {}
+    assert await ended_reason(pool, "s1") == "deactivated"
+    assert released == []
+
+
+async def test_a_deleted_pod_whose_sandbox_has_another_live_pod_moves_the_record_at_once(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    released = Released()
+    async with substrate(kube) as sub:
+        first = await sub.ensure_runtime(spec("s1"), Plan(CreateKind.COLD), no_gate)
+        await record(pool, "s1", first.name)
+        # a second pod of the sandbox (a replacement that overlapped, say)
+        body = template.sandbox_pod(
+            sub.settings, RuntimeSpec("s1", "default", "acme", generation=1)
+        )
+        kube.create_pod(NS, body)
+        kube.delete_pod(NS, first.name)
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, released).end_if_recorded("s1", first.name)
+
+    sandbox = await execution(pool, "s1")
+    assert sandbox.execution is not None
+    assert sandbox.execution.runtime_name == body["metadata"]["name"]
+    assert report.get(GONE_WATCH, "adopted") == 1
+    assert released == []
 
 
 async def test_a_record_whose_pod_is_gone_follows_the_sandboxs_other_live_pod(

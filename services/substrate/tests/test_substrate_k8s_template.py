@@ -15,6 +15,7 @@ from turnstile_substrate.kubernetes.template import (
     PODINFO_DIR,
     adoption_patch,
     sandbox_pod,
+    template_hash,
     warm_pod,
 )
 from turnstile_substrate.runtime import (
@@ -23,11 +24,13 @@ from turnstile_substrate.runtime import (
     LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     WORKER_NAME,
     RuntimeSpec,
 )
+from turnstile_testing.kube_emulator.podsecurity import restricted_violations
 
 SPEC = RuntimeSpec(sandbox_id="sb-1", tier="container", client_label="acme")
 
@@ -76,6 +79,7 @@ def test_warm_and_cold_pods_of_a_tier_differ_only_in_name_and_labels() -> None:
     assert warm["metadata"]["labels"] == {
         LABEL_TIER: "container",
         LABEL_POOL: "warm",
+        LABEL_TEMPLATE: template_hash(config, "container"),
         LABEL_NAME: WORKER_NAME,
         LABEL_MANAGED_BY: MANAGED_BY,
     }
@@ -147,11 +151,92 @@ def test_resources_and_grace_come_from_settings_and_empty_ones_are_left_out() ->
     assert "resources" not in warm_pod(no_limits, "container")["spec"]["containers"][0]
 
 
+#: Two tiers that are two runtimes: plain containers, and Kata microVMs on their own nodes.
+TIERS = {
+    "container": {"warm_pool_size": 2},
+    "microvm": {
+        "runtime_class_name": "kata",
+        "cpu_request": "500m",
+        "memory_limit": "2Gi",
+        "node_selector": {"turnstile.dev/runtime": "kata"},
+        "tolerations": [
+            {"key": "turnstile.dev/microvm", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "effect": "NoExecute",
+                "value": "",
+                "operator": "Exists",
+                "toleration_seconds": 30,
+            },
+        ],
+        "warm_pool_size": 1,
+    },
+}
+MICROVM = RuntimeSpec(sandbox_id="sb-2", tier="microvm", client_label="acme")
+
+
+def test_each_tier_runs_on_its_own_runtime_class_nodes_and_resources() -> None:
+    config = settings(tier_runtimes=TIERS)
+    micro = sandbox_pod(config, MICROVM)["spec"]
+    assert micro["runtimeClassName"] == "kata"
+    assert micro["nodeSelector"] == {"turnstile.dev/runtime": "kata"}
+    assert micro["tolerations"] == [
+        {"key": "turnstile.dev/microvm", "operator": "Exists", "effect": "NoSchedule"},
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        },
+    ]
+    assert micro["containers"][0]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "512Mi"},
+        "limits": {"memory": "2Gi"},
+    }
+    plain = sandbox_pod(config, SPEC)["spec"]
+    for field in ("runtimeClassName", "nodeSelector", "tolerations"):
+        assert field not in plain, f"the container tier runs the cluster default ({field})"
+    assert plain["containers"][0]["resources"] == {
+        "requests": {"cpu": "250m", "memory": "512Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+
+
+def test_the_template_hash_changes_with_the_tiers_runtime_and_nothing_else() -> None:
+    plain, with_tiers = settings(), settings(tier_runtimes=TIERS)
+    assert template_hash(plain, "microvm") != template_hash(with_tiers, "microvm")
+    assert template_hash(plain, "container") == template_hash(with_tiers, "container")
+    assert template_hash(plain, "container") != template_hash(
+        settings(image="other:2"), "container"
+    )
+    assert template_hash(with_tiers, "microvm") == template_hash(
+        settings(tier_runtimes=TIERS), "microvm"
+    )
+    first, second = warm_pod(with_tiers, "microvm"), warm_pod(with_tiers, "microvm")
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    assert first["metadata"]["labels"] == second["metadata"]["labels"]
+
+
+def test_a_warm_pod_of_a_tier_carries_that_tiers_runtime_as_a_cold_pod_does() -> None:
+    config = settings(tier_runtimes=TIERS)
+    for tier, spec in (("microvm", MICROVM), ("container", SPEC)):
+        assert warm_pod(config, tier)["spec"] == sandbox_pod(config, spec)["spec"]
+    assert warm_pod(config, "microvm")["spec"] != warm_pod(config, "container")["spec"]
+
+
+def test_every_tiers_pod_meets_the_restricted_profile() -> None:
+    config = settings(tier_runtimes=TIERS)
+    for tier in ("container", "microvm", "undeclared"):
+        assert not restricted_violations(warm_pod(config, tier)), tier
+    assert not restricted_violations(sandbox_pod(config, MICROVM))
+
+
 @pytest.mark.parametrize("version", ["1.31.0", str(latest_version())])
 def test_both_kinds_of_pod_validate_against_the_kubernetes_schema(version: str) -> None:
-    config = settings(service_account="sandbox", extra_labels={"team": "a"})
+    config = settings(service_account="sandbox", extra_labels={"team": "a"}, tier_runtimes=TIERS)
     restore = RuntimeSpec(sandbox_id="sb-2", tier="microvm", client_label=None, restore=True)
-    for pod in (sandbox_pod(config, SPEC), sandbox_pod(config, restore), warm_pod(config, "x")):
+    pods = (sandbox_pod(config, SPEC), sandbox_pod(config, restore), warm_pod(config, "x"))
+    for pod in (*pods, warm_pod(config, "microvm"), sandbox_pod(config, MICROVM)):
         kubernetes_validate.validate(pod, version, strict=True)
 
 

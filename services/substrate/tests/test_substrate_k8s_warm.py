@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client import REGISTRY
 
-from turnstile_substrate.kubernetes import KubernetesSubstrate
+from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate, template
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     CreateKind,
@@ -76,7 +77,9 @@ def spec(sandbox: str, client: str | None = "acme") -> RuntimeSpec:
 async def test_refill_keeps_each_tier_at_its_configured_size(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 2, "gpu": 1}) as sub:
+    async with substrate(
+        kube, tier_runtimes={"default": {"warm_pool_size": 2}, "gpu": {"warm_pool_size": 1}}
+    ) as sub:
         await warm_ready(sub, kube, 2)
         await until(sub, lambda: len(warm_names(kube, "gpu")) == 1)
         for obj in kube.pods(NS):
@@ -93,7 +96,7 @@ async def test_refill_keeps_each_tier_at_its_configured_size(
 async def test_a_claim_adopts_a_warm_pod_by_a_versioned_label_patch(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 1}}) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
         assert sub.plan(spec("s1")) == Plan(CreateKind.WARM)
@@ -118,7 +121,7 @@ async def test_a_claim_adopts_a_warm_pod_by_a_versioned_label_patch(
 async def test_a_claim_for_a_null_record_adopts_without_a_client_label(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 1}}) as sub:
         await warm_ready(sub, kube, 1)
         runtime = await sub.ensure_runtime(spec("s1", None), Plan(CreateKind.WARM), no_gate)
         pod = kube.pod(NS, runtime.name)
@@ -133,7 +136,9 @@ async def test_two_replicas_claiming_one_warm_pod_one_wins_and_the_loser_still_g
 ) -> None:
     async with AsyncExitStack() as stack:
         replicas = [
-            await stack.enter_async_context(substrate(kube, warm_pool_sizes={"default": 1}))
+            await stack.enter_async_context(
+                substrate(kube, tier_runtimes={"default": {"warm_pool_size": 1}})
+            )
             for _ in range(2)
         ]
         for replica in replicas:
@@ -184,7 +189,7 @@ async def test_two_replicas_claiming_one_warm_pod_one_wins_and_the_loser_still_g
 async def test_a_failed_adoption_patch_discards_the_pod_and_the_claim_takes_the_next(
     kube: KubeEmulator, substrate: StartSubstrate, status: int, reason: str
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 2}}) as sub:
         await warm_ready(sub, kube, 2)
         first = next(sub.index.warm("default")).name
         kube.inject_failure(status, method="PATCH", path=f"/api/v1/namespaces/{NS}/pods/{first}")
@@ -200,7 +205,7 @@ async def test_an_adoption_whose_patch_landed_but_failed_for_the_caller_is_disca
     kube: KubeEmulator,
     substrate: StartSubstrate,
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 1}}) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
         pod = next(sub.index.warm("default"))
@@ -238,7 +243,7 @@ async def test_a_pod_whose_discard_fails_is_never_offered_again_and_is_deleted_l
     kube: KubeEmulator,
     substrate: StartSubstrate,
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 2}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 2}}) as sub:
         await warm_ready(sub, kube, 2)
         first = next(sub.index.warm("default")).name
         path = f"/api/v1/namespaces/{NS}/pods/{first}"
@@ -256,7 +261,7 @@ async def test_a_pod_whose_discard_fails_is_never_offered_again_and_is_deleted_l
 async def test_an_exhausted_pool_falls_back_to_a_cold_create(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 1}}) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
         kube.inject_failure(409, method="PATCH", path=f"/api/v1/namespaces/{NS}/pods/{name}")
@@ -270,7 +275,9 @@ async def test_an_exhausted_pool_falls_back_to_a_cold_create(
 async def test_only_running_warm_pods_are_claimable_by_default(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 1}, warm_require_running=True) as sub:
+    async with substrate(
+        kube, tier_runtimes={"default": {"warm_pool_size": 1}}, warm_require_running=True
+    ) as sub:
         await warm_ready(sub, kube, 1)
         [name] = warm_names(kube)
         assert sub.plan(spec("s1")).kind is CreateKind.COLD
@@ -291,12 +298,13 @@ async def test_excess_warm_pods_are_trimmed_to_the_configured_size(
                         LABEL_POOL: "warm",
                         LABEL_TIER: "default",
                         LABEL_MANAGED_BY: MANAGED_BY,
+                        LABEL_TEMPLATE: template.template_hash(KubernetesSettings(), "default"),
                     },
                 },
                 "spec": {"containers": [{"name": "c", "image": "i"}]},
             },
         )
-    async with substrate(kube, warm_pool_sizes={"default": 1}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 1}}) as sub:
         await warm_ready(sub, kube, 1)
         # every replica picks the same victims: the highest names
         assert warm_names(kube) == ["extra-0"]
@@ -312,7 +320,7 @@ async def test_concurrent_claims_in_one_replica_never_race_for_the_same_pod(
     kube: KubeEmulator,
     substrate: StartSubstrate,
 ) -> None:
-    async with substrate(kube, warm_pool_sizes={"default": 4}) as sub:
+    async with substrate(kube, tier_runtimes={"default": {"warm_pool_size": 4}}) as sub:
         await warm_ready(sub, kube, 4)
         await sub.pool.stop()  # hold the pool at these four pods
         warm = set(warm_names(kube))

@@ -13,6 +13,14 @@
   the next acquire connects again — with ``target_session_attrs=read-write`` in
   the URL, to whichever host is now the primary.
 
+A connection the server ended while it sat idle in the pool (a failover's fast
+shutdown, ``pg_terminate_backend``) is discarded too: the server's last words, a
+FATAL error nobody asked for, leave asyncpg's protocol in its error state, and
+until the close itself is read the next statement on it fails with
+``InternalClientError`` ("cannot switch to state ..; another operation (2) is in
+progress", MagicStack/asyncpg#1069) before anything is sent. It is an unavailable
+server, not a bug: UNAVAILABLE, and the pool connects again for the next caller.
+
 Multi-host URLs (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``)
 are asyncpg's own: it tries the hosts in order and keeps the first that matches.
 
@@ -46,6 +54,10 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.TooManyConnectionsError,
     asyncpg.ReadOnlySQLTransactionError,
     asyncpg.TargetServerAttributeNotMatched,
+    # A connection the server ended while idle (see the module doc); asyncpg also
+    # raises it for a protocol state it cannot handle, which a retry on a new
+    # connection is the right answer to as well.
+    asyncpg.InternalClientError,
 )
 
 #: What counts against the breaker: the server did not answer or refused to.
@@ -61,7 +73,11 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
 )
 
 #: Errors after which a connection is closed rather than returned to the pool.
-_DISCARD: tuple[type[BaseException], ...] = (TimeoutError, asyncpg.ReadOnlySQLTransactionError)
+_DISCARD: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.InternalClientError,
+)
 
 
 def is_unavailable(error: BaseException) -> bool:

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 _handed_out: set[int] = set()
@@ -60,9 +61,11 @@ def _wait_for(predicate: object, timeout: float, what: str) -> None:
 class RedisProcess:
     """A redis-server on its own port and directory, with nothing persisted."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, options: Sequence[str] = ()) -> None:
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="turnstile-redis-"))
+        #: More ``redis-server`` options (e.g. ``--cluster-enabled yes``).
+        self.options = tuple(options)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,6 +91,7 @@ class RedisProcess:
                 str(self.dir),
                 "--loglevel",
                 "warning",
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -145,21 +149,25 @@ class PostgresProcess:
             return str(candidate)
         raise RuntimeError(f"{name} is not installed (scripts/test installs PostgreSQL)")
 
+    def _initialise(self) -> None:
+        """Create the data directory (a new cluster; a standby copies its primary's)."""
+        self._run(
+            self._binary("initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
+
     def start(self) -> PostgresProcess:
         if self._as_postgres:
             shutil.chown(self.base, "postgres", "postgres")
         if not self._initialised:
-            self._run(
-                self._binary("initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--no-sync",
-                "-E",
-                "UTF8",
-            )
+            self._initialise()
             self._initialised = True
         self._run(
             self._binary("pg_ctl"),
@@ -176,6 +184,28 @@ class PostgresProcess:
             "start",
         )
         return self
+
+    def query(self, sql: str) -> str:
+        """The text of ``sql``'s result (psql over TCP with trust auth; no event loop needed)."""
+        done = subprocess.run(
+            [
+                self._binary("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-Atc",
+                sql,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout.strip()
 
     def _pids(self) -> list[int]:
         """The postmaster and every process it started (one backend per connection)."""

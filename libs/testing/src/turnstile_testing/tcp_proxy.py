@@ -4,6 +4,10 @@
 partitioned network or a hung peer does (no reset, no error: calls just never answer);
 ``restore()`` forwards again. New connections during a black hole are accepted and left silent.
 One proxy per client lets a test cut one replica off while the others keep talking.
+
+With ``pass_closes=False`` a server's close is not passed on: what the server sent before it
+is, but the client's connection then stays open and silent (a FIN that never arrives), so a
+test can see what a client does with a connection whose last words were an error.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from typing import Self
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port``."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, pass_closes: bool = True) -> None:
         self._target = (target_host, target_port)
+        self._pass_closes = pass_closes
+        #: Set when a server closed its side of a connection (its data forwarded).
+        self.server_closed = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._open = asyncio.Event()
         self._open.set()
@@ -82,7 +89,9 @@ class TcpProxy:
             return
         self._writers.add(up_writer)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(
+                self._pipe(reader, up_writer), self._pipe(up_reader, writer, from_server=True)
+            )
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -91,11 +100,21 @@ class TcpProxy:
                 self._writers.discard(w)
             self._tasks.discard(task)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        from_server: bool = False,
+    ) -> None:
         while True:
             await self._open.wait()
             data = await reader.read(65536)
             if not data:
+                if from_server:
+                    self.server_closed.set()
+                    if not self._pass_closes:
+                        await asyncio.get_running_loop().create_future()  # until stop()
                 with contextlib.suppress(OSError):
                     writer.write_eof()
                 return

@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from turnstile_clientkeys.live_store import LiveStore
     from turnstile_platform.leader import LeaderTerm
-    from turnstile_substrate.live_store import LiveStore
 
 #: Pod label keys (SPEC S2). The client-id label is set at creation, never changed.
 LABEL_SANDBOX_ID = "turnstile.dev/sandbox-id"
 LABEL_CLIENT_ID = "turnstile.dev/client-id"
 LABEL_TIER = "turnstile.dev/tier"
 LABEL_POOL = "turnstile.dev/pool"
+#: On warm pods: a hash of the spec their tier's template gave them (a claim takes only
+#: warm pods made from the current one).
+LABEL_TEMPLATE = "turnstile.dev/template"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "turnstile"
 #: Every sandbox pod is ``app.kubernetes.io/name=turnstile-worker``: the label the

@@ -3,6 +3,7 @@
 Modules, each one concern:
 
 * :mod:`.settings` — ``KubernetesSettings`` (``TURNSTILE_K8S_*``);
+* :mod:`.tier_runtime` — what each tier's pods run on (RuntimeClass, resources, nodes);
 * :mod:`.podinfo` — the few pod fields the substrate needs, parsed from raw JSON;
 * :mod:`.index` — the cache and its per-client-id / per-bounded-key / warm indexes;
 * :mod:`.api` — pod calls over kubernetes-asyncio without client models;
@@ -13,11 +14,12 @@ Modules, each one concern:
 * :mod:`.metrics` — Prometheus metrics (bounded labels);
 * :mod:`.credentials` — sandbox credentials in per-pod Secrets, renewed by the leader;
 * :mod:`.sweeps` — the leader's sweeps (orphan, finished, expired pods; gone runtimes);
+* :mod:`.gone_watch` — the leader ends a gone pod's execution as soon as the reflector sees it;
 * :mod:`.substrate` — ``KubernetesSubstrate``, the ``Substrate`` on pods.
 
 ``create_leadership`` builds the process's leader elector (its own API connection, so
 lease renewals never queue behind pod calls); the substrate registers its leader-only
-work (warm-pool refill and trim, sweeps) on it.
+work (warm-pool refill and trim, sweeps, the gone-runtime watch) on it.
 """
 
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,7 @@ from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import LeaderElector, Leadership, default_identity
 from turnstile_platform.sandbox_credentials import CredentialIssuer
 from turnstile_substrate.kubernetes.api import connect
+from turnstile_substrate.kubernetes.gone_watch import GoneRuntimeWatch
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.substrate import KubernetesSubstrate
 from turnstile_substrate.kubernetes.sweeps import Release
@@ -71,11 +74,19 @@ def create_substrate(
 ) -> Substrate:
     """The factory :mod:`turnstile_substrate.substrates` calls when
     ``TURNSTILE_SUBSTRATE_KIND=kubernetes``. The Kubernetes substrate reads its own
-    ``TURNSTILE_K8S_*`` settings (invalid ones stop start-up, naming the variable);
+    ``TURNSTILE_K8S_*`` settings (invalid ones stop start-up, naming the variable, as does a
+    tier runtime for a tier ``TURNSTILE_TIERS`` does not declare);
     the resolver is the service's, kept on the current key set; ``credentials`` (when a
     signing key is configured) puts each pod's sandbox credential in a Secret."""
+    k8s_settings = KubernetesSettings()
+    undeclared = k8s_settings.undeclared_tiers(settings.tier_config.declared)
+    if undeclared:
+        raise ValueError(
+            f"TURNSTILE_K8S_TIER_RUNTIMES: {', '.join(map(repr, undeclared))} "
+            f"not declared in TURNSTILE_TIERS ({', '.join(settings.tier_config.declared)})"
+        )
     return KubernetesSubstrate(
-        KubernetesSettings(),
+        k8s_settings,
         resolver,
         leadership=leadership,
         credentials=credentials,
@@ -90,8 +101,12 @@ def add_sweeps(
     pool: asyncpg.Pool,
     release: Release,
     database_timeout_s: float,
-) -> None:
-    """Register the sweeps of a started Kubernetes substrate as leader work."""
+) -> GoneRuntimeWatch:
+    """Register the sweeps of a started Kubernetes substrate as leader work, and their prompt
+    path for pods the reflector sees go (:mod:`.gone_watch`)."""
     assert isinstance(substrate, KubernetesSubstrate)
     sweeper = substrate.sweeper(pool, release, database_timeout_s=database_timeout_s)
     leadership.add_work("sweeps", sweeper.run)
+    watch = GoneRuntimeWatch(substrate.index, sweeper, substrate.reflector.synced)
+    leadership.add_work("gone-runtimes", watch.run)
+    return watch

@@ -54,11 +54,17 @@ class PodIndex:
         self.generation = 0
         #: called with a sandbox id whose live pods changed (the live publisher)
         self.on_sandbox_change: Callable[[str], None] | None = None
+        #: called with a sandbox pod that stopped being live — deleted, terminating, finished
+        #: or relabelled — as the cache last saw it (the leader ends its execution row)
+        self.on_runtime_gone: Callable[[PodInfo], None] | None = None
 
     # ------------------------------------------------------------------ writes
 
     def replace(self, pods: Iterable[PodInfo]) -> None:
-        """Install a fresh list (after a list or re-list): the old cache is dropped whole."""
+        """Install a fresh list (after a list or re-list): the old cache is dropped whole.
+        Sandbox pods that were live and are not any more (what a cut watch missed) are
+        reported to ``on_runtime_gone``."""
+        was_live = [pod for pod in self.pods.values() if pod.is_sandbox]
         self.pods = {}
         self._by_sandbox = {}
         self._by_client = {}
@@ -74,6 +80,10 @@ class PodIndex:
             self.pods[pod.name] = pod
             self._add(pod)
         self._warm_changed()
+        for pod in was_live:
+            now = self.pods.get(pod.name)
+            if now is None or not now.is_sandbox or now.uid != pod.uid:
+                self._runtime_gone(pod)
 
     def upsert(self, pod: PodInfo) -> None:
         """Apply an ADDED or MODIFIED event."""
@@ -85,6 +95,8 @@ class PodIndex:
         self._add(pod)
         if (old is not None and old.is_warm) or pod.is_warm:
             self._warm_changed()
+        if old is not None and old.is_sandbox and not pod.is_sandbox:
+            self._runtime_gone(old)
 
     def delete(self, name: str) -> None:
         """Apply a DELETED event."""
@@ -94,6 +106,8 @@ class PodIndex:
             self._remove(old)
             if old.is_warm:
                 self._warm_changed()
+            if old.is_sandbox:
+                self._runtime_gone(old)
 
     # ------------------------------------------------------------------ reads
 
@@ -241,6 +255,10 @@ class PodIndex:
             del tier[pod.name]
             if not tier:
                 del self._warm[pod.tier]
+
+    def _runtime_gone(self, pod: PodInfo) -> None:
+        if self.on_runtime_gone is not None:
+            self.on_runtime_gone(pod)
 
     def _warm_changed(self) -> None:
         if self._on_warm_change is not None:

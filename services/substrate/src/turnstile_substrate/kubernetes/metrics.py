@@ -52,8 +52,8 @@ WARM_CLAIMS = Counter(
 )
 WARM_INVALIDATIONS = Counter(
     "turnstile_substrate_warm_invalidations_total",
-    "Warm pods discarded after a failed adoption (SPEC S6), by tier and reason "
-    "(conflict, not_found, error).",
+    "Warm pods discarded, by tier and reason: after a failed adoption (SPEC S6: conflict, "
+    "not_found, error), or made from a template the tier no longer has (stale_template).",
     ["tier", "reason"],
 )
 WARM_CREATED = Counter(
@@ -71,7 +71,8 @@ COLD_CREATES = Counter(
 SWEEPS = Counter(
     "turnstile_substrate_sweep_total",
     "What the leader's sweeps found and did (SPEC F4), by sweep (gone_runtimes, "
-    "finished_pods, expired_warm_pods, orphan_pods) and action (found, removed, adopted, error).",
+    "gone_runtimes_watch: the same at once for a pod the reflector saw go, finished_pods, "
+    "expired_warm_pods, orphan_pods) and action (found, removed, adopted, error).",
     ["sweep", "action"],
 )
 SWEEP_RUNS = Counter(

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from turnstile_substrate.runtime import LABEL_CLIENT_ID, LABEL_POOL, LABEL_SANDBOX_ID, LABEL_TIER
+from turnstile_substrate.runtime import (
+    LABEL_CLIENT_ID,
+    LABEL_POOL,
+    LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
+    LABEL_TIER,
+)
 
 #: Phases of a pod that has stopped for good: it no longer counts as live.
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -46,6 +52,9 @@ class PodInfo:
     #: ``metadata.creationTimestamp`` as sent (RFC 3339); parsed only by the sweeps,
     #: so the reflector's hot path pays nothing for it.
     created: str = ""
+    #: ``turnstile.dev/template`` (warm pods): the hash of the template that made it; "" when
+    #: absent.
+    template: str = ""
 
     def age_s(self, now: datetime | None = None) -> float | None:
         """Seconds since the pod was created, or None when that is unknown."""
@@ -93,4 +102,5 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         deleting=meta.get("deletionTimestamp") is not None,
         node=_intern(spec.get("nodeName") or ""),
         created=meta.get("creationTimestamp") or "",
+        template=_intern(labels.get(LABEL_TEMPLATE, "")),
     )

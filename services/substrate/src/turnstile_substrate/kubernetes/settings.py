@@ -11,6 +11,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnstile_clientkeys import is_label_value
+from turnstile_substrate.kubernetes.tier_runtime import TierRuntime, check_quantity
 from turnstile_substrate.runtime import LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY
 
 DEFAULT_LABEL_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
@@ -19,6 +20,9 @@ DEFAULT_LABEL_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 #: with a sandbox-id label, or a pod outside the reflector's selector, would break it).
 _RESERVED_PREFIX = "turnstile.dev/"
 _RESERVED_KEYS = frozenset({LABEL_MANAGED_BY, LABEL_NAME})
+
+#: The runtime of a tier absent from ``tier_runtimes``: the shared template, no warm pool.
+_SHARED = TierRuntime()
 
 
 class KubernetesSettings(BaseSettings):
@@ -62,7 +66,8 @@ class KubernetesSettings(BaseSettings):
     """Name of the runtime container."""
 
     cpu_request: str = "250m"
-    """CPU request of the runtime container; empty leaves it out."""
+    """CPU request of the runtime container; empty leaves it out. This and the three below
+    are every tier's unless ``tier_runtimes`` sets the tier's own."""
 
     memory_request: str = "512Mi"
     """Memory request of the runtime container; empty leaves it out."""
@@ -94,6 +99,17 @@ class KubernetesSettings(BaseSettings):
     tmp_size_limit: str = "256Mi"
     """``sizeLimit`` of the emptyDir mounted on ``/tmp`` (the root filesystem is read-only);
     empty sets none."""
+
+    # ------------------------------------------------------------------ tiers
+
+    tier_runtimes: dict[str, TierRuntime] = Field(default_factory=dict)
+    """What each tier runs on (JSON object, tier → settings; :mod:`.tier_runtime`):
+    ``runtime_class_name``, ``cpu_request``, ``memory_request``, ``cpu_limit``,
+    ``memory_limit`` (unset: the values above), ``node_selector``, ``tolerations`` and
+    ``warm_pool_size`` (0: no warm pool). A tier absent from it runs the shared template
+    without a warm pool. Example: ``{"container": {"warm_pool_size": 8}, "microvm":
+    {"runtime_class_name": "kata", "memory_limit": "2Gi", "warm_pool_size": 2}}``. Each key
+    must be a declared tier (``TURNSTILE_TIERS``) when tiers are declared."""
 
     # ------------------------------------------------------------------ worker agent
 
@@ -141,10 +157,6 @@ class KubernetesSettings(BaseSettings):
     before the renewal pass deletes it: a cold create makes the Secret just before its pod."""
 
     # ------------------------------------------------------------------ warm pool
-
-    warm_pool_sizes: dict[str, int] = Field(default_factory=dict)
-    """Warm pods to keep per tier (JSON object, e.g. ``{"default": 4}``); a tier absent
-    or 0 has no warm pool and every activation there is a cold create."""
 
     warm_pool_interval_s: float = Field(default=2.0, gt=0, le=300)
     """Longest wait between two warm-pool refill checks; a claim or a change the
@@ -225,14 +237,18 @@ class KubernetesSettings(BaseSettings):
     relist_backoff_max_s: float = Field(default=15.0, gt=0, le=600)
     """Longest wait between re-list attempts while the API server fails."""
 
-    @field_validator("warm_pool_sizes")
+    @field_validator("tier_runtimes")
     @classmethod
-    def _sizes(cls, value: dict[str, int]) -> dict[str, int]:
-        for tier, size in value.items():
+    def _tiers(cls, value: dict[str, TierRuntime]) -> dict[str, TierRuntime]:
+        for tier in value:
             if not is_label_value(tier):
                 raise ValueError(f"tier {tier!r} is not a valid label value")
-            if not 0 <= size <= 1000:
-                raise ValueError(f"warm pool size of {tier!r} must be 0..1000")
+        return value
+
+    @field_validator("cpu_request", "memory_request", "cpu_limit", "memory_limit")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        check_quantity(value)
         return value
 
     @field_validator("extra_labels")
@@ -258,6 +274,21 @@ class KubernetesSettings(BaseSettings):
             )
         return self
 
+    def tier_runtime(self, tier: str) -> TierRuntime:
+        """What ``tier``'s pods run on (the shared template when it names none)."""
+        return self.tier_runtimes.get(tier, _SHARED)
+
     def warm_size(self, tier: str) -> int:
         """The configured warm-pool size of ``tier`` (0 when none)."""
-        return self.warm_pool_sizes.get(tier, 0)
+        return self.tier_runtime(tier).warm_pool_size
+
+    def warm_tiers(self) -> list[str]:
+        """Tiers with a warm pool configured."""
+        return [tier for tier, runtime in self.tier_runtimes.items() if runtime.warm_pool_size]
+
+    def undeclared_tiers(self, declared: tuple[str, ...]) -> list[str]:
+        """Tiers of ``tier_runtimes`` that are not among ``declared`` (a typo, or a tier
+        that was removed); none when no tiers are declared."""
+        if not declared:
+            return []
+        return [tier for tier in self.tier_runtimes if tier not in declared]

@@ -19,6 +19,10 @@ Leader-only work: one replica compares the reflector's pods with the PostgreSQL 
    a pod whose activation died between creating and recording it and was never retried. The
    record is read again right before the delete, and the delete carries the pod's uid.
 
+The first sweep has a prompt path: the leader ends a gone pod's execution as soon as its
+reflector sees the pod go (:mod:`.gone_watch`), so the pass only catches what that missed (a
+leader change, a failed write).
+
 The grace must exceed the longest activation (create → record), so an activation in flight is
 never swept. ``sweep_dry_run`` finds and counts without changing anything.
 
@@ -31,19 +35,22 @@ as its sessions use it, so no deadline fits it; the sweeps do both jobs against 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.db import records
+from turnstile_substrate.db.pool import Connection
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.locks import sandbox_advisory_lock
 from turnstile_substrate.runtime import CreateKind, Runtime
 
 log = logging.getLogger(__name__)
@@ -51,6 +58,8 @@ log = logging.getLogger(__name__)
 SUBSTRATE = "kubernetes"
 
 GONE = "gone_runtimes"
+#: The same work, for one pod the moment the reflector sees it go (:mod:`.gone_watch`).
+GONE_WATCH = "gone_runtimes_watch"
 FINISHED = "finished_pods"
 EXPIRED_WARM = "expired_warm_pods"
 ORPHANS = "orphan_pods"
@@ -137,49 +146,86 @@ class Sweeper:
             cached = self._index.pods.get(name)
             if cached is not None and cached.live:
                 continue
-            try:
-                pod = await self._api.get(name)  # the cache may not have seen a fresh create
-            except Exception as error:
-                report.add(GONE, "error")
-                log.warning("sweep: reading pod %s failed: %s", name, error)
-                continue
-            if pod is not None and pod.live:
-                continue
-            report.add(GONE, "found")
-            if self.dry_run:
-                continue
-            replacement = next(
-                (p for p in self._index.live_pods(execution.sandbox_id) if p.name != name), None
-            )
-            try:
-                if replacement is not None:
-                    await self._adopt(replacement)
-                    adopted.add(replacement.name)
-                    report.add(GONE, "adopted")
-                    continue
-                async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-                    ended = await records.end_runtime(
-                        conn, execution.sandbox_id, name, reason="runtime_gone"
-                    )
-                if ended:
-                    await self._release(execution.sandbox_id)
-                    report.add(GONE, "removed")
-            except Exception as error:
-                report.add(GONE, "error")
-                log.warning("sweep: ending the execution of pod %s failed: %s", name, error)
+            replacement = await self._end_gone(GONE, execution.sandbox_id, name, report)
+            if replacement is not None:
+                adopted.add(replacement)
         return adopted
 
-    async def _adopt(self, pod: PodInfo) -> None:
-        runtime = Runtime(
-            sandbox_id=pod.sandbox_id or "",
-            name=pod.name,
-            kind=CreateKind.COLD,
-            client_label=pod.client_label,
-            tier=pod.tier,
-            node=pod.node,
-        )
-        async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-            await records.adopt_runtime(conn, runtime, substrate=SUBSTRATE)
+    async def end_if_recorded(self, sandbox_id: str, name: str) -> SweepReport:
+        """The prompt path of the gone-runtimes sweep, for one pod the reflector saw go
+        (:mod:`.gone_watch`): if it is still the sandbox's active execution, end it (or move
+        the record to the sandbox's other live pod) now rather than at the next pass.
+
+        It holds the sandbox's activation lock meanwhile, as a Deactivate or an activation
+        does: a Deactivate deletes the pod (which is how the watch hears of it) and then ends
+        the row itself, with its own reason, and an activation of the sandbox must not have its
+        admission slot released under it. Whatever they did, the row is read again under the
+        lock. Idempotent: a record already ended, or naming another pod, is left alone; a lock
+        held past the database budget leaves the row to the next pass."""
+        report = SweepReport()
+        try:
+            async with (
+                self._pool.acquire(timeout=self._db_timeout_s) as conn,
+                sandbox_advisory_lock(conn, sandbox_id, self._db_timeout_s),
+            ):
+                if await records.runtime_is_recorded(conn, sandbox_id, name):
+                    await self._end_gone(GONE_WATCH, sandbox_id, name, report, conn)
+        except Exception as error:
+            report.add(GONE_WATCH, "error")
+            log.warning(
+                "ending the execution of pod %s failed (%s); the next pass will", name, error
+            )
+        return report
+
+    async def _end_gone(
+        self,
+        sweep: str,
+        sandbox_id: str,
+        name: str,
+        report: SweepReport,
+        conn: Connection | None = None,
+    ) -> str | None:
+        """End the execution of pod ``name`` if the API server confirms it is gone, or adopt
+        the sandbox's other live pod instead; returns the adopted pod's name. ``conn``: the
+        connection to use (one holding the sandbox's lock); None takes one from the pool."""
+        try:
+            pod = await self._api.get(name)  # the cache may not have seen a fresh create
+        except Exception as error:
+            report.add(sweep, "error")
+            log.warning("sweep: reading pod %s failed: %s", name, error)
+            return None
+        if pod is not None and pod.live:
+            return None
+        report.add(sweep, "found")
+        if self.dry_run:
+            return None
+        replacement = next((p for p in self._index.live_pods(sandbox_id) if p.name != name), None)
+        try:
+            async with self._connection(conn) as db:
+                if replacement is not None:
+                    await records.adopt_runtime(db, _runtime(replacement), substrate=SUBSTRATE)
+                    report.add(sweep, "adopted")
+                    return replacement.name
+                ended = await records.end_runtime(db, sandbox_id, name, reason="runtime_gone")
+                if ended:
+                    await self._release(sandbox_id)
+                    report.add(sweep, "removed")
+                    log.info(
+                        "%s: ended sandbox %s's execution (pod %s gone)", sweep, sandbox_id, name
+                    )
+        except Exception as error:
+            report.add(sweep, "error")
+            log.warning("sweep: ending the execution of pod %s failed: %s", name, error)
+        return None
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, conn: Connection | None) -> AsyncIterator[Connection]:
+        """``conn``, or one from the pool for the block."""
+        if conn is not None:
+            yield conn
+            return
+        async with self._pool.acquire(timeout=self._db_timeout_s) as acquired:
+            yield acquired
 
     async def _finished(self, pods: list[PodInfo], report: SweepReport) -> None:
         for pod in pods:
@@ -256,3 +302,15 @@ class Sweeper:
         if deleted:
             report.add(sweep, "removed")
             log.info("sweep %s removed pod %s", sweep, pod.name)
+
+
+def _runtime(pod: PodInfo) -> Runtime:
+    """The runtime a record adopting ``pod`` names."""
+    return Runtime(
+        sandbox_id=pod.sandbox_id or "",
+        name=pod.name,
+        kind=CreateKind.COLD,
+        client_label=pod.client_label,
+        tier=pod.tier,
+        node=pod.node,
+    )

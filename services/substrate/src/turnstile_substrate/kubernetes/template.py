@@ -9,6 +9,10 @@ Labels (SPEC S2, DESIGN "Kubernetes"):
   record is NULL (an inheriting activation of an unattributed sandbox);
 * ``turnstile.dev/tier`` — the tier;
 * ``turnstile.dev/pool`` — only on unclaimed warm pods; the adoption patch removes it;
+* ``turnstile.dev/template`` — only on unclaimed warm pods: a hash of the spec their tier's
+  template gave them (:func:`template_hash`), so the pool claims only pods made from the
+  current template and replaces the others (a tier moved to another RuntimeClass never
+  hands out a pod of the old one); the adoption patch removes it;
 * ``app.kubernetes.io/managed-by: turnstile`` — what the reflector selects;
 * ``app.kubernetes.io/name: turnstile-worker`` — what the NetworkPolicies select.
 
@@ -29,6 +33,12 @@ on ``/etc/turnstile/credential`` and names the file in
 attaches. The credential itself is never in the pod spec. The pod's ``fsGroup``
 is its ``runAsGroup``, so the group-readable (0440) file is the worker's to read.
 
+Each tier's pods take its runtime from ``tier_runtimes`` (:mod:`.tier_runtime`):
+``runtimeClassName``, resources, node selector and tolerations. Warm and cold pods of a tier
+are built by the same function from the same settings, so they differ only in name and
+labels, and a claim (which takes only warm pods of the activation's tier) hands out the
+runtime a cold create would have made.
+
 Pods meet the restricted Pod Security Standard: non-root, no privilege
 escalation, no capabilities, the runtime's seccomp profile, a read-only root
 filesystem with an emptyDir on ``/tmp``, and no service-account token (a sandbox
@@ -38,6 +48,7 @@ has no business with the API server).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from typing import Any
@@ -49,6 +60,7 @@ from turnstile_substrate.runtime import (
     LABEL_NAME,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_TEMPLATE,
     LABEL_TIER,
     MANAGED_BY,
     WORKER_NAME,
@@ -146,14 +158,30 @@ def warm_pod(
     settings: KubernetesSettings, tier: str, *, credentials: bool = False
 ) -> dict[str, Any]:
     """The manifest of a warm-pool pod of ``tier``: no sandbox, no client."""
+    labels = {
+        LABEL_TIER: tier,
+        LABEL_POOL: POOL_WARM,
+        LABEL_TEMPLATE: template_hash(settings, tier, credentials=credentials),
+    }
     return _pod(
         settings,
         name=warm_pod_name(settings, tier),
         tier=tier,
-        labels={LABEL_TIER: tier, LABEL_POOL: POOL_WARM},
+        labels=labels,
         annotations={},
         credentials=credentials,
     )
+
+
+def template_hash(settings: KubernetesSettings, tier: str, *, credentials: bool = False) -> str:
+    """A hash of the pod spec ``tier``'s template gives (16 hex): equal for every pod the
+    same settings make, different once anything in the spec changes (RuntimeClass,
+    resources, image, ...). The spec is built for a fixed name, since a credential volume
+    names its pod's Secret."""
+    spec = _pod(
+        settings, name="template", tier=tier, labels={}, annotations={}, credentials=credentials
+    )["spec"]
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
@@ -162,9 +190,14 @@ def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
     It carries the resourceVersion the claimer saw, so the API server applies it
     only to the pod as seen: of two concurrent claims one wins and the other gets
     409 Conflict. It adds the sandbox labels (the client id is set here, once)
-    and removes the pool label (``null`` deletes a key in a merge patch).
+    and removes the pool and template labels (``null`` deletes a key in a merge patch): the
+    pod is then labelled as a cold pod of the sandbox is.
     """
-    labels: dict[str, str | None] = {**sandbox_labels(spec), LABEL_POOL: None}
+    labels: dict[str, str | None] = {
+        **sandbox_labels(spec),
+        LABEL_POOL: None,
+        LABEL_TEMPLATE: None,
+    }
     return {"metadata": {"resourceVersion": resource_version, "labels": labels}}
 
 
@@ -201,8 +234,8 @@ def _pod(
     annotations: dict[str, str],
     credentials: bool,
 ) -> dict[str, Any]:
-    requests = _quantities(cpu=settings.cpu_request, memory=settings.memory_request)
-    limits = _quantities(cpu=settings.cpu_limit, memory=settings.memory_limit)
+    runtime = settings.tier_runtime(tier)
+    resources = runtime.resources(settings)
     container: dict[str, Any] = {
         "name": settings.container_name,
         "image": settings.image,
@@ -223,10 +256,8 @@ def _pod(
         container["volumeMounts"].append(
             {"name": "credential", "mountPath": CREDENTIAL_DIR, "readOnly": True}
         )
-    if requests or limits:
-        container["resources"] = {
-            part: values for part, values in (("requests", requests), ("limits", limits)) if values
-        }
+    if resources:
+        container["resources"] = resources
     tmp: dict[str, Any] = {"sizeLimit": settings.tmp_size_limit} if settings.tmp_size_limit else {}
     spec: dict[str, Any] = {
         "containers": [container],
@@ -275,6 +306,9 @@ def _pod(
         )
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
+    # The tier's runtime (a RuntimeClass) and the nodes that have it: cold and warm pods
+    # alike, so a warm claim hands out what a cold create of the tier would have made.
+    spec.update(runtime.scheduling())
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": settings.namespace,
@@ -288,7 +322,3 @@ def _pod(
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-def _quantities(**values: str) -> dict[str, str]:
-    return {name: value for name, value in values.items() if value}

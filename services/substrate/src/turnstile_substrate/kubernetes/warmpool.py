@@ -13,6 +13,12 @@ returned to the pool: a returned pod would be first in line again, and a
 refusal that repeats (an admission webhook, a quota on the pod) would fail
 every later claim. A discard that fails is retried by the refill loop.
 
+**Templates.** Every warm pod carries the hash of the template that made it
+(``turnstile.dev/template``). Only pods made from the tier's current template are
+claimed or counted as available; the refill deletes the others and makes current ones,
+so a change of a tier's runtime (another RuntimeClass, other resources, another image)
+never hands out a pod of the old one.
+
 **Refill.** Leader-only work (:meth:`WarmPool.run`, registered on the replica's
 leader elector): only the leader keeps each tier at its configured size, so a
 scale-up is not filled once per replica (a pod storm). ``available = warm pods
@@ -92,6 +98,8 @@ class WarmPool:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._cleanups = Cleanups()
+        #: each tier's template hash (settings are frozen: computed once per tier)
+        self._templates: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -122,13 +130,23 @@ class WarmPool:
 
     # ------------------------------------------------------------------ claims
 
+    def template(self, tier: str) -> str:
+        """The hash of ``tier``'s current template (what its warm pods must carry)."""
+        found = self._templates.get(tier)
+        if found is None:
+            found = template.template_hash(self._settings, tier, credentials=self._credentials)
+            self._templates[tier] = found
+        return found
+
     def _candidates(self, tier: str) -> Iterator[PodInfo]:
         """Claimable pods of ``tier``, oldest first (lazily)."""
         require_running = self._settings.warm_require_running
+        current = self.template(tier)
         return (
             pod
             for pod in self._index.warm(tier)
-            if pod.name not in self._claiming
+            if pod.template == current
+            and pod.name not in self._claiming
             and pod.name not in self._spent
             and (not require_running or pod.phase == "Running")
         )
@@ -217,10 +235,13 @@ class WarmPool:
 
     def available(self, tier: str) -> int:
         """Warm pods of ``tier`` that are or will be claimable (Pending ones included)."""
+        current = self.template(tier)
         count = sum(
             1
             for pod in self._index.warm(tier)
-            if pod.name not in self._claiming and pod.name not in self._spent
+            if pod.template == current
+            and pod.name not in self._claiming
+            and pod.name not in self._spent
         )
         return count + sum(1 for t, _ in self._unseen.values() if t == tier)
 
@@ -229,8 +250,9 @@ class WarmPool:
         self._prune()
         for name in list(self._discard_pending):
             await self._discard(name)
-        tiers = set(self._settings.warm_pool_sizes) | set(self._index.warm_tiers())
+        tiers = set(self._settings.warm_tiers()) | set(self._index.warm_tiers())
         for tier in sorted(tiers):
+            await self._replace_stale(tier)
             size = self._settings.warm_size(tier)
             have = self.available(tier)
             if have < size:
@@ -251,22 +273,45 @@ class WarmPool:
         metrics.WARM_CREATED.labels(tier=tier).inc()
 
     async def _trim(self, tier: str, excess: int) -> None:
+        current = self.template(tier)
         candidates = sorted(
             (
                 pod
                 for pod in self._index.warm(tier)
-                if pod.name not in self._claiming and pod.name not in self._spent
+                if pod.template == current
+                and pod.name not in self._claiming
+                and pod.name not in self._spent
             ),
             key=lambda pod: pod.name,
         )
         for pod in candidates[-excess:]:
-            try:
-                await self._api.delete(pod.name, uid=pod.uid, resource_version=pod.resource_version)
-            except KubeApiError as error:
-                # 409: adopted or changed since the reflector saw it; look again next pass
-                log.info("trimming warm pod %s skipped: %s", pod.name, error)
-                continue
-            self._spent.add(pod.name)
+            await self._remove(pod, "trimming")
+
+    async def _replace_stale(self, tier: str) -> None:
+        """Delete the tier's unclaimed warm pods made from another template (the refill
+        then makes current ones)."""
+        current = self.template(tier)
+        stale = [
+            pod
+            for pod in self._index.warm(tier)
+            if pod.template != current
+            and pod.name not in self._claiming
+            and pod.name not in self._spent
+        ]
+        for pod in stale:
+            if await self._remove(pod, "replacing stale"):
+                metrics.WARM_INVALIDATIONS.labels(tier=tier, reason="stale_template").inc()
+
+    async def _remove(self, pod: PodInfo, why: str) -> bool:
+        """Delete an unclaimed warm pod as the cache saw it; False when it changed since."""
+        try:
+            await self._api.delete(pod.name, uid=pod.uid, resource_version=pod.resource_version)
+        except KubeApiError as error:
+            # 409: adopted or changed since the reflector saw it; look again next pass
+            log.info("%s warm pod %s skipped: %s", why, pod.name, error)
+            return False
+        self._spent.add(pod.name)
+        return True
 
     def _prune(self) -> None:
         pods = self._index.pods
