@@ -28,7 +28,7 @@ _LISTEN_TICK_S = 0.25
 class KeySetStore:
     """Reads and changes the key set under ``{prefix}keyset``."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str) -> None:
         self._redis = client
         self.doc_key = f"{prefix}keyset"
         self.version_key = f"{prefix}keyset:version"
@@ -85,7 +85,7 @@ class KeySetWatcher:
     def __init__(
         self,
         store: KeySetStore,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         resolver: Resolver,
         *,
         poll_interval_s: float = 0.5,
@@ -177,7 +177,7 @@ class KeySetWatcher:
 
 
 async def watch_keyset(
-    client: aioredis.Redis,
+    client: aioredis.Redis | aioredis.RedisCluster,
     prefix: str,
     resolver: Resolver,
     *,

@@ -1,0 +1,145 @@
+"""A Redis Cluster, through redis-py's own ``RedisCluster``, each call bounded.
+
+redis-py follows ``MOVED`` (patching its slot map, re-reading the whole map
+every few redirections) and ``ASK``, waits out ``TRYAGAIN``, and on a dropped
+connection or ``CLUSTERDOWN`` re-reads the topology and retries — which is how
+a ``CLUSTER FAILOVER`` or a failed master's replacement reaches the client. All
+of that happens inside one call here, so the guard's budget bounds it like any
+other call (SPEC F2, F3).
+
+Two things redis-py leaves to its caller, done here:
+
+- **Errors of a topology change are "unreachable".** While slots move or a
+  master is replaced, redis-py may give up with ``CLUSTERDOWN``, ``TRYAGAIN``,
+  a slot not covered, a redirection loop ("TTL exhausted") or a failed
+  topology read. Those are raised as :class:`RedisClusterUnavailableError`, a
+  redis-py ``ConnectionError``: the breaker counts them and every policy
+  applies its fail mode, as for a server that went away; retrying is right.
+- **A hung master does not strand the client.** redis-py re-reads the topology
+  only after a connection error it saw itself; a call the budget cut off (a
+  paused master, a black-holed network) ends in a cancellation, so without
+  help it would keep sending that master's slots to the hung node after the
+  cluster promoted its replica. A spent budget therefore schedules one
+  background topology refresh (at most one at a time, at most one per
+  ``refresh_interval_s``), bounded by its own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from turnstile_platform.bounded import Guard
+from turnstile_platform.redis_bounded import guarded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RedisClusterUnavailableError(RedisConnectionError):
+    """The cluster could not serve the call: its topology is changing or unreachable."""
+
+
+def _topology_error(error: BaseException) -> bool:
+    """Whether ``error`` means the cluster could not serve the call right now."""
+    if isinstance(error, (ClusterDownError, TryAgainError, SlotNotCoveredError, ClusterError)):
+        return True
+    if type(error) is RedisClusterException:  # a failed topology read (not a usage error)
+        cause = error.__cause__
+        return isinstance(cause, (RedisConnectionError, RedisTimeoutError, OSError)) or str(
+            error
+        ).startswith("All slots are not covered")
+    return False
+
+
+async def _translated(call: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await call
+    except Exception as error:
+        if _topology_error(error):
+            raise RedisClusterUnavailableError(f"Redis Cluster unavailable: {error}") from error
+        raise
+
+
+class BoundedRedisCluster(RedisCluster):
+    """A ``RedisCluster`` whose every command and pipeline is one guarded call."""
+
+    guard: Guard | None = None
+    #: The shortest time between two background topology refreshes.
+    refresh_interval_s: float = 1.0
+    _refresh: asyncio.Task[None] | None = None
+    _refreshed_at: float = float("-inf")
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._bounded(super().execute_command(*args, **kwargs))
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # raises: no shard hints here
+        return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+    async def _bounded(self, call: Coroutine[Any, Any, T]) -> T:
+        try:
+            return await guarded(self.guard, _translated(call))
+        except (RedisTimeoutError, RedisConnectionError):
+            self.refresh_topology_soon()
+            raise
+        finally:
+            if inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
+                call.close()  # refused by the breaker before it started: never awaited
+
+    def refresh_topology_soon(self) -> None:
+        """Re-read the slot map in the background, unless that was just done."""
+        loop = asyncio.get_running_loop()
+        if self._refresh is not None and not self._refresh.done():
+            return
+        if loop.time() - self._refreshed_at < self.refresh_interval_s:
+            return
+        self._refreshed_at = loop.time()
+        self._refresh = loop.create_task(self._refresh_topology(), name="redis-cluster-refresh")
+
+    async def _refresh_topology(self) -> None:
+        budget = self.guard.budget_s if self.guard is not None else 1.0
+        try:
+            # A hung seed costs its socket timeout, then the next seed is asked.
+            async with asyncio.timeout(budget * (len(self.nodes_manager.startup_nodes) + 1)):
+                await self.nodes_manager.initialize()
+        except Exception:
+            log.warning("Redis Cluster topology refresh failed; calls will retry it", exc_info=True)
+            self._initialize = True  # the next call re-reads it within its own budget
+
+    async def aclose(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
+        await super().aclose()
+
+
+class BoundedClusterPipeline(ClusterPipeline):
+    """A cluster pipeline whose ``execute`` is one guarded call of its client."""
+
+    cluster_client: BoundedRedisCluster
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        return await self.cluster_client._bounded(
+            super().execute(raise_on_error, allow_redirections)
+        )
