@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from turnstile_admission.app import create_app
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_clientkeys.live_store import Change, LiveStore, Op
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
-from turnstile_substrate.live_store import Change, LiveStore, Op
 
 CAP = 7
 ADMITTED = admission_pb2.DECISION_ADMITTED

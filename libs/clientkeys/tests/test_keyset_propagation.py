@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from turnstile_clientkeys import Client, KeySet, KeySetError, KeySetStore, KeySetWatcher, Resolver
 
@@ -62,6 +65,30 @@ async def test_bootstrap_seeds_from_settings_only_when_redis_has_no_key_set(
     assert (first.version, first.allowlist) == (1, frozenset({"a"}))
     second = await store.bootstrap(KeySet(allowlist=frozenset({"b"})))
     assert second == first
+
+
+async def test_bootstrap_carries_over_a_key_set_stored_before_it_had_a_hash_tag(
+    redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    store = KeySetStore(redis, redis_prefix)
+    earlier = KeySet(version=7, allowlist=frozenset({"acme"}), flags={"own_keys": False})
+    await redis.set(store.legacy_doc_key, earlier.to_json())
+    assert await store.bootstrap(KeySet(allowlist=frozenset({"seeded"}))) == earlier
+    assert await store.version() == 7
+
+
+async def test_changes_apply_on_a_redis_cluster_in_one_slot(
+    redis_cluster_client: RedisCluster, redis_prefix: str
+) -> None:
+    """The document and its version are written in one MULTI: on a cluster they
+    must share a slot, or every change fails with CROSSSLOT."""
+    store = KeySetStore(cast(aioredis.Redis, redis_cluster_client), redis_prefix)
+    assert key_slot(store.doc_key.encode()) == key_slot(store.version_key.encode())
+    await store.bootstrap(KeySet(allowlist=frozenset({"a"})))
+    results = await asyncio.gather(*(store.change(allow=(f"c{i}",)) for i in range(5)))
+    assert sorted(r.version for r in results) == [2, 3, 4, 5, 6]
+    assert (await store.load()).allowlist == frozenset({"a", *(f"c{i}" for i in range(5))})
+    assert await store.version() == 6
 
 
 async def test_concurrent_changes_are_all_applied_with_distinct_versions(

@@ -16,7 +16,7 @@ from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.live_counts import COUNTED
 
 # The substrate leader's real script: the one consumer of pending entries.
-from turnstile_substrate.live_store import Change, LiveStore, Op
+from turnstile_clientkeys.live_store import Change, LiveStore, Op
 
 if TYPE_CHECKING:
     from conftest import LiveSets

@@ -16,10 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_clientkeys.live_store import Change, FencedError, LiveStore, Op
 from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.kubernetes import KubernetesSubstrate
 from turnstile_substrate.kubernetes.live_publisher import LivePublisher
-from turnstile_substrate.live_store import Change, FencedError, LiveStore, Op
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,

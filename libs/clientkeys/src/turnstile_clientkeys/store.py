@@ -26,16 +26,29 @@ _LISTEN_TICK_S = 0.25
 
 
 class KeySetStore:
-    """Reads and changes the key set under ``{prefix}keyset``."""
+    """Reads and changes the key set under ``{prefix}{keyset}``.
+
+    The document and its version share the hash tag ``{keyset}``, so the
+    transactions that write both (``MULTI``) stay in one slot of a Redis Cluster.
+    """
 
     def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str) -> None:
         self._redis = client
-        self.doc_key = f"{prefix}keyset"
-        self.version_key = f"{prefix}keyset:version"
+        self.doc_key = f"{prefix}{{keyset}}"
+        self.version_key = f"{prefix}{{keyset}}:version"
         self.channel = f"{prefix}keyset:changed"
+        #: Where the document lived before it had a hash tag; read once, at bootstrap.
+        self.legacy_doc_key = f"{prefix}keyset"
 
     async def bootstrap(self, initial: KeySet) -> KeySet:
-        """Store ``initial`` (at version 1) unless a key set exists; return the stored one."""
+        """Store ``initial`` (at version 1) unless a key set exists; return the stored one.
+
+        A key set stored under the untagged name of earlier releases is carried over
+        (with its version) rather than replaced by ``initial``: an upgrade keeps the
+        allowlist operators changed at run time."""
+        legacy = await self._redis.get(self.legacy_doc_key)
+        if legacy is not None:
+            initial = KeySet.from_json(legacy)
         seed = KeySet(
             version=max(1, initial.version), allowlist=initial.allowlist, flags=initial.flags
         )
@@ -60,7 +73,11 @@ class KeySetStore:
         remove: tuple[str, ...] = (),
         flags: Mapping[str, bool] | None = None,
     ) -> KeySet:
-        """Apply a change atomically (optimistic transaction) and announce it."""
+        """Apply a change atomically (optimistic transaction) and announce it.
+
+        The announcement follows the transaction rather than riding in it: a
+        cluster client refuses PUBLISH inside a pipeline, and a message lost to a
+        crash between the two is what the watchers' version check is for."""
         while True:
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:
@@ -71,10 +88,10 @@ class KeySetStore:
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.set(self.doc_key, updated.to_json())
                     pipe.set(self.version_key, updated.version)
-                    pipe.publish(self.channel, updated.version)
                     await pipe.execute()
                 except WatchError:
                     continue
+            await self._redis.publish(self.channel, updated.version)
             log.info("key set changed", extra={"version": updated.version})
             return updated
 

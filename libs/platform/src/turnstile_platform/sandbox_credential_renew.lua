@@ -1,3 +1,4 @@
+#!lua
 -- Extend a sandbox's credential record for a renewed credential of the same
 -- runtime (sandbox_credentials.CredentialIssuer.renew).
 --

@@ -1,3 +1,4 @@
+#!lua
 -- Revoke one runtime's credential only if it is still the sandbox's current one
 -- (sandbox_credentials.CredentialIssuer.revoke_generation).
 --

@@ -16,11 +16,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_testing.otlp import OtlpReceiver
 from turnstile_testing.pki import Pki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
+from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
 from turnstile_testing.services import find_postgres, find_redis, using
 
 # The shared fixtures start services in explicit loopback plaintext (SPEC Z5 allows
@@ -58,6 +60,29 @@ async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[aioredis.Red
         keys = [key async for key in client.scan_iter(match=f"{redis_prefix}*", count=1000)]
         if keys:
             await client.delete(*keys)
+        await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A private Redis Cluster (3 masters, no replicas), started once per session."""
+    with running_cluster() as servers:
+        yield servers
+
+
+@pytest.fixture
+async def redis_cluster_client(
+    redis_cluster: RedisClusterServers, redis_prefix: str
+) -> AsyncIterator[RedisCluster]:
+    """A cluster client (redis-py's ``RedisCluster``: routes by slot, follows MOVED);
+    the test's keys are deleted afterwards, on whichever master holds them."""
+    client = RedisCluster.from_url(redis_cluster.url)
+    try:
+        yield client
+    finally:
+        # scan_iter walks every master; DEL of one key goes to the one that holds it.
+        async for key in client.scan_iter(match=f"{redis_prefix}*", count=1000):
+            await client.delete(key)
         await client.aclose()
 
 

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 _handed_out: set[int] = set()
@@ -60,9 +61,11 @@ def _wait_for(predicate: object, timeout: float, what: str) -> None:
 class RedisProcess:
     """A redis-server on its own port and directory, with nothing persisted."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, options: Sequence[str] = ()) -> None:
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="turnstile-redis-"))
+        #: More ``redis-server`` options (e.g. ``--cluster-enabled yes``).
+        self.options = tuple(options)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,6 +91,7 @@ class RedisProcess:
                 str(self.dir),
                 "--loglevel",
                 "warning",
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -1,8 +1,25 @@
+#!lua
 -- _common.lua: helpers prepended to every admission script (not a script itself).
+-- The first line makes each a Redis 7 script with flags (none): Redis refuses a
+-- key of another slot than the first one touched, on a single server as on a
+-- cluster, and refuses the whole script up front when out of memory rather than
+-- failing its writes halfway.
 --
 -- Time comes from Redis (TIME), so every replica and every script agree on the
 -- clock. Tests may freeze and advance it through a test-clock key, honoured
 -- only when the service runs with test_clock enabled.
+--
+-- Keys: every key a script can name before it runs is in KEYS. A few depend on
+-- what the script reads (a hold's bounded key and node, a sandbox's node); those
+-- are built from base_of(KEYS[1]), never from an argument, so they carry the
+-- declared key's hash tag ({adm}) and are in its slot (docs/scaling.md).
+
+-- '<prefix>{adm}:', the part of a declared key every admission key starts with.
+local function base_of(key)
+  local base = string.match(key, '^(.-{adm}:)')
+  if not base then error('not an admission key: ' .. key) end
+  return base
+end
 
 local function now_ms(use_test_clock, clock_key)
   if use_test_clock == 1 then

@@ -5,14 +5,15 @@
 -- same step, so a second cancel finds nothing and returns nothing.
 --
 -- KEYS: 1 hold:<id>, 2 limits hash, 3 cluster bucket, 4 test clock
--- ARGV: key base, hold_id, default rate, burst, cluster rate, cluster burst,
---       use_test_clock
+--       (the hold's bucket:<key>, inflight:<key>, pending:<key> and slots:<node>
+--       depend on the hold: built from KEYS[1]'s base, in its slot)
+-- ARGV: hold_id, default rate, burst, cluster rate, cluster burst, use_test_clock
 -- Returns {cancelled (0/1), client tokens returned, cluster tokens returned} (strings).
 
-local base, hold_id = ARGV[1], ARGV[2]
-local d = {cap = 0, concurrency = 0, rate = tonumber(ARGV[3]), burst = tonumber(ARGV[4]),
-           cluster_rate = tonumber(ARGV[5]), cluster_burst = tonumber(ARGV[6])}
-local now = now_ms(tonumber(ARGV[7]), KEYS[4])
+local base, hold_id = base_of(KEYS[1]), ARGV[1]
+local d = {cap = 0, concurrency = 0, rate = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
+           cluster_rate = tonumber(ARGV[4]), cluster_burst = tonumber(ARGV[5])}
+local now = now_ms(tonumber(ARGV[6]), KEYS[4])
 local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node', 'pending',
   'client_tokens', 'cluster_tokens')
 local key, sandbox, exp = h[1], h[2], tonumber(h[3])

@@ -4,14 +4,15 @@
 -- it expires, and the node slot becomes the sandbox's (until ReleaseSandbox, or the
 -- committed-slot backstop TTL). sandbox:<id> remembers both for ReleaseSandbox.
 --
--- KEYS: 1 hold:<id>, 2 test clock
--- ARGV: key base (every admission key shares one hash tag), hold_id,
---       committed slot ttl ms, use_test_clock, pending ttl ms
+-- KEYS: 1 hold:<id>, 2 test clock, 3 node registry
+--       (the hold's inflight:<key>, sandbox:<id> and slots:<node> depend on the
+--       hold: built from KEYS[1]'s base, in its slot)
+-- ARGV: hold_id, committed slot ttl ms, use_test_clock, pending ttl ms
 -- Returns 1 when committed, 0 when the hold was committed, cancelled or expired.
 
-local base, hold_id, slot_ttl, use_test_clock = ARGV[1], ARGV[2], tonumber(ARGV[3]),
-  tonumber(ARGV[4])
-local pending_ttl = tonumber(ARGV[5])
+local base = base_of(KEYS[1])
+local hold_id, slot_ttl, use_test_clock = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local pending_ttl = tonumber(ARGV[4])
 local now = now_ms(use_test_clock, KEYS[2])
 local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node', 'pending')
 local key, sandbox, exp, lease, node = h[1], h[2], tonumber(h[3]), h[4], h[5]
@@ -39,8 +40,8 @@ if node and node ~= '' then
   redis.call('ZREM', slots, 'h:' .. hold_id)
   redis.call('ZADD', slots, now + slot_ttl, 's:' .. sandbox)
   extend(slots, slot_ttl)
-  redis.call('SADD', base .. 'nodes', node)
-  extend(base .. 'nodes', slot_ttl)
+  redis.call('SADD', KEYS[3], node)
+  extend(KEYS[3], slot_ttl)
   redis.call('HSET', sandbox_key, 'node', node)
   if redis.call('PTTL', sandbox_key) < slot_ttl then
     redis.call('PEXPIRE', sandbox_key, slot_ttl)

@@ -236,8 +236,8 @@ class AdmissionStore:
         ttl_ms = round(self._settings.slots.committed_ttl_s * 1000)
         pending_ttl_ms = round(self._settings.pending_ttl_s * 1000)
         done = await self._commit(
-            keys=[k.hold(hold_id), k.test_clock],
-            args=[k.base, hold_id, ttl_ms, self._clock, pending_ttl_ms],
+            keys=[k.hold(hold_id), k.test_clock, k.nodes],
+            args=[hold_id, ttl_ms, self._clock, pending_ttl_ms],
         )
         return bool(done)
 
@@ -245,17 +245,20 @@ class AdmissionStore:
         k = self.keys
         raw = await self._cancel(
             keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock],
-            args=[k.base, hold_id, *self._bucket_defaults, self._clock],
+            args=[hold_id, *self._bucket_defaults, self._clock],
         )
         return CancelAnswer(bool(int(raw[0])), float(_s(raw[1])), float(_s(raw[2])))
 
     async def release(self, sandbox_id: str) -> bool:
         k = self.keys
-        done = await self._release(keys=[k.sandbox(sandbox_id)], args=[k.base, sandbox_id])
+        done = await self._release(keys=[k.sandbox(sandbox_id)], args=[sandbox_id])
         return bool(done)
 
     async def usage(self, key: str) -> UsageAnswer:
         k = self.keys
+        # The script declares every key it reads, so the nodes' slot keys are
+        # read first (an operator's call: one more round trip is cheap).
+        nodes = sorted(_s(node) for node in await self.redis.smembers(k.nodes))
         raw = await self._usage(
             keys=[
                 k.limits,
@@ -267,10 +270,11 @@ class AdmissionStore:
                 k.nodes,
                 k.live(key),
                 k.live_state,
+                *(self._slots_key(node) for node in nodes),
             ],
-            args=[k.base, key, *self._key_defaults, self._clock],
+            args=[key, *self._key_defaults, self._clock, *nodes],
         )
-        nodes = raw[8]
+        held = raw[8]
         return UsageAnswer(
             pending_ids=tuple(_s(m) for m in raw[0]),
             live=LiveCount.from_script(int(raw[9])),
@@ -281,7 +285,7 @@ class AdmissionStore:
             in_flight=int(raw[5]),
             concurrency_limit=int(raw[6]),
             cap=int(raw[7]),
-            node_slots_held={_s(nodes[i]): int(nodes[i + 1]) for i in range(0, len(nodes), 2)},
+            node_slots_held={_s(held[i]): int(held[i + 1]) for i in range(0, len(held), 2)},
             pending_expired=int(raw[10]),
         )
 

@@ -3,10 +3,12 @@
 -- nor pending; without this its entry would count until it expires).
 --
 -- KEYS: 1 sandbox:<id>
--- ARGV: key base, sandbox_id
+--       (its slots:<node> and pending:<key> are read from it: built from
+--       KEYS[1]'s base, in its slot)
+-- ARGV: sandbox_id
 -- Returns 1 when anything was released, 0 when the sandbox held nothing.
 
-local base, sandbox = ARGV[1], ARGV[2]
+local base, sandbox = base_of(KEYS[1]), ARGV[1]
 local h = redis.call('HMGET', KEYS[1], 'node', 'key')
 local node, key = h[1], h[2]
 if not node and not key then return 0 end

@@ -2,25 +2,28 @@
 -- Expired entries are dropped first, so what is shown is what Admit would see.
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
---       5 inflight:<key>, 6 test clock, 7 node registry, 8 live:<key>, 9 live-state
--- ARGV: key base, key, default cap, rate, burst, concurrency, cluster rate,
---       cluster burst, use_test_clock
+--       5 inflight:<key>, 6 test clock, 7 node registry, 8 live:<key>, 9 live-state,
+--       10.. slots:<node> of the registry's nodes as the caller read them just before
+-- ARGV: key, default cap, rate, burst, concurrency, cluster rate, cluster burst,
+--       use_test_clock, then the nodes of KEYS 10.. in order
 -- Returns {pending ids, client tokens, burst, cluster tokens, cluster burst,
 --          in flight, concurrency limit, cap, {node, held, node, held, ...},
 --          live (-1 unsupported, -2 unavailable: as admit.lua reads it),
 --          the pending entries dropped here as expired (as admit.lua reports them)}
 
-local base, key = ARGV[1], ARGV[2]
-local d = {cap = tonumber(ARGV[3]), rate = tonumber(ARGV[4]), burst = tonumber(ARGV[5]),
-           concurrency = tonumber(ARGV[6]), cluster_rate = tonumber(ARGV[7]),
-           cluster_burst = tonumber(ARGV[8])}
-local now = now_ms(tonumber(ARGV[9]), KEYS[6])
+local key = ARGV[1]
+local d = {cap = tonumber(ARGV[2]), rate = tonumber(ARGV[3]), burst = tonumber(ARGV[4]),
+           concurrency = tonumber(ARGV[5]), cluster_rate = tonumber(ARGV[6]),
+           cluster_burst = tonumber(ARGV[7])}
+local now = now_ms(tonumber(ARGV[8]), KEYS[6])
 local lim = limits(KEYS[1], key, d)
 local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+-- The nodes the caller read from the registry: a node registered since shows on
+-- the next call.
 local nodes = {}
-for _, node in ipairs(redis.call('SMEMBERS', KEYS[7])) do
-  local slots = base .. 'slots:' .. node
+for j = 10, #KEYS do
+  local node, slots = ARGV[j - 1], KEYS[j]
   redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
   local held = redis.call('ZCARD', slots)
   if held == 0 then

@@ -19,6 +19,11 @@ decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``
 ``load:tier:<tier>``      the same, per tier label value
 ========================  =====================================================
 
+Every script declares in ``KEYS`` the shared indexes (:meth:`Keys.shared`) and
+every key it can name before it runs; the keys it finds by reading (the sandbox a
+record names or a pick chooses, entries a prune expires) carry the same hash tag
+and are built from the base of ``KEYS[1]`` (``scripts/_lib.lua``, docs/scaling.md).
+
 Time inside scripts is Redis ``TIME`` plus :attr:`Clock.offset_ms` (always 0 in
 production; tests move it forward to cross a grace period without sleeping).
 """
@@ -88,6 +93,21 @@ class Keys:
     def lease_sandbox(self) -> str:
         return f"{self.base}lease-sandbox"
 
+    def shared(self) -> list[str]:
+        """KEYS 1–4 of every script: the indexes ``_lib.lua`` keeps (load:all first,
+        whose base the scripts build the keys they find by reading from)."""
+        return [self.load(), self.presence_expiry, self.lease_expiry, self.lease_sandbox]
+
+    def worker(self, sandbox_id: str) -> list[str]:
+        """KEYS 5–8 of attach.lua: a worker's own keys (heartbeat and detach take a
+        prefix of them)."""
+        return [
+            self.presence(sandbox_id),
+            self.detached(sandbox_id),
+            self.wake(sandbox_id),
+            self.credential(sandbox_id),
+        ]
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -102,8 +122,12 @@ class Turn:
     lease_ttl_ms: int
     record_ttl_ms: int
 
+    def keys(self, keys: Keys) -> list[str]:
+        """KEYS 5–6 of place.lua, claim.lua and replace.lua."""
+        return [keys.session(self.session_id), keys.load(self.session_tier)]
+
     def args(self) -> list[str | int]:
-        """ARGV 3–8 of place.lua, claim.lua and replace.lua."""
+        """ARGV 2–7 of place.lua, claim.lua and replace.lua."""
         return [
             self.session_id,
             self.session_tier,
@@ -210,6 +234,7 @@ class AffinityStore:
         self.redis = redis
         self.keys = Keys(prefix)
         self.clock = clock or Clock()
+        self._shared = self.keys.shared()
         lib = read_script(_PACKAGE, "_lib.lua")
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(lib + read_script(_PACKAGE, f"{name}.lua"))
@@ -226,16 +251,18 @@ class AffinityStore:
             )
         }
 
-    async def _run(self, name: str, *args: str | int) -> Any:
-        argv: list[str | int] = [self.keys.prefix, self.clock.offset_ms, *args]
-        return await self._scripts[name](keys=[], args=argv)
+    async def _run(self, name: str, keys: Sequence[str], *args: str | int) -> Any:
+        argv: list[str | int] = [self.clock.offset_ms, *args]
+        return await self._scripts[name](keys=[*self._shared, *keys], args=argv)
 
     # Placement -------------------------------------------------------------------
 
     async def place(self, turn: Turn, *, grace_ms: int) -> PlaceResult:
         """The session's recorded sandbox, leased if present with capacity."""
         # A detach mark lives as long as the records that may name it.
-        reply = await self._run("place", *turn.args(), grace_ms, turn.record_ttl_ms)
+        reply = await self._run(
+            "place", turn.keys(self.keys), *turn.args(), grace_ms, turn.record_ttl_ms
+        )
         kind = _s(reply[0])
         if kind == "hit":
             return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]))
@@ -251,16 +278,18 @@ class AffinityStore:
 
     async def claim(self, turn: Turn) -> ClaimResult:
         """Compare-and-claim a first turn's sandbox: least loaded in the tier."""
-        return _claim_result(await self._run("claim", *turn.args()))
+        return _claim_result(await self._run("claim", turn.keys(self.keys), *turn.args()))
 
     async def replace(self, turn: Turn, *, expected_sandbox_id: str, reason: str) -> ClaimResult:
         """Compare-and-set the session onto the least-loaded sandbox of its tier."""
-        reply = await self._run("replace", *turn.args(), expected_sandbox_id, reason)
+        reply = await self._run(
+            "replace", turn.keys(self.keys), *turn.args(), expected_sandbox_id, reason
+        )
         return _claim_result(reply)
 
     async def release(self, lease_id: str, sandbox_id: str = "") -> bool:
         """Return a lease; False if it was already gone (or held on another sandbox)."""
-        return int(await self._run("release", lease_id, sandbox_id)) == 1
+        return int(await self._run("release", (), lease_id, sandbox_id)) == 1
 
     # Presence --------------------------------------------------------------------
 
@@ -285,6 +314,7 @@ class AffinityStore:
         """
         reply = await self._run(
             "attach",
+            [*self.keys.worker(sandbox_id), self.keys.load(tier), self.keys.leases(sandbox_id)],
             sandbox_id,
             owner,
             tier,
@@ -301,16 +331,21 @@ class AffinityStore:
     ) -> str:
         """``ok``, ``missing`` (attach again), ``superseded`` (a newer stream owns
         it) or ``revoked`` (the credential record no longer names ``generation``)."""
-        return _s(await self._run("heartbeat", sandbox_id, owner, presence_ttl_ms, generation))
+        k = self.keys
+        keys = [k.presence(sandbox_id), k.credential(sandbox_id)]
+        return _s(
+            await self._run("heartbeat", keys, sandbox_id, owner, presence_ttl_ms, generation)
+        )
 
     async def detach(self, *, sandbox_id: str, owner: str, mark_ttl_ms: int) -> bool:
         """Remove presence, then write the detach mark; False if not this owner's."""
-        return int(await self._run("detach", sandbox_id, owner, mark_ttl_ms)) == 1
+        keys = self.keys.worker(sandbox_id)[:2]
+        return int(await self._run("detach", keys, sandbox_id, owner, mark_ttl_ms)) == 1
 
     # Reads -----------------------------------------------------------------------
 
     async def session(self, session_id: str) -> SessionRecord | None:
-        reply: Sequence[Any] = await self._run("session", session_id)
+        reply: Sequence[Any] = await self._run("session", [self.keys.session(session_id)])
         if not reply:
             return None
         now_ms, pttl = int(reply[0]), int(reply[1])
@@ -328,7 +363,7 @@ class AffinityStore:
 
     async def workers(self, tier: str | None) -> list[WorkerView]:
         """Present workers, least loaded first; ``tier`` None for all of them."""
-        reply: Sequence[Any] = await self._run("workers", tier or "", "0" if tier is None else "1")
+        reply: Sequence[Any] = await self._run("workers", [self.keys.load(tier)])
         return [
             WorkerView(
                 sandbox_id=_s(reply[i]),

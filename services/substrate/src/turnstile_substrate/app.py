@@ -9,6 +9,7 @@ import logging
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnstile_clientkeys import Resolver, watch_keyset
+from turnstile_clientkeys.live_store import LiveStore
 from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.bounded import report_breaker
@@ -21,7 +22,6 @@ from turnstile_substrate.activation import Activator
 from turnstile_substrate.admission import AdmissionClient
 from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.db.records import fetch_sandbox
-from turnstile_substrate.live_store import LiveStore
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
 from turnstile_substrate.settings import SubstrateSettings

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from turnstile_clientkeys.live_store import LiveStore
     from turnstile_platform.leader import LeaderTerm
-    from turnstile_substrate.live_store import LiveStore
 
 #: Pod label keys (SPEC S2). The client-id label is set at creation, never changed.
 LABEL_SANDBOX_ID = "turnstile.dev/sandbox-id"

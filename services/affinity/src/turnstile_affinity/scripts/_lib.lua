@@ -1,30 +1,36 @@
+#!lua
 -- Shared by every affinity script: prepended to each at load time (store.py),
--- so key names, time and the load index are written once.
+-- so key names, time and the load index are written once. The first line makes
+-- each a Redis 7 script with flags (none): Redis refuses a key of another slot
+-- than the first one touched, and refuses the whole script up front when out of
+-- memory rather than failing its writes halfway.
 --
--- Every script takes ARGV[1] = key prefix and ARGV[2] = clock offset in ms
--- (0 in production; tests move time forward without sleeping). Time is Redis
--- TIME, never a replica's clock: replicas' clocks differ.
+-- Every script takes ARGV[1] = clock offset in ms (0 in production; tests move
+-- time forward without sleeping). Time is Redis TIME, never a replica's clock:
+-- replicas' clocks differ.
 --
--- All keys share one hash tag, {affinity}, so each script touches one slot. Keys
--- of a chosen sandbox are derived here from the prefix, which a cluster allows
--- only because they share that slot.
-local B = ARGV[1] .. "{affinity}:"
-local OFFSET = tonumber(ARGV[2])
+-- Keys: KEYS 1-4 are the shared indexes below; each script declares after them
+-- every key it can name before it runs (the session's record, the worker's
+-- presence, the tier's index). All keys share one hash tag, {affinity}, so each
+-- script touches one slot. Keys that depend on what a script reads (the sandbox a
+-- session's record names, the least-loaded sandbox it picks, the entries a prune
+-- expires) are built here from the base of KEYS[1], never from an argument: they
+-- carry KEYS[1]'s hash tag and are in its slot (docs/scaling.md says why this is
+-- one tag, not one per tier).
+local B = string.match(KEYS[1], "^(.-{affinity}:)load:all$")
+if not B then error("KEYS[1] must be <prefix>{affinity}:load:all, got " .. KEYS[1]) end
+local OFFSET = tonumber(ARGV[1])
 local PRUNE_BATCH = 64
 
-local K_LOAD_ALL = B .. "load:all"
-local K_PRESENCE_EXPIRY = B .. "presence-expiry"
-local K_LEASE_EXPIRY = B .. "lease-expiry"
-local K_LEASE_SANDBOX = B .. "lease-sandbox"
+local K_LOAD_ALL = KEYS[1]
+local K_PRESENCE_EXPIRY = KEYS[2]
+local K_LEASE_EXPIRY = KEYS[3]
+local K_LEASE_SANDBOX = KEYS[4]
 
-local function k_session(id) return B .. "session:" .. id end
 local function k_presence(sb) return B .. "presence:" .. sb end
 local function k_leases(sb) return B .. "leases:" .. sb end
 local function k_detached(sb) return B .. "detached:" .. sb end
 local function k_wake(sb) return B .. "wake:" .. sb end
--- Written by the substrate (turnstile_platform.sandbox_credentials): the
--- generation of the sandbox's current runtime, or "revoked" once it ended.
-local function k_credential(sb) return B .. "credential:" .. sb end
 local function k_load_tier(tier) return B .. "load:tier:" .. tier end
 
 local function now_ms()

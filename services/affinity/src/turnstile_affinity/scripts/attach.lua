@@ -9,34 +9,38 @@
 -- leaves the credential's own signed expiry as the bound. A refusal returns
 -- before any write.
 --
--- Proof decides who may replace a live presence. With a credential (ARGV 10 a
+-- Proof decides who may replace a live presence. With a credential (ARGV 9 a
 -- generation) a Hello replaces any presence of the sandbox: it proved it is the
 -- sandbox's current runtime, so a worker reconnecting through another replica
 -- (or after a relay restart) takes its presence over at once. Without one
--- (ARGV 10 empty: attestation off) a Hello never replaces a live presence of
+-- (ARGV 9 empty: attestation off) a Hello never replaces a live presence of
 -- another stream; it waits until that presence expires.
 --
 -- The detach mark (and the wake marker of the absence it ended) is cleared
 -- before presence is put; both happen in this one script, so no reader ever
 -- sees presence beside a stale mark.
 --
--- ARGV: 3 sandbox id, 4 owner (the relay stream's id), 5 tier label value ("" for
--- none), 6 capacity, 7 labels as JSON, 8 endpoint, 9 presence ttl ms,
--- 10 the credential's generation ("" when attestation is off).
+-- KEYS: 5 presence:<sandbox>, 6 detached:<sandbox>, 7 wake:<sandbox>,
+-- 8 credential:<sandbox> (written by the substrate, turnstile_platform.sandbox_credentials:
+-- the generation of the sandbox's current runtime, or "revoked" once it ended),
+-- 9 load:tier:<tier>, 10 leases:<sandbox>.
+-- ARGV: 2 sandbox id, 3 owner (the relay stream's id), 4 tier label value ("" for
+-- none), 5 capacity, 6 labels as JSON, 7 endpoint, 8 presence ttl ms,
+-- 9 the credential's generation ("" when attestation is off).
 --
 -- Returns {"ok", previous owner or ""}, {"revoked", ""} (the credential record
 -- names another generation, or "revoked") or {"taken", owner} (no proof, and
 -- another stream's presence is live).
-local sb, owner, tier, capacity = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local labels, endpoint, ttl_ms = ARGV[7], ARGV[8], tonumber(ARGV[9])
-local generation = ARGV[10]
+local sb, owner, tier, capacity = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local labels, endpoint, ttl_ms = ARGV[6], ARGV[7], tonumber(ARGV[8])
+local generation = ARGV[9]
 
 local now = now_ms()
-local key = k_presence(sb)
+local key = KEYS[5]
 local old = redis.call("HMGET", key, "owner", "tier", "expires")
 
 if generation ~= "" then
-  local current = redis.call("GET", k_credential(sb))
+  local current = redis.call("GET", KEYS[8])
   if current and current ~= generation then return {"revoked", ""} end
 elseif old[1] and old[1] ~= owner and old[3] and tonumber(old[3]) > now then
   return {"taken", old[1]}
@@ -44,7 +48,7 @@ end
 
 prune(now)
 
-redis.call("DEL", k_detached(sb), k_wake(sb))
+redis.call("DEL", KEYS[6], KEYS[7])
 
 if old[2] and old[2] ~= tier then
   redis.call("ZREM", k_load_tier(old[2]), sb)

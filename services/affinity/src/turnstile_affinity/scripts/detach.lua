@@ -1,24 +1,25 @@
 -- A worker's stream ended (Goodbye, disconnect or relay shutdown): remove its
 -- presence, then write its detach mark (SPEC T4, T5), in that order, atomically.
 --
--- ARGV: 3 sandbox id, 4 owner, 5 detach-mark ttl ms.
+-- KEYS: 5 presence:<sandbox>, 6 detached:<sandbox>.
+-- ARGV: 2 sandbox id, 3 owner, 4 detach-mark ttl ms.
 --
 -- Returns 1 when this stream's presence was removed and the mark written. A
 -- stream that no longer owns the presence (a newer stream took over) changes
 -- nothing. When the presence already expired, a mark is written only if none
 -- exists, so an earlier mark is not pushed later.
-local sb, owner, mark_ttl_ms = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local sb, owner, mark_ttl_ms = ARGV[2], ARGV[3], tonumber(ARGV[4])
 
 local now = now_ms()
-local key = k_presence(sb)
+local key = KEYS[5]
 local p = redis.call("HMGET", key, "owner", "tier")
 if not p[1] then
-  redis.call("SET", k_detached(sb), now, "NX", "PX", mark_ttl_ms)
+  redis.call("SET", KEYS[6], now, "NX", "PX", mark_ttl_ms)
   return 0
 end
 if p[1] ~= owner then return 0 end
 redis.call("DEL", key)
 redis.call("ZREM", K_PRESENCE_EXPIRY, p[2] .. "/" .. sb)
 unindex(sb, p[2])
-redis.call("SET", k_detached(sb), now, "PX", mark_ttl_ms)
+redis.call("SET", KEYS[6], now, "PX", mark_ttl_ms)
 return 1

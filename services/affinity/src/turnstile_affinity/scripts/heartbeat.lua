@@ -1,6 +1,7 @@
 -- A worker's heartbeat: keep its presence alive for another ttl.
 --
--- ARGV: 3 sandbox id, 4 owner, 5 presence ttl ms, 6 the stream's credential
+-- KEYS: 5 presence:<sandbox>, 6 credential:<sandbox>.
+-- ARGV: 2 sandbox id, 3 owner, 4 presence ttl ms, 5 the stream's credential
 -- generation ("" when attestation is off).
 --
 -- Returns "ok"; "revoked" when the sandbox's credential record names another
@@ -9,17 +10,17 @@
 -- the presence is gone or expired (Redis restarted, or heartbeats stalled past
 -- the ttl): the relay attaches again, which clears any detach mark written
 -- meanwhile; "superseded" when a newer stream owns it.
-local sb, owner, ttl_ms, generation = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local sb, owner, ttl_ms, generation = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 
 if generation ~= "" then
-  local current = redis.call("GET", k_credential(sb))
+  local current = redis.call("GET", KEYS[6])
   if current and current ~= generation then return "revoked" end
 end
 
 local now = now_ms()
 prune(now)
 
-local key = k_presence(sb)
+local key = KEYS[5]
 local p = redis.call("HMGET", key, "owner", "tier", "expires")
 if not p[1] or tonumber(p[3]) <= now then return "missing" end
 if p[1] ~= owner then return "superseded" end

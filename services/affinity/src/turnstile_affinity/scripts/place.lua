@@ -1,7 +1,8 @@
 -- Place a session's turn on its recorded sandbox (SPEC T7), atomically.
 --
--- ARGV: 3 session id, 4 session tier, 5 filtered ("1" when tiers filter),
--- 6 lease ttl ms, 7 lease id, 8 record ttl ms, 9 grace ms, 10 detach-mark ttl ms.
+-- KEYS: 5 session:<id>, 6 load:tier:<session tier>.
+-- ARGV: 2 session id, 3 session tier, 4 filtered ("1" when tiers filter),
+-- 5 lease ttl ms, 6 lease id, 7 record ttl ms, 8 grace ms, 9 detach-mark ttl ms.
 --
 -- Returns one of:
 --   {"first"}                                     no record: claim.lua picks one
@@ -10,14 +11,14 @@
 --   {"pending", sandbox, remaining_grace_ms, woke}     woke=1: this call owns the wake
 --   {"fallback", sandbox, reason}                 "grace" | "retiered": replace.lua moves it
 -- Only "hit" takes a lease.
-local session, session_tier, filtered = ARGV[3], ARGV[4], ARGV[5]
-local lease_ttl_ms, lease, record_ttl_ms = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local grace_ms, mark_ttl_ms = tonumber(ARGV[9]), tonumber(ARGV[10])
+local session, session_tier, filtered = ARGV[2], ARGV[3], ARGV[4]
+local lease_ttl_ms, lease, record_ttl_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local grace_ms, mark_ttl_ms = tonumber(ARGV[8]), tonumber(ARGV[9])
 
 local now = now_ms()
 prune(now)
 
-local key = k_session(session)
+local key = KEYS[5]
 local record = redis.call("HMGET", key, "sandbox", "tier")
 local sb = record[1]
 if not sb then return {"first"} end

@@ -4,20 +4,21 @@
 -- Compare-and-set: the record is replaced only if it still names the sandbox
 -- the caller saw, so two concurrent fallbacks move the session once.
 --
--- ARGV: 3 session id, 4 session tier, 5 filtered, 6 lease ttl ms, 7 lease id,
--- 8 record ttl ms, 9 expected sandbox, 10 reset reason.
+-- KEYS: 5 session:<id>, 6 load:tier:<session tier>.
+-- ARGV: 2 session id, 3 session tier, 4 filtered, 5 lease ttl ms, 6 lease id,
+-- 7 record ttl ms, 8 expected sandbox, 9 reset reason.
 --
 -- Returns {"fallback", sandbox, tier, lease_expires, endpoint, reset_at} (a
 -- lease was taken), {"changed", sandbox} (the record moved meanwhile: run
 -- place.lua again) or {"exhausted"} (the record is left as it was).
-local session, session_tier, filtered = ARGV[3], ARGV[4], ARGV[5]
-local lease_ttl_ms, lease, record_ttl_ms = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local expected, reason = ARGV[9], ARGV[10]
+local session, session_tier, filtered = ARGV[2], ARGV[3], ARGV[4]
+local lease_ttl_ms, lease, record_ttl_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local expected, reason = ARGV[8], ARGV[9]
 
 local now = now_ms()
 prune(now)
 
-local key = k_session(session)
+local key = KEYS[5]
 local current = redis.call("HGET", key, "sandbox")
 if current ~= expected then return {"changed", current or ""} end
 

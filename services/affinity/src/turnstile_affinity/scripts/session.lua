@@ -1,8 +1,8 @@
 -- Read a session's affinity record (GetSession).
 --
--- ARGV: 3 session id. Returns {} when there is none, else
+-- KEYS: 5 session:<id>. Returns {} when there is none, else
 -- {now_ms, pttl_ms, field1, value1, ...}.
-local key = k_session(ARGV[3])
+local key = KEYS[5]
 local fields = redis.call("HGETALL", key)
 if #fields == 0 then return {} end
 local out = {now_ms(), redis.call("PTTL", key)}

@@ -1,11 +1,10 @@
 -- List present workers, least loaded first (ListWorkers).
 --
--- ARGV: 3 tier ("" for every worker), 4 filter ("1" when ARGV[3] names a tier).
+-- KEYS: 5 the load index to list: load:all, or load:tier:<tier> for one tier.
 -- Returns a flat list of {sandbox, tier, capacity, leases, labels_json} groups.
 local now = now_ms()
 prune(now)
-local index = K_LOAD_ALL
-if ARGV[4] == "1" then index = k_load_tier(ARGV[3]) end
+local index = KEYS[5]
 local out = {}
 for _, sb in ipairs(redis.call("ZRANGE", index, 0, -1)) do
   local p = redis.call("HMGET", k_presence(sb), "tier", "capacity", "labels", "expires")

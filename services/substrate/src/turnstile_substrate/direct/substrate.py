@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from turnstile_clientkeys.live_store import LiveStore
 from turnstile_platform.leader import Leadership, LeaderTerm
 from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import (
@@ -63,7 +64,7 @@ from turnstile_platform.sandbox_credentials import (
 from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
 from turnstile_substrate.direct.launcher import Launcher
-from turnstile_substrate.live_store import LiveStore, declare_unsupported
+from turnstile_substrate.direct.live_counts import declare_unsupported
 from turnstile_substrate.runtime import (
     CapGate,
     CountUnknown,

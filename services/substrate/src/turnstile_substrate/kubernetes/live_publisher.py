@@ -3,7 +3,7 @@ in Redis, per bounded key, which admission's ``admit.lua`` reads (issue 10).
 
 Leader-only work (``run(term)``, registered on the process's leadership): one
 replica writes, fenced by its epoch in every script (see
-:mod:`turnstile_substrate.live_store`), so a deposed leader that is slow to notice
+:mod:`turnstile_clientkeys.live_store`), so a deposed leader that is slow to notice
 is refused by Redis itself.
 
 * **Taking over**: drop the ``live-state`` marker under the new epoch (which
@@ -31,11 +31,11 @@ import time
 from collections.abc import Iterable, Iterator
 
 from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_clientkeys.live_store import DROP, KEEP, Change, LiveStore, Op
 from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.reflector import Reflector
-from turnstile_substrate.live_store import DROP, KEEP, Change, LiveStore, Op
 
 log = logging.getLogger(__name__)
 

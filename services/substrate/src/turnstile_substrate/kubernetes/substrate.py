@@ -21,6 +21,7 @@ import asyncpg
 from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
+from turnstile_clientkeys.live_store import LiveStore
 from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
 from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import CredentialIssuer
@@ -36,7 +37,6 @@ from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.sweeps import Release, Sweeper
 from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
-from turnstile_substrate.live_store import LiveStore
 from turnstile_substrate.runtime import (
     LABEL_SANDBOX_ID,
     CapGate,

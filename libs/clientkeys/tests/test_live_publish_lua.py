@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
-from turnstile_substrate.live_store import DROP, Change, FencedError, LiveStore, Op
+from turnstile_clientkeys.live_store import DROP, Change, FencedError, LiveStore, Op
 
 
 @pytest.fixture

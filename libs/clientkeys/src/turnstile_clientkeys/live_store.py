@@ -1,30 +1,26 @@
-"""The substrate's writes to the live counts admission reads (issue 10).
+"""The writes to the live counts admission reads (issue 10), beside their key
+layout (:mod:`turnstile_clientkeys.live_counts`) so admission's tests run the
+real script without importing the substrate.
 
-Only leader-only work (``turnstile_platform.leader``) writes here: the Kubernetes substrate's
-:class:`~turnstile_substrate.kubernetes.live_publisher.LivePublisher`, and the Direct
-substrate's declaration that it cannot count. Every write is ``live_publish.lua``,
-fenced by the writer's leader epoch: a write from an epoch older than the newest
-one seen raises :class:`FencedError` and changes nothing. The key layout is
-:class:`turnstile_clientkeys.LiveCountKeys`, shared with admission.
+Only the substrate's leader-only work writes here: the Kubernetes substrate's
+``LivePublisher`` and the Direct substrate's declaration that it cannot count.
+Every write is ``live_publish.lua``, fenced by the writer's leader epoch: a write
+from an epoch older than the newest one seen raises :class:`FencedError` and
+changes nothing. The script declares every key it touches in ``KEYS``; all carry
+admission's hash tag, so it runs on one slot of a Redis Cluster.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from turnstile_clientkeys import LiveCountKeys
-from turnstile_clientkeys.live_counts import UNSUPPORTED
-from turnstile_platform.leader import LeaderTerm
-from turnstile_platform.redis_client import load_script
-
-log = logging.getLogger(__name__)
+from turnstile_clientkeys.live_counts import LiveCountKeys
 
 
 class FencedError(RuntimeError):
@@ -56,7 +52,8 @@ class LiveStore:
         self.redis = client
         self.keys = LiveCountKeys(prefix)
         self.state_ttl_ms = max(1, round(state_ttl_s * 1000))
-        self._script: AsyncScript = load_script(client, "turnstile_substrate", "live_publish.lua")
+        script = resources.files(__package__).joinpath("live_publish.lua").read_text("utf-8")
+        self._script: AsyncScript = client.register_script(script)
 
     async def write(self, epoch: int, changes: Sequence[Change] = (), state: str = KEEP) -> int:
         """Apply ``changes`` and the marker ``state`` in one fenced script; the ids
@@ -86,17 +83,6 @@ class LiveStore:
                 found[_s(sandbox)] = _s(key)
             if cursor == 0:
                 return found
-
-
-async def declare_unsupported(store: LiveStore, term: LeaderTerm) -> None:
-    """Leader-only work of a substrate that cannot count (Direct): keep the marker
-    saying so, so the cap answers UNKNOWN(UNSUPPORTED) and admits (SPEC S4). When
-    it lapses (the substrate is down) the count is merely unavailable and the cap
-    decides on the pending set alone."""
-    interval = store.state_ttl_ms / 3000
-    while True:
-        await store.write(term.epoch, state=UNSUPPORTED)
-        await asyncio.sleep(interval)
 
 
 def _s(value: object) -> str:

@@ -1,3 +1,4 @@
+#!lua
 -- live_publish.lua: the only write to the live counts admission's cap reads
 -- (issue 10): add or remove sandbox ids in their bounded key's live set, and set
 -- or drop the live-state marker, fenced by the writer's leader epoch.
