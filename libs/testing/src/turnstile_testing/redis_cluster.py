@@ -37,8 +37,26 @@ class RedisClusterServers:
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
     @property
+    def seeds_url(self) -> str:
+        """The ``redis+cluster://`` URL Turnstile's settings take (every node a seed)."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    @property
     def ports(self) -> list[int]:
         return [node.port for node in self.nodes]
+
+    def node(self, port: int) -> RedisProcess:
+        """The server on ``port`` (to pause or stop it)."""
+        return next(node for node in self.nodes if node.port == port)
+
+    def replica_of(self, master_port: int) -> int:
+        """The port of a replica of the master on ``master_port``, in sync with it."""
+        for port in self.ports:
+            with redis.Redis(port=port, host="127.0.0.1", socket_timeout=2) as client:
+                info = client.info("replication")
+            if info["role"] == "slave" and info["master_port"] == master_port:
+                return port
+        raise LookupError(f"no replica of 127.0.0.1:{master_port}")
 
     def start(self, timeout_s: float = 30.0) -> RedisClusterServers:
         cli = shutil.which("redis-cli")
@@ -89,14 +107,20 @@ class RedisClusterServers:
             time.sleep(0.05)
 
     def _node_ready(self, port: int) -> bool:
+        """The node sees the whole cluster; a replica has finished its first sync
+        (a ``CLUSTER FAILOVER`` before that never completes)."""
         with redis.Redis(port=port, host="127.0.0.1", socket_timeout=2) as client:
             info = client.execute_command("CLUSTER", "INFO")
             text = info.decode() if isinstance(info, bytes) else str(info)
             fields = dict(line.split(":", 1) for line in text.split() if ":" in line)
+            replication = client.info("replication")
             return (
                 fields.get("cluster_state") == "ok"
                 and int(fields.get("cluster_known_nodes", 0)) == len(self.nodes)
                 and int(fields.get("cluster_slots_ok", 0)) == 16384
+                and (
+                    replication["role"] == "master" or replication.get("master_link_status") == "up"
+                )
             )
 
     def close(self) -> None:
