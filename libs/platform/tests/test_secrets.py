@@ -57,7 +57,9 @@ async def test_the_redis_acl_user_and_password_file_reach_the_connection(
     password = tmp_path / "redis-password"
     password.write_text(f"{SECRET}\n")
     client = redis_from_settings(
-        settings(redis_url=single_redis_url, redis_username="turnstile", redis_password_file=password)
+        settings(
+            redis_url=single_redis_url, redis_username="turnstile", redis_password_file=password
+        )
     )
     try:
         assert isinstance(client, BoundedRedis)

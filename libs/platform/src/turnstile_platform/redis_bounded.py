@@ -22,7 +22,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError
+from redis.exceptions import ExceptionType, MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from turnstile_platform.bounded import BreakerOpenError, BudgetExceededError, Guard
@@ -33,11 +33,20 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, Timeout
 T = TypeVar("T")
 
 
-class RedisBudgetExceededError(BudgetExceededError, RedisTimeoutError):
+class _RedisUnavailable:
+    """What redis-py's own errors carry (its ``__init__`` is bypassed here)."""
+
+    def __init__(self, dependency: str, message: str) -> None:
+        super().__init__(dependency, message)  # type: ignore[call-arg]
+        self.error_type = ExceptionType.NETWORK
+        self.status_code: str | None = None
+
+
+class RedisBudgetExceededError(_RedisUnavailable, BudgetExceededError, RedisTimeoutError):
     """Redis did not answer a call within its budget."""
 
 
-class RedisBreakerOpenError(BreakerOpenError, RedisConnectionError):
+class RedisBreakerOpenError(_RedisUnavailable, BreakerOpenError, RedisConnectionError):
     """Redis's breaker is open: the call was refused without trying."""
 
 

@@ -170,6 +170,21 @@ def private_redis() -> Iterator[RedisProcess]:
 
 
 @pytest.fixture
+def private_redis_cluster() -> Iterator[RedisClusterServers]:
+    """A Redis Cluster of this test's own (3 masters with a replica each), which the
+    test may fail over, pause or stop."""
+    with running_cluster(replicas=1) as servers:
+        yield servers
+
+
+@pytest.fixture
+def private_redis_sentinel() -> Iterator[RedisSentinelSet]:
+    """A Sentinel-managed Redis of this test's own, whose primary the test may kill."""
+    with running_sentinel_set() as servers:
+        yield servers
+
+
+@pytest.fixture
 def private_postgres() -> Iterator[PostgresProcess]:
     """A PostgreSQL cluster of this test's own, which the test may stop and restart."""
     proc = PostgresProcess().start()

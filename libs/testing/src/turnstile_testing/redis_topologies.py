@@ -14,13 +14,16 @@ for any of the URLs — unbounded, so a test's own reads never trip a breaker.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.crc import key_slot
 
 from turnstile_platform.redis_topology import Topology, parse_redis_url
 
@@ -62,3 +65,23 @@ def single_server_port(url: str) -> int:
     if target.topology is not Topology.SINGLE:
         pytest.skip(f"needs one Redis server, not a {target.topology.value}")
     return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+async def timed(call: Awaitable[Any]) -> tuple[float, BaseException | None]:
+    """How long ``call`` took, and the error it raised, if any."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await call
+    except Exception as error:
+        return loop.time() - started, error
+    return loop.time() - started, None
+
+
+def key_on_another_master(client: RedisCluster, prefix: str, node: ClusterNode) -> str:
+    """A key under ``prefix`` whose slot another master than ``node`` serves."""
+    return next(
+        f"{prefix}{{{n}}}"
+        for n in range(100)
+        if client.nodes_manager.get_node_from_slot(key_slot(f"{n}".encode())) != node
+    )
