@@ -49,6 +49,36 @@ class RedisClusterServers:
         """The server on ``port`` (to pause or stop it)."""
         return next(node for node in self.nodes if node.port == port)
 
+    def master_of(self, slot: int) -> int:
+        """The port of the master serving ``slot`` now."""
+        with redis.Redis(port=self.ports[0], host="127.0.0.1", socket_timeout=2) as client:
+            for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return int(master[1])
+        raise LookupError(f"slot {slot} is not served")
+
+    def failover(self, replica_port: int, timeout_s: float = 30.0) -> float:
+        """``CLUSTER FAILOVER`` on the replica on ``replica_port`` (a coordinated
+        hand-over, no write lost); the seconds until it is a master."""
+        started = time.monotonic()
+        with redis.Redis(port=replica_port, host="127.0.0.1", socket_timeout=2) as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+        self.wait_until_master(replica_port, timeout_s)
+        return time.monotonic() - started
+
+    def wait_until_master(self, port: int, timeout_s: float = 30.0) -> float:
+        """Block until the node on ``port`` is a master; the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            try:
+                with redis.Redis(port=port, host="127.0.0.1", socket_timeout=1) as client:
+                    if client.info("replication")["role"] == "master":
+                        return time.monotonic() - started
+            except redis.RedisError:
+                pass
+            time.sleep(0.01)
+        raise TimeoutError(f"127.0.0.1:{port} did not become a master in {timeout_s:.0f} s")
+
     def replica_of(self, master_port: int) -> int:
         """The port of a replica of the master on ``master_port``, in sync with it."""
         for port in self.ports:
