@@ -5,12 +5,12 @@ master paused until its replica takes over — each with 64 Admits in flight.
 SPEC F2: a failover loses no more than the precision rule allows, and decisions
 resume by themselves. Measured here: the longest gap in decisions not answered by
 a fail mode (target: the failover's own time plus the breaker's 1 s probe
-interval), how many a fail mode answered, every decision within the Redis budget,
-(the paused master: every decision within the budget, and decisions resuming
-once its replica has taken over), and the drift once the load stops — pending entries, holds in flight and node
-slots still counted although every hold was settled (target ≤ 1: only a write the
-old primary acknowledged and never replicated can be lost). The drift is then
-gone within the hold and pending TTLs (SPEC X6).
+interval), how many a fail mode answered, the latency since the fault against the
+same run's before it (at most a budget more: calls are bounded), and the drift
+once the load stops — pending entries, holds in flight and node slots still
+counted although every hold was settled (target ≤ 1: only a write the old primary
+acknowledged and never replicated can be lost). The drift is then gone within
+the hold and pending TTLs (SPEC X6).
 """
 
 from __future__ import annotations
