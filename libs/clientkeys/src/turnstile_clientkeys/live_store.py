@@ -23,6 +23,11 @@ from redis.commands.core import AsyncScript
 from turnstile_clientkeys.live_counts import LiveCountKeys
 
 
+def script_text() -> str:
+    """``live_publish.lua``, shipped beside this module."""
+    return resources.files("turnstile_clientkeys").joinpath("live_publish.lua").read_text("utf-8")
+
+
 class FencedError(RuntimeError):
     """A newer leader has written: this one must stop writing."""
 
@@ -52,8 +57,7 @@ class LiveStore:
         self.redis = client
         self.keys = LiveCountKeys(prefix)
         self.state_ttl_ms = max(1, round(state_ttl_s * 1000))
-        script = resources.files(__package__).joinpath("live_publish.lua").read_text("utf-8")
-        self._script: AsyncScript = client.register_script(script)
+        self._script: AsyncScript = client.register_script(script_text())
 
     async def write(self, epoch: int, changes: Sequence[Change] = (), state: str = KEEP) -> int:
         """Apply ``changes`` and the marker ``state`` in one fenced script; the ids

@@ -81,8 +81,12 @@ class ServiceSettings(BaseSettings):
     """CA bundle that a ``rediss://`` server's certificate must chain to (unset:
     the system's trust store)."""
 
-    redis_prefix: str = Field(default="turnstile:", min_length=1, max_length=64)
-    """Prefix of every Redis key this deployment writes; tests give each run its own."""
+    redis_prefix: str = Field(
+        default="turnstile:", min_length=1, max_length=64, pattern=r"^[^{}]+$"
+    )
+    """Prefix of every Redis key this deployment writes; tests give each run its own.
+    No braces: the hash tags after it (``{adm}``, ``{affinity}``) must be the first
+    ``{...}`` in each key, or a Redis Cluster would place keys by the prefix."""
 
     redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
     """Budget of one Redis call, covering pool waits, reconnects, retries and

@@ -183,7 +183,9 @@ class AdmissionStore:
             name = self._slots_keys[node] = self.keys.slots(node)
         return name
 
-    async def admit(self, args: AdmitArgs) -> AdmitAnswer:
+    def admit_request(self, args: AdmitArgs) -> tuple[list[str], list[str | int | float]]:
+        """The KEYS and ARGV of ``admit.lua`` for one decision (the slot benchmark
+        replays them)."""
         limits, cluster_bucket, test_clock, nodes, live_state = self._fixed_keys
         pending, bucket, inflight, live = self._keys_of(args.key)
         keys = [
@@ -213,6 +215,10 @@ class AdmissionStore:
         ]
         for name, capacity in args.nodes:
             argv += [name, capacity]
+        return keys, argv
+
+    async def admit(self, args: AdmitArgs) -> AdmitAnswer:
+        keys, argv = self.admit_request(args)
         raw = await self._admit(keys=keys, args=argv)
         results = {}
         for n, policy in enumerate(SCRIPT_ORDER):

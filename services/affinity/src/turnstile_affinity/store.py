@@ -41,6 +41,23 @@ from redis.commands.core import AsyncScript
 from turnstile_platform.redis_client import read_script
 
 _PACKAGE = "turnstile_affinity.scripts"
+#: Every affinity script (``scripts/<name>.lua``).
+SCRIPTS = (
+    "place",
+    "claim",
+    "replace",
+    "release",
+    "attach",
+    "heartbeat",
+    "detach",
+    "session",
+    "workers",
+)
+
+
+def script_text(name: str) -> str:
+    """The full text of one script: ``_lib.lua``, then the script."""
+    return read_script(_PACKAGE, "_lib.lua") + read_script(_PACKAGE, f"{name}.lua")
 
 
 @dataclass
@@ -235,34 +252,34 @@ class AffinityStore:
         self.keys = Keys(prefix)
         self.clock = clock or Clock()
         self._shared = self.keys.shared()
-        lib = read_script(_PACKAGE, "_lib.lua")
         self._scripts: dict[str, AsyncScript] = {
-            name: redis.register_script(lib + read_script(_PACKAGE, f"{name}.lua"))
-            for name in (
-                "place",
-                "claim",
-                "replace",
-                "release",
-                "attach",
-                "heartbeat",
-                "detach",
-                "session",
-                "workers",
-            )
+            name: redis.register_script(script_text(name)) for name in SCRIPTS
         }
 
+    def request(
+        self, name: str, keys: Sequence[str], *args: str | int
+    ) -> tuple[list[str], list[str | int]]:
+        """The KEYS and ARGV of script ``name``: the shared indexes, then ``keys``;
+        the clock offset, then ``args``."""
+        return [*self._shared, *keys], [self.clock.offset_ms, *args]
+
+    def place_request(self, turn: Turn, *, grace_ms: int) -> tuple[list[str], list[str | int]]:
+        """The KEYS and ARGV of ``place.lua`` (the slot benchmark replays them).
+        A detach mark lives as long as the records that may name it."""
+        return self.request(
+            "place", turn.keys(self.keys), *turn.args(), grace_ms, turn.record_ttl_ms
+        )
+
     async def _run(self, name: str, keys: Sequence[str], *args: str | int) -> Any:
-        argv: list[str | int] = [self.clock.offset_ms, *args]
-        return await self._scripts[name](keys=[*self._shared, *keys], args=argv)
+        keys, argv = self.request(name, keys, *args)
+        return await self._scripts[name](keys=keys, args=argv)
 
     # Placement -------------------------------------------------------------------
 
     async def place(self, turn: Turn, *, grace_ms: int) -> PlaceResult:
         """The session's recorded sandbox, leased if present with capacity."""
-        # A detach mark lives as long as the records that may name it.
-        reply = await self._run(
-            "place", turn.keys(self.keys), *turn.args(), grace_ms, turn.record_ttl_ms
-        )
+        keys, argv = self.place_request(turn, grace_ms=grace_ms)
+        reply = await self._scripts["place"](keys=keys, args=argv)
         kind = _s(reply[0])
         if kind == "hit":
             return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]))

@@ -1,0 +1,267 @@
+"""Every Lua script runs on a real Redis Cluster and declares the keys it touches
+(SPEC F2), checked on what the servers ran rather than on review.
+
+Each script runs through its real caller (the admission, affinity, live-count and
+credential stores) against a 3-master cluster, while ``MONITOR`` on every master
+records each script's declared ``KEYS`` and every command it ran
+(:mod:`turnstile_testing.script_keys`). Two properties follow:
+
+* the cluster ran them all: no key of another slot (the ``#!lua`` first line makes
+  Redis refuse one) and no key on another node;
+* every key a script touched is declared, except the few whose names a script
+  learns by reading (a hold's bounded key, the sandbox a session's record names):
+  those are listed per script below, and must carry the declared keys' hash tag.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
+from turnstile_admission.policies import CapSettings, PolicyName
+from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
+from turnstile_admission.redis_store import script_text as admission_script
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_affinity.store import SCRIPTS as AFFINITY_SCRIPTS
+from turnstile_affinity.store import AffinityStore, Leased, MustMove, NoRecord, Pending, Turn
+from turnstile_affinity.store import script_text as affinity_script
+from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_clientkeys.live_store import Change, LiveStore, Op
+from turnstile_clientkeys.live_store import script_text as live_publish_script
+from turnstile_platform.redis_client import read_script
+from turnstile_platform.sandbox_credentials import (
+    CredentialIssuer,
+    SigningKey,
+    generate_key_pair,
+)
+from turnstile_platform.settings import ServiceSettings
+from turnstile_testing.redis_cluster import RedisClusterServers
+from turnstile_testing.script_keys import ScriptKeyRecorder
+
+REPO = Path(__file__).resolve().parents[2]
+ADMISSION = ("admit", "commit_hold", "cancel_hold", "release_sandbox", "usage")
+CREDENTIAL = ("sandbox_credential_renew", "sandbox_credential_revoke")
+#: Prepended to other scripts, never run alone.
+PRELUDES = {"_common", "_lib"}
+
+#: Every script's full text, by the name the report uses.
+SCRIPTS: dict[str, str] = {
+    **{f"admission/{n}": admission_script(f"{n}.lua") for n in ADMISSION},
+    **{f"affinity/{n}": affinity_script(n) for n in AFFINITY_SCRIPTS},
+    "clientkeys/live_publish": live_publish_script(),
+    **{f"platform/{n}": read_script("turnstile_platform", f"{n}.lua") for n in CREDENTIAL},
+}
+
+#: The kinds of key (the name after the hash tag, to its first ':') each script may
+#: touch without declaring, because it learns them by reading. Affinity's scripts
+#: prune expired leases and presence of any sandbox (leases:, presence:, load:tier:).
+_PRUNE = {"leases", "presence", "load"}
+DERIVED: dict[str, set[str]] = {
+    "admission/commit_hold": {"inflight", "sandbox", "slots"},
+    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
+    "admission/release_sandbox": {"pending", "slots"},
+    "affinity/place": _PRUNE | {"detached", "wake"},
+    "affinity/claim": _PRUNE,
+    "affinity/replace": _PRUNE,
+    "affinity/release": {"leases", "presence", "load"},
+    "affinity/attach": _PRUNE,
+    "affinity/heartbeat": _PRUNE,
+    "affinity/detach": {"load"},
+    "affinity/workers": _PRUNE,
+}
+
+
+def tag_of(key: str) -> str:
+    return key[key.index("{") : key.index("}") + 1]
+
+
+def kind_of(key: str) -> str:
+    return key[key.index("}") + 2 :].split(":", 1)[0]
+
+
+def test_every_lua_file_is_a_script_checked_here_or_a_prelude() -> None:
+    """A new script cannot skip the cluster check below: it must be named here."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.lua"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split()
+    names = {Path(path).stem for path in tracked}
+    assert names == {name.split("/")[1] for name in SCRIPTS} | PRELUDES
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_script_is_a_redis_7_script_with_flags(name: str) -> None:
+    """``#!lua`` first: Redis then refuses a key of another slot than the first one
+    touched (on a single server too) and an out-of-memory write before it starts."""
+    assert SCRIPTS[name].startswith("#!lua\n")
+
+
+def test_a_redis_prefix_with_a_brace_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="redis_prefix"):
+        ServiceSettings(redis_prefix="turnstile{a}:")
+
+
+@pytest.fixture
+async def masters(redis_cluster: RedisClusterServers) -> AsyncIterator[list[aioredis.Redis]]:
+    """A plain client to each master (MONITOR and COMMAND GETKEYS are per node)."""
+    clients = []
+    for port in redis_cluster.ports:
+        client = aioredis.Redis(host="127.0.0.1", port=port)
+        role = await client.role()
+        if role[0] in (b"master", "master"):
+            clients.append(client)
+        else:
+            await client.aclose()
+    yield clients
+    for client in clients:
+        await client.aclose()
+
+
+async def test_a_script_touching_a_key_of_another_slot_is_refused_by_the_cluster(
+    redis_cluster_client: RedisCluster, redis_prefix: str
+) -> None:
+    """The check below can fail: a key built outside the declared key's tag errors."""
+    script = "#!lua\nredis.call('SET', KEYS[1], 1)\nreturn redis.call('GET', ARGV[1])"
+    declared, other = f"{redis_prefix}{{adm}}:x", f"{redis_prefix}{{affinity}}:x"
+    assert key_slot(declared.encode()) != key_slot(other.encode())
+    with pytest.raises(ResponseError, match=r"slot|non local key"):
+        await redis_cluster_client.eval(script, 1, declared, other)
+
+
+async def test_a_key_touched_without_being_declared_is_reported(
+    redis_cluster_client: RedisCluster, masters: list[aioredis.Redis], redis_prefix: str
+) -> None:
+    """The recorder can fail too: a same-slot key that a cluster lets through."""
+    script = "#!lua\nredis.call('SET', KEYS[1], 1)\nreturn redis.call('GET', KEYS[1] .. ':more')"
+    declared = f"{redis_prefix}{{adm}}:x"
+    async with ScriptKeyRecorder(masters, {script: "probe"}, redis_prefix) as recorder:
+        await redis_cluster_client.eval(script, 1, declared)
+        (run,) = await recorder.runs()
+    assert (run.script, run.declared, run.undeclared()) == (
+        "probe",
+        [declared],
+        {f"{declared}:more"},
+    )
+
+
+async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
+    settings = AdmissionSettings(
+        redis_prefix=prefix, test_clock=True, cap=CapSettings(default_cap=5), hold_ttl_s=10
+    )
+    store = AdmissionStore(client, settings)
+    await store.set_test_clock(5_000_000)
+    modes = {PolicyName.CAP: 2, PolicyName.RATE: 2, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 2}
+
+    def admit(hold: str, sandbox: str, node: str) -> AdmitArgs:
+        return AdmitArgs(hold, "acme", sandbox, modes, nodes=[(node, 5)])
+
+    assert (await store.admit(admit("h1", "sb-1", "n1"))).outcome == "admit"
+    assert await store.commit("h1")
+    assert (await store.admit(admit("h2", "sb-2", "n1"))).outcome == "admit"
+    assert (await store.cancel("h2")).cancelled
+    # sb-1 again, on another node: committing moves its slot off n1.
+    assert (await store.admit(admit("h3", "sb-1", "n2"))).outcome == "admit"
+    assert await store.commit("h3")
+    assert (await store.usage("acme")).node_slots_held == {"n2": 1}
+    assert await store.release("sb-1")
+
+    live = LiveStore(client, prefix, state_ttl_s=60)
+    await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)
+
+
+async def _credential_calls(client: aioredis.Redis, prefix: str, tmp_path: Path) -> None:
+    private, public = tmp_path / "signing.pem", tmp_path / "public.pem"
+    generate_key_pair(private, public)
+    issuer = CredentialIssuer(SigningKey.from_file(private), client, prefix, ttl_s=60)
+    issued = await issuer.issue("sb-1")
+    assert await issuer.renew("sb-1", issued.generation) is not None
+    assert await issuer.revoke_generation("sb-1", issued.generation)
+
+
+async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
+    store = AffinityStore(client, prefix)
+    ttl = 60_000
+
+    async def attach(sandbox: str, tier: str) -> None:
+        status, _ = await store.attach(
+            sandbox_id=sandbox,
+            owner=f"owner-{sandbox}",
+            tier=tier,
+            capacity=2,
+            labels={"turnstile.dev/tier": tier},
+            endpoint="",
+            presence_ttl_ms=ttl,
+            generation="",
+        )
+        assert status == "ok"
+
+    def turn(lease: str) -> Turn:
+        return Turn("s1", "a", True, lease, ttl, ttl)
+
+    await attach("sb-1", "a")
+    await attach("sb-2", "a")
+    assert (
+        await store.heartbeat(
+            sandbox_id="sb-1", owner="owner-sb-1", presence_ttl_ms=ttl, generation=""
+        )
+        == "ok"
+    )
+    assert isinstance(await store.place(turn("l1"), grace_ms=10_000), NoRecord)
+    first = await store.claim(turn("l1"))
+    assert isinstance(first, Leased)
+    assert first.sandbox_id == "sb-1"
+    assert isinstance(await store.place(turn("l2"), grace_ms=10_000), Leased)
+    assert await store.release("l1")
+    assert {w.sandbox_id for w in await store.workers(None)} == {"sb-1", "sb-2"}
+    assert len(await store.workers("a")) == 2
+    assert (await store.session("s1")) is not None
+    # sb-1 re-tiered (its old tier's index is found by reading): the session moves.
+    await attach("sb-1", "b")
+    moved = await store.place(turn("l3"), grace_ms=10_000)
+    assert isinstance(moved, MustMove)
+    assert moved.reason == "retiered"
+    assert isinstance(
+        await store.replace(turn("l3"), expected_sandbox_id="sb-1", reason="retiered"), Leased
+    )
+    # sb-2 leaves: pending within the grace, then past it (and past every lease
+    # and presence ttl, so the scripts prune them).
+    assert await store.detach(sandbox_id="sb-2", owner="owner-sb-2", mark_ttl_ms=ttl)
+    assert isinstance(await store.place(turn("l4"), grace_ms=10_000), Pending)
+    store.clock.offset_ms += 2 * ttl
+    assert isinstance(await store.place(turn("l4"), grace_ms=10_000), MustMove)
+    await store.replace(turn("l4"), expected_sandbox_id="sb-2", reason="grace")
+    await store.workers(None)
+
+
+async def test_every_script_runs_on_a_cluster_and_declares_what_it_touches(
+    redis_cluster_client: RedisCluster,
+    masters: list[aioredis.Redis],
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    client = cast(aioredis.Redis, redis_cluster_client)
+    names = {text: name for name, text in SCRIPTS.items()}
+    async with ScriptKeyRecorder(masters, names, redis_prefix) as recorder:
+        await _admission_calls(client, redis_prefix)
+        await _credential_calls(client, redis_prefix, tmp_path)
+        await _affinity_calls(client, redis_prefix)
+        runs = await recorder.runs()
+
+    assert {run.script for run in runs} == set(SCRIPTS), "every script ran"
+    problems = []
+    for run in runs:
+        tags = {tag_of(key) for key in run.declared}
+        if len(tags) != 1:
+            problems.append(f"{run.script} declares keys of several tags: {run.declared}")
+        for key in sorted(run.undeclared()):
+            if tag_of(key) not in tags or kind_of(key) not in DERIVED.get(run.script, set()):
+                problems.append(f"{run.script} touched {key} without declaring it")
+    assert problems == []
