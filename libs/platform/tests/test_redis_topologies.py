@@ -25,7 +25,7 @@ from turnstile_platform.redis_topology import RedisTarget, Topology, parse_redis
 from turnstile_platform.settings import ServiceSettings
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
 from turnstile_testing.redis_sentinel import RedisSentinelSet
-from turnstile_testing.redis_topologies import key_on_another_master, timed
+from turnstile_testing.redis_topologies import keys_on_two_masters, timed
 
 SECRET = "s3cret-Pa55"
 
@@ -102,31 +102,36 @@ async def _works(client: BoundedClient, prefix: str) -> None:
         await client.delete(key, other)
 
 
-async def test_a_sentinel_url_gives_a_bounded_client_of_the_primary(
-    redis_sentinel: RedisSentinelSet, redis_prefix: str
+@pytest.mark.parametrize(
+    ("servers", "kind"),
+    [("redis_sentinel", BoundedSentinelRedis), ("redis_cluster", BoundedRedisCluster)],
+)
+async def test_each_topologys_url_gives_its_bounded_client(
+    request: pytest.FixtureRequest, servers: str, kind: type, redis_prefix: str
 ) -> None:
-    client = create_redis(redis_sentinel.url, timeout_s=2.0)
+    deployment: RedisSentinelSet | RedisClusterServers = request.getfixturevalue(servers)
+    url = deployment.url if isinstance(deployment, RedisSentinelSet) else deployment.seeds_url
+    client = create_redis(url, timeout_s=2.0)
     try:
-        assert isinstance(client, BoundedSentinelRedis)
+        assert isinstance(client, kind)
         assert client.guard is not None
         await _works(client, redis_prefix)
-        primary = client.connection_pool.connection_kwargs
-        assert primary["db"] == 0
-        address = await client.connection_pool.get_master_address()  # type: ignore[attr-defined]
-        assert address[1] == redis_sentinel.primary_port()
+        assert client.guard.breaker.state is BreakerState.CLOSED
     finally:
         await client.aclose()
 
 
-async def test_a_cluster_url_gives_a_bounded_cluster_client(
-    redis_cluster: RedisClusterServers, redis_prefix: str
+async def test_the_sentinel_client_talks_to_the_primary_the_sentinels_name(
+    redis_sentinel: RedisSentinelSet,
 ) -> None:
-    client = create_redis(redis_cluster.seeds_url, timeout_s=2.0)
+    client = create_redis(redis_sentinel.url, timeout_s=2.0)
     try:
-        assert isinstance(client, BoundedRedisCluster)
-        assert client.guard is not None
-        await _works(client, redis_prefix)
-        assert client.guard.breaker.state is BreakerState.CLOSED
+        assert isinstance(client, BoundedSentinelRedis)
+        await client.ping()
+        pool = client.connection_pool
+        assert pool.connection_kwargs["db"] == 0
+        address = await pool.get_master_address()  # type: ignore[attr-defined]
+        assert address[1] == redis_sentinel.primary_port()
     finally:
         await client.aclose()
 
@@ -184,11 +189,7 @@ async def test_a_paused_cluster_master_costs_its_slots_calls_the_budget_and_no_o
         client = create_redis(cluster.seeds_url, timeout_s=BUDGET_S, guard=guard)
         assert isinstance(client, BoundedRedisCluster)
         try:
-            hung_key = f"{redis_prefix}{{a}}"
-            await client.set(hung_key, 1)
-            hung = client.get_node_from_key(hung_key)
-            assert hung is not None
-            other_key = key_on_another_master(client, redis_prefix, hung)
+            hung_key, hung, other_key = await keys_on_two_masters(client, redis_prefix)
             cluster.node(int(hung.port)).pause()
             try:
                 for _ in range(3):  # well within the 2 s node timeout

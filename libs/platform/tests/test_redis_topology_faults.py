@@ -15,7 +15,7 @@ from turnstile_platform.redis_client import (
     redis_guard,
 )
 from turnstile_testing.redis_cluster import running_cluster
-from turnstile_testing.redis_topologies import key_on_another_master, timed
+from turnstile_testing.redis_topologies import keys_on_two_masters, timed
 
 BUDGET_S = 0.3
 MARGIN_S = 0.3
@@ -35,11 +35,7 @@ async def test_every_call_is_bounded_while_a_master_hangs_past_the_node_timeout(
         client = create_redis(cluster.seeds_url, timeout_s=BUDGET_S, guard=guard)
         assert isinstance(client, BoundedRedisCluster)
         try:
-            hung_key = f"{redis_prefix}{{a}}"
-            await client.set(hung_key, 1)
-            hung = client.get_node_from_key(hung_key)
-            assert hung is not None
-            other_key = key_on_another_master(client, redis_prefix, hung)
+            hung_key, hung, other_key = await keys_on_two_masters(client, redis_prefix)
             loop = asyncio.get_running_loop()
             cluster.node(int(hung.port)).pause()
             seen = []
@@ -75,11 +71,7 @@ async def test_a_cluster_down_after_a_master_died_is_unreachable_not_an_error_re
         client = create_redis(cluster.seeds_url, timeout_s=5.0)
         assert isinstance(client, BoundedRedisCluster)
         try:
-            dead_key = f"{redis_prefix}{{a}}"
-            await client.set(dead_key, 1)
-            dead = client.get_node_from_key(dead_key)
-            assert dead is not None
-            other_key = key_on_another_master(client, redis_prefix, dead)
+            _, dead, other_key = await keys_on_two_masters(client, redis_prefix)
             cluster.node(int(dead.port)).stop()
             async with asyncio.timeout(30):
                 while (await timed(client.get(other_key)))[1] is None:  # noqa: ASYNC110 - cluster state

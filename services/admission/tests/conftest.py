@@ -212,3 +212,29 @@ class AdmitLoad:
 def admit_load() -> type[AdmitLoad]:
     """The load generator of the fault tests (a class: start it against a stub)."""
     return AdmitLoad
+
+
+def _fault_settings(budget_s: float, ttl_s: float) -> dict[str, Any]:
+    return {
+        "redis_timeout_s": budget_s,
+        "client_allowlist": ("acme",),
+        "slots": {"fail": "closed", "default_per_node": 1000},
+        "rate": {
+            "default_burst": 100_000,
+            "default_rate_per_s": 100_000,
+            "cluster_burst": 100_000,
+            "cluster_rate_per_s": 100_000,
+        },
+        "concurrency": {"default_limit": 10_000},
+        "cap": {"default_cap": 100_000},
+        "hold_ttl_s": ttl_s,
+        "pending_ttl_s": ttl_s,
+        "health_check_interval_s": 0.1,
+    }
+
+
+@pytest.fixture
+def fault_settings() -> Callable[[float, float], dict[str, Any]]:
+    """Settings of the fault tests, given the Redis budget and the hold and pending
+    TTLs: every policy out of the way but its fail mode (node slots fail closed)."""
+    return _fault_settings

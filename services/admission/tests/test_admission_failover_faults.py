@@ -16,6 +16,7 @@ the hold and pending TTLs (SPEC X6).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -34,10 +35,12 @@ MARGIN_S = 0.5
 TTL_S = 3.0
 BREAKER_OPEN_S = 1.0
 LOAD_BEFORE_S = 1.0
-LOAD_AFTER_S = 2.0
+LOAD_AFTER_S = 3.0
 
 
-async def _admission(start_admission: Any, redis_url: str, redis_prefix: str) -> Any:
+async def _admission(
+    start_admission: Any, fault_settings: Any, redis_url: str, redis_prefix: str
+) -> Any:
     """Admission on ``redis_url`` with every policy out of the way but its fail mode."""
     client = connect(redis_url)
     try:  # the live counts current, as a healthy substrate leader keeps them
@@ -45,23 +48,24 @@ async def _admission(start_admission: Any, redis_url: str, redis_prefix: str) ->
     finally:
         await client.aclose()
     return await start_admission(
-        redis_url=redis_url,
-        redis_timeout_s=BUDGET_S,
-        breaker_open_s=BREAKER_OPEN_S,
-        client_allowlist=("acme",),
-        slots={"fail": "closed", "default_per_node": 1000},
-        rate={
-            "default_burst": 100_000,
-            "default_rate_per_s": 100_000,
-            "cluster_burst": 100_000,
-            "cluster_rate_per_s": 100_000,
-        },
-        concurrency={"default_limit": 10_000},
-        cap={"default_cap": 100_000},
-        hold_ttl_s=TTL_S,
-        pending_ttl_s=TTL_S,
-        health_check_interval_s=0.1,
+        redis_url=redis_url, breaker_open_s=BREAKER_OPEN_S, **fault_settings(BUDGET_S, TTL_S)
     )
+
+
+async def _under_load(
+    running: Any, admit_load: Any, what: str, fault: Callable[[], Awaitable[float]]
+) -> tuple[float, float, int]:
+    """Run ``fault`` (it returns the failover's duration) under 64 Admits in flight;
+    the failover's duration, the longest gap and the drift."""
+    load = admit_load(running.stub)
+    load.start()
+    await asyncio.sleep(LOAD_BEFORE_S)
+    started = asyncio.get_running_loop().time()
+    failover_s = await fault()
+    await asyncio.sleep(LOAD_AFTER_S)
+    await load.stop()
+    gap, drift = await _report(load, what, failover_s, started)
+    return failover_s, gap, drift
 
 
 def _p99(seconds: list[float]) -> float:
@@ -94,22 +98,24 @@ async def _report(load: Any, what: str, failover_s: float, since: float) -> tupl
 
 async def test_a_sentinel_failover_under_load(
     start_admission: Any,
+    fault_settings: Any,
     admit_load: Any,
     private_redis_sentinel: RedisSentinelSet,
     redis_prefix: str,
 ) -> None:
-    running = await _admission(start_admission, private_redis_sentinel.url, redis_prefix)
-    load = admit_load(running.stub)
-    load.start()
-    await asyncio.sleep(LOAD_BEFORE_S)
-    loop = asyncio.get_running_loop()
-    primary = private_redis_sentinel.primary()
-    killed_at = loop.time()
-    primary.stop()  # SIGKILL: the sentinels notice after down-after-milliseconds (1 s)
-    failover_s = await asyncio.to_thread(private_redis_sentinel.wait_for_new_primary, primary.port)
-    await asyncio.sleep(LOAD_AFTER_S)
-    await load.stop()
-    gap, drift = await _report(load, "Sentinel, primary killed", failover_s, killed_at)
+    """SIGKILL of the primary: the sentinels notice after their down-after-milliseconds
+    (1 s), agree and promote the replica; each connection then reconnects to it."""
+    sentinel = private_redis_sentinel
+    running = await _admission(start_admission, fault_settings, sentinel.url, redis_prefix)
+
+    async def kill_the_primary() -> float:
+        primary = sentinel.primary()
+        primary.stop()
+        return await asyncio.to_thread(sentinel.wait_for_new_primary, primary.port)
+
+    failover_s, gap, drift = await _under_load(
+        running, admit_load, "Sentinel, primary killed", kill_the_primary
+    )
     assert gap <= failover_s + BREAKER_OPEN_S + MARGIN_S
     assert drift <= 1
 
@@ -119,6 +125,7 @@ ADMISSION_SLOT = key_slot(b"adm")  # every admission key is under the {adm} hash
 
 async def test_a_cluster_failover_under_load(
     start_admission: Any,
+    fault_settings: Any,
     admit_load: Any,
     private_redis_cluster: RedisClusterServers,
     redis_prefix: str,
@@ -127,23 +134,22 @@ async def test_a_cluster_failover_under_load(
     master stops writes until the replica has caught up, the replica takes over, and
     the old master answers MOVED."""
     cluster = private_redis_cluster
-    running = await _admission(start_admission, cluster.seeds_url, redis_prefix)
-    load = admit_load(running.stub)
-    load.start()
-    await asyncio.sleep(LOAD_BEFORE_S)
-    loop = asyncio.get_running_loop()
-    replica = cluster.replica_of(cluster.master_of(ADMISSION_SLOT))
-    started = loop.time()
-    failover_s = await asyncio.to_thread(cluster.failover, replica)
-    await asyncio.sleep(LOAD_AFTER_S)
-    await load.stop()
-    gap, drift = await _report(load, "Cluster, CLUSTER FAILOVER", failover_s, started)
+    running = await _admission(start_admission, fault_settings, cluster.seeds_url, redis_prefix)
+
+    async def hand_over() -> float:
+        replica = cluster.replica_of(cluster.master_of(ADMISSION_SLOT))
+        return await asyncio.to_thread(cluster.failover, replica)
+
+    failover_s, gap, drift = await _under_load(
+        running, admit_load, "Cluster, CLUSTER FAILOVER", hand_over
+    )
     assert gap <= failover_s + BREAKER_OPEN_S + MARGIN_S
     assert drift <= 1
 
 
 async def test_a_paused_cluster_master_under_load_is_bounded_and_replaced(
     start_admission: Any,
+    fault_settings: Any,
     admit_load: Any,
     private_redis_cluster: RedisClusterServers,
     redis_prefix: str,
@@ -153,22 +159,20 @@ async def test_a_paused_cluster_master_under_load_is_bounded_and_replaced(
     node timeout (2 s); then decisions resume on the new master by themselves — the
     client re-reads the slot map after its calls to the hung master ran out of budget."""
     cluster = private_redis_cluster
-    running = await _admission(start_admission, cluster.seeds_url, redis_prefix)
-    load = admit_load(running.stub)
-    load.start()
-    await asyncio.sleep(LOAD_BEFORE_S)
-    loop = asyncio.get_running_loop()
+    running = await _admission(start_admission, fault_settings, cluster.seeds_url, redis_prefix)
     master = cluster.master_of(ADMISSION_SLOT)
-    replica = cluster.replica_of(master)
-    paused_at = loop.time()
-    cluster.node(master).pause()
+
+    async def pause_the_master() -> float:
+        replica = cluster.replica_of(master)
+        cluster.node(master).pause()
+        return await asyncio.to_thread(cluster.wait_until_master, replica)
+
     try:
-        promoted_s = await asyncio.to_thread(cluster.wait_until_master, replica)
-        await asyncio.sleep(LOAD_AFTER_S + BREAKER_OPEN_S)
+        promoted_s, gap, drift = await _under_load(
+            running, admit_load, "Cluster, master paused", pause_the_master
+        )
     finally:
         cluster.node(master).resume()
-    await load.stop()
-    gap, drift = await _report(load, "Cluster, master paused", promoted_s, paused_at)
     # Resuming takes a topology refresh (at most one a second) and the breaker's probe
     # after the promotion: reported, not held to the +1 s of a coordinated failover.
     assert gap <= promoted_s + 2 * BREAKER_OPEN_S + 2 * MARGIN_S

@@ -78,10 +78,16 @@ async def timed(call: Awaitable[Any]) -> tuple[float, BaseException | None]:
     return loop.time() - started, None
 
 
-def key_on_another_master(client: RedisCluster, prefix: str, node: ClusterNode) -> str:
-    """A key under ``prefix`` whose slot another master than ``node`` serves."""
-    return next(
+async def keys_on_two_masters(client: RedisCluster, prefix: str) -> tuple[str, ClusterNode, str]:
+    """A key under ``prefix`` (set to 1), the master that serves it, and a key
+    another master serves (unset)."""
+    key = f"{prefix}{{a}}"
+    await client.set(key, 1)
+    node = client.get_node_from_key(key)
+    assert node is not None
+    other = next(
         f"{prefix}{{{n}}}"
         for n in range(100)
         if client.nodes_manager.get_node_from_slot(key_slot(f"{n}".encode())) != node
     )
+    return key, node, other
