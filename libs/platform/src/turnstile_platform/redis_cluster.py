@@ -92,6 +92,8 @@ class BoundedRedisCluster(RedisCluster):
     guard: Guard | None = None
     #: The shortest time between two background topology refreshes.
     refresh_interval_s: float = 1.0
+    #: The bound of the first topology read (see :meth:`_start`).
+    start_timeout_s: float = 10.0
     _refresh: asyncio.Task[None] | None = None
     _cleanups: set[asyncio.Future[Any]]
     _refreshed_at: float = float("-inf")
@@ -99,6 +101,21 @@ class BoundedRedisCluster(RedisCluster):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cleanups = set()
+        self._started = False
+
+    async def _start(self) -> None:
+        """The first read of the slot map and of the server's command table, once per
+        process: too much for one call's budget on a busy machine (it parses the whole
+        ``COMMAND`` reply), so it has its own bound, ``start_timeout_s``, and is not
+        counted by the breaker. Later re-reads happen inside calls, within budget."""
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                await _translated(self.initialize())
+        except TimeoutError:
+            raise RedisClusterUnavailableError(
+                f"Redis Cluster topology not read within {self.start_timeout_s:g}s"
+            ) from None
+        self._started = True
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         return await self._bounded(super().execute_command(*args, **kwargs))
@@ -111,6 +128,12 @@ class BoundedRedisCluster(RedisCluster):
         return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]
 
     async def _bounded(self, call: Coroutine[Any, Any, T]) -> T:
+        if not self._started:
+            try:
+                await self._start()
+            except BaseException:
+                call.close()
+                raise
         try:
             return await guarded(self.guard, self._detached(call))
         except (RedisTimeoutError, RedisConnectionError):
