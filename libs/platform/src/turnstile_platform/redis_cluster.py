@@ -11,9 +11,10 @@ Two things redis-py leaves to its caller, done here:
 
 - **Errors of a topology change are "unreachable".** While slots move or a
   master is replaced, redis-py may give up with ``CLUSTERDOWN``, ``TRYAGAIN``,
-  a slot not covered, a redirection loop ("TTL exhausted") or a failed
-  topology read. Those are raised as :class:`RedisClusterUnavailableError`, a
-  redis-py ``ConnectionError``: the breaker counts them and every policy
+  a slot not covered, a redirection loop ("TTL exhausted"), a failed
+  topology read, or trip over a connection it disconnected under a command.
+  Those are raised as :class:`RedisClusterUnavailableError`, a redis-py
+  ``ConnectionError``: the breaker counts them and every policy
   applies its fail mode, as for a server that went away; retrying is right.
 - **A hung master does not strand the client.** redis-py re-reads the topology
   only after a connection error it saw itself; a call the budget cut off (a
@@ -60,12 +61,27 @@ def _topology_error(error: BaseException) -> bool:
     """Whether ``error`` means the cluster could not serve the call right now."""
     if isinstance(error, (ClusterDownError, TryAgainError, SlotNotCoveredError, ClusterError)):
         return True
+    if isinstance(error, AttributeError) and _in_redis_connection(error):
+        # redis-py disconnects a node's idle connections after an error on it while
+        # another command may be taking one of them: that command then writes to a
+        # connection whose writer is gone (seen during CLUSTER FAILOVER under load).
+        return True
     if type(error) is RedisClusterException:  # a failed topology read (not a usage error)
         cause = error.__cause__
         return isinstance(cause, (RedisConnectionError, RedisTimeoutError, OSError)) or str(
             error
         ).startswith("All slots are not covered")
     return False
+
+
+def _in_redis_connection(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside redis-py's connection code."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and frame.tb_frame.f_globals.get("__name__") == (
+        "redis.asyncio.connection"
+    )
 
 
 async def _translated(call: Coroutine[Any, Any, T]) -> T:
