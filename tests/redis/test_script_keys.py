@@ -45,7 +45,7 @@ from turnstile_platform.sandbox_credentials import (
 )
 from turnstile_platform.settings import ServiceSettings
 from turnstile_testing.redis_cluster import RedisClusterServers
-from turnstile_testing.script_keys import ScriptKeyRecorder
+from turnstile_testing.script_keys import ScriptKeyRecorder, group_runs, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 ADMISSION = ("admit", "commit_hold", "cancel_hold", "release_sandbox", "usage")
@@ -99,8 +99,9 @@ def test_every_lua_file_is_a_script_checked_here_or_a_prelude() -> None:
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_every_script_is_a_redis_7_script_with_flags(name: str) -> None:
-    """``#!lua`` first: Redis then refuses a key of another slot than the first one
-    touched (on a single server too) and an out-of-memory write before it starts."""
+    """``#!lua`` first: a cluster node then refuses a key of another slot than the
+    first one touched even when it holds both slots, and Redis refuses an
+    out-of-memory write before the script starts."""
     assert SCRIPTS[name].startswith("#!lua\n")
 
 
@@ -136,6 +137,26 @@ async def test_a_script_touching_a_key_of_another_slot_is_refused_by_the_cluster
         await redis_cluster_client.eval(script, 1, declared, other)
 
 
+async def test_only_the_lua_flags_line_stops_a_script_crossing_slots_on_one_node(
+    redis_cluster_client: RedisCluster, redis_prefix: str
+) -> None:
+    """Why every script starts ``#!lua``: a node holding both slots lets an
+    old-style script through."""
+    declared = f"{redis_prefix}{{adm}}:x"
+    await redis_cluster_client.initialize()  # the slot map
+    node = redis_cluster_client.get_node_from_key(declared)
+    other = next(
+        key
+        for key in (f"{redis_prefix}{{other-{n}}}:x" for n in range(10_000))
+        if key_slot(key.encode()) != key_slot(declared.encode())
+        and redis_cluster_client.get_node_from_key(key) == node
+    )
+    body = "redis.call('SET', KEYS[1], 1)\nreturn redis.call('GET', ARGV[1])"
+    assert await redis_cluster_client.eval(body, 1, declared, other) is None
+    with pytest.raises(ResponseError, match="same slot"):
+        await redis_cluster_client.eval("#!lua\n" + body, 1, declared, other)
+
+
 async def test_a_key_touched_without_being_declared_is_reported(
     redis_cluster_client: RedisCluster, masters: list[aioredis.Redis], redis_prefix: str
 ) -> None:
@@ -150,6 +171,29 @@ async def test_a_key_touched_without_being_declared_is_reported(
         [declared],
         {f"{declared}:more"},
     )
+
+
+@pytest.mark.parametrize("calls_first", [False, True])
+def test_the_recorder_gives_each_script_its_own_commands_in_either_log_order(
+    calls_first: bool,
+) -> None:
+    """Redis 7.0 logs a script's EVALSHA before its commands; the order is calibrated
+    per node, so both must group the same way."""
+    scripts = [
+        ('"evalsha" "aaa" "1" "p:{t}:one"', ['"GET" "p:{t}:one"']),
+        ('"evalsha" "bbb" "1" "p:{t}:two"', ['"SET" "p:{t}:two" "1"', '"TIME"']),
+    ]
+    lines = ['1.0 [0 127.0.0.1:1] "echo" "unrelated"']
+    for call, commands in scripts:
+        inner = [f"1.0 [0 lua] {command}" for command in commands]
+        outer = [f"1.0 [0 127.0.0.1:1] {call}"]
+        lines += inner + outer if calls_first else outer + inner
+    parsed = [p for p in map(parse_line, lines) if p is not None]
+    runs = group_runs(parsed, names={"aaa": "a"}, prefix="p:", calls_first=calls_first)
+    assert [(r.script, r.declared, r.commands) for r in runs] == [
+        ("a", ["p:{t}:one"], [["GET", "p:{t}:one"]]),
+        ("bbb", ["p:{t}:two"], [["SET", "p:{t}:two", "1"], ["TIME"]]),
+    ]
 
 
 async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:

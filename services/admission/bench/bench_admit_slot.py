@@ -14,9 +14,6 @@ hold and sandbox each call: set sizes stay constant). See docs/scaling.md.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-
 import redis.asyncio as aioredis
 
 from turnstile_admission.policies import (
@@ -29,8 +26,7 @@ from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, script_te
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import LiveStore
-from turnstile_testing.processes import RedisProcess
-from turnstile_testing.slot_bench import SlotLoad, bare_load, measure, report
+from turnstile_testing.slot_bench import SlotLoad, main
 
 PREFIX = "bench:"
 HIGH = 1_000_000  # every setting's maximum
@@ -60,22 +56,5 @@ async def admit_load(port: int) -> SlotLoad:
     return SlotLoad("admit.lua", script_text("admit.lua"), keys, argv)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=20_000)
-    options = parser.parse_args()
-    server = RedisProcess().start()
-    try:
-        admit = asyncio.run(admit_load(server.port))
-        bare = bare_load(f"{PREFIX}{{adm}}:bare")
-        figures = measure(
-            server.port, [bare, admit], rounds=options.rounds, requests=options.requests
-        )
-        print(report(figures, bare.name))
-    finally:
-        server.close()
-
-
 if __name__ == "__main__":
-    main()
+    main((__doc__ or "").split("\n")[0], admit_load, f"{PREFIX}{{adm}}:bare")

@@ -14,14 +14,10 @@ lease each call: set sizes stay constant).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-
 import redis.asyncio as aioredis
 
 from turnstile_affinity.store import AffinityStore, Leased, Turn, script_text
-from turnstile_testing.processes import RedisProcess
-from turnstile_testing.slot_bench import SlotLoad, bare_load, measure, report
+from turnstile_testing.slot_bench import SlotLoad, main
 
 PREFIX = "bench:"
 TTL_MS = 3_600_000
@@ -52,22 +48,5 @@ async def place_load(port: int) -> SlotLoad:
     return SlotLoad("place.lua (hit)", script_text("place"), keys, argv)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=20_000)
-    options = parser.parse_args()
-    server = RedisProcess().start()
-    try:
-        place = asyncio.run(place_load(server.port))
-        bare = bare_load(f"{PREFIX}{{affinity}}:bare")
-        figures = measure(
-            server.port, [bare, place], rounds=options.rounds, requests=options.requests
-        )
-        print(report(figures, bare.name))
-    finally:
-        server.close()
-
-
 if __name__ == "__main__":
-    main()
+    main((__doc__ or "").split("\n")[0], place_load, f"{PREFIX}{{affinity}}:bare")

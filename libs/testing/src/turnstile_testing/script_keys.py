@@ -1,10 +1,12 @@
 """Which keys each Lua script declared, and which it touched: read from Redis's own
 ``MONITOR`` stream, so a test checks what the server ran, not what the code says.
 
-Redis 7 writes a script's ``EVALSHA`` line to ``MONITOR`` and then, one line each,
-every command the script ran (marked ``[<db> lua]``); a script is atomic, so its
-lines are never interleaved with another client's. ``COMMAND GETKEYS`` names the
-keys of each command, so no key position is hard-coded here.
+Redis writes a script's ``EVALSHA`` line to ``MONITOR`` and, one line each, every
+command the script ran (marked ``[<db> lua]``); a script is atomic, so its lines
+are never interleaved with another client's. Whether the ``EVALSHA`` line comes
+before its commands (Redis 7.0) or after them is found per node by a calibration
+script run first. ``COMMAND GETKEYS`` names the keys of each command, so no key
+position is hard-coded here.
 
 A Redis Cluster checks only that a script's keys share a slot; a key it touched
 without declaring it, in the same slot, goes unnoticed there (and is refused by
@@ -93,6 +95,9 @@ class ScriptKeyRecorder:
             await monitor.__aenter__()  # type: ignore[no-untyped-call]
             self._monitors.append(monitor)
             self._tasks.append(asyncio.create_task(self._read(monitor, self._lines[n])))
+        self._calibration = f"return redis.call('TIME') -- script-keys {uuid.uuid4().hex}"
+        for node in self._nodes:  # no keys: every node runs it itself
+            await node.eval(self._calibration, 0)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -127,26 +132,44 @@ class ScriptKeyRecorder:
         await self._flush()
         found: list[ScriptRun] = []
         for lines in self._lines:
-            current: ScriptRun | None = None
-            for line in lines:
-                parsed = parse_line(line)
-                if parsed is None:
-                    continue
-                client, args = parsed
-                if client == "lua":
-                    if current is not None:
-                        current.commands.append(args)
-                    continue
-                current = None
-                if args and args[0].lower() in ("evalsha", "eval", "evalsha_ro", "eval_ro"):
-                    keys = args[3 : 3 + int(args[2])]
-                    if keys and all(key.startswith(self._prefix) for key in keys):
-                        script = args[1] if args[0].lower().startswith("evalsha") else sha1(args[1])
-                        current = ScriptRun(self._names.get(script, script), keys)
-                        found.append(current)
+            parsed = [p for p in map(parse_line, lines) if p is not None]
+            calibration = next(i for i, (_, args) in enumerate(parsed) if self._calibration in args)
+            # Its one command, TIME, is logged right before or right after it.
+            time = ("lua", ["TIME"])
+            before = calibration > 0 and parsed[calibration - 1] == time
+            after = calibration + 1 < len(parsed) and parsed[calibration + 1] == time
+            calls_first = before and not after
+            found += group_runs(
+                parsed, names=self._names, prefix=self._prefix, calls_first=calls_first
+            )
         for run in found:
             run.touched = await _keys_of(self._nodes[0], run.commands)
         return found
+
+
+def group_runs(
+    parsed: list[tuple[str, list[str]]], *, names: dict[str, str], prefix: str, calls_first: bool
+) -> list[ScriptRun]:
+    """Each script run in one node's parsed MONITOR lines, with its commands: logged
+    after its EVALSHA line, or before it when ``calls_first``. ``names``: SHA → name."""
+    found: list[ScriptRun] = []
+    block: list[list[str]] = []  # lua lines not yet given to their script
+    current: ScriptRun | None = None
+    for client, args in parsed:
+        if client == "lua":
+            (block if calls_first else current.commands if current else []).append(args)
+            continue
+        current = None
+        if args and args[0].lower() in ("evalsha", "eval", "evalsha_ro", "eval_ro"):
+            keys = args[3 : 3 + int(args[2])]
+            if keys and all(key.startswith(prefix) for key in keys):
+                script = args[1] if args[0].lower().startswith("evalsha") else sha1(args[1])
+                current = ScriptRun(names.get(script, script), keys)
+                found.append(current)
+                if calls_first:
+                    current.commands = block
+        block = []
+    return found
 
 
 async def _keys_of(node: aioredis.Redis, commands: Iterable[list[str]]) -> set[str]:

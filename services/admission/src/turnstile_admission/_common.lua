@@ -1,9 +1,9 @@
 #!lua
 -- _common.lua: helpers prepended to every admission script (not a script itself).
--- The first line makes each a Redis 7 script with flags (none): Redis refuses a
--- key of another slot than the first one touched, on a single server as on a
--- cluster, and refuses the whole script up front when out of memory rather than
--- failing its writes halfway.
+-- The first line makes each a Redis 7 script with flags (none): a cluster node
+-- refuses a key of another slot than the first one touched (an old-style script
+-- may cross slots that live on one node), and Redis refuses the whole script up
+-- front when out of memory rather than failing its writes halfway.
 --
 -- Time comes from Redis (TIME), so every replica and every script agree on the
 -- clock. Tests may freeze and advance it through a test-clock key, honoured

@@ -1,9 +1,10 @@
 """The Redis key layout of admission.
 
 Every admission key sits under one hash tag (``{adm}``), so every script touches
-one shard of a Redis Cluster: a decision is one script on one node, and scripts
-may derive keys from the base (a hold's bucket, a sandbox's node) without
-crossing slots. The number of keys per bounded key is fixed; bounded keys are
+one slot of a Redis Cluster: a decision is one script on one node. Scripts get
+every key they can name beforehand in ``KEYS``; the few they learn by reading (a
+hold's bucket, a sandbox's node) they build from the base of ``KEYS[1]``, in its
+slot (docs/scaling.md). The number of keys per bounded key is fixed; bounded keys are
 bounded by the key set (SPEC C3), sandboxes and holds carry their own expiry.
 """
 

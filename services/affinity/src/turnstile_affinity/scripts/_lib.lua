@@ -1,9 +1,9 @@
 #!lua
 -- Shared by every affinity script: prepended to each at load time (store.py),
 -- so key names, time and the load index are written once. The first line makes
--- each a Redis 7 script with flags (none): Redis refuses a key of another slot
--- than the first one touched, and refuses the whole script up front when out of
--- memory rather than failing its writes halfway.
+-- each a Redis 7 script with flags (none): a cluster node refuses a key of another
+-- slot than the first one touched, and Redis refuses the whole script up front
+-- when out of memory rather than failing its writes halfway.
 --
 -- Every script takes ARGV[1] = clock offset in ms (0 in production; tests move
 -- time forward without sleeping). Time is Redis TIME, never a replica's clock:
