@@ -11,10 +11,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from turnstile_clientkeys import Client, KeySet, KeySetError, KeySetStore, KeySetWatcher, Resolver
+from turnstile_testing.redis_topologies import connect
 
 
 async def _replica(url: str, prefix: str, poll_s: float = 0.5) -> KeySetWatcher:
-    client = aioredis.Redis.from_url(url)
+    client = connect(url)
     watcher = KeySetWatcher(KeySetStore(client, prefix), client, Resolver(), poll_interval_s=poll_s)
     await watcher.start(KeySet(allowlist=frozenset({"seeded"})))
     return watcher

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from turnstile_platform.redis_client import redis_from_settings
+from turnstile_platform.redis_client import BoundedRedis, redis_from_settings
 from turnstile_platform.settings import ServiceSettings, redact_url
 from turnstile_testing.probe import settings
 
@@ -53,20 +52,23 @@ def test_redact_url_hides_only_the_password() -> None:
 
 
 async def test_the_redis_acl_user_and_password_file_reach_the_connection(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, single_redis_url: str
 ) -> None:
     password = tmp_path / "redis-password"
     password.write_text(f"{SECRET}\n")
     client = redis_from_settings(
-        settings(redis_url=redis_url, redis_username="turnstile", redis_password_file=password)
+        settings(
+            redis_url=single_redis_url, redis_username="turnstile", redis_password_file=password
+        )
     )
     try:
+        assert isinstance(client, BoundedRedis)
         kwargs = client.connection_pool.connection_kwargs
         assert kwargs["username"] == "turnstile"
         assert kwargs["password"] == SECRET
     finally:
         await client.aclose()
-    plain: aioredis.Redis = redis_from_settings(settings(redis_url=redis_url))
+    plain = redis_from_settings(settings(redis_url=single_redis_url))
     try:
         assert await plain.ping()
     finally:

@@ -3,6 +3,8 @@ counts in Redis written the way the substrate's leader writes them."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from turnstile_admission.keys import AdmissionKeys
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
-from turnstile_contracts import admission_pb2_grpc
+from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.server import GrpcService
 
 
@@ -105,3 +107,134 @@ async def start_admission(
 async def admission(start_admission: Start) -> Running:
     """The admission service with default settings."""
     return await start_admission()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One Admit under load: when it started, how long it took, and whether a fail
+    mode answered it (a policy's backend was unavailable)."""
+
+    started: float
+    seconds: float
+    by_fail_mode: bool
+
+    @property
+    def ended(self) -> float:
+        return self.started + self.seconds
+
+
+def by_fail_mode(answer: Any) -> bool:
+    """Whether a policy other than the cap was decided by its fail mode."""
+    return any(
+        v.verdict == admission_pb2.VERDICT_UNKNOWN or "POLICY_BACKEND_UNAVAILABLE" in v.detail
+        for v in answer.verdicts
+        if v.policy != admission_pb2.POLICY_CAP
+    )
+
+
+class AdmitLoad:
+    """``in_flight`` clients sending Admits back to back (cold creates on node ``n1``
+    and warm claims, alternately) and settling each hold with CancelHold, as the
+    substrate would: a cancel refused as UNAVAILABLE is retried until it lands, so
+    whatever is left in Redis afterwards was lost by Redis, not dropped here."""
+
+    def __init__(self, stub: Any, client_id: str = "acme", in_flight: int = 64) -> None:
+        self.stub = stub
+        self.client = common_pb2.ActivationClient(client_id=client_id)
+        self.in_flight = in_flight
+        self.decisions: list[Decision] = []
+        #: Status codes of CancelHold calls that failed (each retried).
+        self.cancel_failures: list[grpc.StatusCode] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._count = 0
+        self.stopped_at = 0.0
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._client(n)) for n in range(self.in_flight)]
+
+    async def stop(self) -> None:
+        self.stopped_at = asyncio.get_running_loop().time()
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _client(self, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            self._count += 1
+            cold = self._count % 2 == 0
+            request = admission_pb2.AdmitRequest(
+                sandbox_id=f"sb-{n}-{self._count}",
+                client=self.client,
+                kind=common_pb2.ACTIVATION_KIND_COLD_CREATE
+                if cold
+                else common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+                candidate_nodes=["n1"] if cold else [],
+            )
+            started = loop.time()
+            answer = await self.stub.Admit(request, timeout=10)
+            self.decisions.append(Decision(started, loop.time() - started, by_fail_mode(answer)))
+            if answer.hold_id:
+                await self._cancel(answer.hold_id)
+
+    async def _cancel(self, hold_id: str) -> None:
+        while True:
+            try:
+                await self.stub.CancelHold(
+                    admission_pb2.CancelHoldRequest(hold_id=hold_id), timeout=10
+                )
+                return
+            except grpc.aio.AioRpcError as error:
+                self.cancel_failures.append(error.code())
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await asyncio.sleep(0.05)
+
+    def normal(self) -> list[Decision]:
+        return [d for d in self.decisions if not d.by_fail_mode]
+
+    def longest_gap(self) -> float:
+        """The longest time without a decision not answered by a fail mode, up to the
+        moment the load stopped."""
+        ends = sorted(d.ended for d in self.normal())
+        return max(b - a for a, b in itertools.pairwise([*ends, self.stopped_at]))
+
+    async def held(self) -> int:
+        """What Redis still counts for the client: pending entries, holds in flight
+        and node slots held (all zero once every hold is settled)."""
+        usage = await self.stub.GetUsage(
+            admission_pb2.GetUsageRequest(client=self.client), timeout=10
+        )
+        return int(usage.pending + usage.in_flight + sum(usage.node_slots_held.values()))
+
+
+@pytest.fixture
+def admit_load() -> type[AdmitLoad]:
+    """The load generator of the fault tests (a class: start it against a stub)."""
+    return AdmitLoad
+
+
+def _fault_settings(budget_s: float, ttl_s: float) -> dict[str, Any]:
+    return {
+        "redis_timeout_s": budget_s,
+        "client_allowlist": ("acme",),
+        "slots": {"fail": "closed", "default_per_node": 1000},
+        "rate": {
+            "default_burst": 100_000,
+            "default_rate_per_s": 100_000,
+            "cluster_burst": 100_000,
+            "cluster_rate_per_s": 100_000,
+        },
+        "concurrency": {"default_limit": 10_000},
+        "cap": {"default_cap": 100_000},
+        "hold_ttl_s": ttl_s,
+        "pending_ttl_s": ttl_s,
+        "health_check_interval_s": 0.1,
+    }
+
+
+@pytest.fixture
+def fault_settings() -> Callable[[float, float], dict[str, Any]]:
+    """Settings of the fault tests, given the Redis budget and the hold and pending
+    TTLs: every policy out of the way but its fail mode (node slots fail closed)."""
+    return _fault_settings

@@ -43,25 +43,9 @@ def by_fail_mode(answer: Any) -> bool:
 
 @pytest.mark.timeout(120)
 async def test_a_paused_redis_under_load_is_answered_by_the_fail_modes_and_leaves_nothing(
-    start_admission: Any, private_redis: RedisProcess
+    start_admission: Any, private_redis: RedisProcess, fault_settings: Any
 ) -> None:
-    running = await start_admission(
-        redis_url=private_redis.url,
-        redis_timeout_s=BUDGET_S,
-        client_allowlist=("acme",),
-        slots={"fail": "closed", "default_per_node": 1000},
-        rate={
-            "default_burst": 100_000,
-            "default_rate_per_s": 100_000,
-            "cluster_burst": 100_000,
-            "cluster_rate_per_s": 100_000,
-        },
-        concurrency={"default_limit": 10_000},
-        cap={"default_cap": 100_000},
-        hold_ttl_s=TTL_S,
-        pending_ttl_s=TTL_S,
-        health_check_interval_s=0.1,
-    )
+    running = await start_admission(redis_url=private_redis.url, **fault_settings(BUDGET_S, TTL_S))
     stub = running.stub
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

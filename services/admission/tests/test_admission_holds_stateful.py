@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -37,6 +36,7 @@ from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_testing.redis_topologies import connect
 
 RATE, BURST = 2.0, 3.0  # key bucket: 2 tokens/s, capacity 3
 CLUSTER_RATE, CLUSTER_BURST = 1.0, 4.0
@@ -69,7 +69,7 @@ class HoldsMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.prefix = f"t:{uuid.uuid4().hex[:12]}:"
-        self.redis = aioredis.Redis.from_url(self.redis_url)
+        self.redis = connect(self.redis_url)
         self.store = AdmissionStore(
             self.redis,
             AdmissionSettings(
@@ -254,6 +254,7 @@ class HoldsMachine(RuleBasedStateMachine):
             assert usage.node_slots_held == held
 
 
+@pytest.mark.redis_topologies("cluster")
 def test_holds_keep_buckets_within_capacity_and_conserve_tokens(redis_url: str) -> None:
     HoldsMachine.redis_url = redis_url
     run_state_machine_as_test(

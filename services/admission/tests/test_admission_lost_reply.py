@@ -14,13 +14,14 @@ import redis.asyncio as aioredis
 
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.proxies import ReplyHoldingProxy
+from turnstile_testing.redis_topologies import single_server_port
 
 ACME = common_pb2.ActivationClient(client_id="acme")
 
 
 @pytest.fixture
 async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    port = single_server_port(redis_url)
     proxy = ReplyHoldingProxy(port)
     await proxy.start()
     yield proxy

@@ -17,6 +17,7 @@ from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_platform import health_check
 from turnstile_platform.errors import decode
 from turnstile_testing.processes import RedisProcess
+from turnstile_testing.redis_topologies import connect
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 REFUSED = admission_pb2.DECISION_REFUSED
@@ -223,7 +224,7 @@ async def test_a_key_that_leaves_the_key_set_leaves_the_per_key_gauges(
     pending = "turnstile_admission_pending_entries"
     assert REGISTRY.get_sample_value(pending, {"key": "gauged"}) is not None
 
-    client = aioredis.from_url(redis_url)
+    client = connect(redis_url)
     try:
         await KeySetStore(client, running.settings.redis_prefix).change(remove=("gauged",))
     finally:

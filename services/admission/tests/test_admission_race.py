@@ -37,6 +37,7 @@ ROOMY: dict[str, Any] = {
 }
 
 
+@pytest.mark.redis_topologies("cluster")
 async def test_200_concurrent_admits_with_no_live_pods_admit_exactly_the_cap(
     start_admission: Any,
 ) -> None:

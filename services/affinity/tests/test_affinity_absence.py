@@ -144,6 +144,7 @@ async def test_a_returning_worker_clears_its_mark_and_keeps_its_sessions(
     assert int(pending.metadata["remaining_grace_ms"]) > GRACE_S * 1000 - 2000
 
 
+@pytest.mark.redis_topologies("cluster")
 async def test_two_concurrent_fallbacks_past_the_grace_move_the_session_once(
     affinity: StartAffinity, worker: StartWorker
 ) -> None:

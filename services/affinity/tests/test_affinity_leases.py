@@ -16,6 +16,7 @@ from turnstile_affinity.store import Clock
 from turnstile_contracts import affinity_pb2
 from turnstile_testing.processes import RedisProcess
 from turnstile_testing.proxies import ReplyHoldingProxy
+from turnstile_testing.redis_topologies import single_server_port
 
 if TYPE_CHECKING:
     from conftest import StartAffinity, StartWorker
@@ -71,7 +72,7 @@ async def test_refusals_take_no_lease(affinity: StartAffinity, worker: StartWork
 
 @pytest.fixture
 async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    port = single_server_port(redis_url)
     proxy = ReplyHoldingProxy(port)
     await proxy.start()
     yield proxy

@@ -330,6 +330,6 @@ async def test_presence_and_leases_keys_carry_expiries(store: AffinityStore) -> 
         assert 0 < await store.redis.pttl(key) <= TTL_MS, key
 
 
-async def _now_ms(redis: aioredis.Redis) -> int:
+async def _now_ms(redis: aioredis.Redis | aioredis.RedisCluster) -> int:
     seconds, micros = await redis.time()
     return seconds * 1000 + micros // 1000

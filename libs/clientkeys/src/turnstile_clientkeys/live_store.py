@@ -51,7 +51,9 @@ KEEP, DROP = "", "-"
 
 
 class LiveStore:
-    def __init__(self, client: aioredis.Redis, prefix: str, *, state_ttl_s: float) -> None:
+    def __init__(
+        self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str, *, state_ttl_s: float
+    ) -> None:
         self.redis = client
         self.keys = LiveCountKeys(prefix)
         self.state_ttl_ms = max(1, round(state_ttl_s * 1000))

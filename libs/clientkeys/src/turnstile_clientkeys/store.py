@@ -32,7 +32,7 @@ class KeySetStore:
     transactions that write both (``MULTI``) stay in one slot of a Redis Cluster.
     """
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str) -> None:
         self._redis = client
         self.doc_key = f"{prefix}{{keyset}}"
         self.version_key = f"{prefix}{{keyset}}:version"
@@ -102,7 +102,7 @@ class KeySetWatcher:
     def __init__(
         self,
         store: KeySetStore,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         resolver: Resolver,
         *,
         poll_interval_s: float = 0.5,
@@ -194,7 +194,7 @@ class KeySetWatcher:
 
 
 async def watch_keyset(
-    client: aioredis.Redis,
+    client: aioredis.Redis | aioredis.RedisCluster,
     prefix: str,
     resolver: Resolver,
     *,

@@ -1,163 +1,72 @@
-"""Redis connections and Lua scripts.
+"""The Redis client every service builds: one factory for every topology (SPEC F2).
+
+:func:`redis_from_settings` (and :func:`create_redis` under it) read the URL's
+scheme (:mod:`turnstile_platform.redis_topology`) and build redis-py's own
+client for it: ``Redis`` on one server, ``Redis`` over a
+``SentinelConnectionPool`` for a Sentinel-managed primary
+(:mod:`turnstile_platform.redis_sentinel`), ``RedisCluster`` for a Cluster
+(:mod:`turnstile_platform.redis_cluster`). Each is bounded the same way
+(:mod:`turnstile_platform.redis_bounded`): every command, pipeline and script
+call is one guarded call, its budget and breaker raising redis-py
+``TimeoutError``/``ConnectionError`` subclasses, members of :data:`UNREACHABLE`.
 
 Scripts live as ``.lua`` files beside the code that runs them and are loaded
 through redis-py's ``Script`` objects, which call EVALSHA and reload the script
-on NOSCRIPT (after a Redis restart or a SCRIPT FLUSH) by themselves.
-
-Every command, pipeline and script call of the client :func:`create_redis`
-returns goes through one :class:`~turnstile_platform.bounded.Guard`: the whole
-call (pool wait, reconnect, retry, health-check PING) is bounded by the
-configured timeout, and a breaker refuses calls at once after repeated
-failures. Both raise redis-py ``TimeoutError``/``ConnectionError`` subclasses,
-members of :data:`UNREACHABLE`, so every handler that applies a fail mode on
-"Redis unreachable" applies it unchanged. A ``RedisCluster`` or a
-Sentinel-managed client is guarded the same way: subclass it and route
-``execute_command`` and its pipeline's ``execute`` through the guard.
+on NOSCRIPT (after a Redis restart, a SCRIPT FLUSH or a failover to a replica
+that never loaded it) by themselves.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
-from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
-from redis.event import AsyncAfterConnectionReleasedEvent
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from turnstile_platform.bounded import BreakerOpenError, BudgetExceededError, Guard, report_breaker
+from turnstile_platform.bounded import Guard, report_breaker
 from turnstile_platform.health import HealthMonitor
+from turnstile_platform.redis_bounded import (
+    UNREACHABLE,
+    BoundedPipeline,
+    BoundedRedis,
+    RedisBreakerOpenError,
+    RedisBudgetExceededError,
+    UncontendedPool,
+    redis_guard,
+)
+from turnstile_platform.redis_cluster import BoundedRedisCluster, RedisClusterUnavailableError
+from turnstile_platform.redis_sentinel import sentinel_primary
+from turnstile_platform.redis_topology import Topology, parse_redis_url
 from turnstile_platform.settings import ServiceSettings, read_secret
 
-#: Exceptions that mean "Redis could not be reached", as opposed to a script error.
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
+__all__ = [
+    "UNREACHABLE",
+    "AnyRedis",
+    "BoundedClient",
+    "BoundedPipeline",
+    "BoundedRedis",
+    "BoundedRedisCluster",
+    "RedisBreakerOpenError",
+    "RedisBudgetExceededError",
+    "RedisClusterUnavailableError",
+    "UncontendedPool",
+    "create_redis",
+    "load_script",
+    "monitor_redis",
+    "read_script",
+    "redis_from_settings",
+    "redis_guard",
+]
 
-T = TypeVar("T")
-
-
-class RedisBudgetExceededError(BudgetExceededError, RedisTimeoutError):
-    """Redis did not answer a call within its budget."""
-
-
-class RedisBreakerOpenError(BreakerOpenError, RedisConnectionError):
-    """Redis's breaker is open: the call was refused without trying."""
-
-
-class UncontendedPool(ConnectionPool):
-    """redis-py's pool without a lock convoy on the hot path.
-
-    redis-py's asyncio pool takes an ``asyncio.Lock`` to hand out and take back
-    every connection. That lock is fair: once a task waits on it, each release
-    wakes the next waiter only on the event loop's next turn, so under load
-    (thousands of worker streams, a turn of 100-400 ms) calls queue on it one
-    turn each while Redis sits idle, spend their budget there and open the
-    breaker (measured in the 3,000-worker reattach test: over a second without
-    a single Redis answer in a replica). Taking a connection out and putting it
-    back are synchronous list moves, atomic on one event loop, so they need the
-    lock only while someone else holds it across an await (a pool-wide
-    disconnect, redis-py's maintenance handling); then this defers to redis-py.
-    redis-py's optional OpenTelemetry connection counts are not recorded here.
-    """
-
-    async def get_connection(
-        self, command_name: str | None = None, *keys: Any, **options: Any
-    ) -> AbstractConnection:
-        if self._lock.locked():
-            return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]
-        connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
-        try:
-            await self.ensure_connection(connection)
-        except BaseException:
-            await self.release(connection)
-            raise
-        return connection
-
-    async def release(self, connection: AbstractConnection) -> None:
-        if self._lock.locked():
-            await super().release(connection)
-            return
-        if connection.should_reconnect():  # type: ignore[no-untyped-call]
-            await connection.disconnect()
-        if self._lock.locked():
-            async with self._lock:
-                self._put_back(connection)
-        else:
-            self._put_back(connection)
-        dispatcher = self._event_dispatcher
-        if dispatcher is not None:
-            await dispatcher.dispatch_async(AsyncAfterConnectionReleasedEvent(connection))  # type: ignore[no-untyped-call]
-
-    def _put_back(self, connection: AbstractConnection) -> None:
-        self._in_use_connections.remove(connection)
-        self._available_connections.append(connection)
-
-
-class BoundedRedis(aioredis.Redis):
-    """A redis-py client whose every command and pipeline is one guarded call."""
-
-    guard: Guard | None = None
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        return await _guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]
-
-    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
-        pipe = BoundedPipeline(
-            self.connection_pool, self.response_callbacks, transaction, shard_hint
-        )
-        pipe.guard = self.guard
-        return pipe
-
-
-class BoundedPipeline(Pipeline):
-    """A pipeline whose ``execute`` (and WATCH-mode commands) are guarded calls.
-
-    Queued commands send nothing, so only what talks to Redis is guarded.
-    """
-
-    guard: Guard | None = None
-
-    async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        return await _guarded(self.guard, super().execute(raise_on_error))
-
-    async def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
-        call = super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]
-        return await _guarded(self.guard, call)
-
-
-async def _guarded(guard: Guard | None, call: Awaitable[T]) -> T:
-    if guard is None:
-        return await call
-    try:
-        async with guard.call():
-            return await call
-    except BaseException:
-        if asyncio.iscoroutine(call):
-            call.close()  # refused before it started: never awaited
-        raise
-
-
-def redis_guard(
-    timeout_s: float, *, failures: int = 3, open_s: float = 1.0, dependency: str = "redis"
-) -> Guard:
-    """The budget and breaker of one Redis, raising redis-py's own error types."""
-    return Guard(
-        dependency,
-        timeout_s,
-        unreachable=(RedisConnectionError, RedisTimeoutError, OSError),
-        local=(MaxConnectionsError,),
-        budget_exceeded=RedisBudgetExceededError,
-        breaker_open=RedisBreakerOpenError,
-        failures=failures,
-        open_s=open_s,
-    )
+#: What code that talks to Redis accepts: a client of one server or Sentinel
+#: primary, or of a Cluster (the two share the command API but no base class).
+AnyRedis: TypeAlias = aioredis.Redis | aioredis.RedisCluster
+#: What :func:`create_redis` returns.
+BoundedClient: TypeAlias = BoundedRedis | BoundedRedisCluster
 
 
 def create_redis(
@@ -166,39 +75,82 @@ def create_redis(
     timeout_s: float = 0.5,
     max_connections: int = 256,
     guard: Guard | None = None,
+    sentinel_password: str | None = None,
     **connection: Any,
-) -> BoundedRedis:
-    """A pooled async client; each call bounded by ``timeout_s`` and a breaker.
+) -> BoundedClient:
+    """A pooled async client of the deployment ``url`` names; each call bounded
+    by ``timeout_s`` and a breaker.
 
     Timeouts are short on purpose: a policy's fail mode (open or closed) decides
     what happens when Redis is slow, not a long hang. The socket timeouts and the
-    one quick reconnect retry stay, inside the call's budget: a dropped
-    connection (a Redis restart) is retried at once without failing the call.
+    quick reconnect retries stay, inside the call's budget: a dropped connection
+    (a Redis restart, a failover) is retried at once without failing the call.
+    ``connection`` (``username``, ``password``, ``ssl_ca_certs`` …) overrides
+    what the URL says; ``sentinel_password`` is the sentinels' own, if any.
+    ``max_connections`` bounds the pool (per node on a Cluster).
     """
-    pool = UncontendedPool.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        health_check_interval=10,
-        max_connections=max_connections,
-        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=1),
-        decode_responses=False,
-        **connection,
+    target = parse_redis_url(url)
+    guard = guard or redis_guard(timeout_s)
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "health_check_interval": 10,
+        "max_connections": max_connections,
+        "decode_responses": False,
+    }
+    if target.topology is Topology.SINGLE:
+        pool = UncontendedPool.from_url(
+            url,
+            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=1),
+            **common,
+            **connection,
+        )
+        single: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]
+        single.guard = guard
+        return single
+    auth = {"username": target.username, "password": target.password, **connection}
+    tls: dict[str, Any] = {"ssl": True} if target.tls else {}
+    if target.topology is Topology.SENTINEL:
+        sentinel_tls = {key: value for key, value in auth.items() if key.startswith("ssl_")} | tls
+        primary = sentinel_primary(
+            target.nodes,
+            target.service,
+            sentinel_connection={
+                "socket_timeout": timeout_s,
+                "socket_connect_timeout": timeout_s,
+                "password": sentinel_password,
+                **sentinel_tls,
+            },
+            db=target.db,
+            # The new primary is usually a reconnect away after a failover.
+            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=2),
+            **common,
+            **auth,
+            **tls,
+        )
+        primary.guard = guard
+        return primary
+    cluster = BoundedRedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        # Each retry re-reads the topology first (a failed node, CLUSTERDOWN).
+        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=3),
+        **common,
+        **auth,
+        **tls,
     )
-    client: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]
-    client.guard = guard or redis_guard(timeout_s)
-    return client
+    cluster.guard = guard
+    return cluster
 
 
-def redis_from_settings(settings: ServiceSettings) -> BoundedRedis:
-    """A client per the settings: URL, ACL user, password file, TLS CA (SPEC Z4),
-    each call bounded and behind the Redis breaker."""
+def redis_from_settings(settings: ServiceSettings) -> BoundedClient:
+    """A client per the settings: URL (any topology), ACL user, password files,
+    TLS CA (SPEC Z4), each call bounded and behind the Redis breaker."""
     connection: dict[str, Any] = {}
     if settings.redis_username:
         connection["username"] = settings.redis_username
     if (password := read_secret(settings.redis_password_file)) is not None:
         connection["password"] = password
-    if settings.redis_ca_file is not None and settings.redis_url.scheme == "rediss":
+    if settings.redis_ca_file is not None and settings.redis_url.scheme.startswith("rediss"):
         connection["ssl_ca_certs"] = str(settings.redis_ca_file)
     return create_redis(
         str(settings.redis_url),
@@ -208,6 +160,7 @@ def redis_from_settings(settings: ServiceSettings) -> BoundedRedis:
             failures=settings.breaker_failures,
             open_s=settings.breaker_open_s,
         ),
+        sentinel_password=read_secret(settings.redis_sentinel_password_file),
         **connection,
     )
 
@@ -217,14 +170,14 @@ def read_script(package: str, name: str) -> str:
     return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
-def load_script(client: aioredis.Redis, package: str, name: str) -> AsyncScript:
+def load_script(client: AnyRedis, package: str, name: str) -> AsyncScript:
     """A script object bound to ``client``: EVALSHA, reloading on NOSCRIPT."""
     return client.register_script(read_script(package, name))
 
 
 def monitor_redis(
     monitor: HealthMonitor,
-    client: BoundedRedis,
+    client: BoundedClient,
     component: str = "redis",
     *,
     readiness: bool = True,

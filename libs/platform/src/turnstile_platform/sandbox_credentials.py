@@ -345,7 +345,12 @@ class CredentialIssuer:
     """
 
     def __init__(
-        self, signing_key: SigningKey, redis: aioredis.Redis, prefix: str, *, ttl_s: float
+        self,
+        signing_key: SigningKey,
+        redis: aioredis.Redis | aioredis.RedisCluster,
+        prefix: str,
+        *,
+        ttl_s: float,
     ) -> None:
         self.signing_key = signing_key
         self._redis = redis

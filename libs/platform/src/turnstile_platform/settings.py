@@ -12,11 +12,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AnyUrl, Field, UrlConstraints
+from pydantic import AfterValidator, Field, UrlConstraints
 from pydantic_core import MultiHostUrl
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-RedisUrl = Annotated[AnyUrl, UrlConstraints(allowed_schemes=["redis", "rediss", "unix"])]
+from turnstile_platform.redis_topology import SCHEMES, parse_redis_url
+
+
+def _redis_topology(url: MultiHostUrl) -> MultiHostUrl:
+    parse_redis_url(str(url))  # a sentinel URL names its service, a cluster URL has no db …
+    return url
+
+
+#: One server (``redis://``, ``rediss://``, ``unix://``), a Sentinel-managed primary
+#: (``redis+sentinel://s1:26379,s2:26379/<service>/<db>``) or a Cluster
+#: (``redis+cluster://n1:6379,n2:6379``): see :mod:`turnstile_platform.redis_topology`.
+RedisUrl = Annotated[
+    MultiHostUrl, UrlConstraints(allowed_schemes=list(SCHEMES)), AfterValidator(_redis_topology)
+]
 #: One host or several (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``):
 #: asyncpg tries the hosts in order and keeps the first that matches the attributes.
 PostgresUrl = Annotated[
@@ -46,16 +59,23 @@ class ServiceSettings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus ``/metrics`` port; 0 disables the endpoint."""
 
-    redis_url: RedisUrl = Field(default=AnyUrl("redis://127.0.0.1:6379/0"), repr=False)
+    redis_url: RedisUrl = Field(default=MultiHostUrl("redis://127.0.0.1:6379/0"), repr=False)
     """Redis holding admission, key-set and affinity state. ``rediss://`` for TLS;
     an ACL user as ``rediss://user@host:6380/0`` with the password from
-    ``redis_password_file`` (a password in the URL works but belongs in a Secret)."""
+    ``redis_password_file`` (a password in the URL works but belongs in a Secret).
+    A Sentinel-managed primary as ``redis+sentinel://s1:26379,s2:26379/<service>/<db>``,
+    a Cluster as ``redis+cluster://n1:6379,n2:6379`` (``rediss+…`` for TLS)."""
 
     redis_username: str | None = None
     """Redis ACL user (overrides the URL's); pair it with ``redis_password_file``."""
 
     redis_password_file: Path | None = None
     """A file holding the Redis password (a mounted Secret); read at start."""
+
+    redis_sentinel_password_file: Path | None = None
+    """A file holding the sentinels' own password, when they require one (unset:
+    the sentinels are asked without a password; the Redis servers' password is
+    ``redis_password_file``)."""
 
     redis_ca_file: Path | None = None
     """CA bundle that a ``rediss://`` server's certificate must chain to (unset:

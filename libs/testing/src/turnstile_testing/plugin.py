@@ -23,6 +23,8 @@ from turnstile_testing.otlp import OtlpReceiver
 from turnstile_testing.pki import Pki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
+from turnstile_testing.redis_sentinel import RedisSentinelSet, running_sentinel_set
+from turnstile_testing.redis_topologies import connect, default_topology
 from turnstile_testing.replication import PostgresPair
 from turnstile_testing.services import find_postgres, find_redis, using
 
@@ -38,11 +40,53 @@ def pki(tmp_path: Path) -> Pki:
     return Pki(tmp_path / "pki")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "redis_topologies(*names): also run the test with redis_url on these Redis "
+        "topologies (single, sentinel, cluster), in every run",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("redis_topologies")
+    if marker is not None and "redis_topology" in metafunc.fixturenames:
+        names = list(dict.fromkeys((default_topology(), *marker.args)))
+        metafunc.parametrize("redis_topology", names, indirect=True)
+
+
+@pytest.fixture
+def redis_topology(request: pytest.FixtureRequest) -> str:
+    """The Redis topology behind this test's ``redis_url`` (see
+    :mod:`turnstile_testing.redis_topologies`)."""
+    return str(getattr(request, "param", default_topology()))
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """URL of the shared test Redis (found or started once per session)."""
+def single_redis_url() -> Iterator[str]:
+    """URL of the shared test Redis server (found or started once per session)."""
     with using(find_redis()) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinelSet]:
+    """A Sentinel-managed Redis (a primary, a replica, three sentinels), once per session."""
+    with running_sentinel_set() as servers:
+        yield servers
+
+
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest, redis_topology: str) -> str:
+    """URL of the shared test Redis of this test's topology; the servers of each
+    topology start once per session, when a test first needs them."""
+    if redis_topology == "cluster":
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        return cluster.seeds_url
+    if redis_topology == "sentinel":
+        sentinel: RedisSentinelSet = request.getfixturevalue("redis_sentinel")
+        return sentinel.url
+    return str(request.getfixturevalue("single_redis_url"))
 
 
 @pytest.fixture
@@ -52,12 +96,14 @@ def redis_prefix() -> str:
 
 
 @pytest.fixture
-async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[aioredis.Redis]:
-    """A client to the shared test Redis; the test's keys are deleted afterwards."""
-    client = aioredis.Redis.from_url(redis_url)
+async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[aioredis.Redis | RedisCluster]:
+    """A client to the shared test Redis (of any topology); the test's keys are
+    deleted afterwards."""
+    client = connect(redis_url)
     try:
         yield client
     finally:
+        # On a Cluster, scan_iter walks every master and DEL splits the keys by slot.
         keys = [key async for key in client.scan_iter(match=f"{redis_prefix}*", count=1000)]
         if keys:
             await client.delete(*keys)
@@ -66,8 +112,8 @@ async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[aioredis.Red
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServers]:
-    """A private Redis Cluster (3 masters, no replicas), started once per session."""
-    with running_cluster() as servers:
+    """A Redis Cluster (3 masters with a replica each), started once per session."""
+    with running_cluster(replicas=1) as servers:
         yield servers
 
 
@@ -122,6 +168,21 @@ def private_redis() -> Iterator[RedisProcess]:
         yield proc
     finally:
         proc.close()
+
+
+@pytest.fixture
+def private_redis_cluster() -> Iterator[RedisClusterServers]:
+    """A Redis Cluster of this test's own (3 masters with a replica each), which the
+    test may fail over, pause or stop."""
+    with running_cluster(replicas=1) as servers:
+        yield servers
+
+
+@pytest.fixture
+def private_redis_sentinel() -> Iterator[RedisSentinelSet]:
+    """A Sentinel-managed Redis of this test's own, whose primary the test may kill."""
+    with running_sentinel_set() as servers:
+        yield servers
 
 
 @pytest.fixture

@@ -37,8 +37,56 @@ class RedisClusterServers:
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
     @property
+    def seeds_url(self) -> str:
+        """The ``redis+cluster://`` URL Turnstile's settings take (every node a seed)."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    @property
     def ports(self) -> list[int]:
         return [node.port for node in self.nodes]
+
+    def node(self, port: int) -> RedisProcess:
+        """The server on ``port`` (to pause or stop it)."""
+        return next(node for node in self.nodes if node.port == port)
+
+    def master_of(self, slot: int) -> int:
+        """The port of the master serving ``slot`` now."""
+        with redis.Redis(port=self.ports[0], host="127.0.0.1", socket_timeout=2) as client:
+            for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return int(master[1])
+        raise LookupError(f"slot {slot} is not served")
+
+    def failover(self, replica_port: int, timeout_s: float = 30.0) -> float:
+        """``CLUSTER FAILOVER`` on the replica on ``replica_port`` (a coordinated
+        hand-over, no write lost); the seconds until it is a master."""
+        started = time.monotonic()
+        with redis.Redis(port=replica_port, host="127.0.0.1", socket_timeout=2) as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+        self.wait_until_master(replica_port, timeout_s)
+        return time.monotonic() - started
+
+    def wait_until_master(self, port: int, timeout_s: float = 30.0) -> float:
+        """Block until the node on ``port`` is a master; the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            try:
+                with redis.Redis(port=port, host="127.0.0.1", socket_timeout=1) as client:
+                    if client.info("replication")["role"] == "master":
+                        return time.monotonic() - started
+            except redis.RedisError:
+                pass
+            time.sleep(0.01)
+        raise TimeoutError(f"127.0.0.1:{port} did not become a master in {timeout_s:.0f} s")
+
+    def replica_of(self, master_port: int) -> int:
+        """The port of a replica of the master on ``master_port``, in sync with it."""
+        for port in self.ports:
+            with redis.Redis(port=port, host="127.0.0.1", socket_timeout=2) as client:
+                info = client.info("replication")
+            if info["role"] == "slave" and info["master_port"] == master_port:
+                return port
+        raise LookupError(f"no replica of 127.0.0.1:{master_port}")
 
     def start(self, timeout_s: float = 30.0) -> RedisClusterServers:
         cli = shutil.which("redis-cli")
@@ -89,14 +137,20 @@ class RedisClusterServers:
             time.sleep(0.05)
 
     def _node_ready(self, port: int) -> bool:
+        """The node sees the whole cluster; a replica has finished its first sync
+        (a ``CLUSTER FAILOVER`` before that never completes)."""
         with redis.Redis(port=port, host="127.0.0.1", socket_timeout=2) as client:
             info = client.execute_command("CLUSTER", "INFO")
             text = info.decode() if isinstance(info, bytes) else str(info)
             fields = dict(line.split(":", 1) for line in text.split() if ":" in line)
+            replication = client.info("replication")
             return (
                 fields.get("cluster_state") == "ok"
                 and int(fields.get("cluster_known_nodes", 0)) == len(self.nodes)
                 and int(fields.get("cluster_slots_ok", 0)) == 16384
+                and (
+                    replication["role"] == "master" or replication.get("master_link_status") == "up"
+                )
             )
 
     def close(self) -> None:

@@ -93,7 +93,7 @@ def _integer(doc: dict[str, Any], name: str) -> int | None:
 class LimitsStore:
     """Reads and changes the limits hash (the admin path)."""
 
-    def __init__(self, client: aioredis.Redis, keys: AdmissionKeys) -> None:
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, keys: AdmissionKeys) -> None:
         self._redis = client
         self._keys = keys
 

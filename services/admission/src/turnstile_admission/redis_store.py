@@ -120,7 +120,9 @@ def _s(value: object) -> str:
 class AdmissionStore:
     """Runs the admission scripts against one Redis (one shard: one hash tag)."""
 
-    def __init__(self, client: aioredis.Redis, settings: AdmissionSettings) -> None:
+    def __init__(
+        self, client: aioredis.Redis | aioredis.RedisCluster, settings: AdmissionSettings
+    ) -> None:
         self.redis = client
         self.keys = AdmissionKeys(settings.redis_prefix)
         self._settings = settings

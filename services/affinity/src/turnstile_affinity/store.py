@@ -245,7 +245,9 @@ def _s(value: Any) -> str:
 class AffinityStore:
     """Typed calls of the affinity scripts against one Redis."""
 
-    def __init__(self, redis: aioredis.Redis, prefix: str, clock: Clock | None = None) -> None:
+    def __init__(
+        self, redis: aioredis.Redis | aioredis.RedisCluster, prefix: str, clock: Clock | None = None
+    ) -> None:
         self.redis = redis
         self.keys = Keys(prefix)
         self.clock = clock or Clock()

@@ -8,10 +8,10 @@ import socket
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-import redis.asyncio as aioredis
 
 from turnstile_cli.stack.config import StackConfig, find_command
 from turnstile_cli.stack.logs import LogPrinter
+from turnstile_platform.redis_client import create_redis
 from turnstile_platform.tiers import TierConfigError, parse_tiers
 
 
@@ -63,7 +63,7 @@ def check_ports(config: StackConfig) -> None:
 
 
 async def check_redis(url: str) -> None:
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    client = create_redis(url, timeout_s=2.0)  # any topology the services accept
     try:
         await client.ping()
     except Exception as error:

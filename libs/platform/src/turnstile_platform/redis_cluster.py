@@ -1,0 +1,229 @@
+"""A Redis Cluster, through redis-py's own ``RedisCluster``, each call bounded.
+
+redis-py follows ``MOVED`` (patching its slot map, re-reading the whole map
+every few redirections) and ``ASK``, waits out ``TRYAGAIN``, and on a dropped
+connection or ``CLUSTERDOWN`` re-reads the topology and retries — which is how
+a ``CLUSTER FAILOVER`` or a failed master's replacement reaches the client. All
+of that happens inside one call here, so the guard's budget bounds it like any
+other call (SPEC F2, F3).
+
+Two things redis-py leaves to its caller, done here:
+
+- **Errors of a topology change are "unreachable".** While slots move or a
+  master is replaced, redis-py may give up with ``CLUSTERDOWN``, ``TRYAGAIN``,
+  a slot not covered, a redirection loop ("TTL exhausted"), a failed
+  topology read, or trip over a connection it disconnected under a command.
+  Those are raised as :class:`RedisClusterUnavailableError`, a redis-py
+  ``ConnectionError``: the breaker counts them and every policy
+  applies its fail mode, as for a server that went away; retrying is right.
+- **A hung master does not strand the client.** redis-py re-reads the topology
+  only after a connection error it saw itself; a call the budget cut off (a
+  paused master, a black-holed network) ends in a cancellation, so without
+  help it would keep sending that master's slots to the hung node after the
+  cluster promoted its replica. A spent budget therefore schedules one
+  background topology refresh (at most one at a time, at most one per
+  ``refresh_interval_s``), bounded by its own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from turnstile_platform.bounded import Guard
+from turnstile_platform.redis_bounded import guarded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RedisClusterUnavailableError(RedisConnectionError):
+    """The cluster could not serve the call: its topology is changing or unreachable."""
+
+
+def _topology_error(error: BaseException) -> bool:
+    """Whether ``error`` means the cluster could not serve the call right now."""
+    if isinstance(error, (ClusterDownError, TryAgainError, SlotNotCoveredError, ClusterError)):
+        return True
+    if isinstance(error, AttributeError) and _in_redis_connection(error):
+        # redis-py disconnects a node's idle connections after an error on it while
+        # another command may be taking one of them: that command then writes to a
+        # connection whose writer is gone (seen during CLUSTER FAILOVER under load).
+        return True
+    if type(error) is RedisClusterException:  # a failed topology read (not a usage error)
+        cause = error.__cause__
+        return isinstance(cause, (RedisConnectionError, RedisTimeoutError, OSError)) or str(
+            error
+        ).startswith("All slots are not covered")
+    return False
+
+
+def _in_redis_connection(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside redis-py's connection code."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and frame.tb_frame.f_globals.get("__name__") == (
+        "redis.asyncio.connection"
+    )
+
+
+async def _translated(call: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await call
+    except Exception as error:
+        if _topology_error(error):
+            raise RedisClusterUnavailableError(f"Redis Cluster unavailable: {error}") from error
+        raise
+
+
+async def _answers(node: ClusterNode, timeout_s: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await node.execute_command("PING")
+    except Exception:
+        return False
+    return True
+
+
+class BoundedRedisCluster(RedisCluster):
+    """A ``RedisCluster`` whose every command and pipeline is one guarded call."""
+
+    guard: Guard | None = None
+    #: The shortest time between two background topology refreshes.
+    refresh_interval_s: float = 1.0
+    #: The bound of the first topology read (see :meth:`_start`).
+    start_timeout_s: float = 10.0
+    _refresh: asyncio.Task[None] | None = None
+    _cleanups: set[asyncio.Future[Any]]
+    _refreshed_at: float = float("-inf")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cleanups = set()
+        self._started = False
+
+    async def _start(self) -> None:
+        """The first read of the slot map and of the server's command table, once per
+        process: too much for one call's budget on a busy machine (it parses the whole
+        ``COMMAND`` reply), so it has its own bound, ``start_timeout_s``, and is not
+        counted by the breaker. Later re-reads happen inside calls, within budget."""
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                await _translated(self.initialize())
+        except TimeoutError:
+            raise RedisClusterUnavailableError(
+                f"Redis Cluster topology not read within {self.start_timeout_s:g}s"
+            ) from None
+        self._started = True
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._bounded(super().execute_command(*args, **kwargs))
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # raises: no shard hints here
+        return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+    async def _bounded(self, call: Coroutine[Any, Any, T]) -> T:
+        if not self._started:
+            try:
+                await self._start()
+            except BaseException:
+                call.close()
+                raise
+        try:
+            return await guarded(self.guard, self._detached(call))
+        except (RedisTimeoutError, RedisConnectionError):
+            self.refresh_topology_soon()
+            raise
+        finally:
+            if inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
+                call.close()  # refused by the breaker before it started: never awaited
+
+    async def _detached(self, call: Coroutine[Any, Any, T]) -> T:
+        """Await ``call`` in a task of its own, so a cancellation (the budget) returns
+        at once. redis-py's cluster client cleans up after a cancelled command before
+        it lets the cancellation through — it disconnects from the node, may close
+        every node's connections and re-read the slot map — and with a hung master
+        that took seconds (measured: 2-3 s past a 0.25 s budget). That cleanup now
+        runs on in the background, bounded by the socket timeouts."""
+        task = asyncio.ensure_future(_translated(call))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleaned_up)
+            raise
+
+    def _cleaned_up(self, task: asyncio.Future[Any]) -> None:
+        self._cleanups.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a cancelled call's error is nobody's to see
+
+    def refresh_topology_soon(self) -> None:
+        """Re-read the slot map in the background, unless that was just done."""
+        loop = asyncio.get_running_loop()
+        if self._refresh is not None and not self._refresh.done():
+            return
+        if loop.time() - self._refreshed_at < self.refresh_interval_s:
+            return
+        self._refreshed_at = loop.time()
+        self._refresh = loop.create_task(self._refresh_topology(), name="redis-cluster-refresh")
+
+    async def _refresh_topology(self) -> None:
+        """Re-read the slot map from a node that answers.
+
+        redis-py asks its seeds one after another, each for up to its socket
+        timeout, so a hung node can cost the whole read: every known node is
+        pinged at once first, and only those that answered are asked (redis-py
+        puts every node it then discovers back among the seeds)."""
+        budget = self.guard.budget_s if self.guard is not None else 1.0
+        manager = self.nodes_manager
+        try:
+            seeds = list(manager.startup_nodes.values())
+            answered = await asyncio.gather(*(_answers(node, budget) for node in seeds))
+            alive = {node.name: node for node, ok in zip(seeds, answered, strict=True) if ok}
+            if alive:
+                manager.startup_nodes = alive
+            async with asyncio.timeout(budget * (len(manager.startup_nodes) + 1)):
+                await manager.initialize()
+        except Exception:
+            log.warning("Redis Cluster topology refresh failed; calls will retry it", exc_info=True)
+
+    async def aclose(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
+        await super().aclose()
+
+
+class BoundedClusterPipeline(ClusterPipeline):
+    """A cluster pipeline whose ``execute`` is one guarded call of its client."""
+
+    cluster_client: BoundedRedisCluster
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        return await self.cluster_client._bounded(
+            super().execute(raise_on_error, allow_redirections)
+        )

@@ -1,0 +1,83 @@
+"""Long fault tests of the Cluster client (``./scripts/test -m faults``): a master that
+hangs past the cluster's node timeout, and one that dies, on clusters without
+replicas (nothing can take over, so the cluster goes down)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from turnstile_platform.redis_client import (
+    UNREACHABLE,
+    BoundedRedisCluster,
+    create_redis,
+    redis_guard,
+)
+from turnstile_testing.redis_cluster import running_cluster
+from turnstile_testing.redis_topologies import keys_on_two_masters, timed
+
+BUDGET_S = 0.3
+MARGIN_S = 0.3
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.mark.timeout(120)
+async def test_every_call_is_bounded_while_a_master_hangs_past_the_node_timeout(
+    redis_prefix: str,
+) -> None:
+    """For 4 s (twice the node timeout) every call, to any slot, ends within the budget
+    as "unreachable": the hung master's by the budget, the others' once the cluster
+    has marked it failed and refuses every slot (CLUSTERDOWN)."""
+    with running_cluster() as cluster:
+        guard = redis_guard(BUDGET_S, failures=1_000)
+        client = create_redis(cluster.seeds_url, timeout_s=BUDGET_S, guard=guard)
+        assert isinstance(client, BoundedRedisCluster)
+        try:
+            hung_key, hung, other_key = await keys_on_two_masters(client, redis_prefix)
+            loop = asyncio.get_running_loop()
+            cluster.node(int(hung.port)).pause()
+            seen = []
+            try:
+                until = loop.time() + 4.0
+                while loop.time() < until:
+                    seen.append(await timed(client.get(hung_key)))
+                    seen.append(await timed(client.get(other_key)))
+            finally:
+                cluster.node(int(hung.port)).resume()
+            longest = max(seconds for seconds, _ in seen)
+            errors = [error for _, error in seen if error is not None]
+            print(f"\n{len(seen)} calls, {len(errors)} failed, longest {longest * 1000:.0f} ms")
+            assert longest < BUDGET_S + MARGIN_S
+            assert all(isinstance(error, UNREACHABLE) for error in errors), errors
+            assert seen[-1][1] is not None  # the other master's slots too, by then
+            async with asyncio.timeout(20):
+                while any([(await timed(client.get(key)))[1] for key in (hung_key, other_key)]):  # noqa: ASYNC110 - cluster state, no event
+                    await asyncio.sleep(0.1)
+        finally:
+            await client.aclose()
+
+
+@pytest.mark.timeout(120)
+async def test_a_cluster_down_after_a_master_died_is_unreachable_not_an_error_reply(
+    redis_prefix: str,
+) -> None:
+    """redis-py retries CLUSTERDOWN, then gives up with it (or with the dead node's
+    refused connection): either reaches callers as a ``ConnectionError`` (a fail mode
+    applies, the breaker counts it, :class:`RedisClusterUnavailableError` for the
+    former), never as a script or command error."""
+    with running_cluster() as cluster:
+        client = create_redis(cluster.seeds_url, timeout_s=5.0)
+        assert isinstance(client, BoundedRedisCluster)
+        try:
+            _, dead, other_key = await keys_on_two_masters(client, redis_prefix)
+            cluster.node(int(dead.port)).stop()
+            async with asyncio.timeout(30):
+                while (await timed(client.get(other_key)))[1] is None:  # noqa: ASYNC110 - cluster state
+                    await asyncio.sleep(0.1)
+            errors = [(await timed(client.get(other_key)))[1] for _ in range(5)]
+            print(f"\nwith the cluster down: {[type(error).__name__ for error in errors]}")
+            assert all(isinstance(error, UNREACHABLE) for error in errors), errors
+        finally:
+            await client.aclose()
