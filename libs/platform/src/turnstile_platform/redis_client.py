@@ -18,6 +18,7 @@ Sentinel-managed client is guarded the same way: subclass it and route
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable
 from importlib import resources
 from typing import Any, TypeVar
@@ -33,7 +34,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from turnstile_platform.bounded import BreakerOpenError, BudgetExceededError, Guard, report_breaker
+from turnstile_platform.bounded import (
+    DEFAULT_OVERLOAD_WAIT_S,
+    BreakerOpenError,
+    BudgetExceededError,
+    Guard,
+    OverloadedError,
+    report_breaker,
+)
 from turnstile_platform.health import HealthMonitor
 from turnstile_platform.settings import ServiceSettings, read_secret
 
@@ -47,12 +55,18 @@ class RedisBudgetExceededError(BudgetExceededError, RedisTimeoutError):
     """Redis did not answer a call within its budget."""
 
 
+class RedisOverloadedError(OverloadedError, RedisBudgetExceededError):
+    """A Redis call held up by this process's own overload past the overload wait:
+    never a reason for a fail mode (see :mod:`turnstile_platform.bounded`)."""
+
+
 class RedisBreakerOpenError(BreakerOpenError, RedisConnectionError):
     """Redis's breaker is open: the call was refused without trying."""
 
 
 class UncontendedPool(ConnectionPool):
-    """redis-py's pool without a lock convoy on the hot path.
+    """redis-py's pool without a lock convoy on the hot path, waiting its turn
+    for a connection when all are in use.
 
     redis-py's asyncio pool takes an ``asyncio.Lock`` to hand out and take back
     every connection. That lock is fair: once a task waits on it, each release
@@ -65,13 +79,35 @@ class UncontendedPool(ConnectionPool):
     lock only while someone else holds it across an await (a pool-wide
     disconnect, redis-py's maintenance handling); then this defers to redis-py.
     redis-py's optional OpenTelemetry connection counts are not recorded here.
+
+    redis-py's plain pool raises ``MaxConnectionsError`` at once when every
+    connection is in use, which a caller would read as "Redis unreachable" (a
+    fail-open policy admits: more concurrent decisions than connections was an
+    over-admission). Here the call waits in FIFO order for a connection to come
+    back instead; the wait is inside the call's budget, and the guard judges it
+    like any other wait (:mod:`turnstile_platform.bounded`). Each returned
+    connection is handed to the first waiter (reserved for it, so a newcomer
+    cannot take it first), without redis-py's ``BlockingConnectionPool``
+    condition lock, which would bring the convoy back.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        #: Connections handed to woken waiters that have not taken them yet.
+        self._reserved = 0
+
+    def _free(self) -> int:
+        """Connections a newcomer could take now (kept or still to be made)."""
+        return self.max_connections - len(self._in_use_connections) - self._reserved
 
     async def get_connection(
         self, command_name: str | None = None, *keys: Any, **options: Any
     ) -> AbstractConnection:
         if self._lock.locked():
             return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]
+        if self._waiters or self._free() <= 0:
+            await self._wait_turn()
         connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
         try:
             await self.ensure_connection(connection)
@@ -80,9 +116,33 @@ class UncontendedPool(ConnectionPool):
             raise
         return connection
 
+    async def _wait_turn(self) -> None:
+        """Wait until a returned connection is reserved for this call."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._reserved -= 1  # handed a connection, then cancelled: pass it on
+                self._hand_over()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        self._reserved -= 1
+
+    def _hand_over(self) -> None:
+        """Reserve a free connection for each waiter there is one for, in order."""
+        while self._waiters and self._free() > 0:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
+
     async def release(self, connection: AbstractConnection) -> None:
         if self._lock.locked():
             await super().release(connection)
+            self._hand_over()
             return
         if connection.should_reconnect():  # type: ignore[no-untyped-call]
             await connection.disconnect()
@@ -98,6 +158,7 @@ class UncontendedPool(ConnectionPool):
     def _put_back(self, connection: AbstractConnection) -> None:
         self._in_use_connections.remove(connection)
         self._available_connections.append(connection)
+        self._hand_over()
 
 
 class BoundedRedis(aioredis.Redis):
@@ -145,7 +206,12 @@ async def _guarded(guard: Guard | None, call: Awaitable[T]) -> T:
 
 
 def redis_guard(
-    timeout_s: float, *, failures: int = 3, open_s: float = 1.0, dependency: str = "redis"
+    timeout_s: float,
+    *,
+    failures: int = 3,
+    open_s: float = 1.0,
+    overload_wait_s: float = DEFAULT_OVERLOAD_WAIT_S,
+    dependency: str = "redis",
 ) -> Guard:
     """The budget and breaker of one Redis, raising redis-py's own error types."""
     return Guard(
@@ -154,9 +220,11 @@ def redis_guard(
         unreachable=(RedisConnectionError, RedisTimeoutError, OSError),
         local=(MaxConnectionsError,),
         budget_exceeded=RedisBudgetExceededError,
+        overloaded=RedisOverloadedError,
         breaker_open=RedisBreakerOpenError,
         failures=failures,
         open_s=open_s,
+        overload_wait_s=overload_wait_s,
     )
 
 
@@ -171,14 +239,24 @@ def create_redis(
     """A pooled async client; each call bounded by ``timeout_s`` and a breaker.
 
     Timeouts are short on purpose: a policy's fail mode (open or closed) decides
-    what happens when Redis is slow, not a long hang. The socket timeouts and the
-    one quick reconnect retry stay, inside the call's budget: a dropped
-    connection (a Redis restart) is retried at once without failing the call.
+    what happens when Redis stops answering, not a long hang. The guard alone
+    decides when a call has waited too long (it tells a silent Redis from our
+    own overload), so redis-py's own timeouts stay out of its way. Reads and
+    writes have none: were the socket timeout the budget, a reply that a busy
+    event loop reads late would time out (and be retried, running a script
+    twice) while Redis had long answered; and redis-py bounds each write with
+    ``asyncio.wait_for``, which on Python 3.11 swallows a cancellation that lands
+    as the write completes (CPython gh-86296, fixed in 3.12), so the guard's
+    cut-off would be lost and the call would hang until the socket timeout. The
+    connect timeout is only a backstop past the guard's longest wait. The one
+    quick reconnect retry stays, inside the call's budget: a dropped connection
+    (a Redis restart) is retried at once without failing the call.
     """
+    guard = guard or redis_guard(timeout_s)
     pool = UncontendedPool.from_url(
         url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
+        socket_timeout=None,
+        socket_connect_timeout=guard.overload_wait_s + guard.budget_s,
         health_check_interval=10,
         max_connections=max_connections,
         retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=1),
@@ -186,7 +264,7 @@ def create_redis(
         **connection,
     )
     client: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]
-    client.guard = guard or redis_guard(timeout_s)
+    client.guard = guard
     return client
 
 
@@ -207,6 +285,7 @@ def redis_from_settings(settings: ServiceSettings) -> BoundedRedis:
             settings.redis_timeout_s,
             failures=settings.breaker_failures,
             open_s=settings.breaker_open_s,
+            overload_wait_s=settings.overload_wait_s,
         ),
         **connection,
     )
