@@ -270,8 +270,15 @@ class Guard:
             raise self._breaker_open(self.dependency, self._open_message())
 
     def answered_since(self, when: float) -> bool:
-        """Whether the dependency answered any call after event-loop time ``when``."""
+        """Whether the dependency answered anything after event-loop time ``when``."""
         return self._answered_at > when
+
+    def answered(self) -> None:
+        """Record a sign of life that is not a whole call: a client calls it when
+        the dependency completes a step of one (a new connection's handshake), so
+        a burst that starts by opening connections shows the dependency answering
+        before any call of it completes."""
+        self._answered_at = asyncio.get_running_loop().time()
 
     @asynccontextmanager
     async def call(self, budget_s: float | None = None) -> AsyncIterator[None]:

@@ -96,6 +96,8 @@ class UncontendedPool(ConnectionPool):
         self._waiters: deque[asyncio.Future[None]] = deque()
         #: Connections handed to woken waiters that have not taken them yet.
         self._reserved = 0
+        #: Told when Redis completes a new connection's handshake (a sign of life).
+        self.guard: Guard | None = None
 
     def _free(self) -> int:
         """Connections a newcomer could take now (kept or still to be made)."""
@@ -109,11 +111,14 @@ class UncontendedPool(ConnectionPool):
         if self._waiters or self._free() <= 0:
             await self._wait_turn()
         connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
+        connected = connection.is_connected
         try:
             await self.ensure_connection(connection)
         except BaseException:
             await self.release(connection)
             raise
+        if not connected and self.guard is not None:
+            self.guard.answered()
         return connection
 
     async def _wait_turn(self) -> None:
@@ -263,6 +268,7 @@ def create_redis(
         decode_responses=False,
         **connection,
     )
+    pool.guard = guard
     client: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]
     client.guard = guard
     return client
