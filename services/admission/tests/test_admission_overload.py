@@ -32,12 +32,15 @@ from turnstile_platform.errors import decode
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 CAP = 7
-#: More than the Redis client's 256 connections: some decisions must wait for one.
-CALLS = 300
-#: A budget the starved loop below cannot keep: most calls outlive it.
-BUDGET_S = 0.05
-#: How long each turn of the event loop is held by the burning task.
-BURN_S = 0.02
+CALLS = 200
+#: The Redis budget (the default): Redis answers well within it, the starved
+#: loop below does not let every call see its answer within it.
+BUDGET_S = 0.5
+#: How long each turn of the event loop is held by the burning task, and how
+#: often (every STALL_EVERY turns) it holds one for longer than the budget.
+BURN_S = 0.002
+STALL_EVERY = 40
+STALL_S = BUDGET_S * 1.2
 
 SETTINGS: dict[str, Any] = {
     "client_allowlist": ("acme",),
@@ -65,13 +68,17 @@ def overload_waits() -> float:
 
 @contextlib.asynccontextmanager
 async def starved_event_loop() -> AsyncIterator[None]:
-    """A task on this (the server's) event loop that holds every turn of it for
-    ``BURN_S`` of pure CPU, as a replica whose loop is saturated does."""
+    """A task on this (the server's) event loop that burns the CPU in every turn
+    of it, as a saturated replica's loop is: ``BURN_S`` each turn, and a stall
+    longer than the Redis budget every ``STALL_EVERY`` turns (a big batch of
+    work, a garbage collection)."""
     stop = asyncio.Event()
 
     async def burn() -> None:
+        turn = 0
         while not stop.is_set():
-            until = time.perf_counter() + BURN_S
+            turn += 1
+            until = time.perf_counter() + (STALL_S if turn % STALL_EVERY == 0 else BURN_S)
             while time.perf_counter() < until:
                 pass
             await asyncio.sleep(0)

@@ -25,8 +25,9 @@ a call's budget runs out, the guard looks for signs of life first:
 * the dependency answered some call during the budget just spent — it is
   answering, and this call's time went to queueing here; or
 * the expiry itself fired a whole budget late — the event loop was stalled, so
-  the call never had its budget (excused once per call: a loop starved again
-  and again cannot tell a hung dependency from a slow self).
+  the call never had its budget (a loop starved again and again cannot tell a
+  hung dependency from a slow self: it waits on, up to the overload wait, and
+  then refuses retryably rather than guess "down").
 
 Either way the call is not cut off: it gets another budget, judged the same way
 when that one runs out, for up to ``overload_wait_s`` from its start (rounded up
@@ -275,9 +276,9 @@ class Guard:
 
     def answered(self) -> None:
         """Record a sign of life that is not a whole call: a client calls it when
-        the dependency completes a step of one (a new connection's handshake), so
-        a burst that starts by opening connections shows the dependency answering
-        before any call of it completes."""
+        the dependency answers a step of one (each reply of a new connection's
+        handshake), so a burst that starts by opening connections shows the
+        dependency answering before any call of it completes."""
         self._answered_at = asyncio.get_running_loop().time()
 
     @asynccontextmanager
@@ -375,7 +376,6 @@ class _Watch:
         self._limit = self.started + guard.overload_wait_s
         self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._extended = False
-        self._stall_excused = False
         #: Set when the watch cut the call off because of our own overload.
         self.overloaded = False
 
@@ -395,10 +395,7 @@ class _Watch:
 
     def _judge(self, fired_at: float) -> None:
         self._handle = None
-        # A stall excuses one budget, not every one: a loop starved again and
-        # again cannot tell a hung dependency from a slow self, and a hung one
-        # must still cost only about a budget more than the stall.
-        stalled = not self._stall_excused and fired_at - self._due >= self.budget_s
+        stalled = fired_at - self._due >= self.budget_s
         answered = self.guard.answered_since(self._window)
         now = self._loop.time()
         if not (stalled or answered):
@@ -408,7 +405,6 @@ class _Watch:
             self.overloaded = True
             self._timeout.reschedule(now)
             return
-        self._stall_excused = self._stall_excused or stalled
         if not self._extended:
             self._extended = True
             OVERLOAD_WAITS.labels(self.guard.dependency).inc()

@@ -31,7 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError
+from redis.exceptions import ExceptionType, MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from turnstile_platform.bounded import (
@@ -54,6 +54,10 @@ T = TypeVar("T")
 class RedisBudgetExceededError(BudgetExceededError, RedisTimeoutError):
     """Redis did not answer a call within its budget."""
 
+    # What redis-py's own errors set in ``__init__`` (its ``repr`` reads them).
+    error_type = ExceptionType.NETWORK
+    status_code: str | None = None
+
 
 class RedisOverloadedError(OverloadedError, RedisBudgetExceededError):
     """A Redis call held up by this process's own overload past the overload wait:
@@ -62,6 +66,9 @@ class RedisOverloadedError(OverloadedError, RedisBudgetExceededError):
 
 class RedisBreakerOpenError(BreakerOpenError, RedisConnectionError):
     """Redis's breaker is open: the call was refused without trying."""
+
+    error_type = ExceptionType.NETWORK
+    status_code: str | None = None
 
 
 class UncontendedPool(ConnectionPool):
@@ -96,7 +103,7 @@ class UncontendedPool(ConnectionPool):
         self._waiters: deque[asyncio.Future[None]] = deque()
         #: Connections handed to woken waiters that have not taken them yet.
         self._reserved = 0
-        #: Told when Redis completes a new connection's handshake (a sign of life).
+        #: Told of every reply Redis sends (a sign of life).
         self.guard: Guard | None = None
 
     def _free(self) -> int:
@@ -111,14 +118,27 @@ class UncontendedPool(ConnectionPool):
         if self._waiters or self._free() <= 0:
             await self._wait_turn()
         connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
-        connected = connection.is_connected
         try:
             await self.ensure_connection(connection)
         except BaseException:
             await self.release(connection)
             raise
-        if not connected and self.guard is not None:
-            self.guard.answered()
+        return connection
+
+    def make_connection(self) -> AbstractConnection:
+        """A connection that tells the guard of every reply it reads: a burst that
+        starts by opening connections (several round trips each) shows Redis
+        answering before any call of it completes."""
+        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]
+        read = connection.read_response
+
+        async def read_response(*args: Any, **kwargs: Any) -> Any:
+            response = await read(*args, **kwargs)
+            if self.guard is not None:
+                self.guard.answered()
+            return response
+
+        connection.read_response = read_response  # type: ignore[method-assign]
         return connection
 
     async def _wait_turn(self) -> None:
