@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 ORPHANS = Counter(
     "turnstile_admission_orphan_cancels_total",
     "Holds no caller will settle (a refusal whose Redis reply was lost, an Admit "
-    "that ended without a decision), cancelled in the background, by result (cancelled, absent: never taken, expired: Redis did "
-    "not answer before the hold's own expiry).",
+    "that ended without a decision), cancelled in the background, by result "
+    "(cancelled, absent: never taken, expired: Redis did not answer before the "
+    "hold's own expiry).",
     ["result"],
 )
 
