@@ -8,10 +8,10 @@ else in a millisecond; answering such a call by the fail mode would admit past
 the cap. Here the server runs on the test's own event loop beside a task that
 burns the CPU every turn, and a few hundred concurrent Admits race for a cap of
 7 against real Redis: exactly 7 are admitted, every other answer is a cap
-refusal. A call stuck here past the overload wait is refused retryably
-(REPLICA_OVERLOADED), never admitted, and its hold is cancelled.
-``test_admission_bounded.py`` keeps showing that a paused Redis is still
-answered by the fail modes within the budget.
+refusal. ``test_admission_bounded.py`` keeps showing that a paused Redis is
+still answered by the fail modes within the budget; ``libs/platform``'s
+``test_bounded.py`` that a call held up past the overload wait fails as
+overloaded (which admission answers UNAVAILABLE / REPLICA_OVERLOADED).
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from turnstile_contracts import admission_pb2, common_pb2
-from turnstile_platform.errors import decode
-from turnstile_testing.proxies import ReplyHoldingProxy
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 CAP = 7
@@ -131,68 +128,3 @@ async def test_a_cap_race_on_an_overloaded_replica_admits_exactly_the_cap(
     # The race really ran overloaded: decisions (one script each) outlived the
     # Redis budget, which used to fail them open.
     assert slow_decisions() > slow
-
-
-async def test_an_admit_stuck_here_past_the_overload_wait_is_refused_retryably_not_admitted(
-    start_admission: Any, redis_url: str, redis: aioredis.Redis
-) -> None:
-    """Calls that need a new connection are stuck in this process (the proxy holds
-    the replies of connections opened from now on) while Redis keeps answering
-    the connections already open: past the overload wait they are refused
-    UNAVAILABLE / REPLICA_OVERLOADED with a retry hint, not failed open, and the
-    breaker never hears of them."""
-    proxy = ReplyHoldingProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
-    await proxy.start()
-    overload_wait_s = 0.6
-    running = await start_admission(
-        **{**SETTINGS, "redis_timeout_s": 0.2},
-        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
-        overload_wait_s=overload_wait_s,
-        health_check_interval_s=0.05,  # others' answers: a PING every 50 ms
-    )
-    try:
-        assert (await running.stub.Admit(cold("sb-warm"))).decision == ADMITTED
-        proxy.hold_new()
-        started = time.perf_counter()
-        answers = await admit_all(running.stub, calls=10)
-        seconds = time.perf_counter() - started
-    finally:
-        proxy.release()
-        await proxy.close()
-    overloaded = [a for a in answers if isinstance(a, grpc.aio.AioRpcError)]
-    decided = [a for a in answers if not isinstance(a, grpc.aio.AioRpcError)]
-    assert overloaded, "every call found a connection already open"
-    assert seconds >= overload_wait_s
-    for error in overloaded:
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
-        rich = decode(error)
-        assert rich.reason == "REPLICA_OVERLOADED"
-        assert rich.metadata["dependency"] == "redis"
-        assert rich.retry_after_s is not None
-        assert rich.retry_after_s > 0
-    # What was decided was decided by the script, never by a fail mode.
-    assert all(
-        v.verdict in (admission_pb2.VERDICT_PASS, admission_pb2.VERDICT_SKIPPED)
-        for a in decided
-        for v in a.verdicts
-    )
-    breaker = REGISTRY.get_sample_value(
-        "turnstile_dependency_breaker_state", {"dependency": "redis"}
-    )
-    assert breaker == 0
-    admitted = {"sb-warm"} | {
-        f"sb-{n}"
-        for n, a in enumerate(answers)
-        if not isinstance(a, grpc.aio.AioRpcError) and a.decision == ADMITTED
-    }
-    # A call that ended without a decision may have had its script run: its hold
-    # is cancelled in the background, so the pending set ends up holding exactly
-    # the admitted sandboxes (nothing waits for a hold's expiry).
-    pending = running.keys.pending("acme")
-    async with asyncio.timeout(10):
-        while await pending_ids(redis, pending) != admitted:  # noqa: ASYNC110 - a state in Redis, no event
-            await asyncio.sleep(0.05)
-
-
-async def pending_ids(redis: aioredis.Redis, key: str) -> set[str]:
-    return {m.decode() for m in await redis.zrange(key, 0, -1) if isinstance(m, bytes)}

@@ -134,7 +134,8 @@ class UncontendedPool(ConnectionPool):
 
         async def read_response(*args: Any, **kwargs: Any) -> Any:
             response = await read(*args, **kwargs)
-            if self.guard is not None:
+            # With a timeout of its own (a pub/sub poll), None means nothing came.
+            if self.guard is not None and (response is not None or kwargs.get("timeout") is None):
                 self.guard.answered()
             return response
 
