@@ -11,9 +11,6 @@ class ReplyHoldingProxy:
 
     Commands still reach Redis (and run); only their answers wait. That is how a
     Place is caught after its script took a lease but before it learned so.
-    :meth:`hold_new` holds only the connections opened from then on, while the
-    ones already open keep answering: Redis healthy, and a call that needs a
-    new connection stuck in this process, as under our own overload.
     """
 
     def __init__(self, target_port: int) -> None:
@@ -26,7 +23,6 @@ class ReplyHoldingProxy:
         self._released.set()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._holding_new = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -36,37 +32,25 @@ class ReplyHoldingProxy:
         self.holding = True
         self._released.clear()
 
-    def hold_new(self) -> None:
-        """Hold the replies on connections opened from now until :meth:`release`."""
-        self._holding_new = True
-        self._released.clear()
-
     def release(self) -> None:
         self.holding = False
-        self._holding_new = False
         self._released.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held = self._holding_new
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         tasks = [
             asyncio.create_task(self._pipe(reader, up_writer, replies=False)),
-            asyncio.create_task(self._pipe(up_reader, writer, replies=True, held=held)),
+            asyncio.create_task(self._pipe(up_reader, writer, replies=True)),
         ]
         self._tasks.update(tasks)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _pipe(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        replies: bool,
-        held: bool = False,
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, replies: bool
     ) -> None:
         try:
             while data := await reader.read(65536):
-                if replies and (self.holding or (held and not self._released.is_set())):
+                if replies and self.holding:
                     self.held.set()
                     await self._released.wait()
                 writer.write(data)
