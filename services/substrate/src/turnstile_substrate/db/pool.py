@@ -54,6 +54,7 @@ async def create_pool(settings: SubstrateSettings) -> BoundedPool:
         settings.database_timeout_s,
         failures=settings.breaker_failures,
         open_s=settings.breaker_open_s,
+        overload_wait_s=settings.overload_wait_s,
     )
 
     async def pool(min_size: int) -> BoundedPool:
