@@ -189,8 +189,15 @@ def fleet(
 ) -> FleetFactory:
     @contextlib.asynccontextmanager
     async def start(
-        *, replicas: int = 3, kube: KubeEmulator | None = None, **k8s: str
+        *,
+        replicas: int = 3,
+        kube: KubeEmulator | None = None,
+        via: str | None = None,
+        settings: dict[str, str] | None = None,
+        **k8s: str,
     ) -> AsyncIterator[Fleet]:
+        """``via``: the URL the replicas reach the test's database by (PgBouncer's), else
+        the database's own; ``settings``: more ``TURNSTILE_*`` variables of the replicas."""
         await asyncio.to_thread(apply_migrations, database_url)
         emulator = kube or KubeEmulator(
             bookmark_interval=0.2,
@@ -213,7 +220,7 @@ def fleet(
                     "TURNSTILE_REDIS_URL": redis_url,
                     "TURNSTILE_REDIS_PREFIX": redis_prefix,
                     "TURNSTILE_CLIENT_ALLOWLIST": '["acme"]',
-                    "TURNSTILE_DATABASE_URL": database_url,
+                    "TURNSTILE_DATABASE_URL": via or database_url,
                     "TURNSTILE_ADMISSION_ADDR": admission.address,
                     "TURNSTILE_SUBSTRATE_KIND": "kubernetes",
                     "TURNSTILE_SHUTDOWN_GRACE_S": "1",
@@ -228,6 +235,7 @@ def fleet(
                     "TURNSTILE_K8S_LEADER_RETRY_PERIOD_S": str(RETRY_S),
                     "TURNSTILE_K8S_SWEEP_INTERVAL_S": "0.5",
                     **{f"TURNSTILE_K8S_{key.upper()}": value for key, value in k8s.items()},
+                    **(settings or {}),
                 }
             )
             group = Fleet(emulator, database_url, env, tmp_path)
@@ -391,6 +399,45 @@ async def _activate(address: str, sandbox: str) -> substrate_pb2.ActivateRespons
         raise AssertionError(f"activating {sandbox} kept failing")
 
 
+async def _race_for_each_sandbox(
+    group: Fleet, database_url: str, sandboxes: int, per_sandbox: int
+) -> None:
+    """``per_sandbox`` concurrent activations of each sandbox, spread over the replicas: exactly
+    one runtime per sandbox, the one every call got, and every pod recorded."""
+    addresses = [r.address for r in group.replicas]
+    calls = [
+        _activate(addresses[(s + k) % len(addresses)], f"sb-{s:03}")
+        for s in range(sandboxes)
+        for k in range(per_sandbox)
+    ]
+    started = time.monotonic()
+    results = await asyncio.gather(*calls)
+    print(f"{len(calls)} activations in {time.monotonic() - started:.1f} s")
+    # let a few sweeps pass (every 0.5 s; the leader's renewals tick the emulator's
+    # version as often): they must find nothing to remove
+    before = group.kube.resource_version
+    await group.until(lambda: group.kube.resource_version > before + 4)
+
+    pods: dict[str, list[str]] = {}
+    for pod in group.kube.pods(NS):
+        sandbox = (pod["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID)
+        if sandbox is not None and not pod["metadata"].get("deletionTimestamp"):
+            pods.setdefault(sandbox, []).append(pod["metadata"]["name"])
+
+    names = {r.sandbox.sandbox_id: r.sandbox.runtime_name for r in results}
+    assert len(names) == sandboxes
+    assert all(len(v) == 1 for v in pods.values()), pods  # exactly one runtime per sandbox
+    assert {s: v[0] for s, v in pods.items()} == names  # and it is the one every call got
+    conn = await asyncpg.connect(database_url)
+    try:
+        active = await records.active_runtimes(conn, "kubernetes")
+        claims_left = await conn.fetchval("SELECT count(*) FROM activation_claims")
+    finally:
+        await conn.close()
+    assert {a.sandbox_id: name for name, a in active.items()} == names  # no orphan, no gap
+    assert claims_left == 0  # every claim released
+
+
 @pytest.mark.parametrize(
     ("sandboxes", "per_sandbox"),
     [pytest.param(12, 3), pytest.param(100, 3, marks=pytest.mark.slow)],
@@ -400,36 +447,125 @@ async def test_concurrent_activations_over_three_replicas_make_one_runtime_per_s
 ) -> None:
     async with fleet(warm_pool_sizes='{"default": 4}', sweep_orphan_grace_s="30") as group:
         await group.until(lambda: len(warm_pods(group.kube)) >= 4)
-        addresses = [r.address for r in group.replicas]
-        calls = [
-            _activate(addresses[(s + k) % len(addresses)], f"sb-{s:03}")
-            for s in range(sandboxes)
-            for k in range(per_sandbox)
-        ]
-        started = time.monotonic()
-        results = await asyncio.gather(*calls)
-        print(f"{len(calls)} activations in {time.monotonic() - started:.1f} s")
-        # let a few sweeps pass (every 0.5 s; the leader's renewals tick the emulator's
-        # version as often): they must find nothing to remove
-        before = group.kube.resource_version
-        await group.until(lambda: group.kube.resource_version > before + 4)
+        await _race_for_each_sandbox(group, database_url, sandboxes, per_sandbox)
 
-        pods: dict[str, list[str]] = {}
-        for pod in group.kube.pods(NS):
-            sandbox = (pod["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID)
-            if sandbox is not None and not pod["metadata"].get("deletionTimestamp"):
-                pods.setdefault(sandbox, []).append(pod["metadata"]["name"])
 
-    names = {r.sandbox.sandbox_id: r.sandbox.runtime_name for r in results}
-    assert len(names) == sandboxes
-    assert all(len(v) == 1 for v in pods.values()), pods  # exactly one runtime per sandbox
-    assert {s: v[0] for s, v in pods.items()} == names  # and it is the one every call got
+async def test_concurrent_activations_over_two_replicas_behind_pgbouncer_transaction_mode(
+    fleet: FleetFactory, database_url: str, pgbouncer_database_url: str
+) -> None:
+    """SPEC F7: the same race through a real PgBouncer in transaction mode whose pool (4
+    server sessions) is smaller than the replicas' pools, so consecutive statements of one
+    activation land on different sessions."""
+    async with fleet(
+        replicas=2,
+        via=pgbouncer_database_url,
+        settings={"TURNSTILE_DATABASE_STATEMENT_CACHE_SIZE": "0"},
+        warm_pool_sizes='{"default": 2}',
+        sweep_orphan_grace_s="30",
+    ) as group:
+        await group.until(lambda: len(warm_pods(group.kube)) >= 2)
+        await _race_for_each_sandbox(group, database_url, sandboxes=8, per_sandbox=3)
+
+
+def _holds_ended() -> dict[str, float]:
+    """Holds the in-process admission (it serves the fleet) has committed and cancelled."""
+    from prometheus_client import REGISTRY
+
+    return {
+        action: REGISTRY.get_sample_value(
+            "turnstile_admission_holds_total", {"action": action, "result": "done"}
+        )
+        or 0.0
+        for action in ("commit", "cancel")
+    }
+
+
+@pytest.mark.parametrize("create_landed", [True, False], ids=["pod-made", "no-pod"])
+async def test_a_replica_killed_mid_activation_leaves_one_runtime_once_another_takes_over(
+    fleet: FleetFactory,
+    database_url: str,
+    redis: Any,
+    redis_prefix: str,
+    create_landed: bool,
+) -> None:
+    """SIGKILL a replica while its pod create is in flight (the API server holds the answer,
+    having made the pod — or holds the request, making nothing); its claim lapses and the
+    other replica's activation of the same sandbox takes over: exactly one runtime, one
+    execution row, and only the survivor's hold committed (the dead one's expires)."""
+    kube = KubeEmulator(
+        bookmark_interval=0.2,
+        graceful_deletion=True,
+        kubelet=KubeletConfig(start_delay=0.01, stop_delay=0.05),
+        pod_security="restricted",
+    )
+    pods_path = rf"/api/v1/namespaces/{NS}/pods"
+    kube.delay_requests(120, method="POST", path=pods_path, after_write=create_landed)
+    sandbox = "sb-kill"
+    async with fleet(
+        replicas=2, kube=kube, settings={"TURNSTILE_ACTIVATION_CLAIM_TTL_S": "2"}
+    ) as group:
+        doomed, survivor = group.replicas
+        before = _holds_ended()
+        first = asyncio.create_task(_activate_once(doomed.address, sandbox))
+        await group.until(
+            lambda: any(r.method == "POST" and r.path == pods_path for r in kube.requests)
+        )
+        if create_landed:
+            await group.until(lambda: bool(_sandbox_pods(kube, sandbox)))
+        group.kill(doomed)
+        await doomed.process.wait()
+        assert isinstance(await first, grpc.aio.AioRpcError)  # it died answering nothing
+        kube.delay_requests(0, method="POST", path=pods_path)
+
+        answer = await _activate(survivor.address, sandbox)
+        pods = _sandbox_pods(kube, sandbox)
+        after = _holds_ended()
+
+    assert pods == [answer.sandbox.runtime_name]  # exactly one runtime: the one answered
+    expected = (
+        substrate_pb2.OUTCOME_ALREADY_RUNNING if create_landed else substrate_pb2.OUTCOME_CREATED
+    )
+    assert answer.outcome == expected  # adopted what the dead one made, or made it
     conn = await asyncpg.connect(database_url)
     try:
-        active = await records.active_runtimes(conn, "kubernetes")
+        executions = await conn.fetch(
+            "SELECT runtime_name, ended_at FROM executions WHERE sandbox_id = $1", sandbox
+        )
+        claims_left = await conn.fetchval("SELECT count(*) FROM activation_claims")
     finally:
         await conn.close()
-    assert {a.sandbox_id: name for name, a in active.items()} == names  # no orphan, no gap
+    assert [(e["runtime_name"], e["ended_at"]) for e in executions] == [(pods[0], None)]
+    assert claims_left == 0
+    # The survivor's hold (if it took one) was committed once; nobody cancelled the dead
+    # replica's: it is still held, and expires on its own (SPEC X6).
+    assert after["commit"] - before["commit"] == (0 if create_landed else 1)
+    assert after["cancel"] == before["cancel"]
+    holds = [key async for key in redis.scan_iter(match=f"{redis_prefix}*hold:*")]
+    assert len(holds) == 1
+    assert await redis.pttl(holds[0]) > 0  # it carries an expiry
+
+
+async def _activate_once(address: str, sandbox: str) -> substrate_pb2.ActivateResponse | Exception:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+        try:
+            return await stub.Activate(
+                substrate_pb2.ActivateRequest(
+                    sandbox_id=sandbox, client=common_pb2.ActivationClient(client_id="acme")
+                ),
+                timeout=60,
+            )
+        except grpc.aio.AioRpcError as error:
+            return error
+
+
+def _sandbox_pods(kube: KubeEmulator, sandbox: str) -> list[str]:
+    return [
+        p["metadata"]["name"]
+        for p in kube.pods(NS)
+        if (p["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID) == sandbox
+        and not p["metadata"].get("deletionTimestamp")
+    ]
 
 
 async def _peak_connections(database_url: str, stop: asyncio.Event) -> int:
