@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -194,10 +195,12 @@ def fleet(
         kube: KubeEmulator | None = None,
         via: str | None = None,
         settings: dict[str, str] | None = None,
+        pythonpath: str | None = None,
         **k8s: str,
     ) -> AsyncIterator[Fleet]:
         """``via``: the URL the replicas reach the test's database by (PgBouncer's), else
-        the database's own; ``settings``: more ``TURNSTILE_*`` variables of the replicas."""
+        the database's own; ``settings``: more ``TURNSTILE_*`` variables of the replicas;
+        ``pythonpath``: source the replicas run instead of this checkout's."""
         await asyncio.to_thread(apply_migrations, database_url)
         emulator = kube or KubeEmulator(
             bookmark_interval=0.2,
@@ -238,6 +241,8 @@ def fleet(
                     **(settings or {}),
                 }
             )
+            if pythonpath is not None:
+                env["PYTHONPATH"] = pythonpath
             group = Fleet(emulator, database_url, env, tmp_path)
             try:
                 await group.start(replicas)
@@ -568,48 +573,118 @@ def _sandbox_pods(kube: KubeEmulator, sandbox: str) -> list[str]:
     ]
 
 
-async def _peak_connections(database_url: str, stop: asyncio.Event) -> int:
-    """Highest number of connections to the test's database seen while the run lasts."""
+async def _peak_connections(database_url: str, stop: asyncio.Event) -> tuple[int, int]:
+    """Highest numbers of connections to the test's database seen while the run lasts: open
+    (what PostgreSQL or PgBouncer must accept) and running a statement at that moment."""
     name = database_url.rsplit("/", 1)[-1]
     conn = await asyncpg.connect(database_url)
-    peak = 0
+    peak_open = peak_active = 0
     try:
         while not stop.is_set():
-            count = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
+            row = await conn.fetchrow(
+                "SELECT count(*) AS open, count(*) FILTER (WHERE state <> 'idle') AS active"
+                " FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                name,
             )
-            peak = max(peak, int(count) - 1)  # not this one
+            assert row is not None
+            peak_open = max(peak_open, int(row["open"]))
+            peak_active = max(peak_active, int(row["active"]))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
     finally:
         await conn.close()
-    return peak
+    return peak_open, peak_active
+
+
+#: The last commit whose substrate held a PostgreSQL session advisory lock, and so a pooled
+#: connection, for the whole of an activation (across Admit and the pod create).
+ADVISORY_LOCK_COMMIT = "7bedb1c3b523858207d3be81bea842f08e41d150"
+
+
+def _advisory_lock_design(directory: Path) -> str:
+    """A ``PYTHONPATH`` that runs the substrate (and the libs it used) as of
+    :data:`ADVISORY_LOCK_COMMIT`, extracted from git: the old design, run from its own
+    code rather than kept alive in the service as a bench-only mode. Skips where the
+    history is not there (an export, a shallow clone)."""
+    root = Path(__file__).resolve().parents[2]
+    trees = [
+        "services/substrate/src",
+        "libs/platform/src",
+        "libs/clientkeys/src",
+        "libs/contracts/src",
+    ]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", ADVISORY_LOCK_COMMIT, *trees],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"commit {ADVISORY_LOCK_COMMIT[:12]} is not in this checkout's history")
+    directory.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
+    return os.pathsep.join(str(directory / tree) for tree in trees)
+
+
+async def _bench_cold_activations(
+    group: Fleet, database_url: str, count: int, in_flight: int
+) -> tuple[float, int, int]:
+    """Activations per second of ``count`` new sandboxes, ``in_flight`` at a time, spread
+    round robin over the replicas, and the peak connections while they ran."""
+    addresses = [r.address for r in group.replicas]
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(i: int) -> None:
+        async with gate:
+            await _activate(addresses[i % len(addresses)], f"bench-{i:04}")
+
+    stop = asyncio.Event()
+    peak = asyncio.create_task(_peak_connections(database_url, stop))
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(count)))
+    elapsed = time.perf_counter() - started
+    stop.set()
+    peak_open, peak_active = await peak
+    return count / elapsed, peak_open, peak_active
 
 
 @pytest.mark.benchmark
-@pytest.mark.parametrize("replicas", [1, 3])
-async def test_bench_cold_activations_per_second(
-    fleet: FleetFactory, database_url: str, replicas: int
+async def test_bench_cold_activations_per_second_against_the_advisory_lock_design(
+    fleet: FleetFactory, database_url: str, tmp_path: Path
 ) -> None:
-    """Cold activations per second through 1 or 3 replicas (64 in flight, spread round robin),
-    and the PostgreSQL connections in use at peak. ``-m benchmark -s`` prints the figures."""
+    """Cold activations per second through 1 and 3 replicas (300 activations, 64 in flight,
+    spread round robin, admission's cap off), and PostgreSQL connections at peak, for the
+    activation claims and for the session advisory lock they replaced, in the same run; then
+    one replica with a pool of 4 connections, where the old design can have only 4
+    activations in progress. ``-m benchmark -s`` prints the table."""
     count, in_flight = 300, 64
-    async with fleet(replicas=replicas) as group:
-        addresses = [r.address for r in group.replicas]
-        gate = asyncio.Semaphore(in_flight)
-
-        async def one(i: int) -> None:
-            async with gate:
-                await _activate(addresses[i % len(addresses)], f"bench-{i:04}")
-
-        stop = asyncio.Event()
-        peak = asyncio.create_task(_peak_connections(database_url, stop))
-        started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(count)))
-        elapsed = time.perf_counter() - started
-        stop.set()
-        print(
-            f"\n{replicas} replica(s): {count} cold activations in {elapsed:.2f} s = "
-            f"{count / elapsed:.0f}/s; peak PostgreSQL connections {await peak}; "
-            f"load {os.getloadavg()[0]:.1f}"
+    designs = {
+        "advisory lock": _advisory_lock_design(tmp_path / "advisory-lock"),
+        "claims": None,
+    }
+    runs = [(design, replicas, 20) for design in designs for replicas in (1, 3)]
+    runs += [(design, 1, 4) for design in designs]
+    await asyncio.to_thread(apply_migrations, database_url)
+    lines = []
+    for design, replicas, pool in runs:
+        conn = await asyncpg.connect(database_url)
+        try:  # the same empty tables for every run
+            await conn.execute("TRUNCATE sandboxes, executions, receipts, activation_claims")
+        finally:
+            await conn.close()
+        async with fleet(
+            replicas=replicas,
+            pythonpath=designs[design],
+            settings={"TURNSTILE_DATABASE_POOL_MAX": str(pool)},
+        ) as group:
+            rate, peak_open, peak_active = await _bench_cold_activations(
+                group, database_url, count, in_flight
+            )
+        lines.append(
+            f"| {design} | {replicas} | {pool} | {rate:.0f} | {peak_open} | {peak_active} "
+            f"| {os.getloadavg()[0]:.1f} |"
         )
+        print(lines[-1], flush=True)
+    print(
+        "\n| design | replicas | pool | cold activations/s | peak connections open | peak"
+        " not idle | load |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+    )

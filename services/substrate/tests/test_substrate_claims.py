@@ -27,14 +27,13 @@ Pools = Callable[[], AbstractAsyncContextManager[asyncpg.Pool]]
 async def pools(request: pytest.FixtureRequest, migrated_url: str) -> Pools:
     """Pools (one per replica) on a migrated database: straight to PostgreSQL, or through
     PgBouncer in transaction mode with asyncpg's statement cache off, as documented."""
-    url, options = migrated_url, {}
+    url, cache = migrated_url, 100
     if request.param == "pgbouncer":
-        url = request.getfixturevalue("pgbouncer").url(migrated_url)
-        options = {"statement_cache_size": 0}
+        url, cache = request.getfixturevalue("pgbouncer").url(migrated_url), 0
 
     @asynccontextmanager
     async def pool() -> AsyncIterator[asyncpg.Pool]:
-        created = await asyncpg.create_pool(url, min_size=1, max_size=2, **options)
+        created = await asyncpg.create_pool(url, min_size=1, max_size=2, statement_cache_size=cache)
         try:
             yield created
         finally:

@@ -213,9 +213,7 @@ class Activator:
             if records_runtime(record, runtime):
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
         async with self._locked(sandbox_id) as claim:
-            record, generation = await self._db(
-                lambda conn: _read_for_activation(conn, sandbox_id)
-            )
+            record, generation = await self._db(lambda conn: _read_for_activation(conn, sandbox_id))
             runtime = await self.substrate.find_running(sandbox_id)
             if runtime is not None:
                 if not records_runtime(record, runtime):
