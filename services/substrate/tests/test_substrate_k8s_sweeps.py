@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import pytest
 
-from turnstile_substrate.db import records
+from turnstile_substrate.db import claims, records
+from turnstile_substrate.db.claims import Claim
 from turnstile_substrate.kubernetes import KubernetesSubstrate, template
 from turnstile_substrate.kubernetes.sweeps import (
     EXPIRED_WARM,
@@ -96,6 +97,31 @@ async def test_a_pod_no_record_names_is_removed_after_the_grace(
     assert kube.pod(NS, kept.name) is not None
     assert kube.pod(NS, young.name) is not None  # within the grace: maybe an activation in flight
     assert report.get(ORPHANS, "found") == 1
+    assert report.get(ORPHANS, "removed") == 1
+
+
+async def test_an_unrecorded_pod_whose_activation_still_holds_its_claim_is_kept(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube, sweep_orphan_grace_s=60) as sub:
+        slow = await sub.ensure_runtime(spec("slow"), Plan(CreateKind.COLD), no_gate)
+        age(kube, slow.name)
+        async with pool.acquire() as conn:  # its activation is still under way
+            assert await claims.try_claim(conn, Claim("slow", "replica/1/a"), 60)
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+        assert kube.pod(NS, slow.name) is not None
+        assert report.get(ORPHANS, "removed") == 0
+
+        async with pool.acquire() as conn:  # that activation died: its claim lapses
+            await conn.execute(
+                "UPDATE activation_claims SET expires_at = clock_timestamp() - interval '1 s'"
+            )
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+    assert kube.pod(NS, slow.name) is None
     assert report.get(ORPHANS, "removed") == 1
 
 

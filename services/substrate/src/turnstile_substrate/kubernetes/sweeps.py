@@ -19,8 +19,10 @@ Leader-only work: one replica compares the reflector's pods with the PostgreSQL 
    a pod whose activation died between creating and recording it and was never retried. The
    record is read again right before the delete, and the delete carries the pod's uid.
 
-The grace must exceed the longest activation (create → record), so an activation in flight is
-never swept. ``sweep_dry_run`` finds and counts without changing anything.
+A pod whose sandbox has a live activation claim (its activation is still under way, or its
+replica died less than a claim TTL ago) is left for a later pass, and the grace should still
+exceed the longest activation (create → record). ``sweep_dry_run`` finds and counts without
+changing anything.
 
 Why not ``ownerReferences`` or ``activeDeadlineSeconds``: sandbox pods are owned by records in
 PostgreSQL, not by an API object the garbage collector could follow (owning them by the
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from turnstile_platform.leader import LeaderTerm
-from turnstile_substrate.db import records
+from turnstile_substrate.db import claims, records
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
@@ -221,9 +223,12 @@ class Sweeper:
                 continue
             if pod.sandbox_id is not None:
                 try:
-                    # Read again right before deleting: recorded meanwhile means not an orphan.
+                    # Read again right before deleting: recorded meanwhile, or its sandbox's
+                    # activation still under way (a live claim), means not an orphan.
                     async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-                        if await records.runtime_is_recorded(conn, pod.sandbox_id, pod.name):
+                        if await records.runtime_is_recorded(
+                            conn, pod.sandbox_id, pod.name
+                        ) or await claims.in_progress(conn, pod.sandbox_id):
                             continue
                 except Exception as error:
                     report.add(ORPHANS, "error")
