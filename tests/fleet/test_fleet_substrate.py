@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,17 +381,21 @@ async def test_killing_the_leader_during_a_sweep_hands_it_over_and_spares_record
     assert sorted(recorder.deleted) == sorted(f"ts-lost-{i}" for i in range(orphans))
 
 
+def _activate_call(
+    channel: grpc.aio.Channel, sandbox: str, timeout: float
+) -> Awaitable[substrate_pb2.ActivateResponse]:
+    stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+    request = substrate_pb2.ActivateRequest(
+        sandbox_id=sandbox, client=common_pb2.ActivationClient(client_id="acme")
+    )
+    return stub.Activate(request, timeout=timeout)
+
+
 async def _activate(address: str, sandbox: str) -> substrate_pb2.ActivateResponse:
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
         for _ in range(20):
             try:
-                return await stub.Activate(
-                    substrate_pb2.ActivateRequest(
-                        sandbox_id=sandbox, client=common_pb2.ActivationClient(client_id="acme")
-                    ),
-                    timeout=30,
-                )
+                return await _activate_call(channel, sandbox, timeout=30)
             except grpc.aio.AioRpcError as error:
                 # Retryable answers, and the client's own timeout: retry as a client would
                 # (the retry of a timed-out activation must find the same runtime, F5).
@@ -552,14 +556,8 @@ async def test_a_replica_killed_mid_activation_leaves_one_runtime_once_another_t
 
 async def _activate_once(address: str, sandbox: str) -> substrate_pb2.ActivateResponse | Exception:
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
         try:
-            return await stub.Activate(
-                substrate_pb2.ActivateRequest(
-                    sandbox_id=sandbox, client=common_pb2.ActivationClient(client_id="acme")
-                ),
-                timeout=60,
-            )
+            return await _activate_call(channel, sandbox, timeout=60)
         except grpc.aio.AioRpcError as error:
             return error
 

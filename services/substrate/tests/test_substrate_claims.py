@@ -149,60 +149,45 @@ async def _db_time_passes(conn: asyncpg.Connection, instant: object) -> None:
 
 
 async def test_an_activation_that_outlasts_the_ttl_keeps_its_claim_by_renewing_it(
-    migrated_url: str, conn: asyncpg.Connection
+    pool: asyncpg.Pool, conn: asyncpg.Connection
 ) -> None:
-    pool = await asyncpg.create_pool(migrated_url, min_size=1, max_size=2)
-    try:
-        sandbox_claims = SandboxClaims(pool, ttl_s=0.3, max_s=60, database_timeout_s=5)
-        async with sandbox_claims.hold("sb-1", timeout_s=5) as claim:
-            first_expiry = await conn.fetchval(
-                "SELECT expires_at FROM activation_claims WHERE sandbox_id = 'sb-1'"
-            )
-            await _db_time_passes(conn, first_expiry + timedelta(seconds=0.6))  # two TTLs on
+    sandbox_claims = SandboxClaims(pool, ttl_s=0.3, max_s=60, database_timeout_s=5)
+    async with sandbox_claims.hold("sb-1", timeout_s=5) as claim:
+        first_expiry = await conn.fetchval(
+            "SELECT expires_at FROM activation_claims WHERE sandbox_id = 'sb-1'"
+        )
+        await _db_time_passes(conn, first_expiry + timedelta(seconds=0.6))  # two TTLs on
 
-            assert not await claims.try_claim(conn, Claim("sb-1", "other/1/z"), 10)
-            owner = await conn.fetchval("SELECT owner FROM activation_claims")
-            assert owner == claim.owner
-        assert await conn.fetchval("SELECT count(*) FROM activation_claims") == 0  # released
-    finally:
-        await pool.close()
+        assert not await claims.try_claim(conn, Claim("sb-1", "other/1/z"), 10)
+        assert await conn.fetchval("SELECT owner FROM activation_claims") == claim.owner
+    assert await conn.fetchval("SELECT count(*) FROM activation_claims") == 0  # released
 
 
 async def test_renewal_stops_after_the_maximum_so_a_stuck_activation_loses_its_sandbox(
-    migrated_url: str, conn: asyncpg.Connection
+    pool: asyncpg.Pool, conn: asyncpg.Connection
 ) -> None:
-    pool = await asyncpg.create_pool(migrated_url, min_size=1, max_size=2)
-    try:
-        sandbox_claims = SandboxClaims(pool, ttl_s=0.3, max_s=0.3, database_timeout_s=5)
-        async with sandbox_claims.hold("sb-1", timeout_s=5) as stuck:
-            other = SandboxClaims(pool, ttl_s=10, max_s=60, database_timeout_s=5)
-            async with other.hold("sb-1", timeout_s=10) as next_owner:
-                with pytest.raises(ClaimLostError):
-                    await records.record_activation(
-                        conn,
-                        RUNTIME,
-                        substrate="kubernetes",
-                        charged_key="acme",
-                        receipt=None,
-                        claim=stuck,
-                    )
-                assert await conn.fetchval("SELECT owner FROM activation_claims") == (
-                    next_owner.owner
+    sandbox_claims = SandboxClaims(pool, ttl_s=0.3, max_s=0.3, database_timeout_s=5)
+    async with sandbox_claims.hold("sb-1", timeout_s=5) as stuck:
+        other = SandboxClaims(pool, ttl_s=10, max_s=60, database_timeout_s=5)
+        async with other.hold("sb-1", timeout_s=10) as next_owner:
+            with pytest.raises(ClaimLostError):
+                await records.record_activation(
+                    conn,
+                    RUNTIME,
+                    substrate="kubernetes",
+                    charged_key="acme",
+                    receipt=None,
+                    claim=stuck,
                 )
-    finally:
-        await pool.close()
+            assert await conn.fetchval("SELECT owner FROM activation_claims") == next_owner.owner
 
 
 async def test_waiting_for_a_claim_held_elsewhere_gives_up_at_the_timeout(
-    migrated_url: str, conn: asyncpg.Connection
+    pool: asyncpg.Pool, conn: asyncpg.Connection
 ) -> None:
     assert await claims.try_claim(conn, Claim("sb-1", "elsewhere/1/x"), 60)
-    pool = await asyncpg.create_pool(migrated_url, min_size=1, max_size=2)
-    try:
-        sandbox_claims = SandboxClaims(pool, ttl_s=10, max_s=60, database_timeout_s=5)
-        with pytest.raises(LockTimeoutError):
-            async with sandbox_claims.hold("sb-1", timeout_s=0.3):
-                raise AssertionError("took a claim another owner holds")
-    finally:
-        await pool.close()
+    sandbox_claims = SandboxClaims(pool, ttl_s=10, max_s=60, database_timeout_s=5)
+    with pytest.raises(LockTimeoutError):
+        async with sandbox_claims.hold("sb-1", timeout_s=0.3):
+            raise AssertionError("took a claim another owner holds")
     assert await conn.fetchval("SELECT owner FROM activation_claims") == "elsewhere/1/x"

@@ -4,11 +4,9 @@ follow the sandbox's other live pod); a dry run changes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
-import pytest
 
 from turnstile_substrate.db import claims, records
 from turnstile_substrate.db.claims import Claim
@@ -28,15 +26,6 @@ if TYPE_CHECKING:
 
 NS = "sandboxes"
 LONG_AGO = "2020-01-01T00:00:00Z"
-
-
-@pytest.fixture
-async def pool(migrated_url: str) -> AsyncIterator[asyncpg.Pool]:
-    db = await asyncpg.create_pool(migrated_url, min_size=1, max_size=4)
-    try:
-        yield db
-    finally:
-        await db.close()
 
 
 class Released(list[str]):
