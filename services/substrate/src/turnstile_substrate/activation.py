@@ -318,15 +318,11 @@ class Activator:
         async def run() -> bool:
             async with self._locked(sandbox_id) as claim:
                 stopped = await self.substrate.stop_runtime(sandbox_id)
-                try:
-                    await self._db(
-                        lambda conn: records.end_execution(
-                            conn, sandbox_id, reason="deactivated", claim=claim
-                        )
+                await self._db(
+                    lambda conn: records.end_execution(
+                        conn, sandbox_id, reason="deactivated", claim=claim
                     )
-                except ClaimLostError as error:
-                    # An activation took the sandbox over meanwhile: its record stands.
-                    raise activation_in_progress(sandbox_id, self._retry_after_s) from error
+                )
                 await self._admission.release_sandbox(sandbox_id)
                 return stopped
 
@@ -378,13 +374,16 @@ class Activator:
                 yield claim
 
     async def _guard(self, work: Awaitable[T]) -> T:
-        """Map lock timeouts and PostgreSQL outages to retryable errors."""
+        """Map lock timeouts, lost claims and PostgreSQL outages to retryable errors."""
         try:
             return await work
         except RichError:
             raise
         except LockTimeoutError as error:
             raise activation_in_progress(str(error), self._retry_after_s) from error
+        except ClaimLostError as error:
+            # This claim lapsed and another owner took the sandbox over: its write stands.
+            raise activation_in_progress(error.claim.sandbox_id, self._retry_after_s) from error
         except Exception as error:
             if is_unavailable(error):
                 log.warning("PostgreSQL unavailable", extra={"error": repr(error)})
