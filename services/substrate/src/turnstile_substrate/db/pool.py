@@ -64,6 +64,7 @@ async def create_pool(settings: SubstrateSettings) -> BoundedPool:
             min_size=min_size,
             max_size=settings.database_pool_max,
             application_name="turnstile-substrate",
+            statement_cache_size=settings.database_statement_cache_size,
             **connection_options(settings),
         )
 
