@@ -15,12 +15,13 @@ from prometheus_client import REGISTRY
 from redis.exceptions import ResponseError
 
 from turnstile_platform.bounded import BreakerState
+from turnstile_platform.redis_bounded import RedisOverloadedError
 from turnstile_platform.redis_client import (
     UNREACHABLE,
+    AnyRedis,
     BoundedRedis,
     RedisBreakerOpenError,
     RedisBudgetExceededError,
-    RedisOverloadedError,
     create_redis,
     redis_guard,
 )
@@ -139,7 +140,7 @@ async def test_a_script_error_is_an_answer_not_a_failure(private_redis: RedisPro
         await client.aclose()
 
 
-async def _answering(client: BoundedRedis, stop: asyncio.Event) -> None:
+async def _answering(client: AnyRedis, stop: asyncio.Event) -> None:
     """Other traffic Redis keeps answering: a PING every quarter budget."""
     while not stop.is_set():
         assert await client.ping()
@@ -272,6 +273,7 @@ async def test_more_calls_than_connections_wait_their_turn_instead_of_failing(
     it as Redis unreachable (and a fail-open cap admit). Here calls queue for a
     connection, and the pool never opens more than its maximum."""
     client = create_redis(private_redis.url, timeout_s=BUDGET_S, max_connections=4)
+    assert isinstance(client, BoundedRedis)  # one server: one pool
     pool = client.connection_pool
     opened: set[int] = set()
     script = client.register_script("return redis.call('INCR', KEYS[1])")
