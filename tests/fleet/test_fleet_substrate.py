@@ -473,7 +473,7 @@ async def test_concurrent_activations_over_two_replicas_behind_pgbouncer_transac
         replicas=2,
         via=pgbouncer_database_url,
         settings={"TURNSTILE_DATABASE_STATEMENT_CACHE_SIZE": "0"},
-        warm_pool_sizes='{"default": 2}',
+        tier_runtimes='{"default": {"warm_pool_size": 2}}',
         sweep_orphan_grace_s="30",
     ) as group:
         await group.until(lambda: len(warm_pods(group.kube)) >= 2)
