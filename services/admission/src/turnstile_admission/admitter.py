@@ -8,6 +8,7 @@ keeps in Redis (issue 10, :mod:`turnstile_clientkeys.live_counts`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -132,6 +133,15 @@ class Admitter:
             answer = await self.store.admit(args)
         except UNREACHABLE as error:
             return self._unreachable(key, activation, args.hold_id, error)
+        except asyncio.CancelledError:
+            # The caller gave up (its deadline, a dropped stream) while the script
+            # was on its way: it never learns the hold id, so nobody would settle
+            # a hold the script takes. The cancel leaves a tombstone, so even a
+            # script that reaches Redis after it takes nothing.
+            self.orphans.cancel(args.hold_id)
+            raise
+        if answer.outcome == "cancelled":
+            return self._cancelled(key, activation)
         if modes[PolicyName.CAP]:
             metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
@@ -161,6 +171,20 @@ class Admitter:
             hold_expires_ms=answer.hold_expires_ms,
             node=answer.node,
             message=_message(admitted, key, verdicts),
+        )
+
+    def _cancelled(self, key: BoundedKey, activation: Activation) -> Decision:
+        """The hold was cancelled before the script ran: nothing was evaluated or
+        taken, nothing is admitted. The cancel runs only once a caller has given up
+        on the decision, so this answer reaches no one in practice."""
+        return Decision(
+            admitted=False,
+            key=key,
+            verdicts=tuple(p.skipped(activation) for p in self.policies),
+            hold_id="",
+            hold_expires_ms=0,
+            message=f"refused for key {key.key}: the decision's hold was cancelled before "
+            "it was taken; retry",
         )
 
     def _unreachable(
