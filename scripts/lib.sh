@@ -145,3 +145,14 @@ ensure_workspace() {
   "$ROOT/.venv/bin/python" -m compileall -q -j 0 "$ROOT"/libs/*/src "$ROOT"/services/*/src \
     "$ROOT"/tools/*/src >/dev/null || true
 }
+
+# PgBouncer (Debian's package): the tests of the substrate behind PgBouncer in transaction
+# mode start their own from this binary (SPEC F7); they skip where it cannot be installed.
+ensure_pgbouncer() {
+  if command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; then return; fi
+  apt_install pgbouncer || say "could not install pgbouncer: the PgBouncer tests will skip"
+  # The package may start a service of its own on :6432; the tests run their own.
+  if command -v systemctl >/dev/null && systemctl is-active --quiet pgbouncer 2>/dev/null; then
+    as_root systemctl stop pgbouncer || true
+  fi
+}

@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,8 +190,17 @@ def fleet(
 ) -> FleetFactory:
     @contextlib.asynccontextmanager
     async def start(
-        *, replicas: int = 3, kube: KubeEmulator | None = None, **k8s: str
+        *,
+        replicas: int = 3,
+        kube: KubeEmulator | None = None,
+        via: str | None = None,
+        settings: dict[str, str] | None = None,
+        pythonpath: str | None = None,
+        **k8s: str,
     ) -> AsyncIterator[Fleet]:
+        """``via``: the URL the replicas reach the test's database by (PgBouncer's), else
+        the database's own; ``settings``: more ``TURNSTILE_*`` variables of the replicas;
+        ``pythonpath``: source the replicas run instead of this checkout's."""
         await asyncio.to_thread(apply_migrations, database_url)
         emulator = kube or KubeEmulator(
             bookmark_interval=0.2,
@@ -213,7 +223,7 @@ def fleet(
                     "TURNSTILE_REDIS_URL": redis_url,
                     "TURNSTILE_REDIS_PREFIX": redis_prefix,
                     "TURNSTILE_CLIENT_ALLOWLIST": '["acme"]',
-                    "TURNSTILE_DATABASE_URL": database_url,
+                    "TURNSTILE_DATABASE_URL": via or database_url,
                     "TURNSTILE_ADMISSION_ADDR": admission.address,
                     "TURNSTILE_SUBSTRATE_KIND": "kubernetes",
                     "TURNSTILE_SHUTDOWN_GRACE_S": "1",
@@ -228,8 +238,11 @@ def fleet(
                     "TURNSTILE_K8S_LEADER_RETRY_PERIOD_S": str(RETRY_S),
                     "TURNSTILE_K8S_SWEEP_INTERVAL_S": "0.5",
                     **{f"TURNSTILE_K8S_{key.upper()}": value for key, value in k8s.items()},
+                    **(settings or {}),
                 }
             )
+            if pythonpath is not None:
+                env["PYTHONPATH"] = pythonpath
             group = Fleet(emulator, database_url, env, tmp_path)
             try:
                 await group.start(replicas)
@@ -370,17 +383,21 @@ async def test_killing_the_leader_during_a_sweep_hands_it_over_and_spares_record
     assert sorted(recorder.deleted) == sorted(f"ts-lost-{i}" for i in range(orphans))
 
 
+def _activate_call(
+    channel: grpc.aio.Channel, sandbox: str, timeout: float
+) -> Awaitable[substrate_pb2.ActivateResponse]:
+    stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+    request = substrate_pb2.ActivateRequest(
+        sandbox_id=sandbox, client=common_pb2.ActivationClient(client_id="acme")
+    )
+    return stub.Activate(request, timeout=timeout)
+
+
 async def _activate(address: str, sandbox: str) -> substrate_pb2.ActivateResponse:
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
         for _ in range(20):
             try:
-                return await stub.Activate(
-                    substrate_pb2.ActivateRequest(
-                        sandbox_id=sandbox, client=common_pb2.ActivationClient(client_id="acme")
-                    ),
-                    timeout=30,
-                )
+                return await _activate_call(channel, sandbox, timeout=30)
             except grpc.aio.AioRpcError as error:
                 # Retryable answers, and the client's own timeout: retry as a client would
                 # (the retry of a timed-out activation must find the same runtime, F5).
@@ -391,6 +408,45 @@ async def _activate(address: str, sandbox: str) -> substrate_pb2.ActivateRespons
                     raise
                 await asyncio.sleep(0.2)
         raise AssertionError(f"activating {sandbox} kept failing")
+
+
+async def _race_for_each_sandbox(
+    group: Fleet, database_url: str, sandboxes: int, per_sandbox: int
+) -> None:
+    """``per_sandbox`` concurrent activations of each sandbox, spread over the replicas: exactly
+    one runtime per sandbox, the one every call got, and every pod recorded."""
+    addresses = [r.address for r in group.replicas]
+    calls = [
+        _activate(addresses[(s + k) % len(addresses)], f"sb-{s:03}")
+        for s in range(sandboxes)
+        for k in range(per_sandbox)
+    ]
+    started = time.monotonic()
+    results = await asyncio.gather(*calls)
+    print(f"{len(calls)} activations in {time.monotonic() - started:.1f} s")
+    # let a few sweeps pass (every 0.5 s; the leader's renewals tick the emulator's
+    # version as often): they must find nothing to remove
+    before = group.kube.resource_version
+    await group.until(lambda: group.kube.resource_version > before + 4)
+
+    pods: dict[str, list[str]] = {}
+    for pod in group.kube.pods(NS):
+        sandbox = (pod["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID)
+        if sandbox is not None and not pod["metadata"].get("deletionTimestamp"):
+            pods.setdefault(sandbox, []).append(pod["metadata"]["name"])
+
+    names = {r.sandbox.sandbox_id: r.sandbox.runtime_name for r in results}
+    assert len(names) == sandboxes
+    assert all(len(v) == 1 for v in pods.values()), pods  # exactly one runtime per sandbox
+    assert {s: v[0] for s, v in pods.items()} == names  # and it is the one every call got
+    conn = await asyncpg.connect(database_url)
+    try:
+        active = await records.active_runtimes(conn, "kubernetes")
+        claims_left = await conn.fetchval("SELECT count(*) FROM activation_claims")
+    finally:
+        await conn.close()
+    assert {a.sandbox_id: name for name, a in active.items()} == names  # no orphan, no gap
+    assert claims_left == 0  # every claim released
 
 
 @pytest.mark.parametrize(
@@ -404,80 +460,239 @@ async def test_concurrent_activations_over_three_replicas_make_one_runtime_per_s
         tier_runtimes='{"default": {"warm_pool_size": 4}}', sweep_orphan_grace_s="30"
     ) as group:
         await group.until(lambda: len(warm_pods(group.kube)) >= 4)
-        addresses = [r.address for r in group.replicas]
-        calls = [
-            _activate(addresses[(s + k) % len(addresses)], f"sb-{s:03}")
-            for s in range(sandboxes)
-            for k in range(per_sandbox)
-        ]
-        started = time.monotonic()
-        results = await asyncio.gather(*calls)
-        print(f"{len(calls)} activations in {time.monotonic() - started:.1f} s")
-        # let a few sweeps pass (every 0.5 s; the leader's renewals tick the emulator's
-        # version as often): they must find nothing to remove
-        before = group.kube.resource_version
-        await group.until(lambda: group.kube.resource_version > before + 4)
+        await _race_for_each_sandbox(group, database_url, sandboxes, per_sandbox)
 
-        pods: dict[str, list[str]] = {}
-        for pod in group.kube.pods(NS):
-            sandbox = (pod["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID)
-            if sandbox is not None and not pod["metadata"].get("deletionTimestamp"):
-                pods.setdefault(sandbox, []).append(pod["metadata"]["name"])
 
-    names = {r.sandbox.sandbox_id: r.sandbox.runtime_name for r in results}
-    assert len(names) == sandboxes
-    assert all(len(v) == 1 for v in pods.values()), pods  # exactly one runtime per sandbox
-    assert {s: v[0] for s, v in pods.items()} == names  # and it is the one every call got
+async def test_concurrent_activations_over_two_replicas_behind_pgbouncer_transaction_mode(
+    fleet: FleetFactory, database_url: str, pgbouncer_database_url: str
+) -> None:
+    """SPEC F7: the same race through a real PgBouncer in transaction mode whose pool (4
+    server sessions) is smaller than the replicas' pools, so consecutive statements of one
+    activation land on different sessions."""
+    async with fleet(
+        replicas=2,
+        via=pgbouncer_database_url,
+        settings={"TURNSTILE_DATABASE_STATEMENT_CACHE_SIZE": "0"},
+        warm_pool_sizes='{"default": 2}',
+        sweep_orphan_grace_s="30",
+    ) as group:
+        await group.until(lambda: len(warm_pods(group.kube)) >= 2)
+        await _race_for_each_sandbox(group, database_url, sandboxes=8, per_sandbox=3)
+
+
+def _holds_ended() -> dict[str, float]:
+    """Holds the in-process admission (it serves the fleet) has committed and cancelled."""
+    from prometheus_client import REGISTRY
+
+    return {
+        action: REGISTRY.get_sample_value(
+            "turnstile_admission_holds_total", {"action": action, "result": "done"}
+        )
+        or 0.0
+        for action in ("commit", "cancel")
+    }
+
+
+@pytest.mark.parametrize("create_landed", [True, False], ids=["pod-made", "no-pod"])
+async def test_a_replica_killed_mid_activation_leaves_one_runtime_once_another_takes_over(
+    fleet: FleetFactory,
+    database_url: str,
+    redis: Any,
+    redis_prefix: str,
+    create_landed: bool,
+) -> None:
+    """SIGKILL a replica while its pod create is in flight (the API server holds the answer,
+    having made the pod — or holds the request, making nothing); its claim lapses and the
+    other replica's activation of the same sandbox takes over: exactly one runtime, one
+    execution row, and only the survivor's hold committed (the dead one's expires)."""
+    kube = KubeEmulator(
+        bookmark_interval=0.2,
+        graceful_deletion=True,
+        kubelet=KubeletConfig(start_delay=0.01, stop_delay=0.05),
+        pod_security="restricted",
+    )
+    pods_path = rf"/api/v1/namespaces/{NS}/pods"
+    kube.delay_requests(120, method="POST", path=pods_path, after_write=create_landed)
+    sandbox = "sb-kill"
+    async with fleet(
+        replicas=2, kube=kube, settings={"TURNSTILE_ACTIVATION_CLAIM_TTL_S": "2"}
+    ) as group:
+        doomed, survivor = group.replicas
+        before = _holds_ended()
+        first = asyncio.create_task(_activate_once(doomed.address, sandbox))
+        await group.until(
+            lambda: any(r.method == "POST" and r.path == pods_path for r in kube.requests)
+        )
+        if create_landed:
+            await group.until(lambda: bool(_sandbox_pods(kube, sandbox)))
+        group.kill(doomed)
+        await doomed.process.wait()
+        assert isinstance(await first, grpc.aio.AioRpcError)  # it died answering nothing
+        kube.delay_requests(0, method="POST", path=pods_path)
+
+        answer = await _activate(survivor.address, sandbox)
+        pods = _sandbox_pods(kube, sandbox)
+        after = _holds_ended()
+
+    assert pods == [answer.sandbox.runtime_name]  # exactly one runtime: the one answered
+    expected = (
+        substrate_pb2.OUTCOME_ALREADY_RUNNING if create_landed else substrate_pb2.OUTCOME_CREATED
+    )
+    assert answer.outcome == expected  # adopted what the dead one made, or made it
     conn = await asyncpg.connect(database_url)
     try:
-        active = await records.active_runtimes(conn, "kubernetes")
+        executions = await conn.fetch(
+            "SELECT runtime_name, ended_at FROM executions WHERE sandbox_id = $1", sandbox
+        )
+        claims_left = await conn.fetchval("SELECT count(*) FROM activation_claims")
     finally:
         await conn.close()
-    assert {a.sandbox_id: name for name, a in active.items()} == names  # no orphan, no gap
+    assert [(e["runtime_name"], e["ended_at"]) for e in executions] == [(pods[0], None)]
+    assert claims_left == 0
+    # The survivor's hold (if it took one) was committed once; nobody cancelled the dead
+    # replica's: it is still held, and expires on its own (SPEC X6).
+    assert after["commit"] - before["commit"] == (0 if create_landed else 1)
+    assert after["cancel"] == before["cancel"]
+    holds = [key async for key in redis.scan_iter(match=f"{redis_prefix}*hold:*")]
+    assert len(holds) == 1
+    assert await redis.pttl(holds[0]) > 0  # it carries an expiry
 
 
-async def _peak_connections(database_url: str, stop: asyncio.Event) -> int:
-    """Highest number of connections to the test's database seen while the run lasts."""
+async def _activate_once(address: str, sandbox: str) -> substrate_pb2.ActivateResponse | Exception:
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            return await _activate_call(channel, sandbox, timeout=60)
+        except grpc.aio.AioRpcError as error:
+            return error
+
+
+def _sandbox_pods(kube: KubeEmulator, sandbox: str) -> list[str]:
+    return [
+        p["metadata"]["name"]
+        for p in kube.pods(NS)
+        if (p["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID) == sandbox
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+async def _peak_connections(database_url: str, stop: asyncio.Event) -> tuple[int, int]:
+    """Highest numbers of connections to the test's database seen while the run lasts: open
+    (what PostgreSQL or PgBouncer must accept) and running a statement at that moment."""
     name = database_url.rsplit("/", 1)[-1]
     conn = await asyncpg.connect(database_url)
-    peak = 0
+    peak_open = peak_active = 0
     try:
         while not stop.is_set():
-            count = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
+            row = await conn.fetchrow(
+                "SELECT count(*) AS open, count(*) FILTER (WHERE state <> 'idle') AS active"
+                " FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                name,
             )
-            peak = max(peak, int(count) - 1)  # not this one
+            assert row is not None
+            peak_open = max(peak_open, int(row["open"]))
+            peak_active = max(peak_active, int(row["active"]))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
     finally:
         await conn.close()
-    return peak
+    return peak_open, peak_active
+
+
+#: The last commit whose substrate held a PostgreSQL session advisory lock, and so a pooled
+#: connection, for the whole of an activation (across Admit and the pod create).
+ADVISORY_LOCK_COMMIT = "7bedb1c3b523858207d3be81bea842f08e41d150"
+
+
+def _advisory_lock_design(directory: Path) -> str:
+    """A ``PYTHONPATH`` that runs the substrate (and the libs it used) as of
+    :data:`ADVISORY_LOCK_COMMIT`, extracted from git: the old design, run from its own
+    code rather than kept alive in the service as a bench-only mode. Skips where the
+    history is not there (an export, a shallow clone)."""
+    root = Path(__file__).resolve().parents[2]
+    trees = [
+        "services/substrate/src",
+        "libs/platform/src",
+        "libs/clientkeys/src",
+        "libs/contracts/src",
+    ]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", ADVISORY_LOCK_COMMIT, *trees],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"commit {ADVISORY_LOCK_COMMIT[:12]} is not in this checkout's history")
+    directory.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
+    return os.pathsep.join(str(directory / tree) for tree in trees)
+
+
+async def _bench_cold_activations(
+    group: Fleet, database_url: str, count: int, in_flight: int
+) -> tuple[float, int, int]:
+    """Activations per second of ``count`` new sandboxes, ``in_flight`` at a time, spread
+    round robin over the replicas, and the peak connections while they ran."""
+    addresses = [r.address for r in group.replicas]
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(i: int) -> None:
+        async with gate:
+            await _activate(addresses[i % len(addresses)], f"bench-{i:04}")
+
+    stop = asyncio.Event()
+    peak = asyncio.create_task(_peak_connections(database_url, stop))
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(count)))
+    elapsed = time.perf_counter() - started
+    stop.set()
+    peak_open, peak_active = await peak
+    return count / elapsed, peak_open, peak_active
 
 
 @pytest.mark.benchmark
-@pytest.mark.parametrize("replicas", [1, 3])
-async def test_bench_cold_activations_per_second(
-    fleet: FleetFactory, database_url: str, replicas: int
+async def test_bench_cold_activations_per_second_against_the_advisory_lock_design(
+    fleet: FleetFactory, database_url: str, tmp_path: Path
 ) -> None:
-    """Cold activations per second through 1 or 3 replicas (64 in flight, spread round robin),
-    and the PostgreSQL connections in use at peak. ``-m benchmark -s`` prints the figures."""
+    """Cold activations per second through 1 and 3 replicas (300 activations, 64 in flight,
+    spread round robin, admission's cap off), and PostgreSQL connections at peak, for the
+    activation claims and for the session advisory lock they replaced, in the same run; then
+    one replica with a pool of 4 connections, where the old design can have only 4
+    activations in progress. ``-m benchmark -s`` prints the table."""
     count, in_flight = 300, 64
-    async with fleet(replicas=replicas) as group:
-        addresses = [r.address for r in group.replicas]
-        gate = asyncio.Semaphore(in_flight)
-
-        async def one(i: int) -> None:
-            async with gate:
-                await _activate(addresses[i % len(addresses)], f"bench-{i:04}")
-
-        stop = asyncio.Event()
-        peak = asyncio.create_task(_peak_connections(database_url, stop))
-        started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(count)))
-        elapsed = time.perf_counter() - started
-        stop.set()
-        print(
-            f"\n{replicas} replica(s): {count} cold activations in {elapsed:.2f} s = "
-            f"{count / elapsed:.0f}/s; peak PostgreSQL connections {await peak}; "
-            f"load {os.getloadavg()[0]:.1f}"
+    designs = {
+        "advisory lock": _advisory_lock_design(tmp_path / "advisory-lock"),
+        "claims": None,
+    }
+    runs = [(design, replicas, 20) for design in designs for replicas in (1, 3)]
+    runs += [(design, 1, 4) for design in designs]
+    await asyncio.to_thread(apply_migrations, database_url)
+    lines = []
+    for design, replicas, pool in runs:
+        conn = await asyncpg.connect(database_url)
+        try:  # the same empty tables for every run
+            await conn.execute("TRUNCATE sandboxes, executions, receipts, activation_claims")
+        finally:
+            await conn.close()
+        async with fleet(
+            replicas=replicas,
+            pythonpath=designs[design],
+            # Budgets for a loaded machine: they are not what is measured, and a replica
+            # whose Redis check spends 0.5 s waiting for a CPU would never report SERVING.
+            settings={
+                "TURNSTILE_DATABASE_POOL_MAX": str(pool),
+                "TURNSTILE_REDIS_TIMEOUT_S": "5",
+                "TURNSTILE_RPC_TIMEOUT_S": "10",
+            },
+        ) as group:
+            rate, peak_open, peak_active = await _bench_cold_activations(
+                group, database_url, count, in_flight
+            )
+        lines.append(
+            f"| {design} | {replicas} | {pool} | {rate:.0f} | {peak_open} | {peak_active} "
+            f"| {os.getloadavg()[0]:.1f} |"
         )
+        print(lines[-1], flush=True)
+    print(
+        "\n| design | replicas | pool | cold activations/s | peak connections open | peak"
+        " not idle | load |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+    )

@@ -1,18 +1,25 @@
 """Bounded calls (SPEC F3): a paused Redis costs a call its budget and no more,
 repeated failures open the breaker (calls then fail at once), and a probe after
-the server returns closes it."""
+the server returns closes it. A call held up by this process's own overload
+(Redis answering others, the event loop stalled, every connection in use) waits
+on for its answer instead of failing, up to the overload wait."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.exceptions import ResponseError
 
 from turnstile_platform.bounded import BreakerState
+from turnstile_platform.redis_bounded import RedisOverloadedError
 from turnstile_platform.redis_client import (
     UNREACHABLE,
+    AnyRedis,
+    BoundedRedis,
     RedisBreakerOpenError,
     RedisBudgetExceededError,
     create_redis,
@@ -133,54 +140,153 @@ async def test_a_script_error_is_an_answer_not_a_failure(private_redis: RedisPro
         await client.aclose()
 
 
-async def test_a_call_queued_here_while_redis_answers_others_does_not_open_the_breaker(
+async def _answering(client: AnyRedis, stop: asyncio.Event) -> None:
+    """Other traffic Redis keeps answering: a PING every quarter budget."""
+    while not stop.is_set():
+        assert await client.ping()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), BUDGET_S / 4)
+
+
+def _overload_waits() -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "turnstile_dependency_overload_waits_total", {"dependency": "redis"}
+        )
+        or 0.0
+    )
+
+
+async def test_a_call_queued_here_while_redis_answers_others_waits_on_and_gets_its_answer(
     private_redis: RedisProcess,
 ) -> None:
-    """Time a call spends waiting on this process (a semaphore, the pool, the event
-    loop) is our overload: it fails the call, not Redis's breaker."""
+    """Time a call spends waiting on this process (a lock, the pool, the event
+    loop) while Redis answers others is our overload: the call outlives its
+    budget instead of failing, and the breaker does not hear of it."""
     guard = redis_guard(BUDGET_S, failures=1, open_s=60)
     client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
     local_queue = asyncio.Lock()
     entered = asyncio.Event()
+    stop = asyncio.Event()
 
-    async def queued_behind_local_work() -> None:
+    async def queued_behind_local_work() -> object:
         async with guard.call():
             entered.set()
             async with local_queue:
-                await client.get("k")
+                return await client.get("k")
 
+    others = asyncio.create_task(asyncio.sleep(0))
     try:
+        await client.set("k", "v")
+        waits = _overload_waits()
         async with local_queue:
             task = asyncio.create_task(queued_behind_local_work())
             await entered.wait()
-            assert await client.ping()  # Redis answers meanwhile
-            with pytest.raises(RedisBudgetExceededError):
-                await task
+            others = asyncio.create_task(_answering(client, stop))
+            started = time.perf_counter()
+            # Held here three budgets; every one of them sees Redis answer others.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), BUDGET_S * 3)
+            assert not task.done()
+        assert await task == b"v"
+        assert time.perf_counter() - started >= BUDGET_S * 3
         assert guard.breaker.state is BreakerState.CLOSED
-        assert await client.set("k", "v")
+        assert _overload_waits() == waits + 1
+    finally:
+        stop.set()
+        await others
+        await client.aclose()
+
+
+async def test_a_call_held_up_here_past_the_overload_wait_fails_as_overloaded_uncounted(
+    private_redis: RedisProcess,
+) -> None:
+    """The wait on our own overload is bounded too: past it the call fails as
+    overloaded (still a retryable "unreachable" to generic handlers), and the
+    breaker stays closed because Redis answered all along."""
+    guard = redis_guard(BUDGET_S, failures=1, open_s=60, overload_wait_s=BUDGET_S * 3)
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
+    never = asyncio.Lock()
+    stop = asyncio.Event()
+
+    async def stuck_here() -> None:
+        async with guard.call(), never:
+            await client.get("k")
+
+    others = asyncio.create_task(_answering(client, stop))
+    try:
+        async with never:
+            seconds, error = await _elapsed(stuck_here())
+        assert isinstance(error, RedisOverloadedError)
+        assert isinstance(error, RedisBudgetExceededError)
+        assert isinstance(error, UNREACHABLE)
+        assert BUDGET_S * 3 <= seconds < BUDGET_S * 4 + MARGIN_S
+        assert guard.breaker.state is BreakerState.CLOSED
+    finally:
+        stop.set()
+        await others
+        await client.aclose()
+
+
+async def test_a_stalled_event_loop_does_not_fail_a_call_redis_answered(
+    private_redis: RedisProcess,
+) -> None:
+    """A budget that ends while the loop is stalled was never the call's to spend:
+    once the loop runs again the call takes the answer Redis gave long ago."""
+    guard = redis_guard(BUDGET_S, failures=1, open_s=60)
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
+    try:
+        await client.set("k", "v")
+        # Runs once the call below is in flight: blocks the loop past its budget.
+        asyncio.get_running_loop().call_soon(time.sleep, BUDGET_S * 3)
+        assert await client.get("k") == b"v"
+        assert guard.breaker.state is BreakerState.CLOSED
     finally:
         await client.aclose()
 
 
-async def test_a_stalled_event_loop_does_not_open_the_breaker_but_a_paused_redis_does(
+async def test_after_a_stalled_loop_a_paused_redis_fails_the_call_one_budget_later(
     private_redis: RedisProcess,
 ) -> None:
-    """An expiry that fires a whole budget late means the loop was stalled and the
-    call never had its budget; the next call, on time against the paused server,
-    is a real failure and opens the breaker."""
+    """The stall gives the call a fresh budget, not a pass: a paused server that
+    answers nobody during it is a real failure, and opens the breaker."""
     guard = redis_guard(BUDGET_S, failures=1, open_s=60)
     client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
     try:
         await client.ping()
         private_redis.pause()
-        # Runs once the call below is in flight: blocks the loop past its deadline.
         asyncio.get_running_loop().call_soon(time.sleep, BUDGET_S * 3)
-        with pytest.raises(RedisBudgetExceededError):
-            await client.get("k")
-        assert guard.breaker.state is BreakerState.CLOSED
-        with pytest.raises(RedisBudgetExceededError):
-            await client.get("k")
-        assert guard.breaker.state.name == "OPEN"  # narrowed above; read again
+        seconds, error = await _elapsed(client.get("k"))
+        assert isinstance(error, RedisBudgetExceededError)
+        assert not isinstance(error, RedisOverloadedError)
+        assert seconds < BUDGET_S * 4 + MARGIN_S
+        assert guard.breaker.state is BreakerState.OPEN
     finally:
         private_redis.resume()
+        await client.aclose()
+
+
+async def test_more_calls_than_connections_wait_their_turn_instead_of_failing(
+    private_redis: RedisProcess,
+) -> None:
+    """redis-py's pool raises "Too many connections" at once; a caller would read
+    it as Redis unreachable (and a fail-open cap admit). Here calls queue for a
+    connection, and the pool never opens more than its maximum."""
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, max_connections=4)
+    assert isinstance(client, BoundedRedis)  # one server: one pool
+    pool = client.connection_pool
+    opened: set[int] = set()
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+
+    async def one() -> int:
+        value = int(await script(keys=["n"]))
+        opened.update(id(c) for c in pool._in_use_connections)
+        return value
+
+    try:
+        values = await asyncio.gather(*(one() for _ in range(200)))
+        assert sorted(values) == list(range(1, 201))
+        assert len(opened) <= 4
+        assert len(pool._available_connections) <= 4
+    finally:
         await client.aclose()

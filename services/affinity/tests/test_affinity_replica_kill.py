@@ -56,38 +56,47 @@ async def replicas(
     redis_url: str, redis_prefix: str, credentials: Credentials
 ) -> AsyncIterator[list[Replica]]:
     started: list[Replica] = []
-    for _ in range(3):
-        port = free_port()
-        env = {
-            **os.environ,
-            "TURNSTILE_PORT": str(port),
-            "TURNSTILE_METRICS_PORT": "0",
-            "TURNSTILE_REDIS_URL": redis_url,
-            "TURNSTILE_REDIS_PREFIX": redis_prefix,
-            "TURNSTILE_WAKE_ENABLED": "false",
-            "TURNSTILE_HEARTBEAT_INTERVAL_S": "2",
-            "TURNSTILE_PRESENCE_TTL_S": "30",
-            "TURNSTILE_GRACE_S": "120",
-            "TURNSTILE_LOG_LEVEL": "WARNING",
-            "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(credentials.keys.public_keys_file),
-            "OTEL_TRACES_EXPORTER": "none",
-        }
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "turnstile_affinity", env=env, stdout=asyncio.subprocess.DEVNULL
-        )
-        started.append(Replica(proc, port))
-    for replica in started:
-        await asyncio.wait_for(replica.channel.channel_ready(), 60)
-    yield started
-    for replica in started:
-        await replica.channel.close(None)
-        if replica.proc.returncode is None:
-            replica.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(replica.proc.wait(), 15)
-        if replica.proc.returncode is None:
-            replica.proc.kill()
-            await replica.proc.wait()
+    try:
+        for _ in range(3):
+            port = free_port()
+            env = {
+                **os.environ,
+                "TURNSTILE_PORT": str(port),
+                "TURNSTILE_METRICS_PORT": "0",
+                "TURNSTILE_REDIS_URL": redis_url,
+                "TURNSTILE_REDIS_PREFIX": redis_prefix,
+                "TURNSTILE_WAKE_ENABLED": "false",
+                "TURNSTILE_HEARTBEAT_INTERVAL_S": "2",
+                "TURNSTILE_PRESENCE_TTL_S": "30",
+                "TURNSTILE_GRACE_S": "120",
+                "TURNSTILE_LOG_LEVEL": "WARNING",
+                "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(
+                    credentials.keys.public_keys_file
+                ),
+                "OTEL_TRACES_EXPORTER": "none",
+            }
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "turnstile_affinity",
+                env=env,
+                stdout=asyncio.subprocess.DEVNULL,
+            )
+            started.append(Replica(proc, port))
+        for replica in started:
+            await asyncio.wait_for(replica.channel.channel_ready(), 60)
+        yield started
+    finally:
+        # Also when start-up failed: no replica outlives the test.
+        for replica in started:
+            await replica.channel.close(None)
+            if replica.proc.returncode is None:
+                replica.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(replica.proc.wait(), 15)
+            if replica.proc.returncode is None:
+                replica.proc.kill()
+                await replica.proc.wait()
 
 
 class Fleet:

@@ -223,6 +223,16 @@ async def migrated_url(database_url: str) -> str:
     return database_url
 
 
+@pytest.fixture
+async def pool(migrated_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A plain asyncpg pool on the migrated database."""
+    db = await asyncpg.create_pool(migrated_url, min_size=1, max_size=4)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
 # -- the substrate service -------------------------------------------------------
 
 

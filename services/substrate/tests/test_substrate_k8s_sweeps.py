@@ -15,7 +15,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from turnstile_platform.leader import LocalLeadership
-from turnstile_substrate.db import records
+from turnstile_substrate.db import claims, records
+from turnstile_substrate.db.claims import Claim
 from turnstile_substrate.kubernetes import KubernetesSubstrate, add_sweeps, template
 from turnstile_substrate.kubernetes.sweeps import (
     EXPIRED_WARM,
@@ -25,7 +26,7 @@ from turnstile_substrate.kubernetes.sweeps import (
     ORPHANS,
     Sweeper,
 )
-from turnstile_substrate.locks import sandbox_advisory_lock
+from turnstile_substrate.locks import SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec
 from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.kubectl import KUBECTL, run_kubectl
@@ -35,15 +36,6 @@ if TYPE_CHECKING:
 
 NS = "sandboxes"
 LONG_AGO = "2020-01-01T00:00:00Z"
-
-
-@pytest.fixture
-async def pool(migrated_url: str) -> AsyncIterator[asyncpg.Pool]:
-    db = await asyncpg.create_pool(migrated_url, min_size=1, max_size=4)
-    try:
-        yield db
-    finally:
-        await db.close()
 
 
 class Released(list[str]):
@@ -145,6 +137,31 @@ async def test_a_pod_no_record_names_is_removed_after_the_grace(
     assert kube.pod(NS, kept.name) is not None
     assert kube.pod(NS, young.name) is not None  # within the grace: maybe an activation in flight
     assert report.get(ORPHANS, "found") == 1
+    assert report.get(ORPHANS, "removed") == 1
+
+
+async def test_an_unrecorded_pod_whose_activation_still_holds_its_claim_is_kept(
+    kube: KubeEmulator, substrate: StartSubstrate, pool: asyncpg.Pool
+) -> None:
+    async with substrate(kube, sweep_orphan_grace_s=60) as sub:
+        slow = await sub.ensure_runtime(spec("slow"), Plan(CreateKind.COLD), no_gate)
+        age(kube, slow.name)
+        async with pool.acquire() as conn:  # its activation is still under way
+            assert await claims.try_claim(conn, Claim("slow", "replica/1/a"), 60)
+        await caught_up(sub, kube)
+
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+        assert kube.pod(NS, slow.name) is not None
+        assert report.get(ORPHANS, "removed") == 0
+
+        async with pool.acquire() as conn:  # that activation died: its claim lapses
+            await conn.execute(
+                "UPDATE activation_claims SET expires_at = clock_timestamp() - interval '1 s'"
+            )
+        report = await sweeper(sub, pool, Released()).sweep_once()
+
+    assert kube.pod(NS, slow.name) is None
     assert report.get(ORPHANS, "removed") == 1
 
 
@@ -272,16 +289,18 @@ async def test_a_pod_a_deactivate_is_stopping_keeps_the_deactivates_end_reason(
 ) -> None:
     released = Released()
     async with substrate(kube) as sub:
-        # a Deactivate in progress: it holds the sandbox's lock, has deleted the pod (which is
-        # how the watch hears of it), and ends the row itself before it lets go
-        async with pool.acquire() as deactivate, sandbox_advisory_lock(deactivate, "s1", 1.0):
+        # a Deactivate in progress: it holds the sandbox's activation claim, has deleted the
+        # pod (which is how the watch hears of it), and ends the row itself before it lets go
+        deactivation = SandboxClaims(pool, ttl_s=10, max_s=10, database_timeout_s=1.0)
+        async with deactivation.hold("s1", 1.0):
             runtime = await recorded_then_deleted(sub, kube, pool, "s1")
             ender = sub.sweeper(pool, released, database_timeout_s=0.2)
             waited = await ender.end_if_recorded("s1", runtime.name)
-            await records.end_execution(deactivate, "s1", reason="deactivated")
+            async with pool.acquire() as deactivate:
+                await records.end_execution(deactivate, "s1", reason="deactivated")
         after = await ender.end_if_recorded("s1", runtime.name)
 
-    assert waited.get(GONE_WATCH, "error") == 1  # the lock was held: left alone
+    assert waited.get(GONE_WATCH, "error") == 1  # the claim was held: left alone
     assert after.counts == {}
     assert await ended_reason(pool, "s1") == "deactivated"
     assert released == []

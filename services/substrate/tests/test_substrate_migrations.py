@@ -14,7 +14,13 @@ import pytest
 from turnstile_substrate.db.migrate import apply_migrations
 from turnstile_substrate.db.migrate import main as migrate_main
 
-ALL = ["0001_sandboxes", "0002_executions", "0003_receipts", "0004_sandboxes_client_check"]
+ALL = [
+    "0001_sandboxes",
+    "0002_executions",
+    "0003_receipts",
+    "0004_sandboxes_client_check",
+    "0005_activation_claims",
+]
 
 
 async def run_command(database_url: str) -> tuple[int, str]:
@@ -37,7 +43,7 @@ async def test_the_migrate_command_applies_everything_once_and_is_safe_to_rerun(
 ) -> None:
     code, output = await run_command(database_url)
     assert code == 0, output
-    assert "applied 4 migration(s)" in output
+    assert f"applied {len(ALL)} migration(s)" in output
 
     code, output = await run_command(database_url)
     assert code == 0, output
@@ -51,7 +57,7 @@ async def test_the_migrate_command_applies_everything_once_and_is_safe_to_rerun(
         }
     finally:
         await conn.close()
-    assert {"sandboxes", "executions", "receipts"} <= tables
+    assert {"sandboxes", "executions", "receipts", "activation_claims"} <= tables
 
 
 def test_the_migrate_command_fails_cleanly_on_an_unreachable_database() -> None:

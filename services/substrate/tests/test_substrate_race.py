@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+import asyncpg
 import grpc
 
 from turnstile_contracts import substrate_pb2
@@ -75,4 +76,78 @@ async def test_two_replicas_activating_one_sandbox_create_one_runtime(
     created = [r for r in results if r.outcome == substrate_pb2.OUTCOME_CREATED]
     assert len(created) == 1
     assert list(harness.processes()) == ["sb-1"]
+    assert len(harness.admission.admits) == 1
+
+
+async def test_activations_waiting_on_admission_hold_no_database_connection(
+    migrated_url: str, start_service: StartService
+) -> None:
+    # One connection in the pool: with a connection held across Admit, the second
+    # activation could not even reach admission while the first waits there.
+    harness = await start_service(migrated_url, database_pool_max=1, database_pool_min=1)
+    sandboxes = [f"sb-{n}" for n in range(4)]
+    all_waiting = asyncio.Event()
+
+    async def admit_when_all_are_waiting() -> None:
+        if len(harness.admission.admits) == len(sandboxes):
+            all_waiting.set()
+        await asyncio.wait_for(all_waiting.wait(), 30)
+
+    harness.admission.on_admit = admit_when_all_are_waiting
+
+    results = await asyncio.gather(*(harness.activate(s, "acme") for s in sandboxes))
+
+    assert {r.outcome for r in results} == {substrate_pb2.OUTCOME_CREATED}
+    assert set(harness.processes()) == set(sandboxes)
+
+
+async def test_two_replicas_behind_pgbouncer_in_transaction_mode_create_one_runtime(
+    migrated_url: str, pgbouncer_database_url: str, start_service: StartService
+) -> None:
+    replicas = [
+        await start_service(pgbouncer_database_url, database_statement_cache_size=0)
+        for _ in range(2)
+    ]
+
+    results = await asyncio.gather(*(h.activate("sb-1", "acme") for h in replicas * 5))
+
+    created = [r for r in results if r.outcome == substrate_pb2.OUTCOME_CREATED]
+    assert len(created) == 1
+    assert {r.sandbox.runtime_name for r in results} == {created[0].sandbox.runtime_name}
+    assert list(replicas[0].processes()) == ["sb-1"]
+    assert len(replicas[0].admission.admits) == 1
+    assert len(await replicas[0].rows("SELECT id FROM executions")) == 1
+    assert await replicas[0].rows("SELECT * FROM activation_claims") == []
+
+
+async def test_a_claim_taken_over_mid_activation_cancels_the_hold_and_leaves_the_runtime(
+    harness: Harness,
+) -> None:
+    async def taken_over_by_an_owner_that_then_dies() -> None:
+        harness.admission.on_admit = None
+        conn = await asyncpg.connect(harness.database_url)
+        try:
+            await conn.execute(
+                "UPDATE activation_claims SET owner = 'elsewhere/1/x',"
+                " expires_at = clock_timestamp() - interval '1 second'"
+            )
+        finally:
+            await conn.close()
+
+    harness.admission.on_admit = taken_over_by_an_owner_that_then_dies
+
+    error = await harness.error(harness.activate("sb-1", "acme"))
+
+    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SANDBOX_PENDING")
+    assert [h.state for h in harness.admission.holds.values()] == ["cancelled"]
+    assert await harness.rows("SELECT id FROM executions") == []  # the write was fenced
+    runtime = harness.processes()
+    assert list(runtime) == ["sb-1"]  # left for the owner that took the sandbox over
+
+    # That owner died too: the next activation takes its lapsed claim and adopts the runtime.
+    again = await harness.activate("sb-1", "acme")
+
+    assert again.outcome == substrate_pb2.OUTCOME_ALREADY_RUNNING
+    assert harness.processes() == runtime
+    assert len(await harness.rows("SELECT id FROM executions WHERE ended_at IS NULL")) == 1
     assert len(harness.admission.admits) == 1

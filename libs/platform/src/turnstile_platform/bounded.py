@@ -14,18 +14,32 @@ After ``open_s`` the breaker half-opens and lets exactly one call through as a
 probe; its success closes the breaker, its failure opens it again (the
 resilience4j state machine). Health and metrics report the state.
 
-The budget counts everything the caller waits for, our own event loop and
-connection pool included, but the breaker must open only when the *dependency*
-stops answering, never because this process is overloaded (a burst of
-thousands of streams reattaching at once). So a spent budget counts as a
-dependency failure only when the dependency gave no sign of life meanwhile:
-when another call to it got an answer after this one began, the dependency was
-answering and this call's time went to queueing here (the event loop, the
-pool); and when the expiry itself fired a whole budget late, the event loop
-was stalled and the call never had its budget. Either way the call still fails
-with ``budget_exceeded`` (its caller applies its fail mode), but the breaker is
-left as it was and the metrics say ``overloaded``. A paused server answers
-nobody, so its calls' timeouts still count and open the breaker.
+The budget is for the dependency, not for this process. It counts everything
+the caller waits for, our own event loop and connection pool included, so under
+a burst of our own making (thousands of streams reattaching at once, hundreds of
+decisions in one turn of a CPU-starved loop) a call can spend it while the
+dependency answers in a millisecond. Failing such a call would apply a fail mode
+(a fail-open cap admits past its limit) for an outage that is not there. So when
+a call's budget runs out, the guard looks for signs of life first:
+
+* the dependency answered some call during the budget just spent — it is
+  answering, and this call's time went to queueing here; or
+* the expiry itself fired a whole budget late — the event loop was stalled, so
+  the call never had its budget (a loop starved again and again cannot tell a
+  hung dependency from a slow self: it waits on, up to the overload wait, and
+  then refuses retryably rather than guess "down").
+
+Either way the call is not cut off: it gets another budget, judged the same way
+when that one runs out, for up to ``overload_wait_s`` from its start (rounded up
+to a whole budget; an RPC's own deadline ends it sooner: gRPC cancels the
+handler). Only a budget with no
+sign of life (a paused or black-holed server answers nobody) fails the call as
+``budget_exceeded`` and counts toward the breaker; a call that began just before
+the dependency stopped answering may see earlier calls' answers in its first
+budget and so wait two. A call still held up here after ``overload_wait_s``
+fails as ``overloaded`` (:class:`OverloadedError`): not counted by the breaker,
+and a caller must not answer it with a fail mode — the replica cannot keep up,
+which is a retryable refusal (``UNAVAILABLE``, ``REPLICA_OVERLOADED``).
 
 The errors raised are chosen by the caller (:class:`Guard` takes the classes),
 so each client can raise what its existing handlers already treat as
@@ -77,11 +91,18 @@ BREAKER_TRANSITIONS = Counter(
 CALLS = Counter(
     "turnstile_dependency_calls_total",
     "Bounded calls to a dependency by result: ok, error (the dependency answered "
-    "with an error), timeout (budget spent, the dependency silent), overloaded "
-    "(budget spent while the dependency answered other calls, or the event loop "
-    "stalled: local overload, not counted by the breaker), unreachable "
-    "(connection failed), rejected (breaker open).",
+    "with an error), timeout (a budget spent with no answer from the dependency to "
+    "anyone), overloaded (still held up by this process's own overload after the "
+    "overload wait: not counted by the breaker), unreachable (connection failed), "
+    "rejected (breaker open).",
     ["dependency", "result"],
+)
+OVERLOAD_WAITS = Counter(
+    "turnstile_dependency_overload_waits_total",
+    "Calls that spent their budget while the dependency answered others (or the "
+    "event loop stalled) and went on waiting instead of failing: this process's "
+    "own overload, not the dependency's.",
+    ["dependency"],
 )
 
 
@@ -98,6 +119,12 @@ class DependencyUnavailableError(ConnectionError):
 
 class BudgetExceededError(DependencyUnavailableError, TimeoutError):
     """The call's budget was spent before the dependency answered."""
+
+
+class OverloadedError(BudgetExceededError):
+    """The call was held up by this process's own overload (the dependency kept
+    answering others) past the overload wait. Not the dependency's failure: a
+    caller must not apply a fail mode to it, but refuse retryably."""
 
 
 class BreakerOpenError(DependencyUnavailableError):
@@ -193,6 +220,10 @@ class Breaker:
 
 ErrorFactory = Callable[[str, str], BaseException]
 
+#: How long a call held up by this process's own overload may wait for its
+#: answer, from its start, before it fails as overloaded (TURNSTILE_OVERLOAD_WAIT_S).
+DEFAULT_OVERLOAD_WAIT_S = 10.0
+
 
 class Guard:
     """The budget and breaker of one dependency, applied to each call.
@@ -200,9 +231,10 @@ class Guard:
     ``unreachable`` lists the exceptions that count as the dependency failing
     (anything else it raises is an answer, and counts as success for the
     breaker); ``local`` lists failures of this process, not of the dependency
-    (an exhausted client pool), which count as neither. ``budget_exceeded``
-    and ``breaker_open`` build the exceptions raised when the budget is spent
-    or the breaker refuses the call.
+    (an exhausted client pool), which count as neither. ``budget_exceeded``,
+    ``overloaded`` and ``breaker_open`` build the exceptions raised when the
+    budget is spent with no sign of life, when the overload wait is spent, or
+    when the breaker refuses the call.
     """
 
     def __init__(
@@ -213,18 +245,23 @@ class Guard:
         unreachable: tuple[type[BaseException], ...],
         local: tuple[type[BaseException], ...] = (),
         budget_exceeded: ErrorFactory = BudgetExceededError,
+        overloaded: ErrorFactory = OverloadedError,
         breaker_open: ErrorFactory = BreakerOpenError,
         failures: int = 3,
         open_s: float = 1.0,
+        overload_wait_s: float = DEFAULT_OVERLOAD_WAIT_S,
     ) -> None:
         self.dependency = dependency
         self.budget_s = budget_s
+        #: The longest a call waits on its answer while the dependency answers others.
+        self.overload_wait_s = max(overload_wait_s, budget_s)
         self.breaker = Breaker(dependency, failures=failures, open_s=open_s)
         self._unreachable = unreachable
         self._local = local
         #: Event-loop time of the latest answer (ok or error) from the dependency.
         self._answered_at = float("-inf")
         self._budget_exceeded = budget_exceeded
+        self._overloaded = overloaded
         self._breaker_open = breaker_open
 
     def check(self) -> None:
@@ -233,27 +270,42 @@ class Guard:
             CALLS.labels(self.dependency, "rejected").inc()
             raise self._breaker_open(self.dependency, self._open_message())
 
+    def answered_since(self, when: float) -> bool:
+        """Whether the dependency answered anything after event-loop time ``when``."""
+        return self._answered_at > when
+
+    def answered(self) -> None:
+        """Record a sign of life that is not a whole call: a client calls it when
+        the dependency answers a step of one (each reply of a new connection's
+        handshake), so a burst that starts by opening connections shows the
+        dependency answering before any call of it completes."""
+        self._answered_at = asyncio.get_running_loop().time()
+
     @asynccontextmanager
     async def call(self, budget_s: float | None = None) -> AsyncIterator[None]:
         """Run the block as one call: refused at once while the breaker is open,
-        cut off with ``budget_exceeded`` when ``budget_s`` (default: the
-        configured budget) is spent."""
+        cut off with ``budget_exceeded`` when a budget (``budget_s``, default the
+        configured one) passes with no sign of life from the dependency, or with
+        ``overloaded`` when it is still held up here after the overload wait."""
         if not self.breaker.acquire():
             CALLS.labels(self.dependency, "rejected").inc()
             raise self._breaker_open(self.dependency, self._open_message())
-        budget = self.budget_s if budget_s is None else budget_s
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        timeout = asyncio.timeout(budget)
+        timeout = asyncio.timeout(None)
+        watch = _Watch(self, loop, self.budget_s if budget_s is None else budget_s, timeout)
         try:
             async with timeout:
-                yield
+                watch.arm()
+                try:
+                    yield
+                finally:
+                    watch.disarm()
         except TimeoutError as error:
-            if not timeout.expired():
+            if not timeout.expired():  # a timeout of the client's own
                 self.breaker.failure()
                 CALLS.labels(self.dependency, "timeout").inc()
                 raise
-            raise await self._spent(started, budget, loop.time()) from error
+            raise self._expired(watch) from error
         except asyncio.CancelledError:
             self.breaker.abandon()
             raise
@@ -267,9 +319,8 @@ class Guard:
                 CALLS.labels(self.dependency, "error").inc()
                 raise
             if timeout.expired():
-                # The client's own (socket) timeout fired with ours: the budget is spent.
-                raise await self._spent(started, budget, loop.time()) from error
-
+                # The client's own (socket) timeout fired with ours.
+                raise self._expired(watch) from error
             self.breaker.failure()
             CALLS.labels(self.dependency, "unreachable").inc()
             raise
@@ -277,54 +328,97 @@ class Guard:
         self.breaker.success()
         CALLS.labels(self.dependency, "ok").inc()
 
-    async def _spent(self, started: float, budget: float, now: float) -> BaseException:
-        """Count a spent budget (or not, under local overload); the error to raise.
-
-        Waits one turn of the event loop first: an answer that arrived in the same
-        turn as the expiry is recorded by its own call, which the loop resumes
-        after this one's cancellation.
-        """
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            self.breaker.abandon()
-            raise
-        if self._overloaded(started, budget, now):
+    def _expired(self, watch: _Watch) -> BaseException:
+        """Count a call its watch cut off; the error to raise."""
+        waited = watch.waited()
+        if watch.overloaded:
             self.breaker.abandon()
             CALLS.labels(self.dependency, "overloaded").inc()
-            message = (
-                f"{self.dependency} call did not complete within {budget:g}s "
-                "(local overload: not counted by the breaker)"
+            return self._overloaded(
+                self.dependency,
+                f"{self.dependency} call did not complete within {waited:.3g}s: this "
+                "process is overloaded (the dependency answered others meanwhile)",
             )
-        else:
-            self.breaker.failure()
-            CALLS.labels(self.dependency, "timeout").inc()
-            message = f"{self.dependency} did not answer within {budget:g}s"
-        return self._budget_exceeded(self.dependency, message)
-
-    def _overloaded(self, started: float, budget: float, now: float) -> bool:
-        """Whether a call that spent its budget was held up here, not by the dependency.
-
-        The dependency answered another call after this one began (so it was
-        answering; this call waited on our event loop or pool), or the expiry ran
-        a whole budget late (the event loop was stalled past the deadline).
-        """
-        answered_meanwhile = self._answered_at > started
-        stalled = now - (started + budget) >= budget
-        if answered_meanwhile or stalled:
-            log.debug(
-                "dependency call timed out under local overload; breaker not counting it",
-                extra={
-                    "dependency": self.dependency,
-                    "answered_meanwhile": answered_meanwhile,
-                    "expiry_late_s": round(now - started - budget, 3),
-                },
-            )
-            return True
-        return False
+        self.breaker.failure()
+        CALLS.labels(self.dependency, "timeout").inc()
+        return self._budget_exceeded(
+            self.dependency,
+            f"{self.dependency} did not answer within {watch.budget_s:g}s ({waited:.3g}s waited)",
+        )
 
     def _open_message(self) -> str:
         return f"{self.dependency} is unavailable (circuit breaker open); not tried"
+
+
+class _Watch:
+    """One call's budgets: at the end of each, judge whether it goes on waiting.
+
+    The judgement runs one event-loop turn after the budget's end, so an answer
+    that arrived in the same turn as the expiry is recorded first (by this call,
+    which then completes, or by another, which counts as a sign of life).
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        loop: asyncio.AbstractEventLoop,
+        budget_s: float,
+        timeout: asyncio.Timeout,
+    ) -> None:
+        self.guard = guard
+        self.budget_s = budget_s
+        self._loop = loop
+        self._timeout = timeout
+        self.started = loop.time()
+        #: Start of the budget being spent now: answers after it are signs of life.
+        self._window = self.started
+        self._due = self.started + budget_s
+        self._limit = self.started + guard.overload_wait_s
+        self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._extended = False
+        #: Set when the watch cut the call off because of our own overload.
+        self.overloaded = False
+
+    def arm(self) -> None:
+        self._handle = self._loop.call_at(self._due, self._budget_spent)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def waited(self) -> float:
+        return self._loop.time() - self.started
+
+    def _budget_spent(self) -> None:
+        self._handle = self._loop.call_soon(self._judge, self._loop.time())
+
+    def _judge(self, fired_at: float) -> None:
+        self._handle = None
+        stalled = fired_at - self._due >= self.budget_s
+        answered = self.guard.answered_since(self._window)
+        now = self._loop.time()
+        if not (stalled or answered):
+            self._timeout.reschedule(now)  # silent for a whole budget: the dependency
+            return
+        if now >= self._limit:
+            self.overloaded = True
+            self._timeout.reschedule(now)
+            return
+        if not self._extended:
+            self._extended = True
+            OVERLOAD_WAITS.labels(self.guard.dependency).inc()
+            log.debug(
+                "dependency call outlived its budget under local overload; waiting on",
+                extra={
+                    "dependency": self.guard.dependency,
+                    "answered_meanwhile": answered,
+                    "expiry_late_s": round(fired_at - self._due, 3),
+                },
+            )
+        self._window = now
+        self._due = now + self.budget_s
+        self._handle = self._loop.call_at(self._due, self._budget_spent)
 
 
 def report_breaker(health: HealthMap, component: str, breaker: Breaker) -> None:

@@ -127,6 +127,21 @@ def reason_name(reason: common_pb2.ErrorReason.ValueType) -> str:
     return name.removeprefix("ERROR_REASON_")
 
 
+def replica_overloaded(dependency: str, retry_after_s: float) -> RichError:
+    """UNAVAILABLE because this replica could not keep up: a call to
+    ``dependency`` was held up by our own overload past the overload wait
+    (:class:`~turnstile_platform.bounded.OverloadedError`). Never answered with a
+    fail mode: nothing was decided, and a retry (elsewhere, ideally) may succeed."""
+    return RichError(
+        code=grpc.StatusCode.UNAVAILABLE,
+        message=f"this replica is overloaded: its {dependency} call could not complete in time; "
+        "nothing was decided, retry (on another replica if you can)",
+        reason=reason_name(common_pb2.ERROR_REASON_REPLICA_OVERLOADED),
+        metadata={"dependency": dependency},
+        retry_after_s=retry_after_s,
+    )
+
+
 def invalid_argument(*violations: FieldViolation, message: str | None = None) -> RichError:
     """An INVALID_ARGUMENT error naming every bad field (SPEC X2)."""
     text = message or "; ".join(f"{v.field}: {v.description}" for v in violations)

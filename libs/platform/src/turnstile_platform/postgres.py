@@ -38,7 +38,7 @@ from typing import Any
 
 import asyncpg
 
-from turnstile_platform.bounded import Guard
+from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, Guard
 
 #: Failures that mean "PostgreSQL cannot be reached, went away, or is not the
 #: primary": the request may succeed if retried, and nothing it wrote was committed.
@@ -86,10 +86,22 @@ def is_unavailable(error: BaseException) -> bool:
 
 
 def postgres_guard(
-    timeout_s: float, *, failures: int = 3, open_s: float = 1.0, dependency: str = "postgresql"
+    timeout_s: float,
+    *,
+    failures: int = 3,
+    open_s: float = 1.0,
+    overload_wait_s: float = DEFAULT_OVERLOAD_WAIT_S,
+    dependency: str = "postgresql",
 ) -> Guard:
     """The budget and breaker of one PostgreSQL deployment."""
-    return Guard(dependency, timeout_s, unreachable=_UNREACHABLE, failures=failures, open_s=open_s)
+    return Guard(
+        dependency,
+        timeout_s,
+        unreachable=_UNREACHABLE,
+        failures=failures,
+        open_s=open_s,
+        overload_wait_s=overload_wait_s,
+    )
 
 
 class BoundedConnection(asyncpg.Connection):
@@ -180,7 +192,10 @@ async def create_pool(
         connection_class=Connection,
         record_class=asyncpg.Record,
         loop=None,
-        command_timeout=guard.budget_s,
+        # The guard decides when a statement waited too long (it tells a silent
+        # server from this process's own overload); asyncpg's own statement
+        # timeout is only a backstop past the guard's longest wait.
+        command_timeout=guard.overload_wait_s + guard.budget_s,
         timeout=guard.budget_s,
         server_settings={"application_name": application_name},
         **connect_kwargs,  # password, ssl (SPEC Z4)

@@ -14,6 +14,7 @@ unreachable" applies it unchanged, whatever the topology
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -25,7 +26,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ExceptionType, MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from turnstile_platform.bounded import BreakerOpenError, BudgetExceededError, Guard
+from turnstile_platform.bounded import (
+    DEFAULT_OVERLOAD_WAIT_S,
+    BreakerOpenError,
+    BudgetExceededError,
+    Guard,
+    OverloadedError,
+)
 
 #: Exceptions that mean "Redis could not be reached", as opposed to a script error.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
@@ -46,12 +53,18 @@ class RedisBudgetExceededError(_RedisUnavailable, BudgetExceededError, RedisTime
     """Redis did not answer a call within its budget."""
 
 
+class RedisOverloadedError(OverloadedError, RedisBudgetExceededError):
+    """A Redis call held up by this process's own overload past the overload wait:
+    never a reason for a fail mode (see :mod:`turnstile_platform.bounded`)."""
+
+
 class RedisBreakerOpenError(_RedisUnavailable, BreakerOpenError, RedisConnectionError):
     """Redis's breaker is open: the call was refused without trying."""
 
 
 class UncontendedPool(ConnectionPool):
-    """redis-py's pool without a lock convoy on the hot path.
+    """redis-py's pool without a lock convoy on the hot path, waiting its turn
+    for a connection when all are in use.
 
     redis-py's asyncio pool takes an ``asyncio.Lock`` to hand out and take back
     every connection. That lock is fair: once a task waits on it, each release
@@ -64,13 +77,37 @@ class UncontendedPool(ConnectionPool):
     lock only while someone else holds it across an await (a pool-wide
     disconnect, redis-py's maintenance handling); then this defers to redis-py.
     redis-py's optional OpenTelemetry connection counts are not recorded here.
+
+    redis-py's plain pool raises ``MaxConnectionsError`` at once when every
+    connection is in use, which a caller would read as "Redis unreachable" (a
+    fail-open policy admits: more concurrent decisions than connections was an
+    over-admission). Here the call waits in FIFO order for a connection to come
+    back instead; the wait is inside the call's budget, and the guard judges it
+    like any other wait (:mod:`turnstile_platform.bounded`). Each returned
+    connection is handed to the first waiter (reserved for it, so a newcomer
+    cannot take it first), without redis-py's ``BlockingConnectionPool``
+    condition lock, which would bring the convoy back.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        #: Connections handed to woken waiters that have not taken them yet.
+        self._reserved = 0
+        #: Told of every reply Redis sends (a sign of life).
+        self.guard: Guard | None = None
+
+    def _free(self) -> int:
+        """Connections a newcomer could take now (kept or still to be made)."""
+        return self.max_connections - len(self._in_use_connections) - self._reserved
 
     async def get_connection(
         self, command_name: str | None = None, *keys: Any, **options: Any
     ) -> AbstractConnection:
         if self._lock.locked():
             return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]
+        if self._waiters or self._free() <= 0:
+            await self._wait_turn()
         connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
         try:
             await self.ensure_connection(connection)
@@ -79,9 +116,50 @@ class UncontendedPool(ConnectionPool):
             raise
         return connection
 
+    def make_connection(self) -> AbstractConnection:
+        """A connection that tells the guard of every reply it reads: a burst that
+        starts by opening connections (several round trips each) shows Redis
+        answering before any call of it completes."""
+        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]
+        read = connection.read_response
+
+        async def read_response(*args: Any, **kwargs: Any) -> Any:
+            response = await read(*args, **kwargs)
+            # With a timeout of its own (a pub/sub poll), None means nothing came.
+            if self.guard is not None and (response is not None or kwargs.get("timeout") is None):
+                self.guard.answered()
+            return response
+
+        connection.read_response = read_response  # type: ignore[method-assign]
+        return connection
+
+    async def _wait_turn(self) -> None:
+        """Wait until a returned connection is reserved for this call."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._reserved -= 1  # handed a connection, then cancelled: pass it on
+                self._hand_over()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        self._reserved -= 1
+
+    def _hand_over(self) -> None:
+        """Reserve a free connection for each waiter there is one for, in order."""
+        while self._waiters and self._free() > 0:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
+
     async def release(self, connection: AbstractConnection) -> None:
         if self._lock.locked():
             await super().release(connection)
+            self._hand_over()
             return
         if connection.should_reconnect():  # type: ignore[no-untyped-call]
             await connection.disconnect()
@@ -97,6 +175,7 @@ class UncontendedPool(ConnectionPool):
     def _put_back(self, connection: AbstractConnection) -> None:
         self._in_use_connections.remove(connection)
         self._available_connections.append(connection)
+        self._hand_over()
 
 
 class BoundedRedis(aioredis.Redis):
@@ -145,7 +224,12 @@ async def guarded(guard: Guard | None, call: Awaitable[T]) -> T:
 
 
 def redis_guard(
-    timeout_s: float, *, failures: int = 3, open_s: float = 1.0, dependency: str = "redis"
+    timeout_s: float,
+    *,
+    failures: int = 3,
+    open_s: float = 1.0,
+    overload_wait_s: float = DEFAULT_OVERLOAD_WAIT_S,
+    dependency: str = "redis",
 ) -> Guard:
     """The budget and breaker of one Redis, raising redis-py's own error types."""
     return Guard(
@@ -154,7 +238,9 @@ def redis_guard(
         unreachable=(RedisConnectionError, RedisTimeoutError, OSError),
         local=(MaxConnectionsError,),
         budget_exceeded=RedisBudgetExceededError,
+        overloaded=RedisOverloadedError,
         breaker_open=RedisBreakerOpenError,
         failures=failures,
         open_s=open_s,
+        overload_wait_s=overload_wait_s,
     )

@@ -82,18 +82,31 @@ def create_redis(
     by ``timeout_s`` and a breaker.
 
     Timeouts are short on purpose: a policy's fail mode (open or closed) decides
-    what happens when Redis is slow, not a long hang. The socket timeouts and the
-    quick reconnect retries stay, inside the call's budget: a dropped connection
-    (a Redis restart, a failover) is retried at once without failing the call.
-    ``connection`` (``username``, ``password``, ``ssl_ca_certs`` …) overrides
-    what the URL says; ``sentinel_password`` is the sentinels' own, if any.
-    ``max_connections`` bounds the pool (per node on a Cluster).
+    what happens when Redis stops answering, not a long hang. The guard alone
+    decides when a call has waited too long (it tells a silent Redis from our
+    own overload), so redis-py's own timeouts stay out of its way. Reads and
+    writes on one server and on Sentinel's primary have none: were the socket
+    timeout the budget, a reply that a busy event loop reads late would time out
+    (and be retried, running a script twice) while Redis had long answered; and
+    redis-py bounds each write with ``asyncio.wait_for``, which on Python 3.11
+    swallows a cancellation that lands as the write completes (CPython gh-86296,
+    fixed in 3.12), so the guard's cut-off would be lost and the call would hang
+    until the socket timeout. A Cluster call runs in a task of its own that the
+    guard leaves behind at its budget, so there the socket timeout stays, as a
+    backstop past the guard's longest wait that ends such a task; the connect
+    timeout is the same backstop everywhere. The quick reconnect retries stay,
+    inside the call's budget: a dropped connection (a Redis restart, a failover)
+    is retried at once without failing the call. ``connection`` (``username``,
+    ``password``, ``ssl_ca_certs`` …) overrides what the URL says;
+    ``sentinel_password`` is the sentinels' own, if any. ``max_connections``
+    bounds the pool (per node on a Cluster).
     """
     target = parse_redis_url(url)
     guard = guard or redis_guard(timeout_s)
+    backstop_s = guard.overload_wait_s + guard.budget_s
     common: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
+        "socket_timeout": None,
+        "socket_connect_timeout": backstop_s,
         "health_check_interval": 10,
         "max_connections": max_connections,
         "decode_responses": False,
@@ -105,6 +118,7 @@ def create_redis(
             **common,
             **connection,
         )
+        pool.guard = guard
         single: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]
         single.guard = guard
         return single
@@ -129,12 +143,15 @@ def create_redis(
             **tls,
         )
         primary.guard = guard
+        sentinel_pool = primary.connection_pool
+        assert isinstance(sentinel_pool, UncontendedPool)  # an UncontendedSentinelPool
+        sentinel_pool.guard = guard
         return primary
     cluster = BoundedRedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
         # Each retry re-reads the topology first (a failed node, CLUSTERDOWN).
         retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=3),
-        **common,
+        **(common | {"socket_timeout": backstop_s}),
         **auth,
         **tls,
     )
@@ -159,6 +176,7 @@ def redis_from_settings(settings: ServiceSettings) -> BoundedClient:
             settings.redis_timeout_s,
             failures=settings.breaker_failures,
             open_s=settings.breaker_open_s,
+            overload_wait_s=settings.overload_wait_s,
         ),
         sentinel_password=read_secret(settings.redis_sentinel_password_file),
         **connection,

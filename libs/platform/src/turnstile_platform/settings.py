@@ -90,12 +90,21 @@ class ServiceSettings(BaseSettings):
 
     redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
     """Budget of one Redis call, covering pool waits, reconnects, retries and
-    health checks: a decision never waits longer on Redis."""
+    health checks: a decision never waits longer on a Redis that does not
+    answer. A call held up by this process's own overload while Redis answers
+    others waits on (see ``overload_wait_s``) instead of applying a fail mode."""
 
     breaker_failures: int = Field(default=3, ge=1, le=1000)
     """Consecutive failed calls (budget spent, connection refused or dropped) to a
     dependency (Redis, PostgreSQL) that open its circuit breaker; while it is
     open, calls fail at once and each policy applies its fail mode."""
+
+    overload_wait_s: float = Field(default=10.0, gt=0, le=300)
+    """How long a Redis or PostgreSQL call held up by this process's own overload
+    (its budget spent while the dependency answered other calls, or the event
+    loop stalled) may go on waiting for its answer, from its start, before it
+    fails as overloaded: a retryable ``UNAVAILABLE`` (``REPLICA_OVERLOADED``),
+    never a fail mode. An RPC's own deadline ends the wait sooner."""
 
     breaker_open_s: float = Field(default=1.0, gt=0, le=300)
     """How long an open breaker refuses calls before letting one probe through;

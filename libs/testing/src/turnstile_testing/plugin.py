@@ -20,6 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_testing.otlp import OtlpReceiver
+from turnstile_testing.pgbouncer import PgBouncerProcess, pgbouncer_binary
 from turnstile_testing.pki import Pki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
@@ -158,6 +159,26 @@ async def database_url(postgres_url: str) -> AsyncIterator[str]:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_url: str) -> Iterator[PgBouncerProcess]:
+    """A real PgBouncer in transaction mode, with a pool smaller than its clients, in front
+    of the shared test PostgreSQL (started once per session). Tests that use it skip where
+    the binary is not installed (``scripts/test`` installs it)."""
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer is not installed (scripts/test installs it)")
+    proc = PgBouncerProcess(postgres_url).start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture
+def pgbouncer_database_url(pgbouncer: PgBouncerProcess, database_url: str) -> str:
+    """This test's own database, reached through :func:`pgbouncer` (transaction mode)."""
+    return pgbouncer.url(database_url)
 
 
 @pytest.fixture

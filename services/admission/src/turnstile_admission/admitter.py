@@ -42,6 +42,7 @@ from turnstile_admission.redis_store import (
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import BoundedKey, Client, Resolver
+from turnstile_platform.bounded import OverloadedError
 from turnstile_platform.redis_client import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,12 @@ class Admitter:
         )
         try:
             answer = await self.store.admit(args)
+        except (OverloadedError, asyncio.CancelledError):
+            # Not an outage, so no fail mode: this replica could not keep up
+            # (or the caller gave up). Nothing was decided for the caller, but
+            # the script may have run: its hold has no owner, so cancel it.
+            self.orphans.cancel(args.hold_id)
+            raise
         except UNREACHABLE as error:
             return self._unreachable(key, activation, args.hold_id, error)
         except asyncio.CancelledError:

@@ -1,13 +1,15 @@
-"""Holds a refusal may have left behind: cancelled as soon as Redis answers.
+"""Holds no caller will settle: cancelled as soon as Redis answers.
 
 When the admit script's reply is lost (Redis hung or the connection dropped
 after the script ran), admission cannot know whether the hold was taken. An
 admitted answer hands the hold id to the caller, who commits or cancels it. A
-refusal (a fail-closed policy) hands it to no one, so a hold the script did
-take — with its tokens, in-flight lease, node slot and pending entry — would
-stay until it expired. This cancels it instead: in the background, retried
-with backoff until Redis answers or the hold would have expired anyway.
-Cancelling a hold that was never taken is a no-op.
+refusal (a fail-closed policy) hands it to no one, nor does an Admit that ends
+without a decision (this replica overloaded, or the caller's deadline passed
+while the script ran), so a hold the script did take — with its tokens,
+in-flight lease, node slot and pending entry — would stay until it expired.
+This cancels it instead: in the background, retried with backoff until Redis
+answers or the hold would have expired anyway. Cancelling a hold that was never
+taken is a no-op.
 
 Runs on every replica (each settles the holds of its own decisions).
 """
@@ -27,9 +29,10 @@ log = logging.getLogger(__name__)
 
 ORPHANS = Counter(
     "turnstile_admission_orphan_cancels_total",
-    "Holds of refused decisions whose Redis reply was lost, cancelled in the "
-    "background, by result (cancelled, absent: never taken, expired: Redis did "
-    "not answer before the hold's own expiry).",
+    "Holds no caller will settle (a refusal whose Redis reply was lost, an Admit "
+    "that ended without a decision), cancelled in the background, by result "
+    "(cancelled, absent: never taken, expired: Redis did not answer before the "
+    "hold's own expiry).",
     ["result"],
 )
 
@@ -64,7 +67,7 @@ class OrphanedHolds:
             ORPHANS.labels("cancelled" if answer.cancelled else "absent").inc()
             if answer.cancelled:
                 log.info(
-                    "cancelled the hold of a refusal whose reply was lost",
+                    "cancelled a hold no caller will settle",
                     extra={"hold_id": hold_id},
                 )
             return

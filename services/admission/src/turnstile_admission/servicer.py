@@ -15,7 +15,8 @@ from turnstile_admission.policies import Mode, PolicyName, PolicyVerdict, Verdic
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
-from turnstile_platform.errors import RichError, reason_name
+from turnstile_platform.bounded import OverloadedError
+from turnstile_platform.errors import RichError, reason_name, replica_overloaded
 from turnstile_platform.redis_client import UNREACHABLE
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -48,7 +49,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def Admit(  # noqa: N802 - the gRPC method name
         self, request: admission_pb2.AdmitRequest, context: Context
     ) -> admission_pb2.AdmitResponse:
-        decision = await self._admitter.admit(validation.admit_request(request))
+        decision = await _redis(self._admitter.admit(validation.admit_request(request)))
         return _admit_response(decision)
 
     async def CommitHold(  # noqa: N802
@@ -98,9 +99,12 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
 
 
 async def _redis(call: Awaitable[T]) -> T:
-    """Await a Redis-backed call; an unreachable Redis is UNAVAILABLE, retryable."""
+    """Await a Redis-backed call; an unreachable Redis, or a call held up by this
+    replica's own overload, is UNAVAILABLE, retryable."""
     try:
         return await call
+    except OverloadedError as error:
+        raise replica_overloaded("redis", retry_after_s=1.0) from error
     except UNREACHABLE as error:
         raise RichError(
             code=grpc.StatusCode.UNAVAILABLE,

@@ -4,16 +4,21 @@ The path of one activation (DESIGN "The path of one wake"):
 
 1. A runtime that already runs answers ALREADY_RUNNING at once, without the
    sandbox lock and without asking admission (SPEC S5: never refused).
-2. Otherwise, under the sandbox's lock (:mod:`turnstile_substrate.locks`), look
-   again, resolve the client (``inherit`` reads the record; a NULL record
-   charges ``unattributed`` and stays NULL: C4, A4), ask the substrate for its
-   plan, and ``Admit`` with the plan's kind and candidate nodes.
+2. Otherwise, holding the sandbox's lock and its activation claim
+   (:mod:`turnstile_substrate.locks`), look again, resolve the client
+   (``inherit`` reads the record; a NULL record charges ``unattributed`` and
+   stays NULL: C4, A4), ask the substrate for its plan, and ``Admit`` with the
+   plan's kind and candidate nodes.
 3. From the moment a hold exists, every exit either commits it or cancels it:
    the substrate makes the runtime exist (running the cap gate before each one
    it creates), the attribution, execution and (Direct) receipt are written in
-   one transaction, and the hold is committed. Any failure stops what was
-   created, cancels the hold and leaves no row (compensation), then answers
-   with a clean error: retryable UNAVAILABLE when a dependency failed.
+   one transaction, fenced by the claim, and the hold is committed. Any failure
+   stops what was created, cancels the hold and leaves no row (compensation),
+   then answers with a clean error: retryable UNAVAILABLE when a dependency
+   failed.
+
+No database connection is held across a remote call (SPEC F7): each read or
+write borrows one from the pool for its statement or transaction only.
 
 The runtime's client label and ``activating_client_id`` are written from the
 same value (``record_value`` of the charged client), so they always agree.
@@ -25,7 +30,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,11 +46,13 @@ from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
 from turnstile_substrate.admission import AdmissionClient, Admitted, dependency_unavailable
 from turnstile_substrate.db import records
+from turnstile_substrate.db.claims import Claim, ClaimLostError
 from turnstile_substrate.db.pool import Connection, is_unavailable
 from turnstile_substrate.db.records import SandboxRecord
-from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, sandbox_advisory_lock
+from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec, Substrate
 from turnstile_substrate.settings import SubstrateSettings
+from turnstile_substrate.shielded import run_to_end
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +170,12 @@ class Activator:
         self._pool = pool
         self._admission = admission
         self._locks = KeyedLocks()
+        self._claims = SandboxClaims(
+            pool,
+            ttl_s=settings.activation_claim_ttl_s,
+            max_s=settings.activation_claim_max_s,
+            database_timeout_s=settings.database_timeout_s,
+        )
         self._lock_timeout_s = settings.activation_lock_timeout_s
         self._db_timeout_s = settings.database_timeout_s
         self._retry_after_s = settings.retry_after_s
@@ -199,25 +212,29 @@ class Activator:
                 return Activation(None, runtime, Outcome.ALREADY_RUNNING)
             if records_runtime(record, runtime):
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
-        async with self._locked(sandbox_id) as conn:
-            record = await records.fetch_sandbox(conn, sandbox_id)
+        async with self._locked(sandbox_id) as claim:
+            record, generation = await self._db(lambda conn: _read_for_activation(conn, sandbox_id))
             runtime = await self.substrate.find_running(sandbox_id)
             if runtime is not None:
                 if not records_runtime(record, runtime):
                     # Its activation died between creating and recording it.
-                    record = await records.adopt_runtime(
-                        conn, runtime, substrate=self.substrate.name
+                    found = runtime
+                    record = await self._db(
+                        lambda conn: records.adopt_runtime(
+                            conn, found, substrate=self.substrate.name, claim=claim
+                        )
                     )
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
-            return await self._create(conn, sandbox_id, client, tier, record)
+            return await self._create(claim, sandbox_id, client, tier, record, generation)
 
     async def _create(
         self,
-        conn: Connection,
+        claim: Claim,
         sandbox_id: str,
         client: Client,
         tier: str,
         record: SandboxRecord | None,
+        generation: int,
     ) -> Activation:
         charged = charged_client(client, record)
         spec = RuntimeSpec(
@@ -225,7 +242,7 @@ class Activator:
             tier=record.tier if record is not None else tier,
             client_label=record_value(charged),
             restore=record is not None,
-            generation=await records.activation_generation(conn, sandbox_id),
+            generation=generation,
         )
         plan = self.substrate.plan(spec)
         admitted = await self._admission.admit(
@@ -236,22 +253,33 @@ class Activator:
         try:
             runtime = await self._ensure_runtime(spec, plan, admitted, charged)
             stage = "record"
-            recorded = await records.record_activation(
-                conn,
-                runtime,
-                substrate=self.substrate.name,
-                charged_key=admitted.key.key,
-                receipt=records.receipt_kind(runtime.kind) if self._receipts else None,
+            made = runtime
+            recorded = await self._db(
+                lambda conn: records.record_activation(
+                    conn,
+                    made,
+                    substrate=self.substrate.name,
+                    charged_key=admitted.key.key,
+                    receipt=records.receipt_kind(made.kind) if self._receipts else None,
+                    claim=claim,
+                )
             )
+        except ClaimLostError as error:
+            # Another owner took the sandbox over after this claim lapsed: the runtime
+            # (the same deterministic one) is its to record or remove now; only this
+            # attempt's hold is undone.
+            COMPENSATIONS.labels("claim_lost").inc()
+            await run_to_end(self._compensate(sandbox_id, admitted, stop_runtime=False))
+            raise activation_in_progress(sandbox_id, self._retry_after_s) from error
         except BaseException as error:
             # The runtime must go if it may exist: it was made, or its making
             # was interrupted. A RichError from the substrate (the cap gate)
             # means nothing was made.
-            made = runtime is not None or not isinstance(error, RichError)
+            stop = runtime is not None or not isinstance(error, RichError)
             COMPENSATIONS.labels(stage).inc()
-            await _finish(self._compensate(sandbox_id, admitted, stop_runtime=made))
+            await run_to_end(self._compensate(sandbox_id, admitted, stop_runtime=stop))
             raise
-        await _finish(self._admission.commit(admitted.hold_id))
+        await run_to_end(self._admission.commit(admitted.hold_id))
         return Activation(recorded, runtime, OUTCOMES[runtime.kind], admitted.key)
 
     async def _ensure_runtime(
@@ -288,9 +316,13 @@ class Activator:
         """
 
         async def run() -> bool:
-            async with self._locked(sandbox_id) as conn:
+            async with self._locked(sandbox_id) as claim:
                 stopped = await self.substrate.stop_runtime(sandbox_id)
-                await records.end_execution(conn, sandbox_id, reason="deactivated")
+                await self._db(
+                    lambda conn: records.end_execution(
+                        conn, sandbox_id, reason="deactivated", claim=claim
+                    )
+                )
                 await self._admission.release_sandbox(sandbox_id)
                 return stopped
 
@@ -311,41 +343,47 @@ class Activator:
     async def list(
         self, *, limit: int, after: tuple[datetime, str] | None, client_id: str | None
     ) -> list[SandboxRecord]:
-        async def run() -> list[SandboxRecord]:
-            async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-                return await records.list_sandboxes(
-                    conn,
-                    limit=limit,
-                    after=after,
-                    client_id=client_id,
+        return await self._guard(
+            self._db(
+                lambda conn: records.list_sandboxes(
+                    conn, limit=limit, after=after, client_id=client_id
                 )
-
-        return await self._guard(run())
+            )
+        )
 
     # -- plumbing ------------------------------------------------------------
 
     async def _read(self, sandbox_id: str) -> SandboxRecord | None:
+        return await self._db(lambda conn: records.fetch_sandbox(conn, sandbox_id))
+
+    async def _db(self, statements: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run ``statements`` on a connection borrowed for them alone (never across a
+        remote call: SPEC F7)."""
         async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-            return await records.fetch_sandbox(conn, sandbox_id)
+            return await statements(conn)
 
     @asynccontextmanager
-    async def _locked(self, sandbox_id: str) -> AsyncIterator[Connection]:
-        """The sandbox's locks, and the connection that holds the advisory one."""
-        async with (
-            self._locks.hold(sandbox_id, self._lock_timeout_s),
-            self._pool.acquire(timeout=self._db_timeout_s) as conn,
-            sandbox_advisory_lock(conn, sandbox_id, self._lock_timeout_s),
-        ):
-            yield conn
+    async def _locked(self, sandbox_id: str) -> AsyncIterator[Claim]:
+        """The sandbox's in-process lock, then its activation claim, both within
+        ``activation_lock_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._lock_timeout_s
+        async with self._locks.hold(sandbox_id, self._lock_timeout_s):
+            remaining = max(0.0, deadline - loop.time())
+            async with self._claims.hold(sandbox_id, remaining) as claim:
+                yield claim
 
     async def _guard(self, work: Awaitable[T]) -> T:
-        """Map lock timeouts and PostgreSQL outages to retryable errors."""
+        """Map lock timeouts, lost claims and PostgreSQL outages to retryable errors."""
         try:
             return await work
         except RichError:
             raise
         except LockTimeoutError as error:
             raise activation_in_progress(str(error), self._retry_after_s) from error
+        except ClaimLostError as error:
+            # This claim lapsed and another owner took the sandbox over: its write stands.
+            raise activation_in_progress(error.claim.sandbox_id, self._retry_after_s) from error
         except Exception as error:
             if is_unavailable(error):
                 log.warning("PostgreSQL unavailable", extra={"error": repr(error)})
@@ -353,12 +391,10 @@ class Activator:
             raise
 
 
-async def _finish(work: Awaitable[None]) -> None:
-    """Run ``work`` to the end even if the caller is cancelled meanwhile (the
-    compensation or commit of an activation must not stop half-way)."""
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
+async def _read_for_activation(
+    conn: Connection, sandbox_id: str
+) -> tuple[SandboxRecord | None, int]:
+    """The sandbox's record and the number of its next activation (the generation the
+    Kubernetes substrate names the pod by), read under the claim."""
+    record = await records.fetch_sandbox(conn, sandbox_id)
+    return record, await records.activation_generation(conn, sandbox_id)

@@ -1,30 +1,50 @@
-"""One activation (or deactivation) of a sandbox at a time, across every replica.
+"""One activation (or deactivation) of a sandbox at a time, across every replica,
+without holding a database connection while it runs (SPEC F5, F7).
 
 Two layers:
 
-* an in-process lock per sandbox id, so a burst of requests for one sandbox on
-  one replica waits in memory instead of each holding a database connection;
-* a PostgreSQL session advisory lock on the sandbox id, taken on the connection
-  the activation then uses for all its statements, so replicas exclude each
-  other too.
+* an in-process lock per sandbox id (:class:`KeyedLocks`), so a burst of requests
+  for one sandbox on one replica waits in memory;
+* an **activation claim** in PostgreSQL (:class:`SandboxClaims`, table
+  ``activation_claims``): a row naming its owner (``host/pid/attempt``) and an
+  expiry, taken by one short statement, renewed every third of its TTL while the
+  activation runs, and deleted at the end. Between those statements the activation
+  holds no connection: ``Admit``, the pod or process create and ``CommitHold`` run
+  with none borrowed, so a replica's pool bounds concurrent *statements*, not
+  concurrent activations, and the service works behind PgBouncer in transaction
+  mode (nothing depends on staying on one database session, unlike the session
+  advisory lock this replaced).
 
-The advisory lock belongs to its database session: if the replica dies, or
-PostgreSQL drops the connection, the lock goes with it. It can never outlive
-its owner, so it needs no expiry.
+A replica that dies mid-activation leaves its claim to expire (``activation_claim_ttl_s``);
+the next activation of the sandbox then takes it over and finds what the dead one may
+have made through the deterministic pod name or the sweeps. The claim that expired
+is **fenced**: the first owner's final transaction checks, under a row lock, that the
+claim is still its own (:func:`turnstile_substrate.db.claims.fence`) and writes
+nothing if it was taken over. Renewal stops after ``activation_claim_max_s``, so a
+stuck activation cannot hold a sandbox for ever.
+
+Waiting for a claim held elsewhere is polling (10 ms growing to 100 ms), each try
+one statement bounded by the database budget: ``LISTEN``/``NOTIFY`` would need a
+session of its own, which PgBouncer in transaction mode does not keep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 
 import asyncpg
 
-from turnstile_substrate.db.pool import Connection
+from turnstile_substrate.db import claims
+from turnstile_substrate.db.claims import Claim
+from turnstile_substrate.shielded import run_to_end
 
-#: Namespaces the lock key, so other advisory-lock users of the database cannot collide.
-_LOCK_NAMESPACE = "turnstile.substrate.sandbox:"
+log = logging.getLogger(__name__)
 
 
 class LockTimeoutError(Exception):
@@ -62,34 +82,92 @@ class KeyedLocks:
                 self._locks[key] = (lock, users - 1)
 
 
-@asynccontextmanager
-async def sandbox_advisory_lock(
-    conn: Connection, sandbox_id: str, timeout_s: float
-) -> AsyncIterator[None]:
-    """Hold the sandbox's advisory lock on ``conn`` for the block.
+class SandboxClaims:
+    """Takes, renews and releases activation claims, borrowing a pool connection for
+    each statement only (see the module doc)."""
 
-    The key is a 64-bit hash of the id; two ids that collide only serialise
-    each other. A wait longer than ``timeout_s`` raises :class:`LockTimeoutError`.
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        ttl_s: float,
+        max_s: float,
+        database_timeout_s: float,
+        instance: str | None = None,
+    ) -> None:
+        self._pool = pool
+        self._ttl_s = ttl_s
+        self._max_s = max_s
+        self._db_timeout_s = database_timeout_s
+        self.instance = instance or f"{socket.gethostname()}/{os.getpid()}"
 
-    The lock is tried, not waited for inside PostgreSQL: each try is one short
-    statement bounded by the database budget, so a hung server costs that
-    budget (an UNAVAILABLE answer), not the whole lock timeout; a lock held by
-    another activation is tried again with a growing pause (10 ms to 100 ms).
-    """
-    key = _LOCK_NAMESPACE + sandbox_id
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    pause = 0.01
-    while not await conn.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key):
-        if loop.time() + pause > deadline:
-            raise LockTimeoutError(sandbox_id)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.1)
-    try:
-        yield
-    finally:
-        if not conn.is_closed():
-            # Best effort: if this fails the connection is broken, and the pool's
-            # reset (pg_advisory_unlock_all) or the session's end releases it.
-            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
-                await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", key)
+    @asynccontextmanager
+    async def hold(self, sandbox_id: str, timeout_s: float) -> AsyncIterator[Claim]:
+        """Hold the sandbox's claim for the block, waiting at most ``timeout_s`` for it
+        (then :class:`LockTimeoutError`). The block must pass the claim to its final
+        write (``fence``), which is what makes a lost claim harmless."""
+        claim = Claim(sandbox_id, f"{self.instance}/{uuid.uuid4().hex[:16]}")
+        await self._take(claim, timeout_s)
+        renewer = asyncio.create_task(self._renew(claim), name=f"claim-renewal:{sandbox_id}")
+        try:
+            yield claim
+        finally:
+            renewer.cancel()
+            try:
+                await asyncio.wait([renewer])
+            finally:
+                await run_to_end(self._release(claim))
+
+    async def _take(self, claim: Claim, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pause = 0.01
+        while True:
+            async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                if await claims.try_claim(conn, claim, self._ttl_s):
+                    return
+            if loop.time() + pause > deadline:
+                raise LockTimeoutError(claim.sandbox_id)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    async def _renew(self, claim: Claim) -> None:
+        """Every third of the TTL, for at most ``max_s``; stops once the claim is lost."""
+        loop = asyncio.get_running_loop()
+        interval = self._ttl_s / 3
+        stop_at = loop.time() + self._max_s
+        while loop.time() + interval <= stop_at:
+            await asyncio.sleep(interval)
+            try:
+                async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                    renewed = await claims.renew(conn, claim, self._ttl_s)
+            except Exception as error:
+                # PostgreSQL unreachable: try again next time; if the claim lapses and
+                # another owner takes it, this activation's final write is refused.
+                log.warning(
+                    "renewing an activation claim failed",
+                    extra={"sandbox_id": claim.sandbox_id, "error": repr(error)},
+                )
+                continue
+            if not renewed:
+                log.warning(
+                    "activation claim taken over by another owner",
+                    extra={"sandbox_id": claim.sandbox_id},
+                )
+                return
+        log.warning(
+            "activation still running after %.0f s: its claim is no longer renewed",
+            self._max_s,
+            extra={"sandbox_id": claim.sandbox_id},
+        )
+
+    async def _release(self, claim: Claim) -> None:
+        """Best effort: a claim not deleted expires after its TTL."""
+        try:
+            async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                await claims.release(conn, claim)
+        except Exception as error:
+            log.warning(
+                "releasing an activation claim failed; it expires on its own",
+                extra={"sandbox_id": claim.sandbox_id, "error": repr(error)},
+            )

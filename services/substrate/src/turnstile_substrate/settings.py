@@ -49,9 +49,16 @@ class SubstrateSettings(TieredSettings):
     """Connections the pool keeps open when idle."""
 
     database_pool_max: int = Field(default=20, ge=1, le=500)
-    """Most connections the pool opens. An activation holds one for its whole
-    duration (it carries the sandbox's advisory lock), so this bounds the
-    activations in progress on one replica; more wait for a connection."""
+    """Most connections the pool opens. An activation borrows one per statement or
+    transaction only, never across a call to admission or the pod create, so this
+    bounds concurrent statements, not activations in progress."""
+
+    database_statement_cache_size: int = Field(default=100, ge=0, le=10_000)
+    """Prepared statements asyncpg keeps per connection (named, server-side). Set 0
+    behind PgBouncer in transaction mode older than 1.21 or without
+    ``max_prepared_statements``: a named statement lives on one server session, and
+    such a PgBouncer hands the next transaction to any session. With 0 asyncpg uses
+    unnamed statements, which work there (tested)."""
 
     database_timeout_s: float = Field(default=5.0, gt=0, le=120)
     """Budget of one database statement, and of waiting for a pool connection (connect
@@ -60,6 +67,16 @@ class SubstrateSettings(TieredSettings):
     activation_lock_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """How long an Activate or Deactivate waits for another one of the same sandbox
     (on any replica) to finish before answering UNAVAILABLE."""
+
+    activation_claim_ttl_s: float = Field(default=10.0, ge=0.2, le=600)
+    """How long an activation's claim on its sandbox lasts unless renewed (every third
+    of this while the activation runs). A replica that dies mid-activation blocks
+    that sandbox's next activation this long at most; then its claim is taken over."""
+
+    activation_claim_max_s: float = Field(default=120.0, gt=0, le=3600)
+    """An activation still running after this stops renewing its claim, so a stuck one
+    cannot hold its sandbox for ever: one TTL later another activation may take the
+    sandbox over, and the stuck one's final write is then refused (fencing)."""
 
     retry_after_s: float = Field(default=1.0, gt=0, le=300)
     """The retry hint of a retryable error when nothing better is known (a

@@ -50,6 +50,7 @@ RETRYABLE_REASONS = frozenset(
         "SANDBOX_BUSY",
         "DEPENDENCY_UNAVAILABLE",
         "POLICY_BACKEND_UNAVAILABLE",
+        "REPLICA_OVERLOADED",
     }
 )
 

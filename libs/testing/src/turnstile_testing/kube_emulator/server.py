@@ -140,7 +140,8 @@ class KubeEmulator:
             raise ValueError(f"unknown Pod Security level {pod_security!r}")
         self.pod_security = pod_security
         self.future_version_wait = future_version_wait
-        self._delays: list[tuple[str | None, re.Pattern[str] | None, float]] = []
+        #: (method, path pattern, seconds, after the write)
+        self._delays: list[tuple[str | None, re.Pattern[str] | None, float, bool]] = []
         self.leases = LeaseStore(self.store.next_version)
         self.secrets = SecretStore(self.store.next_version)
         self.faults = FaultInjector()
@@ -281,14 +282,21 @@ class KubeEmulator:
         return self.faults.add(Fault(status, method, path, times, reason, message, watch))
 
     def delay_requests(
-        self, seconds: float, *, method: str | None = None, path: str | None = None
+        self,
+        seconds: float,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        after_write: bool = False,
     ) -> None:
-        """Answer matching non-watch requests ``seconds`` late (a slow API server); the write
-        happens after the delay, so a client that goes away meanwhile leaves nothing behind.
+        """Answer matching non-watch requests ``seconds`` late (a slow API server). By default
+        the write happens after the delay, so a client that goes away meanwhile leaves nothing
+        behind; with ``after_write`` it happens at once and only the answer is late, so a client
+        that goes away (or dies) meanwhile leaves its object behind, as with a real server.
         ``path`` is a regular expression over the whole path. ``seconds=0`` removes the rule."""
         self._delays = [d for d in self._delays if (d[0], d[1] and d[1].pattern) != (method, path)]
         if seconds > 0:
-            self._delays.append((method, re.compile(path) if path else None, seconds))
+            self._delays.append((method, re.compile(path) if path else None, seconds, after_write))
 
     def clear_failures(self) -> None:
         """Remove every injected failure."""
@@ -432,9 +440,15 @@ class KubeEmulator:
                 return _error_response(injected)
             if "dryRun" in query:
                 raise bad_request("the emulator does not implement dryRun")
+            delay = None
             if self._delays and query.get("watch", "").lower() not in _TRUE:
-                await self._delay(request.method, request.path)
-            return await handler(request)
+                delay = self._delay_of(request.method, request.path)
+            if delay is not None and not delay[1]:
+                await asyncio.sleep(delay[0])
+            response = await handler(request)
+            if delay is not None and delay[1]:
+                await asyncio.sleep(delay[0])
+            return response
         except ApiError as exc:
             return _error_response(exc)
         except web.HTTPNotFound:
@@ -459,14 +473,15 @@ class KubeEmulator:
                 405,
             )
 
-    async def _delay(self, method: str, path: str) -> None:
-        for wanted, pattern, seconds in self._delays:
+    def _delay_of(self, method: str, path: str) -> tuple[float, bool] | None:
+        """The first matching delay rule's seconds and whether it comes after the write."""
+        for wanted, pattern, seconds, after_write in self._delays:
             if wanted is not None and wanted.upper() != method.upper():
                 continue
             if pattern is not None and pattern.fullmatch(path) is None:
                 continue
-            await asyncio.sleep(seconds)
-            return
+            return seconds, after_write
+        return None
 
     async def _version(self, _: web.Request) -> web.Response:
         return _json_response(encode(discovery.SERVER_VERSION))

@@ -54,6 +54,7 @@ async def create_pool(settings: SubstrateSettings) -> BoundedPool:
         settings.database_timeout_s,
         failures=settings.breaker_failures,
         open_s=settings.breaker_open_s,
+        overload_wait_s=settings.overload_wait_s,
     )
 
     async def pool(min_size: int) -> BoundedPool:
@@ -63,6 +64,7 @@ async def create_pool(settings: SubstrateSettings) -> BoundedPool:
             min_size=min_size,
             max_size=settings.database_pool_max,
             application_name="turnstile-substrate",
+            statement_cache_size=settings.database_statement_cache_size,
             **connection_options(settings),
         )
 

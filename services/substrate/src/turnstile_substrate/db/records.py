@@ -15,6 +15,7 @@ from typing import Literal
 
 import asyncpg
 
+from turnstile_substrate.db.claims import Claim, fence
 from turnstile_substrate.db.pool import Connection
 from turnstile_substrate.runtime import CreateKind, Runtime
 
@@ -112,8 +113,13 @@ async def record_activation(
     substrate: str,
     charged_key: str,
     receipt: ReceiptKind | None,
+    claim: Claim | None = None,
 ) -> SandboxRecord:
     """Record that ``runtime`` now runs the sandbox, in one transaction.
+
+    With ``claim``, the transaction first checks that the activation still holds the
+    sandbox's claim (:func:`~turnstile_substrate.db.claims.fence`) and writes nothing,
+    raising :class:`~turnstile_substrate.db.claims.ClaimLostError`, if it does not.
 
     ``activating_client_id`` takes the runtime's client label, so record and
     label always hold the same value: an inheriting activation of a NULL record
@@ -122,6 +128,8 @@ async def record_activation(
     marked active (its runtime died without a Deactivate) is ended first.
     """
     async with conn.transaction():
+        if claim is not None:
+            await fence(conn, claim)
         await conn.execute(
             """
             INSERT INTO sandboxes (id, tier, state, substrate, activating_client_id)
@@ -180,20 +188,29 @@ async def record_activation(
     return record
 
 
-async def adopt_runtime(conn: Connection, runtime: Runtime, *, substrate: str) -> SandboxRecord:
+async def adopt_runtime(
+    conn: Connection, runtime: Runtime, *, substrate: str, claim: Claim | None = None
+) -> SandboxRecord:
     """Repair the record of a runtime that runs without one (its activation died
     between creating it and recording it): the record follows the runtime's
     label, as it would have. No receipt: nothing was started now."""
-    return await record_activation(conn, runtime, substrate=substrate, charged_key="", receipt=None)
+    return await record_activation(
+        conn, runtime, substrate=substrate, charged_key="", receipt=None, claim=claim
+    )
 
 
-async def end_execution(conn: Connection, sandbox_id: str, *, reason: str) -> bool:
+async def end_execution(
+    conn: Connection, sandbox_id: str, *, reason: str, claim: Claim | None = None
+) -> bool:
     """End the sandbox's active execution and mark it stopped; False if none was active.
 
     The attribution stays: it says who last created the runtime, and an
-    inheriting activation of the stopped sandbox charges that client (C4).
+    inheriting activation of the stopped sandbox charges that client (C4). With
+    ``claim``, fenced as :func:`record_activation` is.
     """
     async with conn.transaction():
+        if claim is not None:
+            await fence(conn, claim)
         ended = await conn.fetchval(
             """
             UPDATE executions SET ended_at = now(), end_reason = $2

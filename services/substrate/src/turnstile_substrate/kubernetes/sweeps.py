@@ -23,8 +23,10 @@ The first sweep has a prompt path: the leader ends a gone pod's execution as soo
 reflector sees the pod go (:mod:`.gone_watch`), so the pass only catches what that missed (a
 leader change, a failed write).
 
-The grace must exceed the longest activation (create → record), so an activation in flight is
-never swept. ``sweep_dry_run`` finds and counts without changing anything.
+A pod whose sandbox has a live activation claim (its activation is still under way, or its
+replica died less than a claim TTL ago) is left for a later pass, and the grace should still
+exceed the longest activation (create → record). ``sweep_dry_run`` finds and counts without
+changing anything.
 
 Why not ``ownerReferences`` or ``activeDeadlineSeconds``: sandbox pods are owned by records in
 PostgreSQL, not by an API object the garbage collector could follow (owning them by the
@@ -43,14 +45,15 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from turnstile_platform.leader import LeaderTerm
-from turnstile_substrate.db import records
+from turnstile_substrate.db import claims, records
+from turnstile_substrate.db.claims import Claim
 from turnstile_substrate.db.pool import Connection
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
-from turnstile_substrate.locks import sandbox_advisory_lock
+from turnstile_substrate.locks import SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Runtime
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,10 @@ class SweepReport:
         return self.counts.get((sweep, action), 0)
 
 
+#: The activation claim's TTL while the prompt path ends one row (it is released at once).
+_CLAIM_TTL_S = 10.0
+
+
 class Sweeper:
     """Runs the sweeps on the leader; :meth:`sweep_once` is one pass (tests call it)."""
 
@@ -102,6 +109,11 @@ class Sweeper:
         self._pool = pool
         self._release = release
         self._db_timeout_s = database_timeout_s
+        # The prompt path ends a row under the sandbox's activation claim, like an
+        # activation or a Deactivate; its work is one pod read and one write.
+        self._claims = SandboxClaims(
+            pool, ttl_s=_CLAIM_TTL_S, max_s=_CLAIM_TTL_S, database_timeout_s=database_timeout_s
+        )
         self.dry_run = settings.sweep_dry_run
 
     async def run(self, term: LeaderTerm) -> None:
@@ -156,20 +168,20 @@ class Sweeper:
         (:mod:`.gone_watch`): if it is still the sandbox's active execution, end it (or move
         the record to the sandbox's other live pod) now rather than at the next pass.
 
-        It holds the sandbox's activation lock meanwhile, as a Deactivate or an activation
+        It holds the sandbox's activation claim meanwhile, as a Deactivate or an activation
         does: a Deactivate deletes the pod (which is how the watch hears of it) and then ends
         the row itself, with its own reason, and an activation of the sandbox must not have its
         admission slot released under it. Whatever they did, the row is read again under the
-        lock. Idempotent: a record already ended, or naming another pod, is left alone; a lock
-        held past the database budget leaves the row to the next pass."""
+        claim, and the write is fenced by it. Idempotent: a record already ended, or naming
+        another pod, is left alone; a claim not had within the database budget leaves the row
+        to the next pass."""
         report = SweepReport()
         try:
-            async with (
-                self._pool.acquire(timeout=self._db_timeout_s) as conn,
-                sandbox_advisory_lock(conn, sandbox_id, self._db_timeout_s),
-            ):
-                if await records.runtime_is_recorded(conn, sandbox_id, name):
-                    await self._end_gone(GONE_WATCH, sandbox_id, name, report, conn)
+            async with self._claims.hold(sandbox_id, self._db_timeout_s) as claim:
+                async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+                    recorded = await records.runtime_is_recorded(conn, sandbox_id, name)
+                if recorded:
+                    await self._end_gone(GONE_WATCH, sandbox_id, name, report, claim)
         except Exception as error:
             report.add(GONE_WATCH, "error")
             log.warning(
@@ -183,11 +195,12 @@ class Sweeper:
         sandbox_id: str,
         name: str,
         report: SweepReport,
-        conn: Connection | None = None,
+        claim: Claim | None = None,
     ) -> str | None:
         """End the execution of pod ``name`` if the API server confirms it is gone, or adopt
-        the sandbox's other live pod instead; returns the adopted pod's name. ``conn``: the
-        connection to use (one holding the sandbox's lock); None takes one from the pool."""
+        the sandbox's other live pod instead; returns the adopted pod's name. ``claim``: the
+        sandbox's activation claim, when held; the write is then fenced by it. No database
+        connection is held across the API read or the admission release (SPEC F7)."""
         try:
             pod = await self._api.get(name)  # the cache may not have seen a fresh create
         except Exception as error:
@@ -201,31 +214,32 @@ class Sweeper:
             return None
         replacement = next((p for p in self._index.live_pods(sandbox_id) if p.name != name), None)
         try:
-            async with self._connection(conn) as db:
+            async with self._fenced(claim) as db:
                 if replacement is not None:
                     await records.adopt_runtime(db, _runtime(replacement), substrate=SUBSTRATE)
                     report.add(sweep, "adopted")
                     return replacement.name
                 ended = await records.end_runtime(db, sandbox_id, name, reason="runtime_gone")
-                if ended:
-                    await self._release(sandbox_id)
-                    report.add(sweep, "removed")
-                    log.info(
-                        "%s: ended sandbox %s's execution (pod %s gone)", sweep, sandbox_id, name
-                    )
+            if ended:
+                await self._release(sandbox_id)
+                report.add(sweep, "removed")
+                log.info("%s: ended sandbox %s's execution (pod %s gone)", sweep, sandbox_id, name)
         except Exception as error:
             report.add(sweep, "error")
             log.warning("sweep: ending the execution of pod %s failed: %s", name, error)
         return None
 
     @contextlib.asynccontextmanager
-    async def _connection(self, conn: Connection | None) -> AsyncIterator[Connection]:
-        """``conn``, or one from the pool for the block."""
-        if conn is not None:
-            yield conn
-            return
-        async with self._pool.acquire(timeout=self._db_timeout_s) as acquired:
-            yield acquired
+    async def _fenced(self, claim: Claim | None) -> AsyncIterator[Connection]:
+        """A pool connection for the block; with ``claim``, inside a transaction that first
+        checks the claim is still this sweeper's (:func:`claims.fence`)."""
+        async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
+            if claim is None:
+                yield conn
+                return
+            async with conn.transaction():
+                await claims.fence(conn, claim)
+                yield conn
 
     async def _finished(self, pods: list[PodInfo], report: SweepReport) -> None:
         for pod in pods:
@@ -267,9 +281,12 @@ class Sweeper:
                 continue
             if pod.sandbox_id is not None:
                 try:
-                    # Read again right before deleting: recorded meanwhile means not an orphan.
+                    # Read again right before deleting: recorded meanwhile, or its sandbox's
+                    # activation still under way (a live claim), means not an orphan.
                     async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
-                        if await records.runtime_is_recorded(conn, pod.sandbox_id, pod.name):
+                        if await records.runtime_is_recorded(
+                            conn, pod.sandbox_id, pod.name
+                        ) or await claims.in_progress(conn, pod.sandbox_id):
                             continue
                 except Exception as error:
                     report.add(ORPHANS, "error")

@@ -128,6 +128,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     (missing, forged, expired, revoked, or for another sandbox): metadata
     `sandbox_id`, `why`. Nothing changed.
     """
+    ERROR_REASON_REPLICA_OVERLOADED: _ErrorReason.ValueType  # 16
+    """This replica could not keep up: a call it made was held up by its own
+    overload (the dependency kept answering others) for longer than it may
+    wait. Nothing was decided; retry, on another replica if you can.
+    Metadata: dependency.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnstile returns,
@@ -179,6 +185,12 @@ ERROR_REASON_WORKER_CREDENTIAL_REFUSED: ErrorReason.ValueType  # 15
 """A worker's sandbox credential does not prove it is the sandbox's runtime
 (missing, forged, expired, revoked, or for another sandbox): metadata
 `sandbox_id`, `why`. Nothing changed.
+"""
+ERROR_REASON_REPLICA_OVERLOADED: ErrorReason.ValueType  # 16
+"""This replica could not keep up: a call it made was held up by its own
+overload (the dependency kept answering others) for longer than it may
+wait. Nothing was decided; retry, on another replica if you can.
+Metadata: dependency.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 

@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS activation_claims;
