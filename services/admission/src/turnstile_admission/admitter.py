@@ -135,18 +135,13 @@ class Admitter:
         except (OverloadedError, asyncio.CancelledError):
             # Not an outage, so no fail mode: this replica could not keep up
             # (or the caller gave up). Nothing was decided for the caller, but
-            # the script may have run: its hold has no owner, so cancel it.
+            # the script may have run: its hold has no owner, so cancel it. The
+            # cancel leaves a tombstone, so a script still on its way to Redis
+            # takes nothing when it gets there.
             self.orphans.cancel(args.hold_id)
             raise
         except UNREACHABLE as error:
             return self._unreachable(key, activation, args.hold_id, error)
-        except asyncio.CancelledError:
-            # The caller gave up (its deadline, a dropped stream) while the script
-            # was on its way: it never learns the hold id, so nobody would settle
-            # a hold the script takes. The cancel leaves a tombstone, so even a
-            # script that reaches Redis after it takes nothing.
-            self.orphans.cancel(args.hold_id)
-            raise
         if answer.outcome == "cancelled":
             return self._cancelled(key, activation)
         if modes[PolicyName.CAP]:
