@@ -6,7 +6,7 @@
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
 --       5 inflight:<key>, 6 hold:<id>, 7 test clock, 8 node registry,
---       9 live:<key>, 10 live-state marker, 11 cancelled:<id> (the hold's tombstone),
+--       9 live:<key>, 10 live-state marker, 11 settled:<id> (the hold's tombstone),
 --       12.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, key, sandbox_id,
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
@@ -21,9 +21,10 @@
 --           the live count used (-1 unsupported, -2 unavailable, -3 not read),
 --           the pending entries this call dropped as expired (never seen live:
 --           live_publish.lua removes those it sees, so an expired one is drift)}
--- outcome is 'admit', 'refuse' or 'cancelled': the hold was cancelled before this
--- script reached Redis (its caller gave up on it, and a cancel left a tombstone),
--- so nothing is evaluated or taken.
+-- outcome is 'admit', 'refuse' or 'cancelled': the hold was settled (cancelled or
+-- committed) before this script reached Redis — its caller gave up on it, or this
+-- is a second delivery — and the settling left a tombstone, so nothing is
+-- evaluated or taken.
 
 local i = 0
 local function str() i = i + 1; return ARGV[i] end
@@ -41,8 +42,8 @@ for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[11 + j]} e
 local now = now_ms(use_test_clock, KEYS[7])
 -- A script can reach Redis after its caller gave up on it (a reply lost, a send
 -- retried, a redirection followed after a timeout) and after the hold it would
--- take was cancelled: then it must take nothing, or the hold would stay until
--- its TTL with no one left to settle it.
+-- take was settled: then it must take nothing, or the hold would stay until its
+-- TTL with no one left to settle it.
 if redis.call('EXISTS', KEYS[11]) == 1 then
   local out = {'cancelled', now, 0, ''}
   for _ = 1, 4 do

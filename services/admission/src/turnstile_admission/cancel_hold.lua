@@ -4,15 +4,15 @@
 -- this hold's) and the node slot are released. The hold record is deleted in the
 -- same step, so a second cancel finds nothing and returns nothing.
 --
--- Every cancel, of a hold found or not, leaves a tombstone for the hold id:
--- admit.lua takes no hold of a tombstoned id. An Admit whose caller gave up
--- (its reply lost, its budget spent) may still reach Redis later — a send
--- retried, a redirection followed — and would otherwise take a hold after its
--- cancel ran as a no-op, left to count against the cap until its TTL. The
--- tombstone lives as long as a hold record would (ARGV[7]).
+-- Every cancel, of a hold found or not, leaves a tombstone for the hold id
+-- (as commit_hold.lua does): admit.lua takes no hold of a tombstoned id. An
+-- Admit whose caller gave up (its reply lost, its budget spent) may still reach
+-- Redis later — a send retried, a redirection followed — and would otherwise
+-- take a hold after its cancel ran as a no-op, left to count against the cap
+-- until its TTL. The tombstone lives as long as a hold record would (ARGV[7]).
 --
 -- KEYS: 1 hold:<id>, 2 limits hash, 3 cluster bucket, 4 test clock,
---       5 cancelled:<id> (the tombstone)
+--       5 settled:<id> (the tombstone)
 --       (the hold's bucket:<key>, inflight:<key>, pending:<key> and slots:<node>
 --       depend on the hold: built from KEYS[1]'s base, in its slot)
 -- ARGV: hold_id, default rate, burst, cluster rate, cluster burst, use_test_clock,

@@ -152,8 +152,8 @@ class AdmissionStore:
             s.rate.cluster_burst,
         ]
         self._clock = 1 if s.test_clock else 0
-        #: A cancelled hold's tombstone outlives the latest a hold could still be
-        #: taken: as long as a hold record would live (see ``admit.lua``).
+        #: A settled hold's tombstone lives as long as a hold record would (see
+        #: ``admit.lua``): longer than the hold a late script could take.
         self._tombstone_ttl_ms = round(s.hold_ttl_s * 1000) + HOLD_RECORD_GRACE_MS
         # What does not change between decisions is built once: the fixed keys,
         # each bounded key's own keys (bounded by the key set, SPEC C3), each
@@ -214,7 +214,7 @@ class AdmissionStore:
             nodes,
             live,
             live_state,
-            self.keys.cancelled(args.hold_id),
+            self.keys.settled(args.hold_id),
             *(self._slots_key(name) for name, _ in args.nodes),
         ]
         modes = args.modes
@@ -258,15 +258,15 @@ class AdmissionStore:
         ttl_ms = round(self._settings.slots.committed_ttl_s * 1000)
         pending_ttl_ms = round(self._settings.pending_ttl_s * 1000)
         done = await self._commit(
-            keys=[k.hold(hold_id), k.test_clock, k.nodes],
-            args=[hold_id, ttl_ms, self._clock, pending_ttl_ms],
+            keys=[k.hold(hold_id), k.test_clock, k.nodes, k.settled(hold_id)],
+            args=[hold_id, ttl_ms, self._clock, pending_ttl_ms, self._tombstone_ttl_ms],
         )
         return bool(done)
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
         k = self.keys
         raw = await self._cancel(
-            keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock, k.cancelled(hold_id)],
+            keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock, k.settled(hold_id)],
             args=[hold_id, *self._bucket_defaults, self._clock, self._tombstone_ttl_ms],
         )
         return CancelAnswer(bool(int(raw[0])), float(_s(raw[1])), float(_s(raw[2])))
