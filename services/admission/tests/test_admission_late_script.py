@@ -11,7 +11,6 @@ script back on its way to Redis until the cancel has run, then sends it on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -20,33 +19,17 @@ import redis.asyncio as aioredis
 
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.proxies import ReplyHoldingProxy
-from turnstile_testing.redis_topologies import single_server_port
 
 ACME = common_pb2.ActivationClient(client_id="acme")
 LATE = "sb-late"
 
 
 @pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
-    proxy = ReplyHoldingProxy(single_server_port(redis_url))
-    await proxy.start()
-    yield proxy
-    await proxy.close()
-
-
-@pytest.fixture
-async def running(proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_admission: Any) -> Any:
+async def running(redis: aioredis.Redis, start_proxied: Any) -> Any:
     """Admission through the proxy (node slots fail closed, the rest open), its
     scripts already loaded: the held command is the decision itself, not a
     first EVALSHA that Redis would answer NOSCRIPT."""
-    running = await start_admission(
-        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
-        redis_timeout_s=0.25,
-        client_allowlist=("acme",),
-        slots={"fail": "closed"},
-        test_clock=True,
-        breaker_failures=1000,
-    )
+    running = await start_proxied(slots={"fail": "closed"})
     await redis.set(running.keys.test_clock, 1_000_000)  # no refill: tokens compare exactly
     warm = await running.stub.Admit(_request("sb-warm", cold=True), timeout=10)
     await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=warm.hold_id))
