@@ -21,6 +21,8 @@ from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.server import GrpcService
+from turnstile_testing.proxies import ReplyHoldingProxy
+from turnstile_testing.redis_topologies import single_server_port
 
 
 @dataclass
@@ -107,6 +109,35 @@ async def start_admission(
 async def admission(start_admission: Start) -> Running:
     """The admission service with default settings."""
     return await start_admission()
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
+    """A proxy in front of the test Redis that can hold replies or a command back."""
+    proxy = ReplyHoldingProxy(single_server_port(redis_url))
+    await proxy.start()
+    yield proxy
+    await proxy.close()
+
+
+@pytest.fixture
+def start_proxied(proxy: ReplyHoldingProxy, start_admission: Start) -> Start:
+    """Start admission on Redis through ``proxy``: a short budget, the breaker out of
+    the way, the test clock on; settings may be overridden."""
+
+    async def start(**overrides: Any) -> Running:
+        return await start_admission(
+            **{
+                "redis_url": f"redis://127.0.0.1:{proxy.port}/0",
+                "redis_timeout_s": 0.25,
+                "client_allowlist": ("acme",),
+                "test_clock": True,
+                "breaker_failures": 1000,
+                **overrides,
+            }
+        )
+
+    return start
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ admission whose hold the caller settles — and nothing stays stranded."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,18 +13,8 @@ import redis.asyncio as aioredis
 
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.proxies import ReplyHoldingProxy
-from turnstile_testing.redis_topologies import single_server_port
 
 ACME = common_pb2.ActivationClient(client_id="acme")
-
-
-@pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
-    port = single_server_port(redis_url)
-    proxy = ReplyHoldingProxy(port)
-    await proxy.start()
-    yield proxy
-    await proxy.close()
 
 
 async def until_pending(redis: aioredis.Redis, key: str, count: int) -> None:
@@ -45,16 +34,9 @@ async def nothing_held(stub: Any) -> None:
 
 
 async def test_a_lost_reply_to_a_refused_admit_strands_no_hold(
-    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_admission: Any
+    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_proxied: Any
 ) -> None:
-    running = await start_admission(
-        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
-        redis_timeout_s=0.25,
-        client_allowlist=("acme",),
-        slots={"fail": "closed"},
-        test_clock=True,
-        breaker_failures=1000,
-    )
+    running = await start_proxied(slots={"fail": "closed"})
     await redis.set(running.keys.test_clock, 1_000_000)  # no refill: tokens compare exactly
     pending = running.keys.pending("acme")
 
@@ -81,15 +63,9 @@ async def test_a_lost_reply_to_a_refused_admit_strands_no_hold(
 
 
 async def test_a_lost_reply_to_an_admitted_admit_leaves_a_hold_its_caller_settles(
-    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_admission: Any
+    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_proxied: Any
 ) -> None:
-    running = await start_admission(
-        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
-        redis_timeout_s=0.25,
-        client_allowlist=("acme",),
-        test_clock=True,
-        breaker_failures=1000,
-    )
+    running = await start_proxied()
     await redis.set(running.keys.test_clock, 1_000_000)
     pending = running.keys.pending("acme")
 

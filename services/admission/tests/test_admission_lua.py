@@ -202,6 +202,49 @@ async def test_cancel_refund_is_capped_at_the_bucket_capacity(store: AdmissionSt
     assert (await store.usage("acme")).client_tokens == pytest.approx(20.0)
 
 
+async def test_cancel_of_a_hold_not_yet_taken_leaves_a_tombstone_admit_honours(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A cancel that ran before its Admit's script reached Redis (issue 11)."""
+    assert not (await store.cancel("h1")).cancelled
+    tombstone = store.keys.settled("h1")
+    # Lives as long as a hold record would: hold TTL (10 s here) plus its 60 s grace.
+    assert 10_000 < await redis.pttl(tombstone) <= 70_000
+    before = await dump(redis, redis_prefix)
+    late = await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    assert late.outcome == "cancelled"
+    assert late.hold_expires_ms == 0
+    assert all(r.code == 0 for r in late.results.values())  # nothing evaluated
+    assert await dump(redis, redis_prefix) == before  # nothing taken
+    assert (await store.admit(args("h2", "sb-1", SLOTS, nodes=[("n1", 5)]))).outcome == "admit"
+
+
+async def test_a_cancelled_holds_script_sent_again_takes_nothing(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A send retried after the script ran once and its hold was cancelled."""
+    assert (await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))).outcome == "admit"
+    assert (await store.cancel("h1")).cancelled
+    before = await dump(redis, redis_prefix)
+    again = await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    assert again.outcome == "cancelled"
+    assert await dump(redis, redis_prefix) == before
+    usage = await store.usage("acme")
+    assert (usage.pending_ids, usage.in_flight, usage.node_slots_held) == ((), 0, {})
+
+
+async def test_a_committed_holds_script_arriving_again_takes_nothing(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A commit of a hold Redis never saw (the Admit failed open) settles its id too."""
+    assert not await store.commit("h1")
+    assert await redis.pttl(store.keys.settled("h1")) > 10_000
+    before = await dump(redis, redis_prefix)
+    late = await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    assert late.outcome == "cancelled"
+    assert await dump(redis, redis_prefix) == before
+
+
 async def test_release_frees_only_a_committed_slot(store: AdmissionStore) -> None:
     assert not await store.release("sb-1")
     await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 1)]))

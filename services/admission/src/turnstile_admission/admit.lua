@@ -6,8 +6,8 @@
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
 --       5 inflight:<key>, 6 hold:<id>, 7 test clock, 8 node registry,
---       9 live:<key>, 10 live-state marker,
---       11.. slots:<node>, one per candidate node, in ARGV's order.
+--       9 live:<key>, 10 live-state marker, 11 settled:<id> (the hold's tombstone),
+--       12.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, key, sandbox_id,
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
 --       default cap, rate, burst, concurrency, cluster rate, cluster burst,
@@ -21,7 +21,10 @@
 --           the live count used (-1 unsupported, -2 unavailable, -3 not read),
 --           the pending entries this call dropped as expired (never seen live:
 --           live_publish.lua removes those it sees, so an expired one is drift)}
--- outcome is 'admit' or 'refuse'.
+-- outcome is 'admit', 'refuse' or 'cancelled': the hold was settled (cancelled or
+-- committed) before this script reached Redis — its caller gave up on it, or this
+-- is a second delivery — and the settling left a tombstone, so nothing is
+-- evaluated or taken.
 
 local i = 0
 local function str() i = i + 1; return ARGV[i] end
@@ -34,9 +37,23 @@ local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
 local cost, hold_ttl, pending_ttl = num(), num(), num()
 local use_test_clock = num()
 local nodes = {}
-for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[10 + j]} end
+for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[11 + j]} end
 
 local now = now_ms(use_test_clock, KEYS[7])
+-- A script can reach Redis after its caller gave up on it (a reply lost, a send
+-- retried, a redirection followed after a timeout) and after the hold it would
+-- take was settled: then it must take nothing, or the hold would stay until its
+-- TTL with no one left to settle it.
+if redis.call('EXISTS', KEYS[11]) == 1 then
+  local out = {'cancelled', now, 0, ''}
+  for _ = 1, 4 do
+    for _, v in ipairs({0, 0, 0, -1, ''}) do out[#out + 1] = v end
+  end
+  out[#out + 1] = 0   -- pending entries: not read
+  out[#out + 1] = -3  -- live count: not read
+  out[#out + 1] = 0   -- expired pending entries: none dropped
+  return out
+end
 local lim = limits(KEYS[1], key, d)
 local refused = false
 local function judge(mode, over)

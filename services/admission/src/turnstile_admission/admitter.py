@@ -135,11 +135,15 @@ class Admitter:
         except (OverloadedError, asyncio.CancelledError):
             # Not an outage, so no fail mode: this replica could not keep up
             # (or the caller gave up). Nothing was decided for the caller, but
-            # the script may have run: its hold has no owner, so cancel it.
+            # the script may have run: its hold has no owner, so cancel it. The
+            # cancel leaves a tombstone, so a script still on its way to Redis
+            # takes nothing when it gets there.
             self.orphans.cancel(args.hold_id)
             raise
         except UNREACHABLE as error:
             return self._unreachable(key, activation, args.hold_id, error)
+        if answer.outcome == "cancelled":
+            return self._cancelled(key, activation)
         if modes[PolicyName.CAP]:
             metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
@@ -169,6 +173,20 @@ class Admitter:
             hold_expires_ms=answer.hold_expires_ms,
             node=answer.node,
             message=_message(admitted, key, verdicts),
+        )
+
+    def _cancelled(self, key: BoundedKey, activation: Activation) -> Decision:
+        """The hold was cancelled before the script ran: nothing was evaluated or
+        taken, nothing is admitted. The cancel runs only once a caller has given up
+        on the decision, so this answer reaches no one in practice."""
+        return Decision(
+            admitted=False,
+            key=key,
+            verdicts=tuple(p.skipped(activation) for p in self.policies),
+            hold_id="",
+            hold_expires_ms=0,
+            message=f"refused for key {key.key}: the decision's hold was cancelled before "
+            "it was taken; retry",
         )
 
     def _unreachable(

@@ -71,6 +71,12 @@ class AdmissionKeys:
     def hold(self, hold_id: str) -> str:
         return f"{self.base}hold:{hold_id}"
 
+    def settled(self, hold_id: str) -> str:
+        """A settled (committed or cancelled) hold's tombstone: ``admit.lua`` takes
+        no hold of that id while it lives (a script that reaches Redis after its
+        hold was settled, or a second time)."""
+        return f"{self.base}settled:{hold_id}"
+
     def sandbox(self, sandbox_id: str) -> str:
         """Hash: the node whose slot a committed sandbox holds."""
         return f"{self.base}sandbox:{sandbox_id}"

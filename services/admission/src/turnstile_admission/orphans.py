@@ -9,7 +9,9 @@ while the script ran), so a hold the script did take — with its tokens,
 in-flight lease, node slot and pending entry — would stay until it expired.
 This cancels it instead: in the background, retried with backoff until Redis
 answers or the hold would have expired anyway. Cancelling a hold that was never
-taken is a no-op.
+taken takes nothing back, but leaves a tombstone for its id: the script may
+still be on its way (a send retried, a Cluster redirection followed after the
+budget was spent) and takes no hold of a tombstoned id when it gets there.
 
 Runs on every replica (each settles the holds of its own decisions).
 """

@@ -40,6 +40,10 @@ class AdmitArgs:
     """Candidate nodes with their slot capacity, in preference order."""
 
 
+#: How much longer than its TTL a hold record is kept (``admit.lua``), so a late
+#: commit or cancel can tell "expired" from "never taken".
+HOLD_RECORD_GRACE_MS = 60_000
+
 #: How a script reports the live count when it has none.
 LIVE_UNSUPPORTED, LIVE_UNAVAILABLE, LIVE_NOT_READ = -1, -2, -3
 #: The cap's detail when the substrate cannot count (its fail-open ``backend`` label
@@ -79,7 +83,8 @@ class LiveCount:
 @dataclass(frozen=True)
 class AdmitAnswer:
     outcome: str
-    """``admit`` or ``refuse``."""
+    """``admit``, ``refuse`` or ``cancelled`` (the hold was cancelled before the
+    script reached Redis: nothing was evaluated or taken)."""
     now_ms: int
     hold_expires_ms: int
     node: str
@@ -147,6 +152,9 @@ class AdmissionStore:
             s.rate.cluster_burst,
         ]
         self._clock = 1 if s.test_clock else 0
+        #: A settled hold's tombstone lives as long as a hold record would (see
+        #: ``admit.lua``): longer than the hold a late script could take.
+        self._tombstone_ttl_ms = round(s.hold_ttl_s * 1000) + HOLD_RECORD_GRACE_MS
         # What does not change between decisions is built once: the fixed keys,
         # each bounded key's own keys (bounded by the key set, SPEC C3), each
         # node's slots key (bounded by the cluster's nodes) and the settings'
@@ -206,6 +214,7 @@ class AdmissionStore:
             nodes,
             live,
             live_state,
+            self.keys.settled(args.hold_id),
             *(self._slots_key(name) for name, _ in args.nodes),
         ]
         modes = args.modes
@@ -249,16 +258,16 @@ class AdmissionStore:
         ttl_ms = round(self._settings.slots.committed_ttl_s * 1000)
         pending_ttl_ms = round(self._settings.pending_ttl_s * 1000)
         done = await self._commit(
-            keys=[k.hold(hold_id), k.test_clock, k.nodes],
-            args=[hold_id, ttl_ms, self._clock, pending_ttl_ms],
+            keys=[k.hold(hold_id), k.test_clock, k.nodes, k.settled(hold_id)],
+            args=[hold_id, ttl_ms, self._clock, pending_ttl_ms, self._tombstone_ttl_ms],
         )
         return bool(done)
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
         k = self.keys
         raw = await self._cancel(
-            keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock],
-            args=[hold_id, *self._bucket_defaults, self._clock],
+            keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock, k.settled(hold_id)],
+            args=[hold_id, *self._bucket_defaults, self._clock, self._tombstone_ttl_ms],
         )
         return CancelAnswer(bool(int(raw[0])), float(_s(raw[1])), float(_s(raw[2])))
 
