@@ -1,0 +1,77 @@
+"""Commands are packed by hiredis (C), byte for byte as redis-py's Python packer
+packs them, and round-trip through a real Redis: the fast path changes nothing a
+caller can see."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
+from redis.typing import EncodableT
+
+from turnstile_platform.redis_bounded import BoundedRedis, pack_command
+from turnstile_platform.redis_client import create_redis
+
+ADMIT_LIKE = (
+    "EVALSHA",
+    "f" * 40,
+    3,
+    b"t:{adm}:pending:acme",
+    "t:{adm}:live:acme",
+    memoryview(b"t:{adm}:bucket"),
+    7,
+    0.25,
+    -1,
+    10**20,
+    "ünïcode",
+    b"\x00\xffbinary",
+    "",
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ADMIT_LIKE,
+        ("CONFIG GET", "maxmemory"),  # a command name with a space is split, as redis-py does
+        (b"CLIENT SETNAME", b"x"),
+        ("PING",),
+        ("SET", "k", b"v" * 10_000),  # redis-py chunks large values; the bytes are the same
+    ],
+)
+def test_packing_matches_redis_py_byte_for_byte(args: tuple[EncodableT, ...]) -> None:
+    python_packed = b"".join(bytes(part) for part in Connection().pack_command(*args))
+    assert b"".join(pack_command(*args)) == python_packed
+
+
+@pytest.mark.parametrize("bad", [None, True, object()])
+def test_what_redis_py_refuses_is_refused_as_its_data_error(bad: object) -> None:
+    with pytest.raises(DataError):
+        Connection().pack_command("SET", "k", bad)  # type: ignore[arg-type]
+    with pytest.raises(DataError):
+        pack_command("SET", "k", bad)
+
+
+async def test_commands_scripts_and_pipelines_round_trip_through_a_real_redis(
+    redis_url: str, redis_prefix: str
+) -> None:
+    client = create_redis(redis_url, timeout_s=2.0)
+    key = f"{redis_prefix}packed"
+    try:
+        assert isinstance(client, BoundedRedis)
+        connection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        assert connection.pack_command is pack_command  # the pool's connections use it
+        await client.connection_pool.release(connection)
+        await client.set(key, "ünïcode\x00")
+        assert await client.get(key) == "ünïcode\x00".encode()
+        script = client.register_script("return {KEYS[1], ARGV[1], ARGV[2]}")
+        assert await script(keys=[key], args=[7, b"\xff"]) == [key.encode(), b"7", b"\xff"]
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.incrby(key + ":n", 5)
+            pipe.get(key + ":n")
+            assert await pipe.execute() == [5, b"5"]
+        with pytest.raises(DataError):
+            await client.set(key, None)  # type: ignore[arg-type]
+    finally:
+        await client.delete(key, key + ":n")
+        await client.aclose()
