@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 MAX_WARM_ATTEMPTS = 3
 
 
+#: Creates of one deterministic pod name per activation: a name held by an earlier
+#: attempt's pod that is going away is tried again once it has gone.
+_CREATE_ATTEMPTS = 3
+
+
 class KubernetesSubstrate:
     """Sandbox runtimes as pods in one namespace."""
 
@@ -316,12 +321,13 @@ class KubernetesSubstrate:
             except BaseException:
                 metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
                 raise
-        for first_try in (True, False):
+        for attempt in range(_CREATE_ATTEMPTS):
             try:
                 pod = await self.api.create(body)
             except KubeApiError as error:
                 if error.conflict:
-                    if first_try and await self._terminating_then_gone(name, spec):
+                    more = attempt < _CREATE_ATTEMPTS - 1
+                    if more and await self._terminating_then_gone(name, spec):
                         continue  # an earlier attempt's pod has gone: the name is free again
                     # The name is this activation's: an earlier attempt (a timed-out create
                     # that landed, another replica) made it. The same runtime, not a second.
@@ -345,14 +351,17 @@ class KubernetesSubstrate:
     async def _terminating_then_gone(self, name: str, spec: RuntimeSpec) -> bool:
         """Whether the pod holding this activation's name was an earlier attempt's that
         is being deleted (its compensation ran: the client gave up, the retry came at
-        once) and has now gone, so the name can be used again.
+        once) and has now gone, so the name can be used again; also when the pod is
+        already gone by the time it is read (a refused create, then a 404).
 
         Waits for the reflector to see it go, at most its termination grace plus one
         request timeout; a pod that outlasts that is answered as before (retryable).
         """
         reflector = self._reflector
         pod = await self.api.get(name)
-        if reflector is None or pod is None or pod.sandbox_id != spec.sandbox_id:
+        if pod is None:
+            return True  # gone between the refused create and this read: free again
+        if reflector is None or pod.sandbox_id != spec.sandbox_id:
             return False
         if not pod.deleting:
             return False
