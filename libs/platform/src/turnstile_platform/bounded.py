@@ -66,6 +66,7 @@ from contextlib import asynccontextmanager
 from prometheus_client import Counter, Gauge
 
 from turnstile_platform.health import HealthMap
+from turnstile_platform.metric_children import Children
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,9 @@ CALLS = Counter(
     "rejected (breaker open).",
     ["dependency", "result"],
 )
+#: ``CALLS`` by (dependency, result), looked up without prometheus_client's lock:
+#: every Redis and PostgreSQL call counts one.
+_CALLS = Children(CALLS)
 OVERLOAD_WAITS = Counter(
     "turnstile_dependency_overload_waits_total",
     "Calls that spent their budget while the dependency answered others (or the "
@@ -267,7 +271,7 @@ class Guard:
     def check(self) -> None:
         """Raise at once if the breaker is open (without claiming the probe)."""
         if self.breaker.state is BreakerState.OPEN:
-            CALLS.labels(self.dependency, "rejected").inc()
+            _CALLS(self.dependency, "rejected").inc()
             raise self._breaker_open(self.dependency, self._open_message())
 
     def answered_since(self, when: float) -> bool:
@@ -288,7 +292,7 @@ class Guard:
         configured one) passes with no sign of life from the dependency, or with
         ``overloaded`` when it is still held up here after the overload wait."""
         if not self.breaker.acquire():
-            CALLS.labels(self.dependency, "rejected").inc()
+            _CALLS(self.dependency, "rejected").inc()
             raise self._breaker_open(self.dependency, self._open_message())
         loop = asyncio.get_running_loop()
         timeout = asyncio.timeout(None)
@@ -303,7 +307,7 @@ class Guard:
         except TimeoutError as error:
             if not timeout.expired():  # a timeout of the client's own
                 self.breaker.failure()
-                CALLS.labels(self.dependency, "timeout").inc()
+                _CALLS(self.dependency, "timeout").inc()
                 raise
             raise self._expired(watch) from error
         except asyncio.CancelledError:
@@ -316,31 +320,31 @@ class Guard:
             if not isinstance(error, self._unreachable):
                 self._answered_at = loop.time()
                 self.breaker.success()
-                CALLS.labels(self.dependency, "error").inc()
+                _CALLS(self.dependency, "error").inc()
                 raise
             if timeout.expired():
                 # The client's own (socket) timeout fired with ours.
                 raise self._expired(watch) from error
             self.breaker.failure()
-            CALLS.labels(self.dependency, "unreachable").inc()
+            _CALLS(self.dependency, "unreachable").inc()
             raise
         self._answered_at = loop.time()
         self.breaker.success()
-        CALLS.labels(self.dependency, "ok").inc()
+        _CALLS(self.dependency, "ok").inc()
 
     def _expired(self, watch: _Watch) -> BaseException:
         """Count a call its watch cut off; the error to raise."""
         waited = watch.waited()
         if watch.overloaded:
             self.breaker.abandon()
-            CALLS.labels(self.dependency, "overloaded").inc()
+            _CALLS(self.dependency, "overloaded").inc()
             return self._overloaded(
                 self.dependency,
                 f"{self.dependency} call did not complete within {waited:.3g}s: this "
                 "process is overloaded (the dependency answered others meanwhile)",
             )
         self.breaker.failure()
-        CALLS.labels(self.dependency, "timeout").inc()
+        _CALLS(self.dependency, "timeout").inc()
         return self._budget_exceeded(
             self.dependency,
             f"{self.dependency} did not answer within {watch.budget_s:g}s ({waited:.3g}s waited)",
