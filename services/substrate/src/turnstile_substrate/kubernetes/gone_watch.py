@@ -9,10 +9,10 @@ This is the prompt path. The reflector's index reports every sandbox pod that st
 — deleted, terminating, finished, relabelled, or missing from a re-list — and the **leader**
 (leader-only work ``gone-runtimes``, so replicas do not race to end one row) ends the row of
 each that is still the sandbox's active execution, through the sweep's own code
-(:meth:`.Sweeper.end_if_recorded`), under the sandbox's activation lock: the API server
+(:meth:`.Sweeper.end_if_recorded`), under the sandbox's activation claim: the API server
 confirms the pod is gone, a sandbox with another live pod keeps its record on that pod, and
 the admission slot is released. Ending is idempotent (``end_runtime`` ends only the execution
-that still names the pod), so a row a Deactivate or an activation already ended (the lock
+that still names the pod), so a row a Deactivate or an activation already ended (the claim
 makes the watch wait for them), or a pod seen to go twice, changes nothing.
 
 Pods seen to go while this replica is not the leader are not queued: the next leader's first
