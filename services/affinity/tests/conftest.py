@@ -176,6 +176,22 @@ class Worker:
     async def attached(self, timeout: float = 10) -> None:
         await asyncio.wait_for(self.agent.attached.wait(), timeout)
 
+    async def welcomed(self, count: int, timeout: float = 30) -> None:
+        """Wait until the relay has welcomed ``count`` streams of this worker; an
+        agent that stopped on an error fails the wait with that error at once."""
+        welcomed = asyncio.ensure_future(self.agent.welcomed(count))
+        try:
+            done, _ = await asyncio.wait(
+                {welcomed, self.task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            welcomed.cancel()
+        if self.task in done:
+            self.task.result()  # raises the agent's error
+            raise AssertionError(f"the agent returned after {self.agent.welcomes} welcomes")
+        if welcomed not in done:
+            raise TimeoutError(f"{self.agent.welcomes} of {count} welcomes after {timeout}s")
+
     async def detached(self, timeout: float = 10) -> None:
         """Wait until the worker has noticed that its welcomed stream ended."""
         await asyncio.wait_for(self.agent.detached.wait(), timeout)

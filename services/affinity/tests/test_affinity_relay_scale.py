@@ -4,7 +4,9 @@ connection age, and workers that spread their reconnects."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -16,7 +18,9 @@ from prometheus_client import REGISTRY
 
 from turnstile_affinity.relay import stream_max_age_s
 from turnstile_affinity.settings import AffinitySettings
+from turnstile_affinity.worker.agent import WorkerAgent
 from turnstile_affinity.worker.backoff import reconnect_delays
+from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2
 from turnstile_platform.errors import decode
 from turnstile_platform.tiers import TIER_LABEL
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from conftest import Affinity, Credentials, StartAffinity, StartWorker
 
 Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]
+_SERVICE = affinity_pb2.DESCRIPTOR.services_by_name["AffinityService"].full_name
 
 
 async def _attach(service: Affinity, credentials: Credentials, sandbox_id: str) -> Call:
@@ -125,7 +130,7 @@ async def test_max_connection_age_makes_a_worker_reattach_keeping_presence_and_s
     assert first.sandbox_id == "aging"
     await service.release(first)
     # The stream ends at its maximum age; the worker attaches again, twice.
-    await asyncio.wait_for(w1.agent.welcomed(3), 60)
+    await w1.welcomed(3)
     # Ending a stream at its age is not the sandbox leaving: no detach mark,
     # presence kept, and the session's sandbox is still its own.
     assert not await redis.exists(service.keys.detached("aging"))
@@ -182,3 +187,74 @@ def test_a_replicas_workers_spread_their_first_reconnects_over_the_window() -> N
         buckets[min(int(delay * 10), 9)] += 1
     assert all(800 <= count <= 1200 for count in buckets), buckets
     assert max(firsts) - min(firsts) > 0.95
+
+
+@contextlib.asynccontextmanager
+async def _silent_relay() -> AsyncIterator[tuple[str, asyncio.Queue[affinity_pb2.AttachRequest]]]:
+    """A relay that reads every Hello and never welcomes it (a stream opened just as
+    its connection went away looks the same to the worker): its address and the
+    requests it read."""
+    requests_read: asyncio.Queue[affinity_pb2.AttachRequest] = asyncio.Queue()
+
+    async def silent_attach(
+        requests: AsyncIterator[affinity_pb2.AttachRequest],
+        _: grpc.aio.ServicerContext[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse],
+    ) -> None:
+        async for request in requests:  # reads, and writes nothing
+            requests_read.put_nowait(request)
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        silent_attach,
+        request_deserializer=affinity_pb2.AttachRequest.FromString,
+        response_serializer=affinity_pb2.AttachResponse.SerializeToString,
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(_SERVICE, {"Attach": handler})]
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}", requests_read
+    finally:
+        await server.stop(None)
+
+
+def _agent(address: str, welcome_timeout_s: float) -> WorkerAgent:
+    return WorkerAgent(
+        WorkerSettings(
+            sandbox_id="unwelcome",
+            affinity_addr=address,
+            plaintext=True,
+            welcome_timeout_s=welcome_timeout_s,
+            reconnect_initial_s=0.05,
+            reconnect_max_s=0.1,
+        )
+    )
+
+
+async def test_a_hello_left_unanswered_is_given_up_and_sent_again() -> None:
+    async with _silent_relay() as (address, requests_read):
+        agent = _agent(address, welcome_timeout_s=0.2)
+        task = asyncio.create_task(agent.run())
+        try:
+            async with asyncio.timeout(10):
+                first, second = await requests_read.get(), await requests_read.get()
+            assert first.HasField("hello")
+            assert second.HasField("hello")
+            assert agent.welcomes == 0
+            assert not task.done()
+        finally:
+            agent.stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+async def test_a_worker_stopped_while_awaiting_its_welcome_returns_at_once() -> None:
+    async with _silent_relay() as (address, requests_read):
+        agent = _agent(address, welcome_timeout_s=120)
+        task = asyncio.create_task(agent.run())
+        async with asyncio.timeout(10):
+            assert (await requests_read.get()).HasField("hello")
+        agent.stop.set()
+        # Well inside the welcome timeout: the stop is not left waiting behind it.
+        await asyncio.wait_for(task, 10)

@@ -1,6 +1,7 @@
 """The worker agent's connection to the relay: hello, heartbeats, goodbye, reconnects.
 
-One stream at a time. The Welcome says how often to heartbeat and how long
+One stream at a time. A Hello unanswered for ``welcome_timeout_s`` is given up
+and retried like a failed stream. The Welcome says how often to heartbeat and how long
 presence lasts; a stream whose acks stop for that long is treated as dead (the
 relay or the network went away without closing it) and replaced. Any stream
 end other than our own Goodbye leads to a reconnect with exponential backoff
@@ -195,8 +196,9 @@ class WorkerAgent:
                 capacity=settings.capacity,
                 credential=self.presented_credential,
             )
-            await call.write(affinity_pb2.AttachRequest(hello=hello))
-            first = await call.read()
+            first = await self._hello(call, hello)
+            if first is None:  # stopped while waiting for the Welcome
+                return
             if not isinstance(first, affinity_pb2.AttachResponse) or not first.HasField("welcome"):
                 await _raise_status(call)
                 raise StreamEndedError("no Welcome")
@@ -216,6 +218,35 @@ class WorkerAgent:
         finally:
             if not call.done():
                 call.cancel()
+
+    async def _hello(self, call: Call, hello: affinity_pb2.Hello) -> object | None:
+        """Send the Hello and return the relay's first answer; None once stopped.
+
+        Bounded by ``welcome_timeout_s``: a stream opened just as its connection
+        went away may never be answered, and nothing else would notice until the
+        keepalive timeout, if at all.
+        """
+        timeout = self.settings.welcome_timeout_s
+
+        async def exchange() -> object:
+            await call.write(affinity_pb2.AttachRequest(hello=hello))
+            return await call.read()
+
+        answer = asyncio.ensure_future(exchange())
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {answer, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (answer, stopping):
+                task.cancel()
+            await asyncio.gather(answer, stopping, return_exceptions=True)
+        if answer in done:
+            return answer.result()
+        if stopping in done:
+            return None
+        raise StreamEndedError(f"no Welcome within {timeout:g}s")
 
     async def _heartbeats(self, call: Call, interval: float, silence: float) -> None:
         """Heartbeat every ``interval`` until stop (then Goodbye) or the stream dies."""

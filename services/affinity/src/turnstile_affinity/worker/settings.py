@@ -112,6 +112,12 @@ class WorkerSettings(BaseSettings):
     """How often the channel pings the relay to keep the connection (and any
     middlebox's state of it) alive; at least the relay's minimum ping interval."""
 
+    welcome_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """How long a new stream waits for the relay's Welcome before it is abandoned
+    and retried. A Hello sent on a connection that is going away (a GOAWAY at the
+    connection's maximum age racing the new stream, a middlebox that dropped it)
+    would otherwise wait for keepalive to notice, or for ever."""
+
     goodbye_timeout_s: float = Field(default=2.0, gt=0, le=60)
     """On SIGTERM/SIGINT, how long to wait for the relay to close after Goodbye."""
 
