@@ -54,6 +54,7 @@ from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.locks import SandboxClaims
+from turnstile_substrate.passes import log_failed_pass
 from turnstile_substrate.runtime import CreateKind, Runtime
 
 log = logging.getLogger(__name__)
@@ -126,9 +127,9 @@ class Sweeper:
                 metrics.SWEEP_RUNS.labels(result="ok").inc()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as error:
                 metrics.SWEEP_RUNS.labels(result="error").inc()
-                log.exception("sweep pass failed")
+                log_failed_pass(log, "sweep pass", error)
             await asyncio.sleep(self._settings.sweep_interval_s)
 
     async def sweep_once(self) -> SweepReport:

@@ -47,6 +47,7 @@ from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.tasks import Cleanups
+from turnstile_substrate.passes import log_failed_pass
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID, RuntimeSpec
 
 log = logging.getLogger(__name__)
@@ -334,8 +335,8 @@ class WarmPool:
                 await self.reconcile()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("warm-pool refill failed")
+            except Exception as error:
+                log_failed_pass(log, "warm-pool refill", error)
             # asyncio.timeout, not wait_for: on 3.11 wait_for may swallow a cancellation
             # that races with the event, and stop() would then wait forever
             with contextlib.suppress(TimeoutError):
