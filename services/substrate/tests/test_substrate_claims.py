@@ -13,6 +13,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from turnstile_substrate.claim_sweep import CHUNK, StaleClaimSweep
 from turnstile_substrate.db import claims, records
 from turnstile_substrate.db.claims import Claim, ClaimLostError
 from turnstile_substrate.locks import LockTimeoutError, SandboxClaims
@@ -191,3 +192,58 @@ async def test_waiting_for_a_claim_held_elsewhere_gives_up_at_the_timeout(
         async with sandbox_claims.hold("sb-1", timeout_s=0.3):
             raise AssertionError("took a claim another owner holds")
     assert await conn.fetchval("SELECT owner FROM activation_claims") == "elsewhere/1/x"
+
+
+async def _claim_expired_for(conn: asyncpg.Connection, sandbox_id: str, seconds: float) -> None:
+    await conn.execute(
+        "INSERT INTO activation_claims (sandbox_id, owner, expires_at)"
+        " VALUES ($1, 'dead-replica/1/x', clock_timestamp() - make_interval(secs => $2))",
+        sandbox_id,
+        seconds,
+    )
+
+
+async def _claimed(conn: asyncpg.Connection) -> set[str]:
+    rows = await conn.fetch("SELECT sandbox_id FROM activation_claims")
+    return {row["sandbox_id"] for row in rows}
+
+
+async def test_the_leader_deletes_claims_dead_owners_left_and_nothing_younger(
+    pools: Pools, conn: asyncpg.Connection
+) -> None:
+    await _claim_expired_for(conn, "long-dead", 3600)
+    await _claim_expired_for(conn, "just-lapsed", 1)  # a takeover may still fence it
+    async with pools() as pool:
+        live = SandboxClaims(pool, ttl_s=10, max_s=60, database_timeout_s=5)
+        sweep = StaleClaimSweep(pool, expired_for_s=120, interval_s=120, database_timeout_s=5)
+        async with live.hold("in-progress", timeout_s=5):
+            assert await sweep.sweep_once() == 1
+            assert await _claimed(conn) == {"just-lapsed", "in-progress"}
+            assert await sweep.sweep_once() == 0
+
+
+async def test_a_backlog_of_stale_claims_goes_in_chunks_and_skips_a_fenced_row(
+    migrated_url: str, conn: asyncpg.Connection
+) -> None:
+    await conn.execute(
+        "INSERT INTO activation_claims (sandbox_id, owner, expires_at)"
+        " SELECT 'sb-' || i, 'dead-replica/1/x', clock_timestamp() - interval '1 hour'"
+        " FROM generate_series(1, $1) AS i",
+        2 * CHUNK + 7,
+    )
+    # A final transaction fencing one of them holds its row lock meanwhile.
+    fencer = await asyncpg.connect(migrated_url)
+    try:
+        async with fencer.transaction():
+            await claims.fence(fencer, Claim("sb-1", "dead-replica/1/x"))
+            pool = await asyncpg.create_pool(migrated_url, min_size=1, max_size=1)
+            try:
+                sweep = StaleClaimSweep(
+                    pool, expired_for_s=120, interval_s=120, database_timeout_s=5
+                )
+                assert await sweep.sweep_once() == 2 * CHUNK + 6
+            finally:
+                await pool.close()
+    finally:
+        await fencer.close()
+    assert await _claimed(conn) == {"sb-1"}

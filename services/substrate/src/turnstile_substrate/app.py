@@ -20,6 +20,7 @@ from turnstile_platform.sandbox_credentials import CredentialIssuer, SigningKey
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
 from turnstile_substrate.admission import AdmissionClient
+from turnstile_substrate.claim_sweep import StaleClaimSweep
 from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.db.records import fetch_sandbox
 from turnstile_substrate.runtime import Substrate
@@ -110,6 +111,13 @@ async def create_app(
     leadership.add_work(
         "live-counts", substrate.live_counts_work(live_counts, settings.live_counts_chunk)
     )
+    stale_claims = StaleClaimSweep(
+        pool,
+        expired_for_s=settings.activation_claim_max_s,
+        interval_s=settings.activation_claim_max_s,
+        database_timeout_s=settings.database_timeout_s,
+    )
+    leadership.add_work("stale-activation-claims", stale_claims.run)
     leader_task = asyncio.create_task(leadership.run(), name="leadership")
 
     async def stop_leading() -> None:

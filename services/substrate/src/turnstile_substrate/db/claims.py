@@ -100,3 +100,29 @@ async def in_progress(conn: Connection, sandbox_id: str) -> bool:
         sandbox_id,
     )
     return found is not None
+
+
+async def delete_expired(conn: Connection, expired_for_s: float, limit: int) -> int:
+    """Delete at most ``limit`` claims whose expiry passed more than ``expired_for_s``
+    ago (their owners died mid-activation and nobody activated the sandbox since);
+    returns how many. Rows another statement has locked (a fence) are skipped."""
+    deleted = await conn.fetchval(
+        """
+        WITH stale AS (
+            SELECT sandbox_id FROM activation_claims
+            WHERE expires_at < clock_timestamp() - make_interval(secs => $1)
+            ORDER BY expires_at
+            LIMIT $2
+            FOR UPDATE SKIP LOCKED
+        ), gone AS (
+            DELETE FROM activation_claims c USING stale
+            WHERE c.sandbox_id = stale.sandbox_id
+              AND c.expires_at < clock_timestamp() - make_interval(secs => $1)
+            RETURNING 1
+        )
+        SELECT count(*) FROM gone
+        """,
+        expired_for_s,
+        limit,
+    )
+    return int(deleted or 0)
