@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import socket
@@ -26,8 +25,17 @@ from turnstile_testing.kube_emulator.errors import ApiError, bad_request, status
 from turnstile_testing.kube_emulator.faults import Fault, FaultInjector, PathMatcher
 from turnstile_testing.kube_emulator.kubelet import Kubelet, KubeletConfig, mark_failed
 from turnstile_testing.kube_emulator.leases import LeaseStore
+from turnstile_testing.kube_emulator.object_routes import ObjectRoutes
 from turnstile_testing.kube_emulator.patches import apply_patch
 from turnstile_testing.kube_emulator.podsecurity import check_pod_security
+from turnstile_testing.kube_emulator.requests import (
+    JSON,
+    TRUE,
+    delete_options,
+    json_body,
+    json_response,
+    parse_bool,
+)
 from turnstile_testing.kube_emulator.secrets import SecretStore
 from turnstile_testing.kube_emulator.selectors import FieldSelector, LabelSelector, PodFilter
 from turnstile_testing.kube_emulator.store import Control, PodStore, StoredPod, Subscription, encode
@@ -37,21 +45,6 @@ if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
 _log = logging.getLogger(__name__)
-_JSON = "application/json"
-_TRUE = frozenset({"1", "t", "true"})
-_FALSE = frozenset({"0", "f", "false", ""})
-
-
-def parse_bool(name: str, value: str | None) -> bool:
-    """Query booleans as Go's ``strconv.ParseBool`` reads them (``watch=True`` included)."""
-    if value is None:
-        return False
-    lowered = value.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise bad_request(f'invalid boolean value for "{name}": {value}')
 
 
 def _parse_int(name: str, value: str | None) -> int | None:
@@ -63,12 +56,8 @@ def _parse_int(name: str, value: str | None) -> int | None:
         raise bad_request(f'invalid integer value for "{name}": {value}') from None
 
 
-def _json_response(body: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=body, status=status, content_type=_JSON)
-
-
 def _error_response(error: ApiError) -> web.Response:
-    return _json_response(encode(error.status()), error.code)
+    return json_response(encode(error.status()), error.code)
 
 
 def _pod_list_body(
@@ -100,7 +89,7 @@ class RecordedRequest:
     @property
     def is_watch(self) -> bool:
         """Whether this was a watch request."""
-        return self.query.get("watch", "").lower() in _TRUE
+        return self.query.get("watch", "").lower() in TRUE
 
 
 class KubeEmulator:
@@ -402,24 +391,18 @@ class KubeEmulator:
             app.router.add_patch(pods + suffix, self._make_patch(sub))
         app.router.add_delete(pods + "/{name}", self._delete)
         coordination = "/apis/coordination.k8s.io"
-        secrets = "/api/v1/namespaces/{namespace}/secrets"
-        app.router.add_get("/api/v1/secrets", self._list_secrets)
-        app.router.add_get(secrets, self._list_secrets)
-        app.router.add_post(secrets, self._create_secret)
-        app.router.add_get(secrets + "/{name}", self._get_secret)
-        app.router.add_put(secrets + "/{name}", self._replace_secret)
-        app.router.add_patch(secrets + "/{name}", self._patch_secret)
-        app.router.add_delete(secrets + "/{name}", self._delete_secret)
-        leases = coordination + "/v1/namespaces/{namespace}/leases"
+        ObjectRoutes(self.secrets, lambda: self.store.resource_version).add_to(
+            app.router,
+            every_namespace="/api/v1/secrets",
+            collection="/api/v1/namespaces/{namespace}/secrets",
+        )
         app.router.add_get(coordination, self._coordination_group)
         app.router.add_get(coordination + "/v1", self._coordination_v1)
-        app.router.add_get(coordination + "/v1/leases", self._list_leases)
-        app.router.add_get(leases, self._list_leases)
-        app.router.add_post(leases, self._create_lease)
-        app.router.add_get(leases + "/{name}", self._get_lease)
-        app.router.add_put(leases + "/{name}", self._replace_lease)
-        app.router.add_patch(leases + "/{name}", self._patch_lease)
-        app.router.add_delete(leases + "/{name}", self._delete_lease)
+        ObjectRoutes(self.leases, lambda: self.store.resource_version).add_to(
+            app.router,
+            every_namespace=coordination + "/v1/leases",
+            collection=coordination + "/v1/namespaces/{namespace}/leases",
+        )
 
     @web.middleware
     async def _middleware(
@@ -434,14 +417,14 @@ class KubeEmulator:
             )
         try:
             injected = self.faults.take(
-                request.method, request.path, query.get("watch", "").lower() in _TRUE
+                request.method, request.path, query.get("watch", "").lower() in TRUE
             )
             if injected is not None:
                 return _error_response(injected)
             if "dryRun" in query:
                 raise bad_request("the emulator does not implement dryRun")
             delay = None
-            if self._delays and query.get("watch", "").lower() not in _TRUE:
+            if self._delays and query.get("watch", "").lower() not in TRUE:
                 delay = self._delay_of(request.method, request.path)
             if delay is not None and not delay[1]:
                 await asyncio.sleep(delay[0])
@@ -452,7 +435,7 @@ class KubeEmulator:
         except ApiError as exc:
             return _error_response(exc)
         except web.HTTPNotFound:
-            return _json_response(
+            return json_response(
                 encode(
                     status_object(
                         404, "the server could not find the requested resource", "NotFound", {}
@@ -461,7 +444,7 @@ class KubeEmulator:
                 404,
             )
         except web.HTTPMethodNotAllowed:
-            return _json_response(
+            return json_response(
                 encode(
                     status_object(
                         405,
@@ -484,138 +467,25 @@ class KubeEmulator:
         return None
 
     async def _version(self, _: web.Request) -> web.Response:
-        return _json_response(encode(discovery.SERVER_VERSION))
+        return json_response(encode(discovery.SERVER_VERSION))
 
     async def _api(self, _: web.Request) -> web.Response:
-        return _json_response(encode(discovery.api_versions(f"{self._host}:{self.port}")))
+        return json_response(encode(discovery.api_versions(f"{self._host}:{self.port}")))
 
     async def _apis(self, _: web.Request) -> web.Response:
-        return _json_response(encode(discovery.API_GROUP_LIST))
+        return json_response(encode(discovery.API_GROUP_LIST))
 
     async def _core_v1(self, _: web.Request) -> web.Response:
-        return _json_response(encode(discovery.CORE_V1_RESOURCES))
+        return json_response(encode(discovery.CORE_V1_RESOURCES))
 
     async def _namespace(self, request: web.Request) -> web.Response:
-        return _json_response(encode(discovery.namespace(request.match_info["namespace"])))
+        return json_response(encode(discovery.namespace(request.match_info["namespace"])))
 
     async def _coordination_group(self, _: web.Request) -> web.Response:
-        return _json_response(encode(discovery.COORDINATION_GROUP))
+        return json_response(encode(discovery.COORDINATION_GROUP))
 
     async def _coordination_v1(self, _: web.Request) -> web.Response:
-        return _json_response(encode(discovery.COORDINATION_V1_RESOURCES))
-
-    # ----------------------------------------------------------------- leases
-
-    async def _list_leases(self, request: web.Request) -> web.Response:
-        if parse_bool("watch", request.query.get("watch")):
-            raise ApiError(405, "the emulator does not watch leases", "MethodNotAllowed")
-        items = self.leases.list(
-            request.match_info.get("namespace"), request.query.get("labelSelector")
-        )
-        body = {
-            "kind": "LeaseList",
-            "apiVersion": "coordination.k8s.io/v1",
-            "metadata": {"resourceVersion": str(self.store.resource_version)},
-            "items": items,
-        }
-        return _json_response(encode(body))
-
-    async def _get_lease(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        return _json_response(encode(self.leases.get(m["namespace"], m["name"])))
-
-    async def _create_lease(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request)
-        return _json_response(
-            encode(self.leases.create(request.match_info["namespace"], body)), 201
-        )
-
-    async def _replace_lease(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        body = await self._json_body(request)
-        return _json_response(encode(self.leases.replace(m["namespace"], m["name"], body)))
-
-    async def _patch_lease(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        raw = await request.read()
-        current = self.leases.get(m["namespace"], m["name"])
-        patched = apply_patch(request.headers.get("Content-Type", ""), current, raw)
-        return _json_response(encode(self.leases.replace(m["namespace"], m["name"], patched)))
-
-    async def _delete_lease(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        options = await self._delete_options(request)
-        preconditions = options.get("preconditions")
-        self.leases.delete(
-            m["namespace"],
-            m["name"],
-            preconditions if isinstance(preconditions, dict) else None,
-        )
-        return _json_response(
-            encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
-        )
-
-    # ----------------------------------------------------------------- secrets
-
-    async def _list_secrets(self, request: web.Request) -> web.Response:
-        if parse_bool("watch", request.query.get("watch")):
-            raise ApiError(405, "the emulator does not watch secrets", "MethodNotAllowed")
-        items = self.secrets.list(
-            request.match_info.get("namespace"), request.query.get("labelSelector")
-        )
-        body = {
-            "kind": "SecretList",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(self.store.resource_version)},
-            "items": items,
-        }
-        return _json_response(encode(body))
-
-    async def _get_secret(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        return _json_response(encode(self.secrets.get(m["namespace"], m["name"])))
-
-    async def _create_secret(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request)
-        return _json_response(
-            encode(self.secrets.create(request.match_info["namespace"], body)), 201
-        )
-
-    async def _replace_secret(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        body = await self._json_body(request)
-        return _json_response(encode(self.secrets.replace(m["namespace"], m["name"], body)))
-
-    async def _patch_secret(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        raw = await request.read()
-        current = self.secrets.get(m["namespace"], m["name"])
-        patched = apply_patch(request.headers.get("Content-Type", ""), current, raw)
-        return _json_response(encode(self.secrets.replace(m["namespace"], m["name"], patched)))
-
-    async def _delete_secret(self, request: web.Request) -> web.Response:
-        m = request.match_info
-        options = await self._delete_options(request)
-        preconditions = options.get("preconditions")
-        self.secrets.delete(
-            m["namespace"],
-            m["name"],
-            preconditions if isinstance(preconditions, dict) else None,
-        )
-        return _json_response(
-            encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
-        )
-
-    @staticmethod
-    async def _delete_options(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        if not raw.strip():
-            return {}
-        try:
-            options = json.loads(raw)
-        except ValueError as exc:
-            raise bad_request(f"error decoding DeleteOptions: {exc}") from None
-        return options if isinstance(options, dict) else {}
+        return json_response(encode(discovery.COORDINATION_V1_RESOURCES))
 
     # ----------------------------------------------------------------- pods
 
@@ -650,7 +520,7 @@ class KubeEmulator:
             limit=_parse_int("limit", q.get("limit")),
             continue_token=q.get("continue"),
         )
-        return _json_response(
+        return json_response(
             _pod_list_body(page.resource_version, page.items, page.continue_token, page.remaining)
         )
 
@@ -659,7 +529,7 @@ class KubeEmulator:
         send_initial = parse_bool("sendInitialEvents", q.get("sendInitialEvents"))
         bookmarks = parse_bool("allowWatchBookmarks", q.get("allowWatchBookmarks"))
         timeout = _parse_int("timeoutSeconds", q.get("timeoutSeconds"))
-        response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
+        response = web.StreamResponse(status=200, headers={"Content-Type": JSON})
         response.enable_chunked_encoding()
         try:
             rv = "0" if send_initial else q.get("resourceVersion")
@@ -702,35 +572,27 @@ class KubeEmulator:
         return self.store.get(request.match_info["namespace"], request.match_info["name"])
 
     async def _get(self, request: web.Request) -> web.Response:
-        return _json_response(self._stored(request).raw)
-
-    @staticmethod
-    async def _json_body(request: web.Request) -> Any:
-        raw = await request.read()
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise bad_request(f"error decoding request body: {exc}") from None
+        return json_response(self._stored(request).raw)
 
     async def _create(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request)
+        body = await json_body(request)
         if self.pod_security is not None and isinstance(body, dict):
             check_pod_security(self.pod_security, body)
         stored = self.store.create(request.match_info["namespace"], body)
-        return _json_response(stored.raw, 201)
+        return json_response(stored.raw, 201)
 
     def _make_update(
         self, subresource: str | None
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def update(request: web.Request) -> web.Response:
-            body = await self._json_body(request)
+            body = await json_body(request)
             stored = self.store.replace(
                 request.match_info["namespace"],
                 request.match_info["name"],
                 body,
                 subresource=subresource,
             )
-            return _json_response(stored.raw)
+            return json_response(stored.raw)
 
         return update
 
@@ -747,20 +609,12 @@ class KubeEmulator:
                 patched,
                 subresource=subresource,
             )
-            return _json_response(stored.raw)
+            return json_response(stored.raw)
 
         return patch
 
     async def _delete(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        options: Any = {}
-        if raw.strip():
-            try:
-                options = json.loads(raw)
-            except ValueError as exc:
-                raise bad_request(f"error decoding DeleteOptions: {exc}") from None
-        if not isinstance(options, dict):
-            options = {}
+        options = await delete_options(request)
         preconditions = options.get("preconditions")
         grace = options.get("gracePeriodSeconds")
         if grace is None:
@@ -773,4 +627,4 @@ class KubeEmulator:
             preconditions if isinstance(preconditions, dict) else None,
             grace,
         )
-        return _json_response(stored.raw)
+        return json_response(stored.raw)
