@@ -115,6 +115,10 @@ class FailoverWatch:
         self._task: asyncio.Task[None] | None = None
         #: The primary the pool was using when the breaker opened.
         self._old: Address | None = None
+        #: The new primary last announced (each sentinel announces it).
+        self._named: Address | None = None
+        #: Set once a listener has subscribed, for the one lookup that follows.
+        self._subscribed = asyncio.Event()
         breaker.on_change(self._changed)
 
     def _changed(self, state: BreakerState) -> None:
@@ -123,6 +127,7 @@ class FailoverWatch:
         elif state is BreakerState.OPEN and self._task is None:
             address = self._pool.master_address
             self._old = (str(address[0]), int(address[1])) if address else None
+            self._subscribed = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(
                 self._watch(), name="sentinel-failover-watch"
             )
@@ -137,9 +142,11 @@ class FailoverWatch:
         await asyncio.gather(*listeners, self._ask())
 
     async def _ask(self) -> None:
-        """Whether the sentinels name a new primary already (once, after subscribing)."""
-        await asyncio.sleep(0)  # the listeners send their SUBSCRIBE first
+        """Whether the sentinels name a new primary already: once, after the first
+        subscription (so a failover that ends between the two is still heard)."""
         try:
+            async with asyncio.timeout(self._budget_s):
+                await self._subscribed.wait()
             async with asyncio.timeout(self._budget_s):
                 named = await self._sentinel.discover_master(self._pool.service_name)
         except (RedisError, OSError, TimeoutError):
@@ -154,6 +161,7 @@ class FailoverWatch:
             try:
                 async with asyncio.timeout(self._budget_s):
                     await pubsub.subscribe(SWITCH_MASTER)
+                self._subscribed.set()
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is None:
@@ -163,8 +171,8 @@ class FailoverWatch:
                         await self._switched(
                             (fields[1], int(fields[2])), (fields[3], int(fields[4]))
                         )
-            except (RedisError, OSError, TimeoutError):
-                pass
+            except (RedisError, OSError, TimeoutError, ValueError):
+                pass  # a sentinel lost (or a malformed announcement): subscribe again
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             await asyncio.sleep(RESUBSCRIBE_S)
@@ -172,10 +180,14 @@ class FailoverWatch:
     async def _switched(self, old: Address, new: Address) -> None:
         if self._breaker.state is BreakerState.CLOSED:
             return
-        log.warning(
-            "sentinels name a new Redis primary; probing it now",
-            extra={"old_primary": f"{old[0]}:{old[1]}", "new_primary": f"{new[0]}:{new[1]}"},
-        )
+        if new != self._named:
+            self._named = new
+            log.warning(
+                "sentinels name a new Redis primary; probing it now",
+                extra={"old_primary": f"{old[0]}:{old[1]}", "new_primary": f"{new[0]}:{new[1]}"},
+            )
+        # Each sentinel's announcement lets one probe go: a second chance, at once,
+        # for a probe that met the new primary before it was ready.
         self._breaker.probe_now()
         await self._pool.forget(old)
 
