@@ -52,3 +52,16 @@ async def test_the_open_breaker_probes_as_soon_as_the_sentinels_name_a_new_prima
         assert await client.get("k") == b"before"  # the promoted replica's data
     finally:
         await client.aclose()
+
+
+async def test_closing_the_client_ends_a_running_watch(redis_sentinel: RedisSentinelSet) -> None:
+    """The watch runs while the breaker is open; closing the client ends it (and its
+    subscriptions) before the sentinels' connections close, leaving no task behind."""
+    guard = redis_guard(0.3, failures=1, open_s=OPEN_S)
+    client = create_redis(redis_sentinel.url, timeout_s=0.3, guard=guard)
+    assert await client.ping()
+    guard.breaker.failure()  # as an unreachable call would: the watch starts
+    watches = [t for t in asyncio.all_tasks() if t.get_name() == "sentinel-failover-watch"]
+    assert len(watches) == 1
+    await client.aclose()
+    assert watches[0].done()

@@ -133,9 +133,19 @@ class FailoverWatch:
             )
 
     def stop(self) -> None:
+        """End the watch (the breaker closed); it unsubscribes on its own."""
         if self._task is not None:
             self._task.cancel()
             self._task = None
+
+    async def close(self) -> None:
+        """End the watch and wait until it has unsubscribed (the client is closing)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])  # (a cancellation of our own still propagates)
+            if not task.cancelled():
+                task.exception()  # retrieved: it ended before the cancel
 
     async def _watch(self) -> None:
         listeners = [self._listen(client) for client in self._sentinel.sentinels]
@@ -200,7 +210,7 @@ class BoundedSentinelRedis(BoundedRedis):
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         if self.failover_watch is not None:
-            self.failover_watch.stop()
+            await self.failover_watch.close()
         try:
             await super().aclose(close_connection_pool)
         finally:
