@@ -9,7 +9,14 @@ import redis.asyncio as aioredis
 
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
-from turnstile_clientkeys.live_store import DROP, Change, FencedError, LiveStore, Op
+from turnstile_clientkeys.live_store import (
+    DROP,
+    Change,
+    FencedError,
+    LiveStore,
+    Op,
+    StateLostError,
+)
 
 
 @pytest.fixture
@@ -102,6 +109,26 @@ async def test_a_write_from_an_older_epoch_is_refused_whole(
     await store.write(4)
     with pytest.raises(FencedError):
         await store.write(3)
+
+
+async def test_a_continuing_write_whose_epoch_redis_lost_applies_nothing(
+    store: LiveStore, redis: aioredis.Redis
+) -> None:
+    """Redis restarted empty (or failed over without the writes): a writer that has
+    written in its epoch before finds it gone and changes nothing, not even the
+    marker, so it cannot mark sets it never rewrote as current."""
+    k = store.keys
+    await store.write(3, state=DROP)
+    assert await store.write(3, [Change(Op.SET, "sb-1", "acme")], continuing=True) == 1
+    await redis.delete(k.epoch, k.sandboxes, k.live("acme"))  # what a restart loses
+
+    with pytest.raises(StateLostError):
+        await store.write(3, [Change(Op.SET, "sb-2", "acme")], COUNTED, continuing=True)
+    assert await redis.get(k.state) is None
+    assert await redis.smembers(k.live("acme")) == set()
+    assert await redis.get(k.epoch) is None
+    await store.write(3, state=DROP)  # starting over sets it again
+    assert await store.write(3, state=COUNTED, continuing=True) == 0
 
 
 async def test_published_pages_through_every_id(store: LiveStore) -> None:

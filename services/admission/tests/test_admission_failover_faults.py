@@ -5,8 +5,9 @@ master paused until its replica takes over — each with 64 Admits in flight.
 SPEC F2: a failover loses no more than the precision rule allows, and decisions
 resume by themselves. Measured here: the longest gap in decisions not answered by
 a fail mode (target: the failover's own time plus the breaker's 1 s probe
-interval), how many a fail mode answered, the latency since the fault against the
-same run's before it (at most a budget more: calls are bounded), and the drift
+interval; on Sentinel the failover's own time, as the sentinels' announcement
+lets the probe go at once), how many a fail mode answered, the latency since the
+fault against the same run's before it (at most a budget more: calls are bounded), and the drift
 once the load stops — pending entries, holds in flight and node slots still
 counted although every hold was settled (target ≤ 1: only a write the old primary
 acknowledged and never replicated can be lost). The drift is then gone within
@@ -108,7 +109,11 @@ async def test_a_sentinel_failover_under_load(
     redis_prefix: str,
 ) -> None:
     """SIGKILL of the primary: the sentinels notice after their down-after-milliseconds
-    (1 s), agree and promote the replica; each connection then reconnects to it."""
+    (1 s), agree and promote the replica; their ``+switch-master`` lets the open
+    breaker's probe go at once, and each connection reconnects to the new primary.
+    So the gap is the failover's own (plus at most a decision's latency before the
+    kill), not rounded up to the breaker's next probe (it was up to +1 s: 2.6-4.2 s
+    for a 2.4-2.5 s failover)."""
     sentinel = private_redis_sentinel
     running = await _admission(start_admission, fault_settings, sentinel.url, redis_prefix)
 
@@ -120,7 +125,7 @@ async def test_a_sentinel_failover_under_load(
     failover_s, gap, drift = await _under_load(
         running, admit_load, "Sentinel, primary killed", kill_the_primary
     )
-    assert gap <= failover_s + BREAKER_OPEN_S + MARGIN_S
+    assert gap <= failover_s + MARGIN_S
     assert drift <= 1
 
 

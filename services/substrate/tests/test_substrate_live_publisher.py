@@ -181,6 +181,31 @@ async def test_a_410_makes_the_counts_unknown_until_the_relist(
             await until(lambda: view.counted({"sb-1"}))
 
 
+async def test_live_counts_redis_lost_are_republished_before_they_are_marked_current(
+    kube: KubeEmulator,
+    substrate: StartSubstrate,
+    store: LiveStore,
+    view: View,
+    redis: aioredis.Redis,
+) -> None:
+    """Redis restarted without its data (or failed over to a replica that lacked the
+    writes): the leader's next write finds its epoch gone, and the marker comes back
+    only over the republished sets — a renewal over empty ones would let the cap count
+    no live sandbox until the next re-list."""
+    for n in range(3):
+        seed(kube, f"sb-{n}")
+    live = {f"sb-{n}" for n in range(3)}
+    async with substrate(kube) as sub:
+        publisher = publisher_of(sub, store)
+        async with leading(publisher, LeaderTerm("a", 1)):
+            await until(lambda: view.counted(live))
+            k = store.keys
+            await redis.delete(k.epoch, k.sandboxes, k.state, k.live("acme"))  # all of it
+            await until(lambda: _is(view.state(), COUNTED))
+            assert await view.live() == live
+            assert publisher.resyncs == 2
+
+
 async def test_a_deposed_leader_is_fenced_by_redis_and_stops(
     kube: KubeEmulator, substrate: StartSubstrate, store: LiveStore, view: View
 ) -> None:

@@ -10,17 +10,27 @@
 --
 -- KEYS: 1 live-epoch, 2 live-sandboxes (hash id -> key), 3 live-state,
 --       then per op: 'set' -> live:<key>, pending:<key>; 'del' -> live:<key>.
+-- A writer that has written before in its term ('continuing') finds its epoch
+-- here; if it does not, Redis lost the live counts (restarted without them, or
+-- failed over to a replica that never got them) and the writer's idea of what is
+-- published is wrong: nothing is applied, so a renewal cannot mark empty sets
+-- current, and the writer resyncs.
+--
 -- ARGV: epoch, state ('' leave it, '-' drop it, else the value to set),
---       state ttl ms, then per op: kind ('set' or 'del'), sandbox id, key.
--- Returns {1, ids added or removed} when applied, {0, newest epoch} when fenced.
+--       state ttl ms, continuing ('1' or '0'),
+--       then per op: kind ('set' or 'del'), sandbox id, key.
+-- Returns {1, ids added or removed} when applied, {0, newest epoch} when fenced,
+-- {2, 0} when a continuing writer's epoch is gone (nothing applied).
 
 local epoch = tonumber(ARGV[1])
-local newest = tonumber(redis.call('GET', KEYS[1]) or '0')
+local seen = redis.call('GET', KEYS[1])
+if not seen and ARGV[4] == '1' then return {2, 0} end
+local newest = tonumber(seen or '0')
 if epoch < newest then return {0, newest} end
 if epoch > newest then redis.call('SET', KEYS[1], epoch) end
 
 local k, changed = 3, 0
-for a = 4, #ARGV, 3 do
+for a = 5, #ARGV, 3 do
   local kind, sandbox, key = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   if kind == 'set' then
     changed = changed + redis.call('SADD', KEYS[k + 1], sandbox)

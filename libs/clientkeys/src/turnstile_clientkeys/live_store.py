@@ -32,6 +32,12 @@ class FencedError(RuntimeError):
     """A newer leader has written: this one must stop writing."""
 
 
+class StateLostError(RuntimeError):
+    """Redis no longer has the writer's epoch (restarted without its data, or failed
+    over to a replica that lacked it): what the writer published may be gone, and it
+    must read what is there and resync before marking the counts current."""
+
+
 class Op(enum.StrEnum):
     SET = "set"
     """The sandbox is live under the key (moved out of the key's pending set)."""
@@ -59,18 +65,29 @@ class LiveStore:
         self.state_ttl_ms = max(1, round(state_ttl_s * 1000))
         self._script: AsyncScript = client.register_script(script_text())
 
-    async def write(self, epoch: int, changes: Sequence[Change] = (), state: str = KEEP) -> int:
+    async def write(
+        self,
+        epoch: int,
+        changes: Sequence[Change] = (),
+        state: str = KEEP,
+        *,
+        continuing: bool = False,
+    ) -> int:
         """Apply ``changes`` and the marker ``state`` in one fenced script; the ids
-        added or removed. ``state``: :data:`KEEP`, :data:`DROP` or a marker value."""
+        added or removed. ``state``: :data:`KEEP`, :data:`DROP` or a marker value.
+        ``continuing``: this writer has written in this epoch before, so Redis must
+        still have the epoch (else :class:`StateLostError`, nothing applied)."""
         k = self.keys
         keys = [k.epoch, k.sandboxes, k.state]
-        args: list[str | int] = [epoch, state, self.state_ttl_ms]
+        args: list[str | int] = [epoch, state, self.state_ttl_ms, int(continuing)]
         for change in changes:
             keys.append(k.live(change.key))
             if change.op is Op.SET:
                 keys.append(k.pending(change.key))
             args += [change.op.value, change.sandbox_id, change.key]
         applied, value = await self._script(keys=keys, args=args)
+        if int(applied) == 2:
+            raise StateLostError(f"Redis lost the live counts of epoch {epoch}")
         if not int(applied):
             raise FencedError(f"epoch {epoch} is older than {int(value)}: another leader writes")
         return int(value)

@@ -126,9 +126,10 @@ def create_redis(
     tls: dict[str, Any] = {"ssl": True} if target.tls else {}
     if target.topology is Topology.SENTINEL:
         sentinel_tls = {key: value for key, value in auth.items() if key.startswith("ssl_")} | tls
-        primary = sentinel_primary(
+        return sentinel_primary(
             target.nodes,
             target.service,
+            guard=guard,
             sentinel_connection={
                 "socket_timeout": timeout_s,
                 "socket_connect_timeout": timeout_s,
@@ -142,11 +143,6 @@ def create_redis(
             **auth,
             **tls,
         )
-        primary.guard = guard
-        sentinel_pool = primary.connection_pool
-        assert isinstance(sentinel_pool, UncontendedPool)  # an UncontendedSentinelPool
-        sentinel_pool.guard = guard
-        return primary
     cluster = BoundedRedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
         # Each retry re-reads the topology first (a failed node, CLUSTERDOWN).

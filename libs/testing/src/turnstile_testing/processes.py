@@ -234,6 +234,15 @@ class PostgresProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
 
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend: a crash (the machine or container
+        gone), with no shutdown checkpoint and no WAL handed to a standby. The stale pid
+        file goes too, as on a machine that is gone: nothing is left to stop."""
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+
     def stop(self, mode: str = "immediate") -> None:
         """Stop (``immediate`` is what a crash looks like to clients)."""
         self.resume()

@@ -21,6 +21,13 @@ is refused by Redis itself.
 * **Renewal**: the marker has a TTL (``live_counts_ttl_s``), renewed every third
   of it while current; a leader that dies or hangs lets it lapse, never leaving
   stale counts trusted for longer than that.
+* **Lost by Redis**: every write after the term's first requires the epoch it
+  set (``continuing``). A Redis restarted without its data, or failed over to a
+  replica that never got the writes, no longer has it: the write is refused
+  (:class:`~turnstile_clientkeys.live_store.StateLostError`) and the publisher
+  starts over as a new leader does — drop the marker, read what is published,
+  resync, mark. Without this, the next renewal marked empty live sets current
+  and the cap counted no live sandbox until the next re-list.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from turnstile_clientkeys.live_counts import COUNTED
-from turnstile_clientkeys.live_store import DROP, KEEP, Change, LiveStore, Op
+from turnstile_clientkeys.live_store import DROP, KEEP, Change, LiveStore, Op, StateLostError
 from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.index import PodIndex
@@ -61,14 +68,19 @@ class LivePublisher:
         index.on_sandbox_change = self._changed
         reflector.on_current_change = self._wake.set
         try:
-            await self._store.write(term.epoch, state=DROP)
-            self.published = await self._store.published(self._chunk)
-            log.info(
-                "live publisher: leading at epoch %d, %d ids published",
-                term.epoch,
-                len(self.published),
-            )
-            await self._loop(term)
+            while True:
+                await self._store.write(term.epoch, state=DROP)
+                self.published = await self._store.published(self._chunk)
+                log.info(
+                    "live publisher: leading at epoch %d, %d ids published",
+                    term.epoch,
+                    len(self.published),
+                )
+                try:
+                    await self._loop(term)
+                except StateLostError:
+                    metrics.LIVE_COUNTS_CURRENT.set(0)
+                    log.warning("live publisher: Redis lost the live counts; resyncing")
         finally:
             metrics.LIVE_COUNTS_CURRENT.set(0)
             index.on_sandbox_change = None
@@ -82,7 +94,7 @@ class LivePublisher:
             self._wake.clear()
             if not self._reflector.current:
                 if marked:
-                    await self._store.write(term.epoch, state=DROP)
+                    await self._store.write(term.epoch, state=DROP, continuing=True)
                     marked = False
                     metrics.LIVE_COUNTS_CURRENT.set(0)
                     log.info("live publisher: reflector behind; counts withdrawn")
@@ -110,14 +122,14 @@ class LivePublisher:
                 continue  # fell behind, or re-listed, while writing: start over
             now = time.monotonic()
             if not marked or now - renewed >= self._renew_s:
-                await self._store.write(term.epoch, state=COUNTED)
+                await self._store.write(term.epoch, state=COUNTED, continuing=True)
                 marked, renewed = True, now
                 metrics.LIVE_COUNTS_CURRENT.set(1)
             await self._sleep(max(0.0, self._renew_s - (time.monotonic() - renewed)))
 
     async def _apply(self, term: LeaderTerm, changes: list[Change]) -> None:
         for chunk in _chunks(changes, self._chunk):
-            await self._store.write(term.epoch, chunk, KEEP)
+            await self._store.write(term.epoch, chunk, KEEP, continuing=True)
             for change in chunk:
                 metrics.LIVE_COUNTS_CHANGES.labels(change.op.value).inc()
                 if change.op is Op.SET:
