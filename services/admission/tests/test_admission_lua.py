@@ -160,6 +160,38 @@ async def test_admit_takes_the_first_candidate_with_a_free_slot(store: Admission
     assert (slots.limit, slots.current, slots.retry_ms) == (2, 2, 10_000)
 
 
+async def test_admit_keeps_each_written_key_as_long_as_its_newest_entry(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """A key admit.lua creates gets its entry's TTL; one that exists is lengthened to
+    it, never shortened (one PEXPIRE per key: plain when created, GT when not)."""
+    k = store.keys
+    hold_ms, pending_ms = 10_000, 120_000
+    await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    written = {
+        k.inflight("acme"): hold_ms,
+        k.pending("acme"): pending_ms,
+        k.slots("n1"): hold_ms,
+        k.nodes: hold_ms,
+    }
+    for key, ttl in written.items():
+        assert ttl - 2_000 < await redis.pttl(key) <= ttl, key
+    # Existing keys whose expiry ran short (as an older entry's would) are lengthened.
+    for key in written:
+        await redis.pexpire(key, 1_000)
+    await store.admit(args("h2", "sb-2", SLOTS, nodes=[("n1", 5)]))
+    for key, ttl in written.items():
+        assert ttl - 2_000 < await redis.pttl(key) <= ttl, key
+    # A committed slot outlives a hold: the next hold on its node does not cut it short.
+    assert await store.commit("h1")
+    committed = await redis.pttl(k.slots("n1"))
+    assert committed > hold_ms
+    third = await store.admit(args("h3", "sb-3", SLOTS_ONLY, nodes=[("n1", 5)]))
+    assert third.node == "n1"
+    assert await redis.pttl(k.slots("n1")) > hold_ms
+    assert await redis.pttl(k.nodes) > hold_ms
+
+
 async def test_admit_ignores_a_malformed_limits_document(
     store: AdmissionStore, redis: aioredis.Redis
 ) -> None:
