@@ -160,6 +160,26 @@ async def test_admit_takes_the_first_candidate_with_a_free_slot(store: Admission
     assert (slots.limit, slots.current, slots.retry_ms) == (2, 2, 10_000)
 
 
+async def test_admit_counts_only_unexpired_slots_and_hints_from_them(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """Expired slot entries stay until their node is written, and count for nothing:
+    neither in the slots held nor in the retry hint of a refusal."""
+    node = [("n1", 2)]
+    await store.admit(args("a", "sb-a", SLOTS_ONLY, nodes=node))  # expires NOW + 10 s
+    await store.set_test_clock(NOW + 5_000)
+    await store.admit(args("b", "sb-b", SLOTS_ONLY, nodes=node))  # expires NOW + 15 s
+    await store.set_test_clock(NOW + 11_000)  # a expired, still stored
+    third = await store.admit(args("c", "sb-c", SLOTS_ONLY, nodes=node))
+    assert (third.node, third.results[PolicyName.SLOTS].current) == ("n1", 1)
+    # Written: the expired entry went with the write.
+    assert await redis.zrange(store.keys.slots("n1"), 0, -1) == [b"h:b", b"h:c"]
+    await store.set_test_clock(NOW + 16_000)  # b expired, still stored
+    refused = await store.admit(args("d", "sb-d", SLOTS_ONLY, nodes=[("n1", 1)]))
+    slots = refused.results[PolicyName.SLOTS]
+    assert (refused.outcome, slots.current, slots.retry_ms) == ("refuse", 1, 5_000)
+
+
 async def test_admit_keeps_each_written_key_as_long_as_its_newest_entry(
     store: AdmissionStore, redis: aioredis.Redis
 ) -> None:

@@ -63,13 +63,17 @@ local function judge(mode, over)
 end
 
 -- Node slots: the first candidate with a free slot, in the caller's order.
+-- A candidate's slots held are its unexpired entries, counted (ZCOUNT) rather
+-- than its expired ones removed first: only the node a hold is taken on has
+-- them removed, when it is written (below), so a decision reads each other
+-- candidate with one command.
 local slots = {0, 0, 0, -1, ''}
 local chosen = nil
+local unexpired = '(' .. now
 if slot_mode > 0 then
   local held, total = 0, 0
   for _, n in ipairs(nodes) do
-    redis.call('ZREMRANGEBYSCORE', n.key, '-inf', now)
-    n.held = redis.call('ZCARD', n.key)
+    n.held = redis.call('ZCOUNT', n.key, unexpired, '+inf')
     held, total = held + n.held, total + n.cap
     if chosen == nil and n.held < n.cap then chosen = n end
   end
@@ -80,7 +84,8 @@ if slot_mode > 0 then
     -- Read only then (a first member per node), not on every decision.
     local earliest = nil
     for _, n in ipairs(nodes) do
-      local first = redis.call('ZRANGE', n.key, 0, 0, 'WITHSCORES')
+      local first = redis.call('ZRANGE', n.key, unexpired, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                               'WITHSCORES')
       if first[2] then
         local e = tonumber(first[2])
         if earliest == nil or e < earliest then earliest = e end
@@ -125,7 +130,7 @@ if cap_mode > 0 then
   local state = redis.call('GET', KEYS[10])
   if state == 'counted' then
     live = redis.call('SCARD', KEYS[9])
-    own_live = redis.call('SISMEMBER', KEYS[9], sandbox) == 1
+    own_live = live > 0 and redis.call('SISMEMBER', KEYS[9], sandbox) == 1
     if own_live then live = live - 1 end
   elseif state == 'unsupported' then
     live = -1
@@ -207,6 +212,7 @@ if cap_mode > 0 and not own_live then
   if not own_pending then pending_count = pending_count + 1 end
 end
 if slot_mode > 0 and chosen ~= nil then
+  redis.call('ZREMRANGEBYSCORE', chosen.key, '-inf', now)
   redis.call('ZADD', chosen.key, expires, 'h:' .. hold_id)
   extend_written(chosen.key, hold_ttl, chosen.held == 0)
   -- A node already registered means the registry exists, so it has an expiry.
