@@ -128,6 +128,27 @@ async def test_after_redis_resumes_one_probe_closes_the_breaker(
         await client.aclose()
 
 
+async def test_a_refused_connection_counts_toward_the_breaker(
+    private_redis: RedisProcess,
+) -> None:
+    """A stopped Redis (connections refused at once) fails each call as unreachable
+    and counts toward the breaker, which then refuses without trying."""
+    guard = redis_guard(BUDGET_S, failures=2, open_s=60)
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)
+    try:
+        assert await client.set("k", "v")
+        private_redis.stop()
+        for _ in range(2):
+            _, error = await _elapsed(client.get("k"))
+            assert isinstance(error, UNREACHABLE)
+            assert not isinstance(error, (RedisBudgetExceededError, RedisBreakerOpenError))
+        assert guard.breaker.state is BreakerState.OPEN
+        _, error = await _elapsed(client.get("k"))
+        assert isinstance(error, RedisBreakerOpenError)
+    finally:
+        await client.aclose()
+
+
 async def test_a_script_error_is_an_answer_not_a_failure(private_redis: RedisProcess) -> None:
     guard = redis_guard(BUDGET_S, failures=1, open_s=60)
     client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=guard)

@@ -316,9 +316,19 @@ async def commandstats(client: aioredis.Redis) -> dict[str, int]:
 
 
 async def script_usec(client: aioredis.Redis) -> int:
-    """Microseconds Redis spent running EVALSHA so far (the script's own time)."""
+    """Microseconds Redis spent running EVALSHA so far (the script's own time).
+
+    Wall time: on a loaded machine it counts every moment redis-server was
+    descheduled mid-script, so it grows with the load (see :func:`redis_cpu_s`)."""
     info = await client.info("commandstats")
     return int(info.get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+async def redis_cpu_s(client: aioredis.Redis) -> float:
+    """CPU seconds of Redis's main thread so far (user + system): parsing, scripts
+    and replies. Unlike commandstats' time it hardly moves with the machine's load."""
+    cpu = await client.info("cpu")
+    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
 async def bench(
@@ -402,6 +412,7 @@ async def bench(
         decisions = 0
         before = await commandstats(redis)
         usec_before = await script_usec(redis)
+        cpu_before = await redis_cpu_s(redis)
         runs = (
             ("admission", "admit_cold", cold),
             ("admission", "admit_resume", resume),
@@ -432,6 +443,7 @@ async def bench(
                 decisions += int(sampled["calls"] + everything["calls"]) + 400
         after = await commandstats(redis)
         usec = await script_usec(redis) - usec_before
+        redis_cpu = await redis_cpu_s(redis) - cpu_before
         count_calls = int(await redis.get(COUNT_CALLS) or 0)
         await redis.aclose()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
@@ -439,6 +451,12 @@ async def bench(
         per_script = usec / max(1, delta.get("evalsha", 1))
         print(f"Redis time inside the script, per decision: {per_script:.1f} µs")
         summary["script_usec_per_decision"] = round(per_script, 1)
+        cpu_per_decision = redis_cpu * 1e6 / max(1, decisions)
+        print(
+            "Redis main-thread CPU per decision (the script, its reply, the watcher's "
+            f"polls; load-independent): {cpu_per_decision:.1f} µs"
+        )
+        summary["redis_cpu_us_per_decision"] = round(cpu_per_decision, 1)
         ratio = statistics.median(tracing)
         print(
             "tracing everything ÷ the production sampler, cold create at 64 in flight, "

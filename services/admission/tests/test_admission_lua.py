@@ -160,6 +160,58 @@ async def test_admit_takes_the_first_candidate_with_a_free_slot(store: Admission
     assert (slots.limit, slots.current, slots.retry_ms) == (2, 2, 10_000)
 
 
+async def test_admit_counts_only_unexpired_slots_and_hints_from_them(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """Expired slot entries stay until their node is written, and count for nothing:
+    neither in the slots held nor in the retry hint of a refusal."""
+    node = [("n1", 2)]
+    await store.admit(args("a", "sb-a", SLOTS_ONLY, nodes=node))  # expires NOW + 10 s
+    await store.set_test_clock(NOW + 5_000)
+    await store.admit(args("b", "sb-b", SLOTS_ONLY, nodes=node))  # expires NOW + 15 s
+    await store.set_test_clock(NOW + 11_000)  # a expired, still stored
+    third = await store.admit(args("c", "sb-c", SLOTS_ONLY, nodes=node))
+    assert (third.node, third.results[PolicyName.SLOTS].current) == ("n1", 1)
+    # Written: the expired entry went with the write.
+    assert await redis.zrange(store.keys.slots("n1"), 0, -1) == [b"h:b", b"h:c"]
+    await store.set_test_clock(NOW + 16_000)  # b expired, still stored
+    refused = await store.admit(args("d", "sb-d", SLOTS_ONLY, nodes=[("n1", 1)]))
+    slots = refused.results[PolicyName.SLOTS]
+    assert (refused.outcome, slots.current, slots.retry_ms) == ("refuse", 1, 5_000)
+
+
+async def test_admit_keeps_each_written_key_as_long_as_its_newest_entry(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """A key admit.lua creates gets its entry's TTL; one that exists is lengthened to
+    it, never shortened (one PEXPIRE per key: plain when created, GT when not)."""
+    k = store.keys
+    hold_ms, pending_ms = 10_000, 120_000
+    await store.admit(args("h1", "sb-1", SLOTS, nodes=[("n1", 5)]))
+    written = {
+        k.inflight("acme"): hold_ms,
+        k.pending("acme"): pending_ms,
+        k.slots("n1"): hold_ms,
+        k.nodes: hold_ms,
+    }
+    for key, ttl in written.items():
+        assert ttl - 2_000 < await redis.pttl(key) <= ttl, key
+    # Existing keys whose expiry ran short (as an older entry's would) are lengthened.
+    for key in written:
+        await redis.pexpire(key, 1_000)
+    await store.admit(args("h2", "sb-2", SLOTS, nodes=[("n1", 5)]))
+    for key, ttl in written.items():
+        assert ttl - 2_000 < await redis.pttl(key) <= ttl, key
+    # A committed slot outlives a hold: the next hold on its node does not cut it short.
+    assert await store.commit("h1")
+    committed = await redis.pttl(k.slots("n1"))
+    assert committed > hold_ms
+    third = await store.admit(args("h3", "sb-3", SLOTS_ONLY, nodes=[("n1", 5)]))
+    assert third.node == "n1"
+    assert await redis.pttl(k.slots("n1")) > hold_ms
+    assert await redis.pttl(k.nodes) > hold_ms
+
+
 async def test_admit_ignores_a_malformed_limits_document(
     store: AdmissionStore, redis: aioredis.Redis
 ) -> None:

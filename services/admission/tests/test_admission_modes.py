@@ -257,3 +257,21 @@ async def test_pending_entries_that_expire_unconsumed_are_counted_once_by_bounde
     assert (await running.stub.Admit(request("sb-3"))).decision == ADMITTED
 
     assert sample("turnstile_admission_pending_expired_total", key="acme") == before + 2
+
+
+async def test_each_decision_counts_its_own_outcome_and_verdicts(start_admission: Any) -> None:
+    """The decision metrics are looked up once per decision shape: an admitted and a
+    refused decision of one key each move their own series, every time."""
+    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 1})
+    name = "turnstile_admission_decisions_total"
+    verdicts = "turnstile_admission_policy_verdicts_total"
+    admitted = sample(name, decision="admitted", refused_by="", key="acme")
+    refused = sample(name, decision="refused", refused_by="cap", key="acme")
+    cap_pass = sample(verdicts, policy="cap", verdict="pass", key="acme")
+    cap_refuse = sample(verdicts, policy="cap", verdict="refuse", key="acme")
+    answers = [await running.stub.Admit(request(f"sb-{i}")) for i in range(3)]
+    assert [a.decision for a in answers] == [ADMITTED, REFUSED, REFUSED]
+    assert sample(name, decision="admitted", refused_by="", key="acme") == admitted + 1
+    assert sample(name, decision="refused", refused_by="cap", key="acme") == refused + 2
+    assert sample(verdicts, policy="cap", verdict="pass", key="acme") == cap_pass + 1
+    assert sample(verdicts, policy="cap", verdict="refuse", key="acme") == cap_refuse + 2

@@ -18,7 +18,11 @@ slot) and for a first turn (least-loaded selection through the tier's load
 index): calls/s and p50/p99 with 64 calls in flight and with one, the ratio to
 the EVALSHA ceiling (a hit is one gRPC call and one EVALSHA, so that ceiling is
 its bound), Redis commands and round trips per placement, and how p99 moves
-from 10 to 10,000 sandboxes in one tier. Each turn releases its lease with
+from 10 to 10,000 sandboxes in one tier. Then hits on both tiers again, each
+right after its own ceiling phase, in rounds whose order alternates (at least
+two; ``--rounds``): per-round ratios and the affinity server's CPU per RPC
+against the ceiling server's, the figures to compare the tiers by (in one pass
+whichever tier runs first reads lower). Each turn releases its lease with
 ReleaseLease (itself one gRPC call and one EVALSHA), as a real turn does; the
 ratio compares RPCs/s (Place + ReleaseLease) with the ceiling's calls/s.
 
@@ -345,6 +349,14 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
                 session = f"count-{uuid.uuid4().hex}"
                 await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier="big"))
 
+            alternating = await _hits_alternating(
+                stub,
+                evalsha,
+                {"evalsha": evalsha_proc.pid, "affinity": affinity_proc.pid},
+                seconds,
+                concurrency,
+                max(rounds, 2),
+            )
             hit_cmds, hit_trips = await _commands_per(redis, hit, 500)
             first_cmds, first_trips = await _commands_per(redis, first, 500)
             await redis.aclose()
@@ -400,6 +412,7 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
             "round_trips_per_hit": hit_trips,
             "round_trips_per_first_turn": first_trips,
         }
+        results |= alternating
         if rounds:
             results |= await _bench_security(url, affinity, seconds, concurrency, procs, rounds)
         print("\n" + json.dumps(results))
@@ -410,6 +423,56 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
                 proc.terminate()
                 proc.wait(10)
         redis_proc.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _hits_alternating(
+    stub: affinity_pb2_grpc.AffinityServiceAsyncStub,
+    ceiling: str,
+    pids: dict[str, int],
+    seconds: float,
+    concurrency: int,
+    rounds: int,
+) -> dict[str, object]:
+    """Hits on 10 and on 10,000 sandboxes, each right after an EVALSHA ceiling phase,
+    in ``rounds`` rounds whose order alternates (small first, then big first).
+
+    One pass of the main table puts the small tier's hit first after a ceiling
+    phase every time, and a single ceiling figure swings by 1.5x between two
+    back-to-back phases here: whichever tier ran first read lower (measured both
+    ways). Per-round ratios, and the affinity server's CPU per RPC against the
+    ceiling server's, are the figures to compare across tiers."""
+    ratios: dict[str, list[float]] = {"small": [], "big": []}
+    cpu: dict[str, list[float]] = {"small": [], "big": []}
+    for r in range(rounds):
+        for tier in ("small", "big") if r % 2 == 0 else ("big", "small"):
+            before = _cpu_s(pids["evalsha"])
+            ceiling_run = await _ceiling(ceiling, concurrency, seconds)
+            # The ceiling's 0.5 s warm-up runs at the same rate: count its calls too.
+            ceiling_cpu = (_cpu_s(pids["evalsha"]) - before) / (ceiling_run.rate * (seconds + 0.5))
+            before = _cpu_s(pids["affinity"])
+            run = await _place_turns(stub, tier, concurrency, seconds, first_turns=False)
+            rpcs = 2 * run.rate * (seconds + 0.5)
+            ratios[tier].append(run.rate * 2 / ceiling_run.rate)
+            cpu[tier].append((_cpu_s(pids["affinity"]) - before) / rpcs / ceiling_cpu)
+    print(f"\nPlace hit ÷ the EVALSHA ceiling just before it, {rounds} rounds, order alternating:")
+    out: dict[str, object] = {}
+    for tier, size in (("small", SMALL), ("big", BIG)):
+        print(
+            f"  {size} sandboxes: RPCs/s ratio {statistics.median(ratios[tier]):.2f} "
+            f"({min(ratios[tier]):.2f}-{max(ratios[tier]):.2f}); server CPU per RPC ÷ the "
+            f"ceiling's {statistics.median(cpu[tier]):.2f} "
+            f"({min(cpu[tier]):.2f}-{max(cpu[tier]):.2f})"
+        )
+        out[f"hit_rpc_ratio_alternating_{size}"] = round(statistics.median(ratios[tier]), 2)
+        out[f"hit_cpu_per_rpc_over_ceiling_{size}"] = round(statistics.median(cpu[tier]), 2)
+    return out
 
 
 async def _bench_security(

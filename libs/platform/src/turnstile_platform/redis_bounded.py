@@ -22,6 +22,7 @@ import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.credentials import StreamingCredentialProvider
 from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ExceptionType, MaxConnectionsError
@@ -97,6 +98,9 @@ class UncontendedPool(ConnectionPool):
         self._reserved = 0
         #: Told of every reply Redis sends (a sign of life).
         self.guard: Guard | None = None
+        self._streaming_credentials = isinstance(
+            self.connection_kwargs.get("credential_provider"), StreamingCredentialProvider
+        )
 
     def _free(self) -> int:
         """Connections a newcomer could take now (kept or still to be made)."""
@@ -170,8 +174,12 @@ class UncontendedPool(ConnectionPool):
                 self._put_back(connection)
         else:
             self._put_back(connection)
+        # redis-py's only listener for this event re-authenticates a connection a
+        # streaming credential provider has handed a new token; without such a
+        # provider it does nothing, and building and dispatching the event was a
+        # per-call cost (docs/performance.md).
         dispatcher = self._event_dispatcher
-        if dispatcher is not None:
+        if dispatcher is not None and self._streaming_credentials:
             await dispatcher.dispatch_async(AsyncAfterConnectionReleasedEvent(connection))  # type: ignore[no-untyped-call]
 
     def _put_back(self, connection: AbstractConnection) -> None:

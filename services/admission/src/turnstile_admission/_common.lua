@@ -87,4 +87,17 @@ local function extend(key, ttl_ms)
   if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
 end
 
+-- extend() in one command, for a key the caller just wrote and knows the past
+-- of: one it created (empty before the write) has no expiry yet and takes ttl_ms;
+-- one that existed has an expiry, since every script that creates these keys
+-- sets one in the same step, and GT only ever lengthens it (PEXPIRE's GT, Redis
+-- 7.0: a later expiry than the current one, never a shorter). Saves the PTTL.
+local function extend_written(key, ttl_ms, created)
+  if created then
+    redis.call('PEXPIRE', key, ttl_ms)
+  else
+    redis.call('PEXPIRE', key, ttl_ms, 'GT')
+  end
+end
+
 local function fmt(x) return string.format('%.17g', x) end

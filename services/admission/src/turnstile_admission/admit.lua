@@ -37,7 +37,7 @@ local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
 local cost, hold_ttl, pending_ttl = num(), num(), num()
 local use_test_clock = num()
 local nodes = {}
-for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[11 + j]} end
+for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[11 + j], held = 0} end
 
 local now = now_ms(use_test_clock, KEYS[7])
 -- A script can reach Redis after its caller gave up on it (a reply lost, a send
@@ -63,30 +63,46 @@ local function judge(mode, over)
 end
 
 -- Node slots: the first candidate with a free slot, in the caller's order.
+-- A candidate's slots held are its unexpired entries, counted (ZCOUNT) rather
+-- than its expired ones removed first: only the node a hold is taken on has
+-- them removed, when it is written (below), so a decision reads each other
+-- candidate with one command.
 local slots = {0, 0, 0, -1, ''}
 local chosen = nil
+local unexpired = '(' .. now
 if slot_mode > 0 then
-  local held, total, earliest = 0, 0, nil
+  local held, total = 0, 0
   for _, n in ipairs(nodes) do
-    redis.call('ZREMRANGEBYSCORE', n.key, '-inf', now)
-    local c = redis.call('ZCARD', n.key)
-    held, total = held + c, total + n.cap
-    if chosen == nil and c < n.cap then chosen = n end
-    local first = redis.call('ZRANGE', n.key, 0, 0, 'WITHSCORES')
-    if first[2] then
-      local e = tonumber(first[2])
-      if earliest == nil or e < earliest then earliest = e end
-    end
+    n.held = redis.call('ZCOUNT', n.key, unexpired, '+inf')
+    held, total = held + n.held, total + n.cap
+    if chosen == nil and n.held < n.cap then chosen = n end
   end
   local over = chosen == nil
-  slots = {judge(slot_mode, over), total, held, (over and earliest) and (earliest - now) or -1, ''}
+  local retry = -1
+  if over then
+    -- Every candidate is full: the retry hint is the earliest slot to expire.
+    -- Read only then (a first member per node), not on every decision.
+    local earliest = nil
+    for _, n in ipairs(nodes) do
+      local first = redis.call('ZRANGE', n.key, unexpired, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                               'WITHSCORES')
+      if first[2] then
+        local e = tonumber(first[2])
+        if earliest == nil or e < earliest then earliest = e end
+      end
+    end
+    if earliest then retry = earliest - now end
+  end
+  slots = {judge(slot_mode, over), total, held, retry, ''}
 end
 
 -- Concurrency: unexpired leases in flight.
 local conc = {0, 0, 0, -1, ''}
+local leases = 0
 if conc_mode > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
   local c = redis.call('ZCARD', KEYS[5])
+  leases = c
   local over = c >= lim.concurrency
   local retry = -1
   if over then
@@ -101,14 +117,20 @@ local cap = {0, 0, 0, -1, ''}
 local live = -3
 local own_live = false
 local expired = 0
+-- The key's pending entries after the expired ones went (the answer reports
+-- them, counted from here rather than read again), and whether this sandbox's
+-- is among them.
+local pending_count, own_pending = 0, false
 if cap_mode > 0 then
   expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  local pending = redis.call('ZCARD', KEYS[2])
-  if redis.call('ZSCORE', KEYS[2], sandbox) then pending = pending - 1 end
+  pending_count = redis.call('ZCARD', KEYS[2])
+  own_pending = pending_count > 0 and redis.call('ZSCORE', KEYS[2], sandbox) ~= false
+  local pending = pending_count
+  if own_pending then pending = pending - 1 end
   local state = redis.call('GET', KEYS[10])
   if state == 'counted' then
     live = redis.call('SCARD', KEYS[9])
-    own_live = redis.call('SISMEMBER', KEYS[9], sandbox) == 1
+    own_live = live > 0 and redis.call('SISMEMBER', KEYS[9], sandbox) == 1
     if own_live then live = live - 1 end
   elseif state == 'unsupported' then
     live = -1
@@ -159,8 +181,6 @@ local function answer(outcome, expires, node)
   for _, r in ipairs({slots, conc, cap, rate}) do
     for _, v in ipairs(r) do out[#out + 1] = v end
   end
-  local pending_count = 0
-  if cap_mode > 0 then pending_count = redis.call('ZCARD', KEYS[2]) end
   out[#out + 1] = pending_count
   out[#out + 1] = live
   out[#out + 1] = expired
@@ -180,7 +200,7 @@ if rate_mode > 0 and not rate_over then
 end
 if conc_mode > 0 then
   redis.call('ZADD', KEYS[5], expires, hold_id)
-  extend(KEYS[5], hold_ttl)
+  extend_written(KEYS[5], hold_ttl, leases == 0)
   lease = 1
 end
 if cap_mode > 0 and not own_live then
@@ -188,13 +208,16 @@ if cap_mode > 0 and not own_live then
   -- would count it twice until it expired.
   pending_score = now + pending_ttl
   redis.call('ZADD', KEYS[2], pending_score, sandbox)
-  extend(KEYS[2], pending_ttl)
+  extend_written(KEYS[2], pending_ttl, pending_count == 0)
+  if not own_pending then pending_count = pending_count + 1 end
 end
 if slot_mode > 0 and chosen ~= nil then
+  redis.call('ZREMRANGEBYSCORE', chosen.key, '-inf', now)
   redis.call('ZADD', chosen.key, expires, 'h:' .. hold_id)
-  extend(chosen.key, hold_ttl)
-  redis.call('SADD', KEYS[8], chosen.name)
-  extend(KEYS[8], hold_ttl)
+  extend_written(chosen.key, hold_ttl, chosen.held == 0)
+  -- A node already registered means the registry exists, so it has an expiry.
+  local registered = redis.call('SADD', KEYS[8], chosen.name) == 0
+  if registered then extend_written(KEYS[8], hold_ttl, false) else extend(KEYS[8], hold_ttl) end
   node = chosen.name
 end
 redis.call('HSET', KEYS[6], 'key', key, 'sandbox', sandbox, 'exp', expires,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
+from prometheus_client import Counter, Histogram
 
 from turnstile_admission import metrics
 from turnstile_admission.decision import Decision
@@ -97,6 +98,9 @@ class Admitter:
         self._slots = settings.slots
         self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
         self._modes_by_shape: dict[tuple[Kind, bool], dict[PolicyName, int]] = {}
+        self._skipped_by_shape: dict[tuple[Kind, bool], dict[PolicyName, PolicyVerdict]] = {}
+        #: Per decision shape, the metric children ``_record`` moves.
+        self._records: dict[tuple[object, ...], tuple[tuple[Counter, ...], Histogram]] = {}
 
     def _modes(self, activation: Activation) -> dict[PolicyName, int]:
         """Each policy's script mode. It depends only on the settings, the kind and
@@ -107,6 +111,19 @@ class Admitter:
             modes = {p.name: p.script_mode(activation) for p in self.policies}
             self._modes_by_shape[shape] = modes
         return modes
+
+    def _skipped(self, activation: Activation) -> dict[PolicyName, PolicyVerdict]:
+        """The verdicts of the policies that do not apply to ``activation`` (the
+        script was told not to evaluate them). Like the modes they depend only on
+        the settings, the kind and whether nodes were given: made once per shape
+        (a resume skips three of the four, each with its reason formatted)."""
+        shape = (activation.kind, bool(activation.candidate_nodes))
+        skipped = self._skipped_by_shape.get(shape)
+        if skipped is None:
+            skipped = self._skipped_by_shape[shape] = {
+                p.name: p.skipped(activation) for p in self.policies if not p.evaluated(activation)
+            }
+        return skipped
 
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
@@ -159,11 +176,15 @@ class Admitter:
     ) -> Decision:
         verdicts = []
         count = answer.live
+        skipped = self._skipped(activation)
         for policy in self.policies:
             raw = answer.results[policy.name]
-            if policy is self.cap and raw.code == RawResult.UNKNOWN:
-                raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, count.detail)
-            verdicts.append(policy.verdict(activation, raw))
+            verdict = skipped.get(policy.name) if raw.code == RawResult.NOT_EVALUATED else None
+            if verdict is None:
+                if policy is self.cap and raw.code == RawResult.UNKNOWN:
+                    raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, count.detail)
+                verdict = policy.verdict(activation, raw)
+            verdicts.append(verdict)
         admitted = answer.outcome == "admit"
         return Decision(
             admitted=admitted,
@@ -215,18 +236,30 @@ class Admitter:
 
     def _record(self, decision: Decision, seconds: float) -> None:
         key = decision.key.key
-        outcome = "admitted" if decision.admitted else "refused"
-        refused = decision.refused_by
-        metrics.decisions(outcome, refused.policy.value if refused else "", key).inc()
-        metrics.decision_seconds(outcome).observe(seconds)
-        for v in decision.verdicts:
-            metrics.verdicts(v.policy.value, v.verdict.value, key).inc()
-            if v.verdict is Verdict.SHADOW_REFUSE:
-                metrics.shadow_refusals(v.policy.value, key).inc()
-            elif v.verdict is Verdict.UNKNOWN:
-                metrics.fail_open(v.policy.value, _fail_open_backend(v), key).inc()
+        # The counters a decision moves depend only on its shape: the key, the
+        # outcome and each policy's verdict (and, for an unknown one, its fail-open
+        # backend). They are looked up once per shape, not label by label per call
+        # (docs/performance.md); shapes are bounded by the keys (SPEC C3) times the
+        # policies' verdicts.
+        shape = (
+            key,
+            decision.admitted,
+            *[
+                (v.policy, v.verdict, v.verdict is Verdict.UNKNOWN and _fail_open_backend(v))
+                for v in decision.verdicts
+            ],
+        )
+        record = self._records.get(shape)
+        if record is None:
+            record = self._records[shape] = self._shape_record(decision)
+        counters, histogram = record
+        for counter in counters:
+            counter.inc()
+        histogram.observe(seconds)
         span = trace.get_current_span()
         if span.is_recording():
+            outcome = "admitted" if decision.admitted else "refused"
+            refused = decision.refused_by
             span.set_attributes(
                 {
                     "turnstile.key": key,
@@ -241,6 +274,23 @@ class Admitter:
                     },
                 }
             )
+
+    @staticmethod
+    def _shape_record(decision: Decision) -> tuple[tuple[Counter, ...], Histogram]:
+        """The counters one decision of ``decision``'s shape moves, and its histogram."""
+        key = decision.key.key
+        outcome = "admitted" if decision.admitted else "refused"
+        refused = decision.refused_by
+        counters: list[Counter] = [
+            metrics.decisions(outcome, refused.policy.value if refused else "", key)
+        ]
+        for v in decision.verdicts:
+            counters.append(metrics.verdicts(v.policy.value, v.verdict.value, key))
+            if v.verdict is Verdict.SHADOW_REFUSE:
+                counters.append(metrics.shadow_refusals(v.policy.value, key))
+            elif v.verdict is Verdict.UNKNOWN:
+                counters.append(metrics.fail_open(v.policy.value, _fail_open_backend(v), key))
+        return tuple(counters), metrics.decision_seconds(outcome)
 
     async def commit(self, hold_id: str) -> bool:
         committed = await self.store.commit(hold_id)

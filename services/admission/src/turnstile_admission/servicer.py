@@ -11,7 +11,7 @@ import grpc.aio
 from turnstile_admission import validation
 from turnstile_admission.admitter import Admitter
 from turnstile_admission.decision import Decision
-from turnstile_admission.policies import Mode, PolicyName, PolicyVerdict, Verdict
+from turnstile_admission.policies import Mode, PolicyName, Verdict
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
@@ -119,30 +119,35 @@ def _key(key: BoundedKey) -> common_pb2.BoundedKey:
     return common_pb2.BoundedKey(key=key.key, kind=KEY_KINDS[key.kind], key_set_version=key.version)
 
 
-def _verdict(v: PolicyVerdict) -> admission_pb2.PolicyVerdict:
-    return admission_pb2.PolicyVerdict(
-        policy=_POLICIES[v.policy],
-        mode=_MODES[v.mode],
-        verdict=_VERDICTS[v.verdict],
-        limit=v.limit,
-        current=v.current,
-        detail=v.detail,
-    )
-
-
 def _admit_response(decision: Decision) -> admission_pb2.AdmitResponse:
+    # Filled in place (each verdict added to the response, the key's and the
+    # hold expiry's fields set) rather than built as separate messages and copied
+    # in: a third less CPU per Admit for the same bytes (docs/performance.md).
+    admitted = decision.admitted
     response = admission_pb2.AdmitResponse(
-        decision=(
-            admission_pb2.DECISION_ADMITTED if decision.admitted else admission_pb2.DECISION_REFUSED
-        ),
-        key=_key(decision.key),
-        verdicts=[_verdict(v) for v in decision.verdicts],
+        decision=admission_pb2.DECISION_ADMITTED if admitted else admission_pb2.DECISION_REFUSED,
         node=decision.node,
         message=decision.message,
     )
-    if decision.admitted:
+    bounded = decision.key
+    key = response.key
+    key.key = bounded.key
+    key.kind = KEY_KINDS[bounded.kind]
+    key.key_set_version = bounded.version
+    add = response.verdicts.add
+    for v in decision.verdicts:
+        add(
+            policy=_POLICIES[v.policy],
+            mode=_MODES[v.mode],
+            verdict=_VERDICTS[v.verdict],
+            limit=v.limit,
+            current=v.current,
+            detail=v.detail,
+        )
+    if admitted:
         response.hold_id = decision.hold_id
         response.hold_expires_at.FromMilliseconds(decision.hold_expires_ms)
+        return response
     refused = decision.refused_by
     if refused is not None:
         response.refused_by = _POLICIES[refused.policy]
