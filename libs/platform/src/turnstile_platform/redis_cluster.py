@@ -23,18 +23,28 @@ Two things redis-py leaves to its caller, done here:
   cluster promoted its replica. A spent budget therefore schedules one
   background topology refresh (at most one at a time, at most one per
   ``refresh_interval_s``), bounded by its own timeout.
+
+And one thing the guard needs: each call's **route**, the master that owns its
+slot (:mod:`turnstile_platform.redis_cluster_nodes`). A hung master's calls are
+judged by that master's signs of life and counted by its breaker, so they fail
+at their budget (then at once, while its breaker is open) while other masters'
+slots go on as before; the slot is read from the command's first key without a
+round trip (a command whose keys only the server can find is routed to the
+whole cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.cluster import SLOT_ID
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
@@ -47,6 +57,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from turnstile_platform.bounded import Guard
 from turnstile_platform.redis_bounded import guarded
+from turnstile_platform.redis_cluster_nodes import (
+    CURRENT_ROUTE,
+    BoundedClusterNode,
+    BoundedNodesManager,
+    Route,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +130,20 @@ class BoundedRedisCluster(RedisCluster):
     _cleanups: set[asyncio.Future[Any]]
     _refreshed_at: float = float("-inf")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.guard = guard
+        # Before any node is used: redis-py's manager, holding bounded nodes only.
+        plain = self.nodes_manager
+        self.nodes_manager = BoundedNodesManager(
+            list(plain.startup_nodes.values()),
+            plain.require_full_coverage,
+            plain.connection_kwargs,
+            dynamic_startup_nodes=plain._dynamic_startup_nodes,
+            address_remap=plain.address_remap,
+            event_dispatcher=plain._event_dispatcher,
+            guard=guard,
+        )
         self._cleanups = set()
         self._started = False
 
@@ -134,7 +162,41 @@ class BoundedRedisCluster(RedisCluster):
         self._started = True
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._bounded(super().execute_command(*args, **kwargs))
+        target = kwargs.get("target_nodes")
+        return await self._bounded(
+            super().execute_command(*args, **kwargs),
+            lambda: self._route(target if isinstance(target, ClusterNode) else args),
+        )
+
+    def _route(self, served: ClusterNode | Sequence[Any] | None) -> Route | None:
+        """The route of a call served by the node ``served`` names, or by the
+        master of the slot of the command ``served`` (None: the whole cluster)."""
+        if self.guard is None:
+            return None
+        if served is None or isinstance(served, ClusterNode):
+            node = served
+        else:
+            slot = self._slot_of(served)
+            owners = None if slot is None else self.nodes_manager.slots_cache.get(slot)
+            node = owners[0] if owners else None
+        return Route(self.guard, node if isinstance(node, BoundedClusterNode) else None)
+
+    def _slot_of(self, args: Sequence[Any]) -> int | None:
+        """The slot of the command ``args`` from its first key, without a round trip:
+        None for a command routed by a flag (every master, a random node) or whose
+        keys only the server can find (redis-py asks it with COMMAND GETKEYS)."""
+        command = args[0]
+        flag = self.command_flags.get(command)
+        if flag is not None:
+            return int(args[1]) if flag == SLOT_ID and len(args) > 1 else None
+        name = str(command).lower()
+        if name in ("eval", "evalsha", "fcall", "fcall_ro"):
+            return self.keyslot(args[3]) if len(args) > 3 and int(args[2]) > 0 else None
+        info = self.commands_parser.commands.get(name)
+        if not isinstance(info, dict) or "movablekeys" in info["flags"]:
+            return None
+        position = int(info["first_key_pos"])
+        return self.keyslot(args[position]) if 0 < position < len(args) else None
 
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
@@ -143,15 +205,16 @@ class BoundedRedisCluster(RedisCluster):
             return super().pipeline(transaction, shard_hint)  # raises: no shard hints here
         return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]
 
-    async def _bounded(self, call: Coroutine[Any, Any, T]) -> T:
+    async def _bounded(self, call: Coroutine[Any, Any, T], route: Callable[[], Route | None]) -> T:
         if not self._started:
             try:
                 await self._start()
             except BaseException:
                 call.close()
                 raise
+        served = route()
         try:
-            return await guarded(self.guard, self._detached(call))
+            return await guarded(self.guard, self._detached(call, served), served)
         except (RedisTimeoutError, RedisConnectionError):
             self.refresh_topology_soon()
             raise
@@ -159,14 +222,17 @@ class BoundedRedisCluster(RedisCluster):
             if inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
                 call.close()  # refused by the breaker before it started: never awaited
 
-    async def _detached(self, call: Coroutine[Any, Any, T]) -> T:
+    async def _detached(self, call: Coroutine[Any, Any, T], route: Route | None) -> T:
         """Await ``call`` in a task of its own, so a cancellation (the budget) returns
         at once. redis-py's cluster client cleans up after a cancelled command before
         it lets the cancellation through — it disconnects from the node, may close
         every node's connections and re-read the slot map — and with a hung master
         that took seconds (measured: 2-3 s past a 0.25 s budget). That cleanup now
-        runs on in the background, bounded by the socket timeouts."""
-        task = asyncio.ensure_future(_translated(call))
+        runs on in the background, bounded by the socket timeouts. The task carries
+        the call's ``route``, so each node it waits on tells it."""
+        context = contextvars.copy_context()
+        context.run(CURRENT_ROUTE.set, route)
+        task = asyncio.get_running_loop().create_task(_translated(call), context=context)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -225,5 +291,13 @@ class BoundedClusterPipeline(ClusterPipeline):
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
         return await self.cluster_client._bounded(
-            super().execute(raise_on_error, allow_redirections)
+            super().execute(raise_on_error, allow_redirections), self._route
         )
+
+    def _route(self) -> Route | None:
+        """The master of the queued commands' slots if they share one, else the cluster."""
+        client = self.cluster_client
+        queued = self._execution_strategy._command_queue  # type: ignore[attr-defined]
+        routes = [client._route(command.args) for command in queued]
+        nodes = {route.node for route in routes if route is not None}
+        return client._route(nodes.pop() if len(nodes) == 1 else None)
