@@ -35,6 +35,13 @@ adopts each new one as a :class:`BoundedClusterNode` when it enters the node
 cache (``set_nodes``, through which every slot-map read and redirection passes),
 before the slot map is built from that cache.
 
+A node that answers ``CLUSTERDOWN`` fails the call at once as
+:class:`RedisClusterUnavailableError` (unreachable: the breaker counts it, a
+fail mode applies, the slot map is re-read), instead of redis-py's closing of
+every node's connections, 0.25 s sleep and retry, three times over: a second
+spent inside one call while the cluster answered, which the guard would take
+for this process's own slowness and let run past the budget.
+
 Transaction pipelines and pub/sub take a node connection without waiting
 (redis-py takes it synchronously): they raise ``MaxConnectionsError`` if none is
 free, a local error the breaker does not count.
@@ -49,7 +56,8 @@ from typing import Any
 from redis.asyncio.cluster import ClusterNode, NodesManager
 from redis.asyncio.connection import Connection
 from redis.cluster import PRIMARY
-from redis.exceptions import AskError, MaxConnectionsError, MovedError
+from redis.exceptions import AskError, ClusterDownError, MaxConnectionsError, MovedError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from turnstile_platform.bounded import Breaker, Guard
 from turnstile_platform.pool_turns import Turns
@@ -57,6 +65,13 @@ from turnstile_platform.redis_bounded import reporting
 
 #: The route of the cluster call running in this task (set in the call's own task).
 CURRENT_ROUTE: ContextVar[Route | None] = ContextVar("turnstile_redis_cluster_route", default=None)
+
+
+class RedisClusterUnavailableError(RedisConnectionError):
+    """The cluster could not serve the call: its topology is changing or unreachable.
+
+    Not redis-py's own ``ConnectionError`` type, so its cluster client does not
+    retry it (it retries listed types exactly) but gives it up at once."""
 
 
 class BoundedClusterNode(ClusterNode):
@@ -112,6 +127,8 @@ class BoundedClusterNode(ClusterNode):
                 await self._turns.wait()
             # redis-py takes the connection before its first await: the turn holds.
             return await super().execute_command(*args, **kwargs)
+        except ClusterDownError as error:
+            raise _cluster_down(error) from error
         finally:
             if route is not None:
                 route.left(self)
@@ -124,6 +141,8 @@ class BoundedClusterNode(ClusterNode):
             if self._turns.must_wait():
                 await self._turns.wait()
             return await super().execute_pipeline(commands)
+        except ClusterDownError as error:
+            raise _cluster_down(error) from error
         finally:
             if route is not None:
                 route.left(self)
@@ -137,6 +156,10 @@ class BoundedClusterNode(ClusterNode):
             await super()._disconnect_and_release(connection)
         finally:
             self._turns.hand_over()
+
+
+def _cluster_down(error: ClusterDownError) -> RedisClusterUnavailableError:
+    return RedisClusterUnavailableError(f"Redis Cluster unavailable: {error}")
 
 
 class Route:
