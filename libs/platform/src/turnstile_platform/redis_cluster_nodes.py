@@ -23,11 +23,12 @@ refuse every slot's calls for one master's sake. So each node here has
 A call names its :class:`Route` (the guard's
 :class:`~turnstile_platform.bounded.Source`): the master that owns its slot
 when it starts, whose breaker refuses and counts it. Its signs of life are
-those of the nodes it is waiting on at the moment (a redirection moves it to
-another), else its master's. A call without one slot (``PING`` to every
+those of the node it is waiting on at the moment (a redirection moves it to
+another, a slot-map read inside the call to the node asked), else its
+master's. A call without one slot (``PING`` or ``SCRIPT LOAD`` to every
 master, a pipeline over several nodes, a command whose keys redis-py must ask
-the server for) is routed to the whole cluster: the guard's own breaker and
-signs of life.
+the server for) is routed to the whole cluster: the guard's own breaker, and
+any node's reply as a sign of life, as on one server.
 
 redis-py creates its ``ClusterNode`` objects itself, in
 :class:`~redis.asyncio.cluster.NodesManager`; :class:`BoundedNodesManager`
@@ -188,11 +189,14 @@ class Route:
             self._guard.answered()
 
     def answered_since(self, when: float) -> bool:
+        if self.node is None:
+            # Any node's reply, as on one server: a call that waits on several
+            # (SCRIPT LOAD on every master) would otherwise, on a starved event
+            # loop, find one whose reply this process had not read yet and fail.
+            return self._guard.answered_since(when)
         if self._serving:
             return all(node.answered_since(when) for node in self._serving)
-        if self.node is not None:
-            return self.node.answered_since(when)
-        return self._guard.answered_since(when)
+        return self.node.answered_since(when)
 
     def entered(self, node: BoundedClusterNode) -> None:
         self._serving.append(node)
