@@ -156,3 +156,34 @@ async def test_a_burst_beyond_a_nodes_connections_waits_its_turn(
     finally:
         await client.delete(key)
         await client.aclose()
+
+
+async def test_a_call_is_routed_to_the_master_of_its_first_keys_slot(
+    redis_cluster: RedisClusterServers, redis_prefix: str
+) -> None:
+    """The route is read from the command without a round trip: a keyed command or
+    script goes to its slot's master (whose breaker counts it); a command for every
+    master, a script without keys and malformed arguments go to the whole cluster."""
+    client = create_redis(redis_cluster.seeds_url, timeout_s=2.0)
+    assert isinstance(client, BoundedRedisCluster)
+    key = f"{redis_prefix}{{route}}"
+    try:
+        await client.ping()
+        owner = client.get_node_from_key(key)
+        sha = "0" * 40
+        keyed = [("GET", key), ("MGET", key, f"{key}:b"), ("ZADD", key, 1, "m")]
+        keyed += [("EVALSHA", sha, 1, key, "arg"), ("EVALSHA", sha, "2", key, f"{key}:b")]
+        for args in keyed:
+            route = client._route(args)
+            assert route is not None
+            assert route.node is owner, args
+            assert isinstance(owner, BoundedClusterNode)
+            assert route.breaker is owner.breaker
+        for args in [("PING",), ("EVALSHA", sha, 0), ("EVALSHA", sha, "x", key), ("GET",)]:
+            route = client._route(args)
+            assert route is not None
+            assert route.node is None, args
+            assert client.guard is not None
+            assert route.breaker is client.guard.breaker
+    finally:
+        await client.aclose()

@@ -53,6 +53,7 @@ from redis.cluster import SLOT_ID
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
+    DataError,
     RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
@@ -191,7 +192,14 @@ class BoundedRedisCluster(RedisCluster):
     def _slot_of(self, args: Sequence[Any]) -> int | None:
         """The slot of the command ``args`` from its first key, without a round trip:
         None for a command routed by a flag (every master, a random node) or whose
-        keys only the server can find (redis-py asks it with COMMAND GETKEYS)."""
+        keys only the server can find (redis-py asks it with COMMAND GETKEYS), and
+        for malformed arguments (redis-py refuses those itself)."""
+        try:
+            return self._first_key_slot(args)
+        except (ValueError, TypeError, IndexError, DataError):
+            return None
+
+    def _first_key_slot(self, args: Sequence[Any]) -> int | None:
         command = args[0]
         flag = self.command_flags.get(command)
         if flag is not None:
@@ -219,8 +227,8 @@ class BoundedRedisCluster(RedisCluster):
             except BaseException:
                 call.close()
                 raise
-        served = route()
         try:
+            served = route()
             return await guarded(self.guard, self._detached(call, served), served)
         except (RedisTimeoutError, RedisConnectionError) as error:
             if not isinstance(error, OverloadedError):  # our own queueing: the map is fine
