@@ -7,11 +7,13 @@ meanwhile, its breaker refuses its slots' calls at once while the others' go on
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import REGISTRY
 
-from turnstile_platform.bounded import Breaker, BreakerState
+from turnstile_platform.bounded import Breaker, BreakerState, report_breaker
+from turnstile_platform.health import HealthMap
 from turnstile_platform.redis_bounded import RedisBreakerOpenError, RedisBudgetExceededError
 from turnstile_platform.redis_client import BoundedRedisCluster, create_redis, redis_guard
 from turnstile_platform.redis_cluster_nodes import BoundedClusterNode
@@ -70,6 +72,14 @@ def _gauge(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    """Yield to the event loop until ``condition`` holds (the health update is a task
+    the breaker's change starts)."""
+    async with asyncio.timeout(2):
+        while not condition():  # noqa: ASYNC110 - report_breaker sets it in a task of its own
+            await asyncio.sleep(0)
+
+
 def _states(breaker: Breaker) -> tuple[BreakerState, BreakerState]:
     """The breaker's own state and the one it reports (with its members')."""
     return breaker.state, breaker.reported
@@ -81,8 +91,8 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
 ) -> None:
     """Two budgets spent on the paused master open its breaker: its slots' calls are
     then refused at once while the other master's succeed; the dependency reports
-    open (gauge, reported state) while the node's is, and closed again once the
-    resumed master answers the probe."""
+    open (gauge, reported state, health component) while the node's is, and
+    closed again once the resumed master answers the probe."""
     dependency = f"redis-{redis_prefix[2:-1]}"
     with running_cluster() as cluster:
         guard = redis_guard(
@@ -90,6 +100,9 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
         )
         client = create_redis(cluster.seeds_url, timeout_s=BUDGET_S, guard=guard)
         assert isinstance(client, BoundedRedisCluster)
+        health = HealthMap([])
+        health.register("redis", healthy=True)
+        report_breaker(health, "redis", guard.breaker)
         try:
             hung_key, hung, other_key = await keys_on_two_masters(client, redis_prefix)
             assert isinstance(hung, BoundedClusterNode)
@@ -107,6 +120,7 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
                     "turnstile_dependency_node_breaker_state", dependency=dependency, node=hung.name
                 )
                 assert node_gauge == 2
+                await _until(lambda: not health.components["redis"])
                 seconds, error = await timed(client.get(hung_key))
                 assert isinstance(error, RedisBreakerOpenError), error
                 assert seconds < 0.05
@@ -121,6 +135,7 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
             assert _states(hung.breaker)[0] is BreakerState.CLOSED
             assert _states(guard.breaker) == (BreakerState.CLOSED, BreakerState.CLOSED)
             assert _gauge("turnstile_dependency_breaker_state", dependency=dependency) == 0
+            await _until(lambda: health.components["redis"])
         finally:
             await client.aclose()
 
