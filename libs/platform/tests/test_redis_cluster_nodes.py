@@ -15,7 +15,13 @@ from prometheus_client import REGISTRY
 from turnstile_platform.bounded import Breaker, BreakerState, report_breaker
 from turnstile_platform.health import HealthMap
 from turnstile_platform.redis_bounded import RedisBreakerOpenError, RedisBudgetExceededError
-from turnstile_platform.redis_client import BoundedRedisCluster, create_redis, redis_guard
+from turnstile_platform.redis_client import (
+    UNREACHABLE,
+    BoundedRedisCluster,
+    RedisClusterUnavailableError,
+    create_redis,
+    redis_guard,
+)
 from turnstile_platform.redis_cluster_nodes import BoundedClusterNode
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
 from turnstile_testing.redis_topologies import keys_on_two_masters, timed
@@ -200,5 +206,52 @@ async def test_a_call_is_routed_to_the_master_of_its_first_keys_slot(
             assert route.node is None, args
             assert client.guard is not None
             assert route.breaker is client.guard.breaker
+    finally:
+        await client.aclose()
+
+
+async def test_a_script_is_loaded_on_every_node_so_a_promoted_replica_has_it(
+    redis_cluster: RedisClusterServers, redis_prefix: str
+) -> None:
+    """Redis does not replicate its script cache: a script loaded on the masters only
+    is missing on the replica a failover promotes. The first call of a new script
+    (NOSCRIPT, then SCRIPT LOAD) leaves it on every node, replicas included."""
+    client = create_redis(redis_cluster.seeds_url, timeout_s=2.0)
+    assert isinstance(client, BoundedRedisCluster)
+    key = f"{redis_prefix}{{script}}"
+    try:
+        await client.ping()
+        async with asyncio.timeout(20):  # a new cluster lists its replicas once synced
+            while not client.get_replicas():
+                await asyncio.sleep(0.1)
+                await client.nodes_manager.initialize()
+        script = client.register_script(f"return '{redis_prefix}' .. KEYS[1]")
+        assert await script(keys=[key]) == f"{redis_prefix}{key}".encode()
+        for node in client.get_nodes():
+            exists = await client.execute_command("SCRIPT EXISTS", script.sha, target_nodes=node)
+            assert exists == [True], node
+    finally:
+        await client.aclose()
+
+
+async def test_a_script_still_missing_after_its_reload_is_unreachable_not_a_script_error(
+    redis_cluster: RedisClusterServers, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload that missed the node serving the slot (it went by a slot map read
+    mid-failover: here, a reload that loads nothing) leaves the retried EVALSHA
+    with NOSCRIPT: raised as RedisClusterUnavailableError, so callers apply their
+    fail mode or retry, never answer INTERNAL."""
+    client = create_redis(redis_cluster.seeds_url, timeout_s=2.0)
+    assert isinstance(client, BoundedRedisCluster)
+    script = client.register_script(f"return '{redis_prefix}'")
+
+    async def missed(text: str) -> str:
+        return script.sha
+
+    monkeypatch.setattr(client, "script_load", missed)
+    try:
+        with pytest.raises(RedisClusterUnavailableError) as raised:
+            await script(keys=[f"{redis_prefix}{{missed}}"])
+        assert isinstance(raised.value, UNREACHABLE)
     finally:
         await client.aclose()

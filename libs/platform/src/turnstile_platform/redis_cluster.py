@@ -50,10 +50,12 @@ from typing import Any, TypeVar
 
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.cluster import SLOT_ID
+from redis.commands.core import AsyncScript
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     DataError,
+    NoScriptError,
     RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
@@ -71,7 +73,12 @@ from turnstile_platform.redis_cluster_nodes import (
     Route,
 )
 
-__all__ = ["BoundedClusterPipeline", "BoundedRedisCluster", "RedisClusterUnavailableError"]
+__all__ = [
+    "BoundedClusterPipeline",
+    "BoundedRedisCluster",
+    "ClusterScript",
+    "RedisClusterUnavailableError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +220,19 @@ class BoundedRedisCluster(RedisCluster):
         position = int(info["first_key_pos"])
         return self.keyslot(args[position]) if 0 < position < len(args) else None
 
+    def register_script(self, script: Any) -> ClusterScript:  # type: ignore[override]
+        return ClusterScript(self, script)
+
+    async def script_load(self, script: Any) -> Any:
+        """``SCRIPT LOAD`` on every node, replicas too (redis-py loads on the masters
+        only). Redis does not replicate its script cache, so a replica promoted by a
+        failover answered ``NOSCRIPT`` to calls redirected to it; and when the slot
+        map the reload went by was still the old one (read mid-failover), the reload
+        missed the new master and the retried ``EVALSHA`` failed with ``NOSCRIPT``
+        again, which callers do not retry (seen as ``INTERNAL`` under a ``CLUSTER
+        FAILOVER`` with 64 decisions in flight)."""
+        return await self.execute_command("SCRIPT LOAD", script, target_nodes=self.ALL_NODES)
+
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
     ) -> ClusterPipeline:
@@ -298,6 +318,32 @@ class BoundedRedisCluster(RedisCluster):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
         await super().aclose()
+
+
+class ClusterScript(AsyncScript):
+    """redis-py's script, whose ``NOSCRIPT`` after its reload is "unreachable".
+
+    redis-py answers ``NOSCRIPT`` by loading the script and calling it again; if
+    the reload went by a slot map read mid-failover (the old master still listed,
+    the promoted replica not), the second call is redirected to a node that never
+    loaded it and fails with ``NOSCRIPT`` too — a script error to callers (an
+    ``INTERNAL`` answer), though nothing ran and a retry succeeds. It is raised
+    as :class:`RedisClusterUnavailableError` instead (each policy's fail mode,
+    retryable), and the slot map is re-read."""
+
+    registered_client: BoundedRedisCluster
+
+    async def __call__(
+        self, keys: Any | None = None, args: Any | None = None, client: Any | None = None
+    ) -> Any:
+        try:
+            return await super().__call__(keys, args, client)
+        except NoScriptError as error:
+            self.registered_client.refresh_topology_soon()
+            raise RedisClusterUnavailableError(
+                f"Redis Cluster unavailable: the script is not loaded where its slot "
+                f"is served ({error})"
+            ) from error
 
 
 class BoundedClusterPipeline(ClusterPipeline):
