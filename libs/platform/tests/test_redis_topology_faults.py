@@ -1,6 +1,7 @@
 """Long fault tests of the Cluster client (``./scripts/test -m faults``): a master that
 hangs past the cluster's node timeout, and one that dies, on clusters without
-replicas (nothing can take over, so the cluster goes down)."""
+replicas (nothing can take over, so the cluster goes down); and a hung master
+its replica replaces."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 
 import pytest
 
+from turnstile_platform.bounded import Breaker, BreakerState
 from turnstile_platform.redis_client import (
     UNREACHABLE,
     BoundedRedisCluster,
@@ -81,3 +83,42 @@ async def test_a_cluster_down_after_a_master_died_is_unreachable_not_an_error_re
             assert all(isinstance(error, UNREACHABLE) for error in errors), errors
         finally:
             await client.aclose()
+
+
+@pytest.mark.timeout(120)
+async def test_a_hung_master_replaced_by_its_replica_no_longer_holds_the_breaker_open(
+    redis_prefix: str,
+) -> None:
+    """A paused master's breaker opens and the dependency reads open; once the cluster
+    has promoted its replica, the client's slot-map refresh drops the hung master
+    from the breakers the dependency reports, so it reads closed again although
+    the old master never answered (it stays paused) — health does not stay
+    NOT_SERVING for a node that no longer serves."""
+    with running_cluster(replicas=1) as cluster:
+        guard = redis_guard(BUDGET_S, failures=2, open_s=0.5)
+        client = create_redis(cluster.seeds_url, timeout_s=BUDGET_S, guard=guard)
+        assert isinstance(client, BoundedRedisCluster)
+        try:
+            hung_key, hung, _ = await keys_on_two_masters(client, redis_prefix)
+            replica = cluster.replica_of(int(hung.port))
+            cluster.node(int(hung.port)).pause()
+            try:
+                for _ in range(2):
+                    assert (await timed(client.get(hung_key)))[1] is not None
+                assert guard.breaker.reported is BreakerState.OPEN
+                await asyncio.to_thread(cluster.wait_until_master, replica)
+                async with asyncio.timeout(20):
+                    while (await timed(client.get(hung_key)))[1] is not None:  # noqa: ASYNC110 - cluster state
+                        await asyncio.sleep(0.05)
+                served_by = client.get_node_from_key(hung_key)
+                assert served_by is not None
+                assert int(served_by.port) == replica  # (the key may not have replicated)
+                assert _reported(guard.breaker) is BreakerState.CLOSED
+            finally:
+                cluster.node(int(hung.port)).resume()
+        finally:
+            await client.aclose()
+
+
+def _reported(breaker: Breaker) -> BreakerState:
+    return breaker.reported

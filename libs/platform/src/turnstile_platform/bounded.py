@@ -48,6 +48,17 @@ subclass for Redis, a builtin ``TimeoutError``/``ConnectionError`` for
 PostgreSQL. Both bases are builtins too, so a handler written for either
 catches them.
 
+A dependency served by several nodes (a Redis Cluster's masters) may hang one
+node while the others answer: their answers say nothing about the hung one, and
+a breaker for the whole dependency would refuse every node's calls for one's
+sake. So a call may name its :class:`Source` — where its signs of life come
+from and which breaker counts it (for a Cluster, the node serving the call's
+slot, :mod:`turnstile_platform.redis_cluster_nodes`); by default it is the
+guard itself, one for the whole dependency. A node's breaker is a *member* of
+the dependency's (:meth:`Breaker.track`): the dependency's gauge and health
+report the worst of its own state and its members', so one open node shows as
+an open dependency, and each node's state is its own gauge.
+
 The breaker is small and written here rather than taken from a library: it
 must count only the failures that mean "unreachable" (never a script error or
 a constraint violation), treat a caller's cancellation as neither success nor
@@ -60,8 +71,9 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
+from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
@@ -83,6 +95,13 @@ BREAKER_STATE = Gauge(
     "turnstile_dependency_breaker_state",
     "Circuit breaker of each dependency: 0 closed, 1 half-open (one probe), 2 open.",
     ["dependency"],
+)
+NODE_BREAKER_STATE = Gauge(
+    "turnstile_dependency_node_breaker_state",
+    "Circuit breaker of each node of a dependency served by several (a Redis "
+    "Cluster's masters): 0 closed, 1 half-open (one probe), 2 open. The "
+    "dependency's own gauge shows the worst of its nodes' while they serve it.",
+    ["dependency", "node"],
 )
 BREAKER_TRANSITIONS = Counter(
     "turnstile_dependency_breaker_transitions_total",
@@ -139,7 +158,11 @@ class Breaker:
     """Closed → open after ``failures`` consecutive failures → half-open after
     ``open_s`` (one probe call) → closed on the probe's success.
 
-    Not thread-safe; one event loop owns it, like the client it guards.
+    A breaker of one node of a dependency (``node`` set) reports into
+    ``turnstile_dependency_node_breaker_state``; the dependency's breaker reports
+    the worst of its own state and its tracked members' (:meth:`track`) into
+    ``turnstile_dependency_breaker_state``, to its listeners (health) and in its
+    log lines. Not thread-safe; one event loop owns it, like the client it guards.
     """
 
     def __init__(
@@ -149,8 +172,10 @@ class Breaker:
         failures: int = 3,
         open_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        node: str | None = None,
     ) -> None:
         self.dependency = dependency
+        self.node = node
         self._threshold = failures
         self._open_s = open_s
         self._clock = clock
@@ -159,7 +184,11 @@ class Breaker:
         self._opened_at = 0.0
         self._probing = False
         self._listeners: list[Callable[[BreakerState], None]] = []
-        BREAKER_STATE.labels(dependency).set(0)
+        self._members: set[Breaker] = set()
+        self._parent: Breaker | None = None
+        #: The state last reported (gauge, listeners): the worst with the members'.
+        self._reported = BreakerState.CLOSED
+        self._gauge_set(BreakerState.CLOSED)
 
     @property
     def state(self) -> BreakerState:
@@ -168,9 +197,37 @@ class Breaker:
             return BreakerState.HALF_OPEN
         return self._state
 
+    @property
+    def reported(self) -> BreakerState:
+        """What the dependency reports: the worst of this breaker's state and its
+        members' (as last entered: an open one stays open here until its probe)."""
+        return self._reported
+
     def on_change(self, listener: Callable[[BreakerState], None]) -> None:
-        """Call ``listener`` with the new state on every transition."""
+        """Call ``listener`` with the new reported state on every change of it."""
         self._listeners.append(listener)
+
+    def track(self, members: Iterable[Breaker]) -> None:
+        """Report the worst of this breaker's and ``members``' states from now on
+        (the breakers of the nodes now serving the dependency), in place of the
+        members tracked before: a node that stopped serving (a master replaced by
+        its replica) no longer holds the dependency open."""
+        wanted = set(members)
+        for gone in self._members - wanted:
+            gone._parent = None
+            NODE_BREAKER_STATE.remove(gone.dependency, gone.node)
+        for joined in wanted - self._members:
+            joined._parent = self
+            joined._gauge_set(joined._state)
+        self._members = wanted
+        self._report()
+
+    def probe_now(self) -> None:
+        """Let the next call be the probe now, instead of refusing calls for the
+        rest of the open wait: something other than a call says the dependency is
+        back (the sentinels named a new primary)."""
+        if self._state is BreakerState.OPEN:
+            self._opened_at = self._clock() - self._open_s
 
     def acquire(self) -> bool:
         """Whether a call may go ahead now; True makes it the probe when half-open.
@@ -211,15 +268,53 @@ class Breaker:
         if state is self._state:
             return
         self._state = state
-        BREAKER_STATE.labels(self.dependency).set(int(state))
-        BREAKER_TRANSITIONS.labels(self.dependency, state.name.lower()).inc()
-        log.warning(
-            "dependency breaker %s",
-            state.name.lower(),
-            extra={"dependency": self.dependency, "breaker": state.name.lower()},
-        )
+        self._report()
+
+    def _report(self) -> None:
+        state = max((self._state, *(member._state for member in self._members)))
+        if state is self._reported:
+            return
+        self._reported = state
+        self._gauge_set(state)
+        name = state.name.lower()
+        if self.node is None:
+            BREAKER_TRANSITIONS.labels(self.dependency, name).inc()
+            log.warning(
+                "dependency breaker %s",
+                name,
+                extra={"dependency": self.dependency, "breaker": name},
+            )
+        else:
+            log.warning(
+                "dependency node breaker %s",
+                name,
+                extra={"dependency": self.dependency, "node": self.node, "breaker": name},
+            )
         for listener in self._listeners:
             listener(state)
+        if self._parent is not None:
+            self._parent._report()
+
+    def _gauge_set(self, state: BreakerState) -> None:
+        if self.node is None:
+            BREAKER_STATE.labels(self.dependency).set(int(state))
+        elif self._parent is not None:
+            NODE_BREAKER_STATE.labels(self.dependency, self.node).set(int(state))
+
+
+class Source(Protocol):
+    """Where a call's signs of life come from and which breaker counts it: a whole
+    dependency (the :class:`Guard` itself) or one node of it."""
+
+    @property
+    def breaker(self) -> Breaker: ...
+
+    def answered(self) -> None:
+        """Record an answer from the source, now."""
+
+    def answered_since(self, when: float) -> bool:
+        """Whether the source answered anything after event-loop time ``when``."""
+        ...
 
 
 ErrorFactory = Callable[[str, str], BaseException]
@@ -260,6 +355,8 @@ class Guard:
         #: The longest a call waits on its answer while the dependency answers others.
         self.overload_wait_s = max(overload_wait_s, budget_s)
         self.breaker = Breaker(dependency, failures=failures, open_s=open_s)
+        self._failures = failures
+        self._open_s = open_s
         self._unreachable = unreachable
         self._local = local
         #: Event-loop time of the latest answer (ok or error) from the dependency.
@@ -272,7 +369,7 @@ class Guard:
         """Raise at once if the breaker is open (without claiming the probe)."""
         if self.breaker.state is BreakerState.OPEN:
             _CALLS(self.dependency, "rejected").inc()
-            raise self._breaker_open(self.dependency, self._open_message())
+            raise self._breaker_open(self.dependency, self._open_message(self.breaker))
 
     def answered_since(self, when: float) -> bool:
         """Whether the dependency answered anything after event-loop time ``when``."""
@@ -285,57 +382,76 @@ class Guard:
         dependency answering before any call of it completes."""
         self._answered_at = asyncio.get_running_loop().time()
 
-    def call(self, budget_s: float | None = None) -> _Call:
+    def node_breaker(self, node: str) -> Breaker:
+        """A breaker for one node of the dependency, configured like its own; the
+        client tracks it as a member of :attr:`breaker` while the node serves."""
+        return Breaker(self.dependency, failures=self._failures, open_s=self._open_s, node=node)
+
+    def call(self, budget_s: float | None = None, *, source: Source | None = None) -> _Call:
         """Run the block (``async with guard.call():``) as one call: refused at once
         while the breaker is open, cut off with ``budget_exceeded`` when a budget
         (``budget_s``, default the configured one) passes with no sign of life from
         the dependency, or with ``overloaded`` when it is still held up here after
-        the overload wait."""
-        return _Call(self, self.budget_s if budget_s is None else budget_s)
+        the overload wait.
 
-    def _expired(self, watch: _Watch) -> BaseException:
+        ``source`` (default: the whole dependency) is what the call's signs of
+        life come from and whose breaker refuses and counts it: one node, for a
+        call that one node of the dependency serves."""
+        return _Call(
+            self,
+            self.budget_s if budget_s is None else budget_s,
+            self if source is None else source,
+        )
+
+    def _expired(self, watch: _Watch, breaker: Breaker) -> BaseException:
         """Count a call its watch cut off; the error to raise."""
         waited = watch.waited()
         if watch.overloaded:
-            self.breaker.abandon()
+            breaker.abandon()
             _CALLS(self.dependency, "overloaded").inc()
             return self._overloaded(
                 self.dependency,
                 f"{self.dependency} call did not complete within {waited:.3g}s: this "
                 "process is overloaded (the dependency answered others meanwhile)",
             )
-        self.breaker.failure()
+        breaker.failure()
         _CALLS(self.dependency, "timeout").inc()
+        what = self.dependency if breaker.node is None else f"{self.dependency} node {breaker.node}"
         return self._budget_exceeded(
             self.dependency,
-            f"{self.dependency} did not answer within {watch.budget_s:g}s ({waited:.3g}s waited)",
+            f"{what} did not answer within {watch.budget_s:g}s ({waited:.3g}s waited)",
         )
 
-    def _open_message(self) -> str:
-        return f"{self.dependency} is unavailable (circuit breaker open); not tried"
+    def _open_message(self, breaker: Breaker) -> str:
+        what = self.dependency if breaker.node is None else f"{self.dependency} node {breaker.node}"
+        return f"{what} is unavailable (circuit breaker open); not tried"
 
 
 class _Call:
     """One guarded call, as an async context manager written out rather than
     through ``contextlib.asynccontextmanager``: every Redis and PostgreSQL call
     enters one, and the generator-based manager cost a visible share of a
-    decision's CPU (docs/performance.md). Same steps, same order: the breaker,
-    then the call's ``asyncio.timeout`` armed by its :class:`_Watch`, the watch
-    disarmed before the timeout exits, then the outcome judged."""
+    decision's CPU (docs/performance.md). Same steps, same order: the source's
+    breaker, then the call's ``asyncio.timeout`` armed by its :class:`_Watch`, the
+    watch disarmed before the timeout exits, then the outcome judged."""
 
-    __slots__ = ("_budget_s", "_guard", "_timeout", "_watch")
+    __slots__ = ("_breaker", "_budget_s", "_guard", "_source", "_timeout", "_watch")
 
-    def __init__(self, guard: Guard, budget_s: float) -> None:
+    def __init__(self, guard: Guard, budget_s: float, source: Source) -> None:
         self._guard = guard
         self._budget_s = budget_s
+        self._source = source
+        self._breaker = source.breaker
 
     async def __aenter__(self) -> None:
-        guard = self._guard
-        if not guard.breaker.acquire():
+        guard, breaker = self._guard, self._breaker
+        if not breaker.acquire():
             _CALLS(guard.dependency, "rejected").inc()
-            raise guard._breaker_open(guard.dependency, guard._open_message())
+            raise guard._breaker_open(guard.dependency, guard._open_message(breaker))
         timeout = self._timeout = asyncio.timeout(None)
-        watch = self._watch = _Watch(guard, asyncio.get_running_loop(), self._budget_s, timeout)
+        watch = self._watch = _Watch(
+            guard, self._source, asyncio.get_running_loop(), self._budget_s, timeout
+        )
         await timeout.__aenter__()
         watch.arm()
 
@@ -345,7 +461,7 @@ class _Call:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        guard, timeout, watch = self._guard, self._timeout, self._watch
+        guard, breaker, timeout, watch = self._guard, self._breaker, self._timeout, self._watch
         watch.disarm()
         error = exc
         try:
@@ -353,32 +469,32 @@ class _Call:
         except TimeoutError as cut_off:  # the timeout turned a cancellation into this
             error = cut_off
         if error is None:
-            guard._answered_at = watch.loop_time()
-            guard.breaker.success()
+            self._source.answered()
+            breaker.success()
             _CALLS(guard.dependency, "ok").inc()
             return
         if isinstance(error, TimeoutError):
             if not timeout.expired():  # a timeout of the client's own
-                guard.breaker.failure()
+                breaker.failure()
                 _CALLS(guard.dependency, "timeout").inc()
                 if error is exc:
                     return  # the block's own exception goes on
                 raise error
-            raise guard._expired(watch) from error
+            raise guard._expired(watch, breaker) from error
         # From here ``error`` is the block's own exception, which goes on (None
         # returned) unless replaced by the one the guard raises.
         if isinstance(error, (asyncio.CancelledError, *guard._local)):
-            guard.breaker.abandon()
+            breaker.abandon()
             return
         if not isinstance(error, guard._unreachable):
-            guard._answered_at = watch.loop_time()
-            guard.breaker.success()
+            self._source.answered()
+            breaker.success()
             _CALLS(guard.dependency, "error").inc()
             return
         if timeout.expired():
             # The client's own (socket) timeout fired with ours.
-            raise guard._expired(watch) from error
-        guard.breaker.failure()
+            raise guard._expired(watch, breaker) from error
+        breaker.failure()
         _CALLS(guard.dependency, "unreachable").inc()
 
 
@@ -393,11 +509,13 @@ class _Watch:
     def __init__(
         self,
         guard: Guard,
+        source: Source,
         loop: asyncio.AbstractEventLoop,
         budget_s: float,
         timeout: asyncio.Timeout,
     ) -> None:
         self.guard = guard
+        self.source = source
         self.budget_s = budget_s
         self._loop = loop
         self._timeout = timeout
@@ -422,16 +540,13 @@ class _Watch:
     def waited(self) -> float:
         return self._loop.time() - self.started
 
-    def loop_time(self) -> float:
-        return self._loop.time()
-
     def _budget_spent(self) -> None:
         self._handle = self._loop.call_soon(self._judge, self._loop.time())
 
     def _judge(self, fired_at: float) -> None:
         self._handle = None
         stalled = fired_at - self._due >= self.budget_s
-        answered = self.guard.answered_since(self._window)
+        answered = self.source.answered_since(self._window)
         now = self._loop.time()
         if not (stalled or answered):
             self._timeout.reschedule(now)  # silent for a whole budget: the dependency

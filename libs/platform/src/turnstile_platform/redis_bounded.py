@@ -14,8 +14,7 @@ unreachable" applies it unchanged, whatever the topology
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import hiredis
@@ -34,7 +33,9 @@ from turnstile_platform.bounded import (
     BudgetExceededError,
     Guard,
     OverloadedError,
+    Source,
 )
+from turnstile_platform.pool_turns import Turns
 
 #: Exceptions that mean "Redis could not be reached", as opposed to a script error.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
@@ -81,38 +82,29 @@ class UncontendedPool(ConnectionPool):
     redis-py's optional OpenTelemetry connection counts are not recorded here.
 
     redis-py's plain pool raises ``MaxConnectionsError`` at once when every
-    connection is in use, which a caller would read as "Redis unreachable" (a
-    fail-open policy admits: more concurrent decisions than connections was an
-    over-admission). Here the call waits in FIFO order for a connection to come
-    back instead; the wait is inside the call's budget, and the guard judges it
-    like any other wait (:mod:`turnstile_platform.bounded`). Each returned
-    connection is handed to the first waiter (reserved for it, so a newcomer
-    cannot take it first), without redis-py's ``BlockingConnectionPool``
-    condition lock, which would bring the convoy back.
+    connection is in use, which a caller would read as "Redis unreachable".
+    Here the call waits its turn for a connection instead
+    (:class:`~turnstile_platform.pool_turns.Turns`: FIFO, inside the call's
+    budget, without redis-py's ``BlockingConnectionPool`` condition lock, which
+    would bring the convoy back).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        #: Connections handed to woken waiters that have not taken them yet.
-        self._reserved = 0
+        self._turns = Turns(lambda: self.max_connections - len(self._in_use_connections))
         #: Told of every reply Redis sends (a sign of life).
         self.guard: Guard | None = None
         self._streaming_credentials = isinstance(
             self.connection_kwargs.get("credential_provider"), StreamingCredentialProvider
         )
 
-    def _free(self) -> int:
-        """Connections a newcomer could take now (kept or still to be made)."""
-        return self.max_connections - len(self._in_use_connections) - self._reserved
-
     async def get_connection(
         self, command_name: str | None = None, *keys: Any, **options: Any
     ) -> AbstractConnection:
         if self._lock.locked():
             return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]
-        if self._waiters or self._free() <= 0:
-            await self._wait_turn()
+        if self._turns.must_wait():
+            await self._turns.wait()
         connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
         try:
             await self.ensure_connection(connection)
@@ -126,46 +118,16 @@ class UncontendedPool(ConnectionPool):
         starts by opening connections (several round trips each) shows Redis
         answering before any call of it completes."""
         connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]
-        read = connection.read_response
+        return reporting(connection, self._answered)
 
-        async def read_response(*args: Any, **kwargs: Any) -> Any:
-            response = await read(*args, **kwargs)
-            # With a timeout of its own (a pub/sub poll), None means nothing came.
-            if self.guard is not None and (response is not None or kwargs.get("timeout") is None):
-                self.guard.answered()
-            return response
-
-        connection.read_response = read_response  # type: ignore[method-assign]
-        connection.pack_command = pack_command  # type: ignore[method-assign]
-        return connection
-
-    async def _wait_turn(self) -> None:
-        """Wait until a returned connection is reserved for this call."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._reserved -= 1  # handed a connection, then cancelled: pass it on
-                self._hand_over()
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
-        self._reserved -= 1
-
-    def _hand_over(self) -> None:
-        """Reserve a free connection for each waiter there is one for, in order."""
-        while self._waiters and self._free() > 0:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._reserved += 1
-                waiter.set_result(None)
+    def _answered(self) -> None:
+        if self.guard is not None:
+            self.guard.answered()
 
     async def release(self, connection: AbstractConnection) -> None:
         if self._lock.locked():
             await super().release(connection)
-            self._hand_over()
+            self._turns.hand_over()
             return
         if connection.should_reconnect():  # type: ignore[no-untyped-call]
             await connection.disconnect()
@@ -185,7 +147,24 @@ class UncontendedPool(ConnectionPool):
     def _put_back(self, connection: AbstractConnection) -> None:
         self._in_use_connections.remove(connection)
         self._available_connections.append(connection)
-        self._hand_over()
+        self._turns.hand_over()
+
+
+def reporting(connection: AbstractConnection, answered: Callable[[], None]) -> AbstractConnection:
+    """``connection``, calling ``answered`` on every reply it reads (a sign of life,
+    a new connection's handshake included) and packing commands with hiredis."""
+    read = connection.read_response
+
+    async def read_response(*args: Any, **kwargs: Any) -> Any:
+        response = await read(*args, **kwargs)
+        # With a timeout of its own (a pub/sub poll), None means nothing came.
+        if response is not None or kwargs.get("timeout") is None:
+            answered()
+        return response
+
+    connection.read_response = read_response  # type: ignore[method-assign]
+    connection.pack_command = pack_command  # type: ignore[method-assign]
+    return connection
 
 
 def pack_command(*args: Any) -> list[bytes]:
@@ -241,12 +220,13 @@ class BoundedPipeline(Pipeline):
         return await guarded(self.guard, call)
 
 
-async def guarded(guard: Guard | None, call: Awaitable[T]) -> T:
-    """Await ``call`` as one call under ``guard`` (its budget and breaker)."""
+async def guarded(guard: Guard | None, call: Awaitable[T], source: Source | None = None) -> T:
+    """Await ``call`` as one call under ``guard`` (its budget and breaker; the breaker
+    and signs of life of ``source``, one node of the dependency, if given)."""
     if guard is None:
         return await call
     try:
-        async with guard.call():
+        async with guard.call(source=source):
             return await call
     except BaseException:
         if asyncio.iscoroutine(call):

@@ -143,16 +143,15 @@ def create_redis(
             **auth,
             **tls,
         )
-    cluster = BoundedRedisCluster(
+    return BoundedRedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
         # Each retry re-reads the topology first (a failed node, CLUSTERDOWN).
         retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries=3),
         **(common | {"socket_timeout": backstop_s}),
         **auth,
         **tls,
+        guard=guard,
     )
-    cluster.guard = guard
-    return cluster
 
 
 def redis_from_settings(settings: ServiceSettings) -> BoundedClient:

@@ -2,10 +2,14 @@
 
 redis-py follows ``MOVED`` (patching its slot map, re-reading the whole map
 every few redirections) and ``ASK``, waits out ``TRYAGAIN``, and on a dropped
-connection or ``CLUSTERDOWN`` re-reads the topology and retries — which is how
-a ``CLUSTER FAILOVER`` or a failed master's replacement reaches the client. All
-of that happens inside one call here, so the guard's budget bounds it like any
-other call (SPEC F2, F3).
+connection re-reads the topology and retries — which is how a ``CLUSTER
+FAILOVER`` or a failed master's replacement reaches the client. All of that
+happens inside one call here, so the guard's budget bounds it like any other
+call (SPEC F2, F3). A ``CLUSTERDOWN`` reply fails the call at once
+(:mod:`turnstile_platform.redis_cluster_nodes`): redis-py would close every
+node's connections, sleep 0.25 s and retry, three times, a second in all while
+the cluster kept answering, so the guard, seeing it answer, let the call run
+past its budget.
 
 Two things redis-py leaves to its caller, done here:
 
@@ -22,22 +26,36 @@ Two things redis-py leaves to its caller, done here:
   help it would keep sending that master's slots to the hung node after the
   cluster promoted its replica. A spent budget therefore schedules one
   background topology refresh (at most one at a time, at most one per
-  ``refresh_interval_s``), bounded by its own timeout.
+  ``refresh_interval_s``), bounded by its own timeout; a call that failed as
+  overloaded (this process's own queueing) does not.
+
+And one thing the guard needs: each call's **route**, the master that owns its
+slot (:mod:`turnstile_platform.redis_cluster_nodes`). A hung master's calls are
+judged by that master's signs of life and counted by its breaker, so they fail
+at their budget (then at once, while its breaker is open) while other masters'
+slots go on as before; the slot is read from the command's first key without a
+round trip (a command whose keys only the server can find is routed to the
+whole cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.cluster import SLOT_ID
+from redis.commands.core import AsyncScript
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
+    DataError,
+    NoScriptError,
     RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
@@ -45,16 +63,26 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from turnstile_platform.bounded import Guard
+from turnstile_platform.bounded import Guard, OverloadedError
 from turnstile_platform.redis_bounded import guarded
+from turnstile_platform.redis_cluster_nodes import (
+    CURRENT_ROUTE,
+    BoundedClusterNode,
+    BoundedNodesManager,
+    RedisClusterUnavailableError,
+    Route,
+)
+
+__all__ = [
+    "BoundedClusterPipeline",
+    "BoundedRedisCluster",
+    "ClusterScript",
+    "RedisClusterUnavailableError",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class RedisClusterUnavailableError(RedisConnectionError):
-    """The cluster could not serve the call: its topology is changing or unreachable."""
 
 
 def _topology_error(error: BaseException) -> bool:
@@ -106,16 +134,31 @@ class BoundedRedisCluster(RedisCluster):
     """A ``RedisCluster`` whose every command and pipeline is one guarded call."""
 
     guard: Guard | None = None
-    #: The shortest time between two background topology refreshes.
-    refresh_interval_s: float = 1.0
+    #: The shortest time between two background topology refreshes: a hung master's
+    #: slots resume this long at most after its replica's promotion. A refresh costs
+    #: about 4 ms of CPU (pings, then parsing CLUSTER SLOTS), so up to 4 a second
+    #: while calls fail is cheap.
+    refresh_interval_s: float = 0.25
     #: The bound of the first topology read (see :meth:`_start`).
     start_timeout_s: float = 10.0
     _refresh: asyncio.Task[None] | None = None
     _cleanups: set[asyncio.Future[Any]]
     _refreshed_at: float = float("-inf")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.guard = guard
+        # Before any node is used: redis-py's manager, holding bounded nodes only.
+        plain = self.nodes_manager
+        self.nodes_manager = BoundedNodesManager(
+            list(plain.startup_nodes.values()),
+            plain.require_full_coverage,
+            plain.connection_kwargs,
+            dynamic_startup_nodes=plain._dynamic_startup_nodes,
+            address_remap=plain.address_remap,
+            event_dispatcher=plain._event_dispatcher,
+            guard=guard,
+        )
         self._cleanups = set()
         self._started = False
 
@@ -134,7 +177,61 @@ class BoundedRedisCluster(RedisCluster):
         self._started = True
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._bounded(super().execute_command(*args, **kwargs))
+        target = kwargs.get("target_nodes")
+        return await self._bounded(
+            super().execute_command(*args, **kwargs),
+            lambda: self._route(target if isinstance(target, ClusterNode) else args),
+        )
+
+    def _route(self, served: ClusterNode | Sequence[Any] | None) -> Route | None:
+        """The route of a call served by the node ``served`` names, or by the
+        master of the slot of the command ``served`` (None: the whole cluster)."""
+        if self.guard is None:
+            return None
+        if served is None or isinstance(served, ClusterNode):
+            node = served
+        else:
+            slot = self._slot_of(served)
+            owners = None if slot is None else self.nodes_manager.slots_cache.get(slot)
+            node = owners[0] if owners else None
+        return Route(self.guard, node if isinstance(node, BoundedClusterNode) else None)
+
+    def _slot_of(self, args: Sequence[Any]) -> int | None:
+        """The slot of the command ``args`` from its first key, without a round trip:
+        None for a command routed by a flag (every master, a random node) or whose
+        keys only the server can find (redis-py asks it with COMMAND GETKEYS), and
+        for malformed arguments (redis-py refuses those itself)."""
+        try:
+            return self._first_key_slot(args)
+        except (ValueError, TypeError, IndexError, DataError):
+            return None
+
+    def _first_key_slot(self, args: Sequence[Any]) -> int | None:
+        command = args[0]
+        flag = self.command_flags.get(command)
+        if flag is not None:
+            return int(args[1]) if flag == SLOT_ID and len(args) > 1 else None
+        name = str(command).lower()
+        if name in ("eval", "evalsha", "fcall", "fcall_ro"):
+            return self.keyslot(args[3]) if len(args) > 3 and int(args[2]) > 0 else None
+        info = self.commands_parser.commands.get(name)
+        if not isinstance(info, dict) or "movablekeys" in info["flags"]:
+            return None
+        position = int(info["first_key_pos"])
+        return self.keyslot(args[position]) if 0 < position < len(args) else None
+
+    def register_script(self, script: Any) -> ClusterScript:  # type: ignore[override]
+        return ClusterScript(self, script)
+
+    async def script_load(self, script: Any) -> Any:
+        """``SCRIPT LOAD`` on every node, replicas too (redis-py loads on the masters
+        only). Redis does not replicate its script cache, so a replica promoted by a
+        failover answered ``NOSCRIPT`` to calls redirected to it; and when the slot
+        map the reload went by was still the old one (read mid-failover), the reload
+        missed the new master and the retried ``EVALSHA`` failed with ``NOSCRIPT``
+        again, which callers do not retry (seen as ``INTERNAL`` under a ``CLUSTER
+        FAILOVER`` with 64 decisions in flight)."""
+        return await self.execute_command("SCRIPT LOAD", script, target_nodes=self.ALL_NODES)
 
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
@@ -143,7 +240,7 @@ class BoundedRedisCluster(RedisCluster):
             return super().pipeline(transaction, shard_hint)  # raises: no shard hints here
         return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]
 
-    async def _bounded(self, call: Coroutine[Any, Any, T]) -> T:
+    async def _bounded(self, call: Coroutine[Any, Any, T], route: Callable[[], Route | None]) -> T:
         if not self._started:
             try:
                 await self._start()
@@ -151,22 +248,27 @@ class BoundedRedisCluster(RedisCluster):
                 call.close()
                 raise
         try:
-            return await guarded(self.guard, self._detached(call))
-        except (RedisTimeoutError, RedisConnectionError):
-            self.refresh_topology_soon()
+            served = route()
+            return await guarded(self.guard, self._detached(call, served), served)
+        except (RedisTimeoutError, RedisConnectionError) as error:
+            if not isinstance(error, OverloadedError):  # our own queueing: the map is fine
+                self.refresh_topology_soon()
             raise
         finally:
             if inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
                 call.close()  # refused by the breaker before it started: never awaited
 
-    async def _detached(self, call: Coroutine[Any, Any, T]) -> T:
+    async def _detached(self, call: Coroutine[Any, Any, T], route: Route | None) -> T:
         """Await ``call`` in a task of its own, so a cancellation (the budget) returns
         at once. redis-py's cluster client cleans up after a cancelled command before
         it lets the cancellation through — it disconnects from the node, may close
         every node's connections and re-read the slot map — and with a hung master
         that took seconds (measured: 2-3 s past a 0.25 s budget). That cleanup now
-        runs on in the background, bounded by the socket timeouts."""
-        task = asyncio.ensure_future(_translated(call))
+        runs on in the background, bounded by the socket timeouts. The task carries
+        the call's ``route``, so each node it waits on tells it."""
+        context = contextvars.copy_context()
+        context.run(CURRENT_ROUTE.set, route)
+        task = asyncio.get_running_loop().create_task(_translated(call), context=context)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -218,6 +320,32 @@ class BoundedRedisCluster(RedisCluster):
         await super().aclose()
 
 
+class ClusterScript(AsyncScript):
+    """redis-py's script, whose ``NOSCRIPT`` after its reload is "unreachable".
+
+    redis-py answers ``NOSCRIPT`` by loading the script and calling it again; if
+    the reload went by a slot map read mid-failover (the old master still listed,
+    the promoted replica not), the second call is redirected to a node that never
+    loaded it and fails with ``NOSCRIPT`` too — a script error to callers (an
+    ``INTERNAL`` answer), though nothing ran and a retry succeeds. It is raised
+    as :class:`RedisClusterUnavailableError` instead (each policy's fail mode,
+    retryable), and the slot map is re-read."""
+
+    registered_client: BoundedRedisCluster
+
+    async def __call__(
+        self, keys: Any | None = None, args: Any | None = None, client: Any | None = None
+    ) -> Any:
+        try:
+            return await super().__call__(keys, args, client)
+        except NoScriptError as error:
+            self.registered_client.refresh_topology_soon()
+            raise RedisClusterUnavailableError(
+                f"Redis Cluster unavailable: the script is not loaded where its slot "
+                f"is served ({error})"
+            ) from error
+
+
 class BoundedClusterPipeline(ClusterPipeline):
     """A cluster pipeline whose ``execute`` is one guarded call of its client."""
 
@@ -225,5 +353,13 @@ class BoundedClusterPipeline(ClusterPipeline):
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
         return await self.cluster_client._bounded(
-            super().execute(raise_on_error, allow_redirections)
+            super().execute(raise_on_error, allow_redirections), self._route
         )
+
+    def _route(self) -> Route | None:
+        """The master of the queued commands' slots if they share one, else the cluster."""
+        client = self.cluster_client
+        queued = self._execution_strategy._command_queue  # type: ignore[attr-defined]
+        routes = [client._route(command.args) for command in queued]
+        nodes = {route.node for route in routes if route is not None}
+        return client._route(nodes.pop() if len(nodes) == 1 else None)

@@ -68,26 +68,6 @@ def _same(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
     return (str(a[0]), int(a[1])) == (str(b[0]), int(b[1]))
 
 
-class SentinelBreaker(Breaker):
-    """The primary's breaker, which the sentinels may tell to probe early."""
-
-    @classmethod
-    def like(cls, breaker: Breaker) -> SentinelBreaker:
-        """One configured as ``breaker`` is (built before any listener is added)."""
-        return cls(
-            breaker.dependency,
-            failures=breaker._threshold,
-            open_s=breaker._open_s,
-            clock=breaker._clock,
-        )
-
-    def probe_now(self) -> None:
-        """A new primary is named: let the next call be the probe, instead of
-        refusing calls for the rest of the open wait."""
-        if self._state is BreakerState.OPEN:
-            self._opened_at = self._clock() - self._open_s
-
-
 class FailoverWatch:
     """While the primary's breaker is open, waits for the sentinels to name a new
     primary; then lets the probe go at once and drops connections to the old one.
@@ -105,7 +85,7 @@ class FailoverWatch:
         self,
         sentinel: Sentinel,
         pool: UncontendedSentinelPool,
-        breaker: SentinelBreaker,
+        breaker: Breaker,
         budget_s: float,
     ) -> None:
         self._sentinel = sentinel
@@ -242,9 +222,6 @@ def sentinel_primary(
     client.sentinel_manager = sentinel
     pool = client.connection_pool
     assert isinstance(pool, UncontendedSentinelPool)
-    breaker = guard.breaker
-    if not isinstance(breaker, SentinelBreaker):
-        breaker = guard.breaker = SentinelBreaker.like(breaker)
     client.guard = pool.guard = guard
-    client.failover_watch = FailoverWatch(sentinel, pool, breaker, guard.budget_s)
+    client.failover_watch = FailoverWatch(sentinel, pool, guard.breaker, guard.budget_s)
     return client

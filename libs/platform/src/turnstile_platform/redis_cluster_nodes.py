@@ -1,0 +1,265 @@
+"""The nodes of a bounded Redis Cluster client, each judged on its own (SPEC F3).
+
+A Cluster is one dependency served by several masters, and one of them can hang
+(SIGSTOP, a black-holed host) while the others answer. The guard
+(:mod:`turnstile_platform.bounded`) tells a silent dependency from this
+process's own overload by signs of life during a call's budget; were they the
+whole cluster's, the other masters' answers would make a call to the hung one
+look held up by our own queueing, and it would wait out the overload wait
+instead of failing at its budget. And one breaker for the whole cluster would
+refuse every slot's calls for one master's sake. So each node here has
+
+- its own **signs of life**: every reply read on any of its connections (a new
+  connection's handshake included), and each call that completes on it;
+- its own **breaker** (:meth:`~turnstile_platform.bounded.Guard.node_breaker`),
+  tracked as a member of the dependency's while the node is a master, so the
+  dependency's gauge and health show "open" while any master's breaker is, and
+  a master replaced by its replica stops counting;
+- its own **waiting pool**: a call that finds all of the node's
+  ``max_connections`` in use waits its turn
+  (:class:`~turnstile_platform.pool_turns.Turns`, FIFO, inside its budget)
+  instead of redis-py's ``MaxConnectionsError``.
+
+A call names its :class:`Route` (the guard's
+:class:`~turnstile_platform.bounded.Source`): the master that owns its slot
+when it starts, whose breaker refuses and counts it. Its signs of life are
+those of the node it is waiting on at the moment (a redirection moves it to
+another, a slot-map read inside the call to the node asked), else its
+master's. A call without one slot (``PING`` or ``SCRIPT LOAD`` to every
+master, a pipeline over several nodes, a command whose keys redis-py must ask
+the server for) is routed to the whole cluster: the guard's own breaker, and
+any node's reply as a sign of life, as on one server.
+
+redis-py creates its ``ClusterNode`` objects itself, in
+:class:`~redis.asyncio.cluster.NodesManager`; :class:`BoundedNodesManager`
+adopts each new one as a :class:`BoundedClusterNode` when it enters the node
+cache (``set_nodes``, through which every slot-map read and redirection passes),
+before the slot map is built from that cache.
+
+A node that answers ``CLUSTERDOWN`` fails the call at once as
+:class:`RedisClusterUnavailableError` (unreachable: the breaker counts it, a
+fail mode applies, the slot map is re-read), instead of redis-py's closing of
+every node's connections, 0.25 s sleep and retry, three times over: a second
+spent inside one call while the cluster answered, which the guard would take
+for this process's own slowness and let run past the budget.
+
+Transaction pipelines and pub/sub take a node connection without waiting
+(redis-py takes it synchronously): they raise ``MaxConnectionsError`` if none is
+free, a local error the breaker does not count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextvars import ContextVar
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, NodesManager
+from redis.asyncio.connection import Connection
+from redis.cluster import PRIMARY
+from redis.exceptions import AskError, ClusterDownError, MaxConnectionsError, MovedError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from turnstile_platform.bounded import Breaker, Guard
+from turnstile_platform.pool_turns import Turns
+from turnstile_platform.redis_bounded import reporting
+
+#: The route of the cluster call running in this task (set in the call's own task).
+CURRENT_ROUTE: ContextVar[Route | None] = ContextVar("turnstile_redis_cluster_route", default=None)
+
+
+class RedisClusterUnavailableError(RedisConnectionError):
+    """The cluster could not serve the call: its topology is changing or unreachable.
+
+    Not redis-py's own ``ConnectionError`` type, so its cluster client does not
+    retry it (it retries listed types exactly) but gives it up at once."""
+
+
+class BoundedClusterNode(ClusterNode):
+    """A cluster node with its own signs of life, breaker and waiting pool."""
+
+    __slots__ = ("_answered_at", "_guard", "_turns", "breaker")
+
+    def __init__(
+        self,
+        host: str,
+        port: str | int,
+        server_type: str | None = None,
+        *,
+        guard: Guard | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(host, port, server_type, **kwargs)
+        self._guard = guard
+        self._answered_at = float("-inf")
+        self._turns = Turns(self._free_connections)
+        #: Refuses and counts the calls routed to this node (None: unguarded).
+        self.breaker: Breaker | None = None if guard is None else guard.node_breaker(self.name)
+
+    def _free_connections(self) -> int:
+        return self.max_connections - (len(self._connections) - len(self._free))
+
+    def answered(self) -> None:
+        """A sign of life from this node (also one of the whole cluster)."""
+        self._answered_at = asyncio.get_running_loop().time()
+        if self._guard is not None:
+            self._guard.answered()
+
+    def answered_since(self, when: float) -> bool:
+        return self._answered_at > when
+
+    def acquire_connection(self) -> Connection:
+        """A connection if one is free and not reserved for a waiter; every new one
+        reports its replies as this node's signs of life."""
+        if self._turns.available() <= 0:
+            raise MaxConnectionsError()
+        made = len(self._connections)
+        connection = super().acquire_connection()
+        if len(self._connections) > made:
+            reporting(connection, self.answered)
+        return connection
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        route = CURRENT_ROUTE.get()
+        if route is not None:
+            route.entered(self)
+        try:
+            if self._turns.must_wait():
+                await self._turns.wait()
+            # redis-py takes the connection before its first await: the turn holds.
+            return await super().execute_command(*args, **kwargs)
+        except ClusterDownError as error:
+            raise _cluster_down(error) from error
+        finally:
+            if route is not None:
+                route.left(self)
+
+    async def execute_pipeline(self, commands: Any) -> bool:
+        route = CURRENT_ROUTE.get()
+        if route is not None:
+            route.entered(self)
+        try:
+            if self._turns.must_wait():
+                await self._turns.wait()
+            return await super().execute_pipeline(commands)
+        except ClusterDownError as error:
+            raise _cluster_down(error) from error
+        finally:
+            if route is not None:
+                route.left(self)
+
+    def release(self, connection: Connection) -> None:
+        super().release(connection)
+        self._turns.hand_over()
+
+    async def _disconnect_and_release(self, connection: Connection) -> None:
+        try:
+            await super()._disconnect_and_release(connection)
+        finally:
+            self._turns.hand_over()
+
+
+def _cluster_down(error: ClusterDownError) -> RedisClusterUnavailableError:
+    return RedisClusterUnavailableError(f"Redis Cluster unavailable: {error}")
+
+
+class Route:
+    """Where one cluster call's signs of life come from and which breaker counts
+    it (a :class:`~turnstile_platform.bounded.Source`): ``node``, the master that
+    owned its slot when it started, or the whole cluster (``node`` None)."""
+
+    __slots__ = ("_guard", "_serving", "node")
+
+    def __init__(self, guard: Guard, node: BoundedClusterNode | None) -> None:
+        self._guard = guard
+        self.node = node if node is not None and node.breaker is not None else None
+        #: The nodes the call is waiting on now (more than one: a multi-node command).
+        self._serving: list[BoundedClusterNode] = []
+
+    @property
+    def breaker(self) -> Breaker:
+        if self.node is not None and self.node.breaker is not None:
+            return self.node.breaker
+        return self._guard.breaker
+
+    def answered(self) -> None:
+        if self.node is not None:
+            self.node.answered()
+        else:
+            self._guard.answered()
+
+    def answered_since(self, when: float) -> bool:
+        if self.node is None:
+            # Any node's reply, as on one server: a call that waits on several
+            # (SCRIPT LOAD on every master) would otherwise, on a starved event
+            # loop, find one whose reply this process had not read yet and fail.
+            return self._guard.answered_since(when)
+        if self._serving:
+            return all(node.answered_since(when) for node in self._serving)
+        return self.node.answered_since(when)
+
+    def entered(self, node: BoundedClusterNode) -> None:
+        self._serving.append(node)
+
+    def left(self, node: BoundedClusterNode) -> None:
+        self._serving.remove(node)
+
+
+class BoundedNodesManager(NodesManager):
+    """redis-py's node manager, holding :class:`BoundedClusterNode` objects only, and
+    keeping the dependency's breaker tracking the current masters' breakers."""
+
+    __slots__ = ("guard",)
+
+    def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+        self.startup_nodes = {name: self.adopt(node) for name, node in self.startup_nodes.items()}
+
+    def adopt(self, node: ClusterNode) -> BoundedClusterNode:
+        """``node`` as a bounded node (a new object: redis-py's has no connections yet)."""
+        if isinstance(node, BoundedClusterNode):
+            return node
+        return BoundedClusterNode(
+            node.host, node.port, node.server_type, guard=self.guard, **self.connection_kwargs
+        )
+
+    def set_nodes(
+        self,
+        old: dict[str, ClusterNode],
+        new: dict[str, ClusterNode],
+        remove_old: bool = False,
+    ) -> None:
+        adopted: dict[str, ClusterNode] = {
+            name: node if name in old else self.adopt(node) for name, node in new.items()
+        }
+        super().set_nodes(old, adopted, remove_old)
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().initialize(*args, **kwargs)
+        finally:
+            self.track()
+
+    async def move_slot(self, e: AskError | MovedError) -> None:
+        if self.get_node(host=e.host, port=e.port) is None:
+            node = BoundedClusterNode(
+                e.host, e.port, PRIMARY, guard=self.guard, **self.connection_kwargs
+            )
+            self.set_nodes(self.nodes_cache, {node.name: node})
+        try:
+            await super().move_slot(e)
+        finally:
+            self.track()
+
+    def track(self) -> None:
+        """Make the dependency's breaker report the worst of the masters' breakers."""
+        if self.guard is None:
+            return
+        self.guard.breaker.track(
+            node.breaker
+            for node in self.nodes_cache.values()
+            if node.server_type == PRIMARY
+            and isinstance(node, BoundedClusterNode)
+            and node.breaker is not None
+        )
