@@ -25,7 +25,7 @@ from turnstile_testing.pki import Pki
 from turnstile_testing.processes import PostgresProcess, RedisProcess
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
 from turnstile_testing.redis_sentinel import RedisSentinelSet, running_sentinel_set
-from turnstile_testing.redis_topologies import connect, default_topology
+from turnstile_testing.redis_topologies import InitializedCluster, connect, default_topology
 from turnstile_testing.replication import PostgresPair
 from turnstile_testing.services import find_postgres, find_redis, using
 
@@ -124,7 +124,7 @@ async def redis_cluster_client(
 ) -> AsyncIterator[RedisCluster]:
     """A cluster client (redis-py's ``RedisCluster``: routes by slot, follows MOVED);
     the test's keys are deleted afterwards, on whichever master holds them."""
-    client = RedisCluster.from_url(redis_cluster.url)
+    client = InitializedCluster.from_url(redis_cluster.url)
     try:
         yield client
     finally:
