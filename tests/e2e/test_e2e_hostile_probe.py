@@ -219,9 +219,10 @@ def _call(channel: grpc.Channel, method: MethodDescriptor, payload: bytes) -> gr
             # there (waiting 2 s for each of ~30 such calls was most of this test).
             stream = channel.unary_stream(path, None, None)(payload, timeout=timeout)
             try:
-                next(stream, None)
+                for _ in stream:
+                    break
             finally:
-                stream.cancel()
+                stream.cancel()  # type: ignore[no-untyped-call]
         elif not method.server_streaming:
             channel.stream_unary(path, None, None)(iter([payload]), timeout=timeout)
         else:
