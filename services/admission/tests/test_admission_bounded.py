@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnstile_contracts import admission_pb2, common_pb2
@@ -108,6 +109,7 @@ async def unavailable_with_hint(call: Awaitable[Any]) -> float:
     return elapsed
 
 
+@pytest.mark.usefixtures("frozen_heap")  # a full run's heap: GC pauses in the timed calls
 async def test_every_admission_rpc_answers_within_the_budget_while_redis_is_paused(
     start_admission: Any, private_redis: RedisProcess
 ) -> None:

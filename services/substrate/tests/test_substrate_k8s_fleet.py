@@ -132,7 +132,10 @@ async def test_the_next_activation_gets_a_new_name(
 async def test_a_name_still_held_by_a_terminating_pod_fails_the_activation(
     kube: KubeEmulator, substrate: StartSubstrate
 ) -> None:
-    async with substrate(kube) as sub:
+    # The create waits for the terminating pod to go for the termination grace plus
+    # one request timeout before it gives up: short here, so the test does not wait
+    # out the 20 s defaults.
+    async with substrate(kube, termination_grace_s=0, request_timeout_s=2.0) as sub:
         landed = template.sandbox_pod(sub.settings, spec("s1"))
         landed["metadata"]["finalizers"] = ["test/hold"]
         kube.create_pod(NS, landed)

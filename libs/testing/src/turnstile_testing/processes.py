@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,20 +25,56 @@ from pathlib import Path
 _handed_out: set[int] = set()
 
 
+#: How many ports below the kernel's ephemeral range :func:`free_port` draws from.
+_OWN_PORTS = 12_000
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections their local end from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nobody listens on right now, never one this process
-    handed out before.
+    handed out before, and outside the kernel's ephemeral range.
 
     The port is free when returned, not reserved: the kernel may offer the same
     port to two calls in a row once the first probe socket is closed, and two
-    services of one stack told to share a port would split its connections."""
+    services of one stack told to share a port would split its connections. And
+    a port from the ephemeral range (what binding port 0 gives) can be taken, in
+    the moment before the server binds it, as the local end of any outgoing
+    connection on the machine (a test's Redis client, another suite running
+    alongside): the server then fails to bind (seen on a loaded machine). So the
+    port is drawn at random from the ports just below that range, which the kernel
+    never hands to outgoing connections."""
+    low, _ = ephemeral_port_range()
+    start = max(1024, low - _OWN_PORTS)
     for _ in range(1000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+        if start < low:
+            port = random.randrange(start, low)
+            if port in _handed_out or not _bindable(port):
+                continue
+        else:  # no room below the range: let the kernel choose
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port in _handed_out:
+                continue
+        _handed_out.add(port)
+        return port
     raise RuntimeError("no fresh free port on 127.0.0.1")
 
 
