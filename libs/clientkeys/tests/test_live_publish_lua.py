@@ -131,6 +131,18 @@ async def test_a_continuing_write_whose_epoch_redis_lost_applies_nothing(
     assert await store.write(3, state=COUNTED, continuing=True) == 0
 
 
+async def test_the_first_leaders_epoch_zero_is_kept_for_its_continuing_writes(
+    store: LiveStore, redis: aioredis.Redis
+) -> None:
+    """A Lease's first term has epoch 0 (no transitions yet): it is written like any
+    other, so the same leader's next writes find it and are applied."""
+    await store.write(0, state=DROP)
+    assert await redis.get(store.keys.epoch) == b"0"
+    assert await store.write(0, [Change(Op.SET, "sb-1", "acme")], continuing=True) == 1
+    assert await store.write(0, state=COUNTED, continuing=True) == 0
+    assert await redis.get(store.keys.state) == COUNTED.encode()
+
+
 async def test_published_pages_through_every_id(store: LiveStore) -> None:
     changes = [Change(Op.SET, f"sb-{n}", f"key-{n % 7}") for n in range(1200)]
     for start in range(0, len(changes), 400):  # chunked, as a resync writes

@@ -27,7 +27,9 @@ local seen = redis.call('GET', KEYS[1])
 if not seen and ARGV[4] == '1' then return {2, 0} end
 local newest = tonumber(seen or '0')
 if epoch < newest then return {0, newest} end
-if epoch > newest then redis.call('SET', KEYS[1], epoch) end
+-- 'not seen': the first leader's epoch is 0 (a Lease's first term has no
+-- transitions yet), which must be written too, or its own next write finds none.
+if epoch > newest or not seen then redis.call('SET', KEYS[1], epoch) end
 
 local k, changed = 3, 0
 for a = 5, #ARGV, 3 do
