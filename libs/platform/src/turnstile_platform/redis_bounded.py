@@ -197,7 +197,7 @@ class BoundedRedis(aioredis.Redis):
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         return await guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]
 
-    def register_script(self, script: Any) -> AsyncScript:
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
         """A script called straight through EVALSHA (:class:`BoundedScript`)."""
         return BoundedScript(self, script)
 
