@@ -311,3 +311,30 @@ async def test_more_calls_than_connections_wait_their_turn_instead_of_failing(
         assert len(pool._available_connections) <= 4
     finally:
         await client.aclose()
+
+
+async def test_a_cut_off_leaves_the_task_uncancelled_and_a_callers_cancellation_stays_one(
+    private_redis: RedisProcess,
+) -> None:
+    """The guard's watch cuts a call off by cancelling its task (its only timer, no
+    asyncio.timeout beside it): the call fails as budget exceeded and the task is
+    left with no cancellation pending, so what the task awaits next is not cut
+    short; a cancellation by the call's own caller still arrives as one."""
+    client = create_redis(private_redis.url, timeout_s=BUDGET_S, guard=redis_guard(BUDGET_S))
+    try:
+        private_redis.pause()
+        _, error = await _elapsed(client.get("k"))
+        assert isinstance(error, RedisBudgetExceededError)
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0
+        await asyncio.sleep(0)  # nothing pending: this is not cancelled
+
+        call = asyncio.ensure_future(client.get("k"))
+        await asyncio.sleep(BUDGET_S / 3)  # the call waits on the paused server
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    finally:
+        private_redis.resume()
+        await client.aclose()

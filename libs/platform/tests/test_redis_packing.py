@@ -9,9 +9,10 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 from redis.typing import EncodableT
 
-from turnstile_platform.redis_bounded import BoundedRedis, pack_command
+from turnstile_platform.redis_bounded import BoundedRedis, BoundedScript, pack_command
 from turnstile_platform.redis_client import create_redis
 from turnstile_platform.redis_cluster import BoundedRedisCluster
+from turnstile_testing.processes import RedisProcess
 
 ADMIT_LIKE = (
     "EVALSHA",
@@ -81,3 +82,32 @@ async def test_commands_scripts_and_pipelines_round_trip_through_a_real_redis(
     finally:
         await client.delete(key, key + ":n")
         await client.aclose()
+
+
+async def test_a_script_is_one_evalsha_and_reloads_itself_after_noscript() -> None:
+    """The lean script call (``BoundedScript``) sends one EVALSHA per call, and a
+    Redis that lost its scripts (SCRIPT FLUSH, as after a restart or a failover)
+    gets the script loaded again and the call answered, as redis-py's does. A
+    private server: flushing the shared one's scripts would touch other tests."""
+    server = RedisProcess().start()
+    client = create_redis(server.url, timeout_s=2.0)
+    try:
+        script = client.register_script("return {#KEYS, #ARGV, KEYS[1], ARGV[1]}")
+        assert isinstance(script, BoundedScript)
+        await client.script_load(script.script)
+        await client.config_resetstat()
+        assert await script(keys=["k"], args=[7]) == [1, 1, b"k", b"7"]
+        assert await script() == [0, 0]
+        stats = await client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 2
+        await client.script_flush()
+        assert await script(keys=["k", "j"], args=["x", b"y"]) == [2, 2, b"k", b"x"]
+        stats = await client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 4  # NOSCRIPT, then the call again
+        assert stats["cmdstat_script|load"]["calls"] == 1
+        async with client.pipeline(transaction=False) as pipe:  # redis-py's own path
+            await script(keys=["p"], args=[1], client=pipe)
+            assert await pipe.execute() == [[1, 1, b"p", b"1"]]
+    finally:
+        await client.aclose()
+        server.close()

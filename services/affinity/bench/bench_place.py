@@ -352,7 +352,11 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
             alternating = await _hits_alternating(
                 stub,
                 evalsha,
-                {"evalsha": evalsha_proc.pid, "affinity": affinity_proc.pid},
+                {
+                    "evalsha": evalsha_proc.pid,
+                    "affinity": affinity_proc.pid,
+                    "redis": redis_proc.pid,
+                },
                 seconds,
                 concurrency,
                 max(rounds, 2),
@@ -447,20 +451,46 @@ async def _hits_alternating(
     phase every time, and a single ceiling figure swings by 1.5x between two
     back-to-back phases here: whichever tier ran first read lower (measured both
     ways). Per-round ratios, and the affinity server's CPU per RPC against the
-    ceiling server's, are the figures to compare across tiers."""
+    ceiling server's, are the figures to compare across tiers.
+
+    Besides the server's, the CPU per RPC of the two other processes every call
+    runs through: this client (its RPCs carry protobuf messages, the ceiling's
+    raw bytes) and redis-server (``place.lua`` and ``release.lua`` against the
+    ceiling's one ``INCR``). On a machine the three keep busy, the throughput
+    ratio follows the ratio of their sum (``hit_total_cpu_per_rpc_over_ceiling_*``)."""
     ratios: dict[str, list[float]] = {"small": [], "big": []}
     cpu: dict[str, list[float]] = {"small": [], "big": []}
+    parts: dict[str, dict[str, list[float]]] = {
+        tier: {"client": [], "redis": [], "total": []} for tier in ("small", "big")
+    }
+
+    def used() -> tuple[float, float]:
+        return time.process_time(), _cpu_s(pids["redis"])
+
     for r in range(rounds):
         for tier in ("small", "big") if r % 2 == 0 else ("big", "small"):
             before = _cpu_s(pids["evalsha"])
+            client_0, redis_0 = used()
             ceiling_run = await _ceiling(ceiling, concurrency, seconds)
             # The ceiling's 0.5 s warm-up runs at the same rate: count its calls too.
-            ceiling_cpu = (_cpu_s(pids["evalsha"]) - before) / (ceiling_run.rate * (seconds + 0.5))
+            calls = ceiling_run.rate * (seconds + 0.5)
+            ceiling_cpu = (_cpu_s(pids["evalsha"]) - before) / calls
+            client_1, redis_1 = used()
+            ceiling_client = (client_1 - client_0) / calls
+            ceiling_redis = (redis_1 - redis_0) / calls
             before = _cpu_s(pids["affinity"])
             run = await _place_turns(stub, tier, concurrency, seconds, first_turns=False)
             rpcs = 2 * run.rate * (seconds + 0.5)
+            client_2, redis_2 = used()
+            server = (_cpu_s(pids["affinity"]) - before) / rpcs
+            client, redis_cpu = (client_2 - client_1) / rpcs, (redis_2 - redis_1) / rpcs
             ratios[tier].append(run.rate * 2 / ceiling_run.rate)
-            cpu[tier].append((_cpu_s(pids["affinity"]) - before) / rpcs / ceiling_cpu)
+            cpu[tier].append(server / ceiling_cpu)
+            parts[tier]["client"].append(client / ceiling_client)
+            parts[tier]["redis"].append(redis_cpu / ceiling_redis if ceiling_redis else 0.0)
+            parts[tier]["total"].append(
+                (server + client + redis_cpu) / (ceiling_cpu + ceiling_client + ceiling_redis)
+            )
     print(f"\nPlace hit ÷ the EVALSHA ceiling just before it, {rounds} rounds, order alternating:")
     out: dict[str, object] = {}
     for tier, size in (("small", SMALL), ("big", BIG)):
@@ -468,10 +498,17 @@ async def _hits_alternating(
             f"  {size} sandboxes: RPCs/s ratio {statistics.median(ratios[tier]):.2f} "
             f"({min(ratios[tier]):.2f}-{max(ratios[tier]):.2f}); server CPU per RPC ÷ the "
             f"ceiling's {statistics.median(cpu[tier]):.2f} "
-            f"({min(cpu[tier]):.2f}-{max(cpu[tier]):.2f})"
+            f"({min(cpu[tier]):.2f}-{max(cpu[tier]):.2f}); client's "
+            f"{statistics.median(parts[tier]['client']):.2f}, Redis's "
+            f"{statistics.median(parts[tier]['redis']):.2f}, all three "
+            f"{statistics.median(parts[tier]['total']):.2f}"
         )
         out[f"hit_rpc_ratio_alternating_{size}"] = round(statistics.median(ratios[tier]), 2)
         out[f"hit_cpu_per_rpc_over_ceiling_{size}"] = round(statistics.median(cpu[tier]), 2)
+        for part in ("client", "redis", "total"):
+            out[f"hit_{part}_cpu_per_rpc_over_ceiling_{size}"] = round(
+                statistics.median(parts[tier][part]), 2
+            )
     return out
 
 

@@ -5,7 +5,8 @@ a call no more than its configured timeout. A per-socket timeout does not give
 that: redis-py retries, reconnects and sends health-check PINGs inside one
 command, each with its own socket timeout, and asyncpg may wait for a pool
 connection, connect, then run the statement. So the budget here wraps the whole
-call — pool wait, reconnects, retries, health checks — in one ``asyncio.timeout``.
+call — pool wait, reconnects, retries, health checks — in one timer that cancels
+the call's task as ``asyncio.timeout`` would.
 
 Repeated failures (a budget spent, a refused or dropped connection) open a
 breaker per dependency: while it is open every call fails at once, so each
@@ -431,11 +432,15 @@ class _Call:
     """One guarded call, as an async context manager written out rather than
     through ``contextlib.asynccontextmanager``: every Redis and PostgreSQL call
     enters one, and the generator-based manager cost a visible share of a
-    decision's CPU (docs/performance.md). Same steps, same order: the source's
-    breaker, then the call's ``asyncio.timeout`` armed by its :class:`_Watch`, the
-    watch disarmed before the timeout exits, then the outcome judged."""
+    decision's CPU (docs/performance.md). Steps: the source's breaker, then the
+    call's :class:`_Watch` armed (its one timer is the budget; it cancels the
+    call's task when it cuts the call off, as ``asyncio.timeout`` would), the
+    watch disarmed on the way out, then the outcome judged.
 
-    __slots__ = ("_breaker", "_budget_s", "_guard", "_source", "_timeout", "_watch")
+    The watch is the call's only timer: an ``asyncio.timeout`` beside it scheduled
+    and cancelled a second one per call for the same deadline (docs/performance.md)."""
+
+    __slots__ = ("_breaker", "_budget_s", "_guard", "_source", "_watch")
 
     def __init__(self, guard: Guard, budget_s: float, source: Source) -> None:
         self._guard = guard
@@ -445,14 +450,13 @@ class _Call:
 
     async def __aenter__(self) -> None:
         guard, breaker = self._guard, self._breaker
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a guarded call must run inside a task")
         if not breaker.acquire():
             _CALLS(guard.dependency, "rejected").inc()
             raise guard._breaker_open(guard.dependency, guard._open_message(breaker))
-        timeout = self._timeout = asyncio.timeout(None)
-        watch = self._watch = _Watch(
-            guard, self._source, asyncio.get_running_loop(), self._budget_s, timeout
-        )
-        await timeout.__aenter__()
+        watch = self._watch = _Watch(guard, self._source, task, self._budget_s)
         watch.arm()
 
     async def __aexit__(
@@ -461,20 +465,22 @@ class _Call:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        guard, breaker, timeout, watch = self._guard, self._breaker, self._timeout, self._watch
+        guard, breaker, watch = self._guard, self._breaker, self._watch
         watch.disarm()
         error = exc
-        try:
-            await timeout.__aexit__(exc_type, exc, tb)
-        except TimeoutError as cut_off:  # the timeout turned a cancellation into this
-            error = cut_off
+        cut = watch.cut
+        # As asyncio.timeout's exit: the cancellation the watch sent, and no one
+        # else's, becomes the TimeoutError of a call cut off.
+        if cut and watch.uncancel() and exc_type is asyncio.CancelledError:
+            error = TimeoutError()
+            error.__cause__ = exc
         if error is None:
             self._source.answered()
             breaker.success()
             _CALLS(guard.dependency, "ok").inc()
             return
         if isinstance(error, TimeoutError):
-            if not timeout.expired():  # a timeout of the client's own
+            if not cut:  # a timeout of the client's own
                 breaker.failure()
                 _CALLS(guard.dependency, "timeout").inc()
                 if error is exc:
@@ -491,7 +497,7 @@ class _Call:
             breaker.success()
             _CALLS(guard.dependency, "error").inc()
             return
-        if timeout.expired():
+        if cut:
             # The client's own (socket) timeout fired with ours.
             raise guard._expired(watch, breaker) from error
         breaker.failure()
@@ -499,26 +505,42 @@ class _Call:
 
 
 class _Watch:
-    """One call's budgets: at the end of each, judge whether it goes on waiting.
+    """One call's budgets: at the end of each, judge whether it goes on waiting,
+    and cut the call off (cancel its task) when it does not.
 
     The judgement runs one event-loop turn after the budget's end, so an answer
     that arrived in the same turn as the expiry is recorded first (by this call,
-    which then completes, or by another, which counts as a sign of life).
+    which then completes, or by another, which counts as a sign of life); the
+    cut-off one turn after the judgement, as ``asyncio.timeout`` rescheduled to
+    "now" did.
     """
 
+    __slots__ = (
+        "_cancelling",
+        "_due",
+        "_extended",
+        "_handle",
+        "_limit",
+        "_loop",
+        "_task",
+        "_window",
+        "budget_s",
+        "cut",
+        "guard",
+        "overloaded",
+        "source",
+        "started",
+    )
+
     def __init__(
-        self,
-        guard: Guard,
-        source: Source,
-        loop: asyncio.AbstractEventLoop,
-        budget_s: float,
-        timeout: asyncio.Timeout,
+        self, guard: Guard, source: Source, task: asyncio.Task[object], budget_s: float
     ) -> None:
         self.guard = guard
         self.source = source
         self.budget_s = budget_s
-        self._loop = loop
-        self._timeout = timeout
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._loop = loop = task.get_loop()
         self.started = loop.time()
         #: Start of the budget being spent now: answers after it are signs of life.
         self._window = self.started
@@ -526,6 +548,8 @@ class _Watch:
         self._limit = self.started + guard.overload_wait_s
         self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._extended = False
+        #: Set when the watch cut the call off (cancelled its task).
+        self.cut = False
         #: Set when the watch cut the call off because of our own overload.
         self.overloaded = False
 
@@ -536,6 +560,11 @@ class _Watch:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def uncancel(self) -> bool:
+        """Take back the cancellation the cut-off sent; whether no other is pending
+        (then the call's CancelledError is the cut-off's)."""
+        return self._task.uncancel() <= self._cancelling
 
     def waited(self) -> float:
         return self._loop.time() - self.started
@@ -549,11 +578,11 @@ class _Watch:
         answered = self.source.answered_since(self._window)
         now = self._loop.time()
         if not (stalled or answered):
-            self._timeout.reschedule(now)  # silent for a whole budget: the dependency
+            self._cut_off_soon()  # silent for a whole budget: the dependency
             return
         if now >= self._limit:
             self.overloaded = True
-            self._timeout.reschedule(now)
+            self._cut_off_soon()
             return
         if not self._extended:
             self._extended = True
@@ -569,6 +598,14 @@ class _Watch:
         self._window = now
         self._due = now + self.budget_s
         self._handle = self._loop.call_at(self._due, self._budget_spent)
+
+    def _cut_off_soon(self) -> None:
+        self._handle = self._loop.call_soon(self._cut_off)
+
+    def _cut_off(self) -> None:
+        self._handle = None
+        self.cut = True
+        self._task.cancel()
 
 
 def report_breaker(health: HealthMap, component: str, breaker: Breaker) -> None:

@@ -21,10 +21,11 @@ import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.commands.core import AsyncScript
 from redis.credentials import StreamingCredentialProvider
 from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ExceptionType, MaxConnectionsError
+from redis.exceptions import DataError, ExceptionType, MaxConnectionsError, NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from turnstile_platform.bounded import (
@@ -196,12 +197,48 @@ class BoundedRedis(aioredis.Redis):
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         return await guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]
 
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
+        """A script called straight through EVALSHA (:class:`BoundedScript`)."""
+        return BoundedScript(self, script)
+
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         pipe = BoundedPipeline(
             self.connection_pool, self.response_callbacks, transaction, shard_hint
         )
         pipe.guard = self.guard
         return pipe
+
+
+class BoundedScript(AsyncScript):
+    """redis-py's script on a client of one server or Sentinel primary, sending
+    the same ``EVALSHA`` and reloading on ``NOSCRIPT`` the same way.
+
+    redis-py's ``AsyncScript.__call__`` asks on every call whether its client is
+    a pipeline; redis-py's command mixins are ``typing.Protocol`` classes, so
+    that ``isinstance`` runs typing's runtime protocol check (2–4 µs a call on
+    this machine, docs/performance.md), and it copies keys and arguments into
+    tuples twice. Here the registered client is a :class:`BoundedRedis`, never a
+    pipeline (a pipeline's scripts are redis-py's own), so the call goes
+    straight to ``execute_command``. A call given another ``client`` is
+    redis-py's."""
+
+    registered_client: BoundedRedis
+
+    async def __call__(
+        self, keys: Any | None = None, args: Any | None = None, client: Any | None = None
+    ) -> Any:
+        if client is not None:
+            return await super().__call__(keys, args, client)
+        redis = self.registered_client
+        keys = keys or ()
+        args = args or ()
+        try:
+            return await redis.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            # Redis restarted, flushed its scripts or failed over to a replica
+            # that never loaded it.
+            self.sha = await redis.script_load(self.script)
+            return await redis.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class BoundedPipeline(Pipeline):

@@ -109,6 +109,13 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (benchmarks read its CPU time)."""
+        if self._proc is None:
+            raise RuntimeError("redis-server is not started")
+        return self._proc.pid
+
     def start(self) -> RedisProcess:
         binary = shutil.which("redis-server")
         if binary is None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import uuid
+import os
 from dataclasses import dataclass
 
 import grpc
@@ -118,7 +118,8 @@ class Placer:
             )
         policy = self._policy
         tier_label = session_tier if policy.filtered else "*"
-        lease_id = uuid.uuid4().hex
+        # 16 random bytes as 32 hex digits, without building a uuid.UUID for its hex.
+        lease_id = os.urandom(16).hex()
         turn = Turn(
             session_id=session_id,
             session_tier=session_tier,

@@ -61,14 +61,19 @@ def _reset(reset: Reset) -> affinity_pb2.WorkspaceReset:
 
 
 def _placement(placement: Placement) -> affinity_pb2.PlaceResponse:
+    """The response, its lease expiry filled in place rather than built as a
+    ``Timestamp`` and copied in (one message fewer per Place)."""
     response = affinity_pb2.PlaceResponse(
         sandbox_id=placement.sandbox_id,
         tier=placement.tier,
         lease_id=placement.lease_id,
-        lease_expires_at=_timestamp(placement.lease_expires_ms),
         outcome=_OUTCOMES[placement.outcome],
         endpoint=placement.endpoint,
     )
+    ms = placement.lease_expires_ms
+    expires = response.lease_expires_at
+    expires.seconds = ms // 1000
+    expires.nanos = (ms % 1000) * 1_000_000
     if placement.reset is not None:
         response.reset.CopyFrom(_reset(placement.reset))
     return response
