@@ -51,6 +51,7 @@ free, a local error the breaker does not count.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -120,6 +121,14 @@ class BoundedClusterNode(ClusterNode):
         return connection
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._in_turn(super().execute_command, *args, **kwargs)
+
+    async def execute_pipeline(self, commands: Any) -> bool:
+        return bool(await self._in_turn(super().execute_pipeline, commands))
+
+    async def _in_turn(self, send: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        """Send once this caller's turn for a connection has come, inside the call's
+        route (which node served it), with ``CLUSTERDOWN`` as unreachable."""
         route = CURRENT_ROUTE.get()
         if route is not None:
             route.entered(self)
@@ -127,21 +136,7 @@ class BoundedClusterNode(ClusterNode):
             if self._turns.must_wait():
                 await self._turns.wait()
             # redis-py takes the connection before its first await: the turn holds.
-            return await super().execute_command(*args, **kwargs)
-        except ClusterDownError as error:
-            raise _cluster_down(error) from error
-        finally:
-            if route is not None:
-                route.left(self)
-
-    async def execute_pipeline(self, commands: Any) -> bool:
-        route = CURRENT_ROUTE.get()
-        if route is not None:
-            route.entered(self)
-        try:
-            if self._turns.must_wait():
-                await self._turns.wait()
-            return await super().execute_pipeline(commands)
+            return await send(*args, **kwargs)
         except ClusterDownError as error:
             raise _cluster_down(error) from error
         finally:
