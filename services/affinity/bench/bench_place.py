@@ -526,11 +526,13 @@ async def _bench_security(
         ensure_local_pki(directory, "turnstile.local", HOLDERS)
         (directory / "policy.toml").write_text(POLICY.read_text())
         addresses = {"plaintext": plaintext}
+        secure: list[subprocess.Popen[str]] = []
         for mode in SECURE_MODES:
             proc, addresses[mode] = _start_server(
                 f"affinity-{mode}", url, {"BENCH_TLS_DIR": str(directory)}
             )
             procs.append(proc)
+            secure.append(proc)
         credentials = tls.channel_credentials(_files(directory, "gateway"))
         channels = {
             mode: grpc.aio.secure_channel(address, credentials)
@@ -549,6 +551,12 @@ async def _bench_security(
         finally:
             for channel in channels.values():
                 await channel.close(None)
+            # Before the directory goes: their policy watchers poll the file in it,
+            # and would log it invalid once it is removed.
+            for proc in secure:
+                proc.terminate()
+            for proc in secure:
+                proc.wait(10)
     print(f"\nPlace hit under transport security (medians over {rounds} interleaved rounds):")
     out: dict[str, object] = {}
     for n in (concurrency, 1):
