@@ -1,6 +1,6 @@
 """Admit throughput and latency beside two ceilings measured in the same run.
 
-    uv run python services/admission/bench/bench_admit.py [--seconds 4]
+    uv run python services/admission/bench/bench_admit.py [--seconds 3] [--only alternating]
 
 Every server runs in its own process on 127.0.0.1 (uvloop), the load comes from
 this process over one channel, all against a private redis-server of the run's
@@ -33,8 +33,37 @@ ratio of each ceiling; Redis commands per decision come from the
 INFO commandstats delta over the Admit runs. A stub substrate still listens at
 admission's substrate address and counts the ``CountLiveSandboxes`` calls it gets
 (in Redis, so they would show in commandstats too): a decision should make none.
-The table is followed by one line of JSON with stable keys (``--json PATH``
-writes it to a file too) so runs can be compared across commits.
+The run ends with one line of JSON with stable keys (``--json PATH`` writes it
+to a file too) so runs can be compared across commits.
+
+After the table, alternating rounds (``--alt-rounds``, 3 by default; 0 skips
+them): per round and per shape (cold, resume), the EVALSHA ceiling then the
+shape at 64 in flight, then the ceiling then the shape at 1, ``--seconds / 2``
+each; the order of the shapes alternates between rounds. Reported per shape, as
+median, min and max over the rounds (JSON ``alternating.cold`` and
+``alternating.resume``):
+
+* ``rps_64_per_evalsha``        calls/s at 64 in flight ÷ the ceiling phase's;
+* ``p50_1_per_evalsha_p50``     p50 at 1 in flight ÷ the ceiling phase's;
+* ``server_cpu_64_per_evalsha`` server CPU per call at 64 ÷ the ceiling server's;
+* ``server_cpu_us_per_call_64``, ``redis_cpu_us_per_call_64``, ``rps_64``,
+  ``p50_ms_1``: each side's own figure (``evalsha``, ``admit``); Redis's is its
+  main thread's CPU per call over the phase (``INFO cpu``).
+
+Beside them ``alternating.rounds``, ``.seconds_per_phase`` and ``.load_avg_1m``
+(before and after), and in ``goals`` the medians of the three goal ratios,
+keyed as the single pass's with ``_alternating`` appended. The goals line prints
+both, "single pass | alternating median". **Judge issue 10's goals by the
+alternating medians**: in the single pass the ceilings are measured once at the
+start and the Admit runs a minute or more later, against a Redis those runs have
+filled with holds, so each ratio also carries the machine's drift over that
+minute (the same code read 0.56-0.80 from run to run); in the rounds each ratio
+compares two phases seconds apart against the same Redis, the order of shapes
+alternates so neither always follows the other, and the median shrugs off one
+disturbed phase. ``--only alternating`` runs the rounds alone (evalsha ceiling,
+stub substrate, OTLP sink and one admission process; the JSON then holds
+``alternating``, the ``_alternating`` goals, ``load_avg_1m``, ``sampler``):
+about a minute, for quick A/B checks between commits.
 
 Also two figures measured inside one process: the authorization check alone,
 and the platform interceptor alone (CPU per call around a handler that returns at
@@ -71,6 +100,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -256,13 +286,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def measure(
-    call: Callable[[], Awaitable[Any]], in_flight: int, seconds: float, pid: int | None = None
+    call: Callable[[], Awaitable[Any]],
+    in_flight: int,
+    seconds: float,
+    pid: int | None = None,
+    redis: aioredis.Redis | None = None,
+    warm_up: int = 200,
 ) -> dict[str, float]:
-    """calls/s, p50 and p99 of ``call`` with ``in_flight`` at once; with the
-    server's ``pid``, also its CPU time per call."""
-    for _ in range(200):  # warm up connections, script cache, JIT-free but caches
+    """calls/s, p50 and p99 of ``call`` with ``in_flight`` at once, after
+    ``warm_up`` calls one at a time (connections, script cache, caches); with the
+    server's ``pid``, also its CPU time per call; with ``redis``, Redis's
+    main-thread CPU time per call."""
+    for _ in range(warm_up):
         await call()
     cpu_before = cpu_seconds(pid) if pid is not None else 0.0
+    redis_before = await redis_cpu_s(redis) if redis is not None else 0.0
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
 
@@ -284,6 +322,8 @@ async def measure(
     }
     if pid is not None:
         out["cpu_us"] = (cpu_seconds(pid) - cpu_before) / len(latencies) * 1e6
+    if redis is not None:
+        out["redis_cpu_us"] = (await redis_cpu_s(redis) - redis_before) / len(latencies) * 1e6
     return out
 
 
@@ -331,163 +371,132 @@ async def redis_cpu_s(client: aioredis.Redis) -> float:
     return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
-async def bench(
-    seconds: float, rounds: int, sampler: str, sampler_arg: str, json_path: str | None
-) -> None:
+@dataclass
+class Options:
+    """What to run (``main``'s flags)."""
+
+    seconds: float
+    rounds: int
+    alt_rounds: int
+    only: str | None
+    sampler: str
+    sampler_arg: str
+    json_path: str | None
+
+
+def admission_env(ports: dict[str, int], redis_url: str, opts: Options) -> dict[str, str]:
+    """The environment of the admission under test (and of the ``platform`` ceiling)."""
+    return {
+        **os.environ,
+        "TURNSTILE_PORT": str(ports["admission"]),
+        "TURNSTILE_METRICS_PORT": "0",
+        "TURNSTILE_REDIS_URL": redis_url,
+        "TURNSTILE_SUBSTRATE_ADDR": f"127.0.0.1:{ports['substrate']}",
+        "TURNSTILE_CLIENT_ALLOWLIST": '["acme"]',
+        "TURNSTILE_LOG_LEVEL": "WARNING",
+        "TURNSTILE_CAP__DEFAULT_CAP": "1000000",
+        "TURNSTILE_RATE__DEFAULT_BURST": "1000000",
+        "TURNSTILE_RATE__CLUSTER_BURST": "1000000",
+        "TURNSTILE_CONCURRENCY__DEFAULT_LIMIT": "1000000",
+        "TURNSTILE_SLOTS__DEFAULT_PER_NODE": "100000",
+        "TURNSTILE_HOLD_TTL_S": "5",
+        "TURNSTILE_PENDING_TTL_S": "5",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['otlp']}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_TRACES_SAMPLER": opts.sampler,
+        "OTEL_TRACES_SAMPLER_ARG": opts.sampler_arg,
+        "TURNSTILE_PLAINTEXT": "true",
+    }
+
+
+Make = Callable[[], admission_pb2.AdmitRequest]
+
+
+def request_makers() -> dict[str, Make]:
+    """The two Admit shapes, each call a new sandbox id: ``cold`` and ``resume``."""
+    sequence = iter(range(10**9))
+
+    def cold() -> admission_pb2.AdmitRequest:
+        return admission_pb2.AdmitRequest(
+            sandbox_id=f"sb-{next(sequence)}",
+            client=common_pb2.ActivationClient(client_id="acme"),
+            kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
+            candidate_nodes=["node-a", "node-b", "node-c"],
+        )
+
+    def resume() -> admission_pb2.AdmitRequest:
+        request = cold()
+        request.kind = common_pb2.ACTIVATION_KIND_RESUME
+        del request.candidate_nodes[:]
+        return request
+
+    return {"cold": cold, "resume": resume}
+
+
+async def bench(opts: Options) -> None:
     redis_proc = RedisProcess().start()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        names = ("echo", "evalsha", "substrate", "otlp", "platform", "admission", "admission_full")
+        table = opts.only != "alternating"
+        names = ["evalsha", "substrate", "otlp", "admission"]
+        if table:
+            names += ["echo", "platform", "admission_full"]
         ports = {name: free_port() for name in names}
         pids: dict[str, int] = {}
-        for name in ("echo", "evalsha", "substrate", "otlp"):
-            procs.append(spawn(name, ports[name], redis_proc.url))
-            pids[name] = procs[-1].pid
-        env = {
-            **os.environ,
-            "TURNSTILE_PORT": str(ports["admission"]),
-            "TURNSTILE_METRICS_PORT": "0",
-            "TURNSTILE_REDIS_URL": redis_proc.url,
-            "TURNSTILE_SUBSTRATE_ADDR": f"127.0.0.1:{ports['substrate']}",
-            "TURNSTILE_CLIENT_ALLOWLIST": '["acme"]',
-            "TURNSTILE_LOG_LEVEL": "WARNING",
-            "TURNSTILE_CAP__DEFAULT_CAP": "1000000",
-            "TURNSTILE_RATE__DEFAULT_BURST": "1000000",
-            "TURNSTILE_RATE__CLUSTER_BURST": "1000000",
-            "TURNSTILE_CONCURRENCY__DEFAULT_LIMIT": "1000000",
-            "TURNSTILE_SLOTS__DEFAULT_PER_NODE": "100000",
-            "TURNSTILE_HOLD_TTL_S": "5",
-            "TURNSTILE_PENDING_TTL_S": "5",
-            "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['otlp']}",
-            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_TRACES_SAMPLER": sampler,
-            "OTEL_TRACES_SAMPLER_ARG": sampler_arg,
-            "TURNSTILE_PLAINTEXT": "true",
-        }
-        procs.append(spawn("platform", ports["platform"], redis_proc.url, env))
-        pids["platform"] = procs[-1].pid
-        command = [sys.executable, "-m", "turnstile_admission"]
-        full_env = env | {
-            "TURNSTILE_PORT": str(ports["admission_full"]),
-            "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-            "OTEL_TRACES_SAMPLER_ARG": "",
-        }
-        for name, process_env in (("admission", env), ("admission_full", full_env)):
+        env = admission_env(ports, redis_proc.url, opts)
+        admissions = {"admission": env}
+        if table:
+            admissions["admission_full"] = env | {
+                "TURNSTILE_PORT": str(ports["admission_full"]),
+                "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+                "OTEL_TRACES_SAMPLER_ARG": "",
+            }
+        for name in ("echo", "evalsha", "substrate", "otlp", "platform"):
+            if name in ports:
+                server_env = env if name == "platform" else None
+                procs.append(spawn(name, ports[name], redis_proc.url, server_env))
+                pids[name] = procs[-1].pid
+        for name, process_env in admissions.items():
+            command = [sys.executable, "-m", "turnstile_admission"]
             procs.append(subprocess.Popen(command, env=process_env))  # noqa: ASYNC220 - start-up only
             pids[name] = procs[-1].pid
-        _wait(ports["admission"])
-        _wait(ports["admission_full"])
+        for name in admissions:
+            _wait(ports[name])
 
-        results: dict[str, dict[int, dict[str, float]]] = {}
-        sequence = iter(range(10**9))
-
-        def cold() -> admission_pb2.AdmitRequest:
-            return admission_pb2.AdmitRequest(
-                sandbox_id=f"sb-{next(sequence)}",
-                client=common_pb2.ActivationClient(client_id="acme"),
-                kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
-                candidate_nodes=["node-a", "node-b", "node-c"],
-            )
-
-        def resume() -> admission_pb2.AdmitRequest:
-            request = cold()
-            request.kind = common_pb2.ACTIVATION_KIND_RESUME
-            del request.candidate_nodes[:]
-            return request
-
-        payload = cold().SerializeToString()
+        makers = request_makers()
+        payload = makers["cold"]().SerializeToString()
         redis = aioredis.Redis.from_url(redis_proc.url)
         # The live counts are current, as a substrate leader keeps them (no pods).
         await redis.set(LiveCountKeys("turnstile:").state, COUNTED)
-        for name in ("echo", "evalsha", "platform"):
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[name]}") as channel:
-                echo = channel.unary_unary(
-                    ECHO, request_serializer=BYTES, response_deserializer=BYTES
-                )
-                results[name] = {
-                    n: await measure(functools.partial(echo, payload), n, seconds, pids[name])
-                    for n in (1, 64)
-                }
-        decisions = 0
-        before = await commandstats(redis)
-        usec_before = await script_usec(redis)
-        cpu_before = await redis_cpu_s(redis)
-        runs = (
-            ("admission", "admit_cold", cold),
-            ("admission", "admit_resume", resume),
-            ("admission_full", "admit_cold_sampled_100", cold),
-        )
-        for server, name, make in runs:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[server]}") as channel:
-                stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
-                results[name] = {}
-                for n in (1, 64):
-                    answer = await stub.Admit(make())
-                    assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
-                    results[name][n] = await measure(_admit(stub, make), n, seconds, pids[server])
-                    decisions += int(results[name][n]["calls"]) + 201
-        # Tracing's cost: the two admission processes alternate, cold create at 64
-        # in flight, so drift in the machine's load falls on both alike.
-        tracing: list[float] = []
-        async with (
-            grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as production,
-            grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission_full']}") as full,
-        ):
-            prod_stub: Any = admission_pb2_grpc.AdmissionServiceStub(production)
-            full_stub: Any = admission_pb2_grpc.AdmissionServiceStub(full)
-            for _ in range(3):
-                sampled = await measure(_admit(prod_stub, cold), 64, seconds / 2)
-                everything = await measure(_admit(full_stub, cold), 64, seconds / 2)
-                tracing.append(everything["rps"] / sampled["rps"])
-                decisions += int(sampled["calls"] + everything["calls"]) + 400
-        after = await commandstats(redis)
-        usec = await script_usec(redis) - usec_before
-        redis_cpu = await redis_cpu_s(redis) - cpu_before
-        count_calls = int(await redis.get(COUNT_CALLS) or 0)
+        summary: dict[str, Any] = {"schema": 1, "goals": {}}
+        results: dict[str, dict[int, dict[str, float]]] = {}
+        if table:
+            results, summary = await single_pass(ports, pids, redis, makers, payload, opts.seconds)
+        alternating: dict[str, Any] | None = None
+        if opts.alt_rounds:
+            alternating = await alternating_rounds(
+                ports, pids, redis, makers, payload, opts.alt_rounds, opts.seconds / 2
+            )
+            summary["alternating"] = alternating
+            summary["goals"] |= alternating_goals(alternating)
         await redis.aclose()
-        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-        summary = report(results, delta, decisions, count_calls)
-        per_script = usec / max(1, delta.get("evalsha", 1))
-        print(f"Redis time inside the script, per decision: {per_script:.1f} µs")
-        summary["script_usec_per_decision"] = round(per_script, 1)
-        cpu_per_decision = redis_cpu * 1e6 / max(1, decisions)
-        print(
-            "Redis main-thread CPU per decision (the script, its reply, the watcher's "
-            f"polls; load-independent): {cpu_per_decision:.1f} µs"
-        )
-        summary["redis_cpu_us_per_decision"] = round(cpu_per_decision, 1)
-        ratio = statistics.median(tracing)
-        print(
-            "tracing everything ÷ the production sampler, cold create at 64 in flight, "
-            f"alternating: {', '.join(f'{r:.2f}' for r in tracing)} (median {ratio:.2f})"
-        )
-        summary["goals"]["cold_64_sampled_100_per_production_sampler_alternating"] = round(ratio, 3)
-        summary["sampler"] = {"name": sampler, "arg": sampler_arg}
-        if rounds:
-            report_security(await bench_security(env, redis_proc.url, cold, seconds, rounds))
-        cost = await authorization_check_cost()
-        sequential = results["admit_cold"][1]["p50_ms"] * 1000
-        print_costs(
-            "the authorization check alone, per call (inside a real mTLS handler):",
-            {f"as {caller}": micros for caller, micros in cost.items()},
-            sequential,
-            f"a sequential Admit (p50 {sequential:.0f} µs)",
-        )
-        summary["authorization_check_us"] = {k: round(v, 2) for k, v in cost.items()}
-        chain = await interceptor_cpu_cost(sampler, sampler_arg)
-        ceiling = results["evalsha"][64]["cpu_us"]
-        print_costs(
-            "the platform interceptor alone, CPU per call (inside a real handler):",
-            chain,
-            ceiling,
-            f"the EVALSHA ceiling's server CPU per call at 64 ({ceiling:.0f} µs)",
-        )
-        summary["interceptor_cpu_us"] = {k: round(v, 2) for k, v in chain.items()}
+        if not table:
+            summary["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        print_goals(summary, alternating)
+        summary["sampler"] = {"name": opts.sampler, "arg": opts.sampler_arg}
+        if table:
+            if opts.rounds:
+                report_security(
+                    await bench_security(
+                        env, redis_proc.url, makers["cold"], opts.seconds, opts.rounds
+                    )
+                )
+            await in_process_costs(summary, results, opts)
         line = json.dumps(summary, sort_keys=True)
         print("\n" + line)
-        if json_path:
-            with open(json_path, "w") as out:  # noqa: ASYNC230 - after the measurements
+        if opts.json_path:
+            with open(opts.json_path, "w") as out:  # noqa: ASYNC230 - after the measurements
                 out.write(line + "\n")
     finally:
         # Admission first: it flushes its spans to the OTLP sink as it stops.
@@ -495,6 +504,289 @@ async def bench(
             proc.terminate()
             proc.wait(timeout=15)
         redis_proc.close()
+
+
+async def single_pass(
+    ports: dict[str, int],
+    pids: dict[str, int],
+    redis: aioredis.Redis,
+    makers: dict[str, Make],
+    payload: bytes,
+    seconds: float,
+) -> tuple[dict[str, dict[int, dict[str, float]]], dict[str, Any]]:
+    """The table: each ceiling, then each Admit run, one after another (the module
+    docstring), and tracing's cost; returns the results and the JSON summary."""
+    cold, resume = makers["cold"], makers["resume"]
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    for name in ("echo", "evalsha", "platform"):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[name]}") as channel:
+            echo = channel.unary_unary(ECHO, request_serializer=BYTES, response_deserializer=BYTES)
+            results[name] = {
+                n: await measure(functools.partial(echo, payload), n, seconds, pids[name])
+                for n in (1, 64)
+            }
+    decisions = 0
+    before = await commandstats(redis)
+    usec_before = await script_usec(redis)
+    cpu_before = await redis_cpu_s(redis)
+    runs = (
+        ("admission", "admit_cold", cold),
+        ("admission", "admit_resume", resume),
+        ("admission_full", "admit_cold_sampled_100", cold),
+    )
+    for server, name, make in runs:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports[server]}") as channel:
+            stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
+            results[name] = {}
+            for n in (1, 64):
+                answer = await stub.Admit(make())
+                assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
+                results[name][n] = await measure(_admit(stub, make), n, seconds, pids[server])
+                decisions += int(results[name][n]["calls"]) + 201
+    # Tracing's cost: the two admission processes alternate, cold create at 64
+    # in flight, so drift in the machine's load falls on both alike.
+    tracing: list[float] = []
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as production,
+        grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission_full']}") as full,
+    ):
+        prod_stub: Any = admission_pb2_grpc.AdmissionServiceStub(production)
+        full_stub: Any = admission_pb2_grpc.AdmissionServiceStub(full)
+        for _ in range(3):
+            sampled = await measure(_admit(prod_stub, cold), 64, seconds / 2)
+            everything = await measure(_admit(full_stub, cold), 64, seconds / 2)
+            tracing.append(everything["rps"] / sampled["rps"])
+            decisions += int(sampled["calls"] + everything["calls"]) + 400
+    after = await commandstats(redis)
+    usec = await script_usec(redis) - usec_before
+    redis_cpu = await redis_cpu_s(redis) - cpu_before
+    count_calls = int(await redis.get(COUNT_CALLS) or 0)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    summary = report(results, delta, decisions, count_calls)
+    per_script = usec / max(1, delta.get("evalsha", 1))
+    print(f"Redis time inside the script, per decision: {per_script:.1f} µs")
+    summary["script_usec_per_decision"] = round(per_script, 1)
+    cpu_per_decision = redis_cpu * 1e6 / max(1, decisions)
+    print(
+        "Redis main-thread CPU per decision (the script, its reply, the watcher's "
+        f"polls; load-independent): {cpu_per_decision:.1f} µs"
+    )
+    summary["redis_cpu_us_per_decision"] = round(cpu_per_decision, 1)
+    ratio = statistics.median(tracing)
+    print(
+        "tracing everything ÷ the production sampler, cold create at 64 in flight, "
+        f"alternating: {', '.join(f'{r:.2f}' for r in tracing)} (median {ratio:.2f})"
+    )
+    summary["goals"]["cold_64_sampled_100_per_production_sampler_alternating"] = round(ratio, 3)
+    return results, summary
+
+
+async def in_process_costs(
+    summary: dict[str, Any], results: dict[str, dict[int, dict[str, float]]], opts: Options
+) -> None:
+    """The authorization check and the platform interceptor alone, inside one process."""
+    cost = await authorization_check_cost()
+    sequential = results["admit_cold"][1]["p50_ms"] * 1000
+    print_costs(
+        "the authorization check alone, per call (inside a real mTLS handler):",
+        {f"as {caller}": micros for caller, micros in cost.items()},
+        sequential,
+        f"a sequential Admit (p50 {sequential:.0f} µs)",
+    )
+    summary["authorization_check_us"] = {k: round(v, 2) for k, v in cost.items()}
+    chain = await interceptor_cpu_cost(opts.sampler, opts.sampler_arg)
+    ceiling = results["evalsha"][64]["cpu_us"]
+    print_costs(
+        "the platform interceptor alone, CPU per call (inside a real handler):",
+        chain,
+        ceiling,
+        f"the EVALSHA ceiling's server CPU per call at 64 ({ceiling:.0f} µs)",
+    )
+    summary["interceptor_cpu_us"] = {k: round(v, 2) for k, v in chain.items()}
+
+
+SHAPES = {"cold": "cold create", "resume": "resume"}
+#: One shape's round: per side (``evalsha``, ``admit``) and in-flight level, a ``measure``.
+Phases = dict[str, dict[int, dict[str, float]]]
+
+
+def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+async def alternating_rounds(
+    ports: dict[str, int],
+    pids: dict[str, int],
+    redis: aioredis.Redis,
+    makers: dict[str, Make],
+    payload: bytes,
+    rounds: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """Each Admit shape right after its own EVALSHA ceiling phase, in ``rounds``
+    rounds whose order of shapes alternates (cold first, then resume first).
+
+    Per round and shape: the ceiling then the shape at 64 in flight, the ceiling
+    then the shape at 1, ``seconds`` each. Every ratio compares two phases taken
+    seconds apart, against the same Redis (the single pass compares an Admit run
+    with a ceiling measured a minute before it, against a Redis the Admit runs in
+    between filled with holds), so the machine's drift falls on both sides; the
+    median over rounds shrugs off one disturbed phase. Besides the ratios, Redis's
+    main-thread CPU per call in each phase at 64 (``INFO cpu``): the ceiling's one
+    ``INCR`` against ``admit.lua``."""
+    load_before = os.getloadavg()[0]
+    per_round: dict[str, list[Phases]] = {shape: [] for shape in SHAPES}
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{ports['evalsha']}") as ceiling_channel,
+        grpc.aio.insecure_channel(f"127.0.0.1:{ports['admission']}") as admission_channel,
+    ):
+        echo = ceiling_channel.unary_unary(
+            ECHO, request_serializer=BYTES, response_deserializer=BYTES
+        )
+        ceiling = functools.partial(echo, payload)
+        stub: Any = admission_pb2_grpc.AdmissionServiceStub(admission_channel)
+        for make in makers.values():
+            answer = await stub.Admit(make())
+            assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
+            for _ in range(100):  # first calls (script loads, pools, caches): no phase's
+                await ceiling()
+                await stub.Admit(make())
+        for r in range(rounds):
+            for shape in list(SHAPES) if r % 2 == 0 else list(reversed(SHAPES)):
+                phases: Phases = {"evalsha": {}, "admit": {}}
+                for n in (64, 1):
+                    # The channels and both servers are warm by now: a short warm-up.
+                    phases["evalsha"][n] = await measure(
+                        ceiling, n, seconds, pids["evalsha"], redis, warm_up=50
+                    )
+                    phases["admit"][n] = await measure(
+                        _admit(stub, makers[shape]),
+                        n,
+                        seconds,
+                        pids["admission"],
+                        redis,
+                        warm_up=50,
+                    )
+                per_round[shape].append(phases)
+    load_after = os.getloadavg()[0]
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "seconds_per_phase": seconds,
+        "load_avg_1m": [round(load_before, 2), round(load_after, 2)],
+    }
+    out |= {shape: summarise_rounds(per_round[shape]) for shape in SHAPES}
+    print_alternating(out)
+    return out
+
+
+def summarise_rounds(runs: list[Phases]) -> dict[str, Any]:
+    """One shape's rounds as median, min and max: the ratios of the Admit phase to
+    the ceiling phase before it, and each side's own figures (JSON keys in the
+    module docstring)."""
+
+    def ratio(n: int, field: str) -> dict[str, float]:
+        return _spread([p["admit"][n][field] / p["evalsha"][n][field] for p in runs])
+
+    def sides(n: int, field: str, digits: int) -> dict[str, dict[str, float]]:
+        return {
+            side: _spread([p[side][n][field] for p in runs], digits)
+            for side in ("evalsha", "admit")
+        }
+
+    return {
+        "rps_64_per_evalsha": ratio(64, "rps"),
+        "p50_1_per_evalsha_p50": ratio(1, "p50_ms"),
+        "server_cpu_64_per_evalsha": ratio(64, "cpu_us"),
+        "server_cpu_us_per_call_64": sides(64, "cpu_us", 1),
+        "redis_cpu_us_per_call_64": sides(64, "redis_cpu_us", 1),
+        "rps_64": sides(64, "rps", 0),
+        "p50_ms_1": sides(1, "p50_ms", 3),
+    }
+
+
+def print_alternating(out: dict[str, Any]) -> None:
+    """The alternating rounds' table: one line per shape, median (range) of each ratio."""
+
+    def spread(figure: dict[str, float], digits: int = 2) -> str:
+        low, high = f"{figure['min']:.{digits}f}", f"{figure['max']:.{digits}f}"
+        return f"{figure['median']:.{digits}f} ({low}-{high})"
+
+    before, after = out["load_avg_1m"]
+    print(
+        f"\nAdmit ÷ the EVALSHA ceiling phase just before it: {out['rounds']} rounds, order "
+        f"of shapes alternating, {out['seconds_per_phase']:g} s per phase, load average "
+        f"{before:.2f} → {after:.2f}; median (range) over the rounds"
+    )
+    print(
+        f"  {'÷ the ceiling':<14}{'calls/s @64':>18}{'p50 @1':>18}{'server CPU @64':>18}"
+        "     Redis CPU µs/call @64: ceiling | Admit"
+    )
+    for shape, label in SHAPES.items():
+        figures = out[shape]
+        redis_cpu = figures["redis_cpu_us_per_call_64"]
+        print(
+            f"  {label:<14}{spread(figures['rps_64_per_evalsha']):>18}"
+            f"{spread(figures['p50_1_per_evalsha_p50']):>18}"
+            f"{spread(figures['server_cpu_64_per_evalsha']):>18}"
+            f"{spread(redis_cpu['evalsha'], 1):>39} | {spread(redis_cpu['admit'], 1)}"
+        )
+
+
+def alternating_goals(alternating: dict[str, Any]) -> dict[str, float]:
+    """The goals' ratios from the alternating rounds (medians), keyed as the single
+    pass's with ``_alternating`` appended."""
+    return {
+        "cold_64_per_evalsha_alternating": alternating["cold"]["rps_64_per_evalsha"]["median"],
+        "cold_1_p50_per_evalsha_p50_alternating": alternating["cold"]["p50_1_per_evalsha_p50"][
+            "median"
+        ],
+        "resume_64_per_evalsha_alternating": alternating["resume"]["rps_64_per_evalsha"]["median"],
+    }
+
+
+def print_goals(summary: dict[str, Any], alternating: dict[str, Any] | None) -> None:
+    """The goals line, each ratio as "single pass | alternating median" where both
+    were measured (the alternating median is the one to judge by: module docstring);
+    then server CPU per call against the ceiling's, likewise."""
+    goals = summary["goals"]
+    cpu = summary.get("cpu_per_call", {})
+    if alternating:
+        for shape in SHAPES:
+            figure = alternating[shape]["server_cpu_64_per_evalsha"]["median"]
+            cpu = cpu | {f"cpu_{shape}_64_per_evalsha_alternating": figure}
+
+    def both(figures: dict[str, Any], key: str) -> str:
+        return " | ".join(str(figures[k]) for k in (key, f"{key}_alternating") if k in figures)
+
+    line = (
+        f"goals: cold@64 {both(goals, 'cold_64_per_evalsha')}x evalsha (>= 0.6), "
+        f"cold p50 {both(goals, 'cold_1_p50_per_evalsha_p50')}x (<= 1.5), "
+        f"resume@64 {both(goals, 'resume_64_per_evalsha')}x (>= 0.75)"
+    )
+    if "platform_64_per_evalsha" in goals:
+        line += (
+            "; 100 % sampling / production sampler at 64: "
+            "{cold_64_sampled_100_per_production_sampler}; the platform's interceptors alone: "
+            "{platform_64_per_evalsha}x at 64, p50 {platform_1_p50_per_evalsha_p50}x".format(
+                **goals
+            )
+        )
+    order = "single pass | alternating median" if alternating and "runs" in summary else ""
+    print(f"\n{line}" + (f"  [{order}: judge by the alternating]" if order else ""))
+    platform = (
+        f"platform {cpu['cpu_platform_64_per_evalsha']}, "
+        if "cpu_platform_64_per_evalsha" in cpu
+        else ""
+    )
+    print(
+        f"server CPU per call ÷ the EVALSHA ceiling's at 64: {platform}"
+        f"cold {both(cpu, 'cpu_cold_64_per_evalsha')}, "
+        f"resume {both(cpu, 'cpu_resume_64_per_evalsha')}"
+    )
 
 
 async def bench_security(
@@ -801,18 +1093,6 @@ def report(
     )
     print(f"CountLiveSandboxes calls per decision: {count_calls / decisions:.3f}")
     print("commandstats delta:", {k: v for k, v in sorted(delta.items()) if v})
-    print(
-        "goals: cold@64 {cold_64_per_evalsha}x evalsha (>= 0.6), cold p50 "
-        "{cold_1_p50_per_evalsha_p50}x (<= 1.5), resume@64 {resume_64_per_evalsha}x "
-        "(>= 0.75); 100 % sampling / production sampler at 64: "
-        "{cold_64_sampled_100_per_production_sampler}; the platform's interceptors alone: "
-        "{platform_64_per_evalsha}x at 64, p50 {platform_1_p50_per_evalsha_p50}x".format(**goals)
-    )
-    print(
-        "server CPU per call ÷ the EVALSHA ceiling's at 64: "
-        "platform {cpu_platform_64_per_evalsha}, cold {cpu_cold_64_per_evalsha}, "
-        "resume {cpu_resume_64_per_evalsha}".format(**cpu_goals)
-    )
     return {
         "schema": 1,
         "load_avg_1m": round(os.getloadavg()[0], 2),
@@ -828,9 +1108,22 @@ def report(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
+    parser.add_argument(
+        "--seconds", type=float, default=3.0, help="per measurement (alternating: half of it)"
+    )
     parser.add_argument(
         "--rounds", type=int, default=3, help="interleaved rounds of the security modes (0: skip)"
+    )
+    parser.add_argument(
+        "--alt-rounds",
+        type=int,
+        default=3,
+        help="alternating rounds of each Admit shape beside its own ceiling (0: skip)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["alternating"],
+        help="run only that part (alternating: the rounds alone, for quick A/B checks)",
     )
     parser.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "REDIS_URL"))
     parser.add_argument(
@@ -848,7 +1141,18 @@ def main() -> None:
             return
         uvloop.run(SERVERS[kind](int(port), url))
     else:
-        uvloop.run(bench(args.seconds, args.rounds, args.sampler, args.sampler_arg, args.json))
+        if args.only == "alternating" and not args.alt_rounds:
+            parser.error("--only alternating needs --alt-rounds of at least 1")
+        options = Options(
+            seconds=args.seconds,
+            rounds=args.rounds,
+            alt_rounds=args.alt_rounds,
+            only=args.only,
+            sampler=args.sampler,
+            sampler_arg=args.sampler_arg,
+            json_path=args.json,
+        )
+        uvloop.run(bench(options))
 
 
 if __name__ == "__main__":
