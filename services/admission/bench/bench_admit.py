@@ -762,8 +762,13 @@ def print_goals(summary: dict[str, Any], alternating: dict[str, Any] | None) -> 
     def both(figures: dict[str, Any], key: str) -> str:
         return " | ".join(str(figures[k]) for k in (key, f"{key}_alternating") if k in figures)
 
+    order = (
+        "[single pass | alternating median, judge by the latter] "
+        if alternating and "runs" in summary
+        else ""
+    )
     line = (
-        f"goals: cold@64 {both(goals, 'cold_64_per_evalsha')}x evalsha (>= 0.6), "
+        f"goals: {order}cold@64 {both(goals, 'cold_64_per_evalsha')}x evalsha (>= 0.6), "
         f"cold p50 {both(goals, 'cold_1_p50_per_evalsha_p50')}x (<= 1.5), "
         f"resume@64 {both(goals, 'resume_64_per_evalsha')}x (>= 0.75)"
     )
@@ -775,8 +780,7 @@ def print_goals(summary: dict[str, Any], alternating: dict[str, Any] | None) -> 
                 **goals
             )
         )
-    order = "single pass | alternating median" if alternating and "runs" in summary else ""
-    print(f"\n{line}" + (f"  [{order}: judge by the alternating]" if order else ""))
+    print(f"\n{line}")
     platform = (
         f"platform {cpu['cpu_platform_64_per_evalsha']}, "
         if "cpu_platform_64_per_evalsha" in cpu
