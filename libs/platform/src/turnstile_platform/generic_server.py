@@ -5,9 +5,9 @@ Why: grpcio 1.85's aio server main loop (``AioServer._server_main_loop`` in
 future per *registered* method plus one for all generic (unregistered) methods,
 and for every incoming call awaits ``asyncio.wait`` over all of them. The
 generated ``add_*Servicer_to_server`` functions (ours, health's, reflection's)
-register each method both ways, so a server with a service, health and
-reflection v1 and v1alpha waited on eleven futures per call where one does the
-same work (docs/performance.md measures the difference).
+register each method both ways, so a service's server (its 5 methods, health's
+3, reflection v1alpha's 1, plus the generic one) waited on ten futures per call
+where one does the same work (docs/performance.md measures the difference).
 
 The generated functions always add a generic handler holding the very same
 method handlers before registering them, so dropping the registration loses
@@ -22,8 +22,10 @@ Re-check on a grpcio upgrade:
 - that generated ``add_*_to_server`` still calls ``add_generic_rpc_handlers``
   with every method (if it only registered them, this wrapper would leave the
   methods UNIMPLEMENTED: the service suites would fail);
-- that :class:`grpc.aio.Server` grew no abstract method this wrapper lacks
-  (instantiating it would fail).
+- that :class:`grpc.aio.Server` grew no method this wrapper lacks: an abstract
+  one fails its instantiation (loud), but a concrete one with a default body,
+  as ``add_registered_method_handlers`` itself has, would be inherited rather
+  than delegated (silent).
 """
 
 from __future__ import annotations
