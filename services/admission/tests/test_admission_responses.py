@@ -177,3 +177,15 @@ async def test_a_refusal_and_an_admission_of_one_key_answer_apart(start_admissio
     assert not again.HasField("retry_after")
     assert again.message == first.message == "admitted for key acme"
     assert again.key == first.key == refused.key
+
+
+async def test_a_new_key_set_resolves_each_client_anew(admitter: Admitter) -> None:
+    """Bounded keys are remembered per key-set snapshot, never across one."""
+
+    async def key_of(sandbox: str) -> tuple[str, int]:
+        decision = await admitter.admit(AdmitInput(sandbox, Client.of("acme"), Kind.RESUME))
+        return decision.key.key, decision.key.version
+
+    assert await key_of("sb-1") == await key_of("sb-2") == ("acme", 3)
+    admitter.resolver.swap(KeySet(version=4, allowlist=frozenset()))
+    assert await key_of("sb-3") == ("shared", 4)
