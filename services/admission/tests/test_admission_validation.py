@@ -9,8 +9,10 @@ import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
+from turnstile_admission import validation
+from turnstile_admission.validation import MAX_REMEMBERED
 from turnstile_contracts import admission_pb2, common_pb2
-from turnstile_platform.errors import decode
+from turnstile_platform.errors import RichError, decode
 
 ACME = common_pb2.ActivationClient(client_id="acme")
 COLD = common_pb2.ACTIVATION_KIND_COLD_CREATE
@@ -113,3 +115,30 @@ async def test_bad_release_and_usage_requests_are_invalid_argument(admission: An
         ),
         "client.inherit",
     )
+
+
+GOOD = admit(candidate_nodes=["n1", "n2"])
+
+
+@pytest.mark.parametrize("remembered", [MAX_REMEMBERED, 0], ids=["remembering", "full"])
+def test_remembered_client_ids_and_node_names_refuse_what_they_refused(
+    monkeypatch: pytest.MonkeyPatch, remembered: int
+) -> None:
+    """Valid client ids and node names are remembered, not validated again; a bad
+    one is refused as before, whether the sets remember or are full."""
+    monkeypatch.setattr(validation, "_clients", {})
+    monkeypatch.setattr(validation, "_nodes", set())
+    monkeypatch.setattr(validation, "MAX_REMEMBERED", remembered)
+    for _ in range(2):
+        accepted = validation.admit_request(GOOD)
+        assert (accepted.client.client_id, accepted.candidate_nodes) == ("acme", ("n1", "n2"))
+    assert len(validation._clients) == len(validation._nodes) / 2 == min(remembered, 1)
+    for param in BAD_ADMITS:
+        request_, field = param.values
+        with pytest.raises(RichError) as raised:
+            validation.admit_request(request_)  # type: ignore[arg-type]
+        assert [v.field for v in raised.value.field_violations] == [field]
+    # A name both bad and duplicated is refused for the first problem met, in order.
+    with pytest.raises(RichError) as raised:
+        validation.admit_request(admit(candidate_nodes=["n1", "n1", "bad name"]))
+    assert [v.field for v in raised.value.field_violations] == ["candidate_nodes[1]"]

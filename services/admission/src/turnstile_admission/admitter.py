@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from opentelemetry import trace
 from prometheus_client import Counter, Histogram
@@ -35,6 +36,7 @@ from turnstile_admission.policies import (
     Verdict,
 )
 from turnstile_admission.redis_store import (
+    NOT_EVALUATED,
     UNSUPPORTED_DETAIL,
     AdmissionStore,
     AdmitAnswer,
@@ -48,10 +50,13 @@ from turnstile_platform.redis_client import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
+#: How many clients' bounded keys an admitter keeps per key-set snapshot.
+MAX_RESOLVED = 4096
 
-@dataclass(frozen=True)
-class AdmitInput:
-    """A validated Admit request."""
+
+class AdmitInput(NamedTuple):
+    """A validated Admit request (a named tuple: immutable, and built per Admit at
+    half a frozen dataclass's cost)."""
 
     sandbox_id: str
     client: Client
@@ -73,6 +78,40 @@ class Usage:
     in_flight: int
     concurrency_limit: int
     node_slots_held: dict[str, int]
+
+
+class _Plan:
+    """What the policies make of an activation's shape (its kind, and whether
+    candidate nodes were given): each policy's script mode, whether it applies,
+    and its SKIPPED verdict. Nothing else of an activation matters to them, so
+    this is worked out once per shape (the skip reasons are formatted strings),
+    not per decision. Compared by identity: one per shape per admitter."""
+
+    __slots__ = ("modes", "skipped", "steps")
+
+    def __init__(self, policies: Sequence[Policy], activation: Activation) -> None:
+        self.modes = {p.name: p.script_mode(activation) for p in policies}
+        self.skipped = tuple(p.skipped(activation) for p in policies)
+        #: Per policy in order: the policy, whether it applies, its SKIPPED verdict.
+        self.steps = tuple(
+            (p, p.evaluated(activation), skipped)
+            for p, skipped in zip(policies, self.skipped, strict=True)
+        )
+
+
+class _Shape:
+    """What every decision of one shape (``Decision.shape``) shares: the metric
+    children it moves and, when it admits, its message. Compared by identity:
+    the admitter keeps one per shape."""
+
+    __slots__ = ("counters", "histogram", "message")
+
+    def __init__(
+        self, counters: tuple[Counter, ...], histogram: Histogram, message: str | None
+    ) -> None:
+        self.counters = counters
+        self.histogram = histogram
+        self.message = message
 
 
 class Admitter:
@@ -97,46 +136,46 @@ class Admitter:
         )
         self._slots = settings.slots
         self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
-        self._modes_by_shape: dict[tuple[Kind, bool], dict[PolicyName, int]] = {}
-        self._skipped_by_shape: dict[tuple[Kind, bool], dict[PolicyName, PolicyVerdict]] = {}
-        #: Per decision shape, the metric children ``_record`` moves.
-        self._records: dict[tuple[object, ...], tuple[tuple[Counter, ...], Histogram]] = {}
+        self._plans: dict[tuple[Kind, bool], _Plan] = {}
+        #: Each client's bounded key under ``_resolved_in`` (the resolver's key set
+        #: when they were resolved): resolving is a function of the two.
+        self._resolved: dict[Client, BoundedKey] = {}
+        self._resolved_in: object = None
+        #: Per decision shape, what its decisions share (``Decision.shape``).
+        self._shapes: dict[tuple[object, ...], _Shape] = {}
 
-    def _modes(self, activation: Activation) -> dict[PolicyName, int]:
-        """Each policy's script mode. It depends only on the settings, the kind and
-        whether nodes were given, so it is worked out once per such shape."""
-        shape = (activation.kind, bool(activation.candidate_nodes))
-        modes = self._modes_by_shape.get(shape)
-        if modes is None:
-            modes = {p.name: p.script_mode(activation) for p in self.policies}
-            self._modes_by_shape[shape] = modes
-        return modes
-
-    def _skipped(self, activation: Activation) -> dict[PolicyName, PolicyVerdict]:
-        """The verdicts of the policies that do not apply to ``activation`` (the
-        script was told not to evaluate them). Like the modes they depend only on
-        the settings, the kind and whether nodes were given: made once per shape
-        (a resume skips three of the four, each with its reason formatted)."""
-        shape = (activation.kind, bool(activation.candidate_nodes))
-        skipped = self._skipped_by_shape.get(shape)
-        if skipped is None:
-            skipped = self._skipped_by_shape[shape] = {
-                p.name: p.skipped(activation) for p in self.policies if not p.evaluated(activation)
-            }
-        return skipped
+    def _plan(self, kind: Kind, nodes: tuple[str, ...]) -> _Plan:
+        shape = (kind, bool(nodes))
+        plan = self._plans.get(shape)
+        if plan is None:
+            plan = self._plans[shape] = _Plan(self.policies, Activation(kind, nodes))
+        return plan
 
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
-        key = self.resolver.resolve(request.client)
-        activation = Activation(request.kind, request.candidate_nodes)
-        decision = await self._decide(request, key, activation)
+        key = self._resolve(request.client)
+        decision = await self._decide(request, key)
         self._record(decision, time.perf_counter() - started)
         return decision
 
-    async def _decide(
-        self, request: AdmitInput, key: BoundedKey, activation: Activation
-    ) -> Decision:
-        modes = self._modes(activation)
+    def _resolve(self, client: Client) -> BoundedKey:
+        """``client``'s bounded key, resolved once per client and key-set snapshot
+        (callers charge few distinct clients; the set stops growing at
+        ``MAX_RESOLVED``, after which the rest are resolved every time)."""
+        keyset = self.resolver.keyset
+        if keyset is not self._resolved_in:
+            self._resolved = {}
+            self._resolved_in = keyset
+        key = self._resolved.get(client)
+        if key is None:
+            key = self.resolver.resolve(client)
+            if len(self._resolved) < MAX_RESOLVED:
+                self._resolved[client] = key
+        return key
+
+    async def _decide(self, request: AdmitInput, key: BoundedKey) -> Decision:
+        plan = self._plan(request.kind, request.candidate_nodes)
+        modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
         if modes[PolicyName.SLOTS]:
             nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
@@ -158,67 +197,103 @@ class Admitter:
             self.orphans.cancel(args.hold_id)
             raise
         except UNREACHABLE as error:
-            return self._unreachable(key, activation, args.hold_id, error)
+            return self._unreachable(request, key, plan, args.hold_id, error)
         if answer.outcome == "cancelled":
-            return self._cancelled(key, activation)
+            return self._cancelled(request, key, plan)
         if modes[PolicyName.CAP]:
             metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
             metrics.PENDING_EXPIRED.labels(key.key).inc(answer.pending_expired)
-        return self._from_answer(key, activation, args.hold_id, answer)
+        return self._from_answer(key, plan, args.hold_id, answer)
 
     def _from_answer(
-        self,
-        key: BoundedKey,
-        activation: Activation,
-        hold_id: str,
-        answer: AdmitAnswer,
+        self, key: BoundedKey, plan: _Plan, hold_id: str, answer: AdmitAnswer
     ) -> Decision:
         verdicts = []
-        count = answer.live
-        skipped = self._skipped(activation)
-        for policy in self.policies:
-            raw = answer.results[policy.name]
-            verdict = skipped.get(policy.name) if raw.code == RawResult.NOT_EVALUATED else None
-            if verdict is None:
-                if policy is self.cap and raw.code == RawResult.UNKNOWN:
-                    raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, count.detail)
-                verdict = policy.verdict(activation, raw)
-            verdicts.append(verdict)
+        results = answer.results
+        for policy, evaluated, skipped in plan.steps:
+            # A policy that does not apply was not evaluated by the script either.
+            raw = results[policy.name] if evaluated else NOT_EVALUATED
+            if raw.code == RawResult.NOT_EVALUATED:
+                verdicts.append(skipped)
+                continue
+            if policy is self.cap and raw.code == RawResult.UNKNOWN:
+                raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, answer.live.detail)
+            verdicts.append(policy.evaluated_verdict(raw))
         admitted = answer.outcome == "admit"
+        shape = self._shape(key, admitted, plan, verdicts)
         return Decision(
-            admitted=admitted,
-            key=key,
-            verdicts=tuple(verdicts),
-            hold_id=hold_id if admitted else "",
-            hold_expires_ms=answer.hold_expires_ms,
-            node=answer.node,
-            message=_message(admitted, key, verdicts),
+            admitted,
+            key,
+            tuple(verdicts),
+            hold_id if admitted else "",
+            answer.hold_expires_ms,
+            answer.node,
+            shape.message or _message(admitted, key, verdicts),
+            shape,
         )
 
-    def _cancelled(self, key: BoundedKey, activation: Activation) -> Decision:
+    def _shape(
+        self, key: BoundedKey, admitted: bool, plan: _Plan, verdicts: Sequence[PolicyVerdict]
+    ) -> _Shape:
+        """What decisions of this one's shape share: the decision's ``shape``.
+
+        The shape is the key, the outcome, the activation's plan (which fixes each
+        policy's mode and skip reason) and each verdict (an unknown one with its
+        fail-open backend): everything the decision's metrics, its admitted
+        message and the fixed part of its response depend on, and nothing per
+        call (no limit, count, hold or time). Shapes are bounded by the keys
+        (SPEC C3) times the policies' verdicts, so what they share is made once
+        per shape (docs/performance.md)."""
+        key_shape: tuple[object, ...] = (
+            key.key,
+            key.kind,
+            admitted,
+            plan,
+            *[
+                (v.verdict, _fail_open_backend(v)) if v.verdict is Verdict.UNKNOWN else v.verdict
+                for v in verdicts
+            ],
+        )
+        shared = self._shapes.get(key_shape)
+        if shared is None:
+            counters, histogram = self._shape_record(key, admitted, verdicts)
+            message = _message(True, key, verdicts) if admitted else None
+            shared = self._shapes[key_shape] = _Shape(counters, histogram, message)
+        return shared
+
+    def _cancelled(self, request: AdmitInput, key: BoundedKey, plan: _Plan) -> Decision:
         """The hold was cancelled before the script ran: nothing was evaluated or
         taken, nothing is admitted. The cancel runs only once a caller has given up
         on the decision, so this answer reaches no one in practice."""
+        verdicts = plan.skipped
         return Decision(
             admitted=False,
             key=key,
-            verdicts=tuple(p.skipped(activation) for p in self.policies),
+            verdicts=verdicts,
             hold_id="",
             hold_expires_ms=0,
             message=f"refused for key {key.key}: the decision's hold was cancelled before "
             "it was taken; retry",
+            shape=self._shape(key, False, plan, verdicts),
         )
 
     def _unreachable(
-        self, key: BoundedKey, activation: Activation, hold_id: str, error: BaseException
+        self,
+        request: AdmitInput,
+        key: BoundedKey,
+        plan: _Plan,
+        hold_id: str,
+        error: BaseException,
     ) -> Decision:
         """Each policy answers by its fail mode; admitted means no hold was recorded."""
         log.warning("redis unreachable during admit", extra={"key": key.key, "error": str(error)})
+        activation = Activation(request.kind, request.candidate_nodes)
         verdicts = [p.unreachable(activation, "redis unreachable") for p in self.policies]
         admitted = not any(v.refuses for v in verdicts)
         expires = int(time.time() * 1000 + self.settings.hold_ttl_s * 1000) if admitted else 0
-        message = _message(admitted, key, verdicts)
+        shape = self._shape(key, admitted, plan, verdicts)
+        message = shape.message or _message(admitted, key, verdicts)
         if admitted:
             message += " (redis unreachable: commit or cancel the hold as usual)"
         else:
@@ -232,32 +307,26 @@ class Admitter:
             hold_id=hold_id if admitted else "",
             hold_expires_ms=expires,
             message=message,
+            shape=shape,
         )
 
     def _record(self, decision: Decision, seconds: float) -> None:
-        key = decision.key.key
-        # The counters a decision moves depend only on its shape: the key, the
-        # outcome and each policy's verdict (and, for an unknown one, its fail-open
-        # backend). They are looked up once per shape, not label by label per call
-        # (docs/performance.md); shapes are bounded by the keys (SPEC C3) times the
-        # policies' verdicts.
-        shape = (
-            key,
-            decision.admitted,
-            *[
-                (v.policy, v.verdict, v.verdict is Verdict.UNKNOWN and _fail_open_backend(v))
-                for v in decision.verdicts
-            ],
-        )
-        record = self._records.get(shape)
-        if record is None:
-            record = self._records[shape] = self._shape_record(decision)
-        counters, histogram = record
+        # The counters a decision moves depend only on its shape (the key, the
+        # outcome and each policy's verdict), so they were looked up once per
+        # shape (``_shape``), not label by label per call (docs/performance.md).
+        shape = decision.shape
+        if isinstance(shape, _Shape):
+            counters, histogram = shape.counters, shape.histogram
+        else:
+            counters, histogram = self._shape_record(
+                decision.key, decision.admitted, decision.verdicts
+            )
         for counter in counters:
             counter.inc()
         histogram.observe(seconds)
         span = trace.get_current_span()
         if span.is_recording():
+            key = decision.key.key
             outcome = "admitted" if decision.admitted else "refused"
             refused = decision.refused_by
             span.set_attributes(
@@ -276,15 +345,17 @@ class Admitter:
             )
 
     @staticmethod
-    def _shape_record(decision: Decision) -> tuple[tuple[Counter, ...], Histogram]:
-        """The counters one decision of ``decision``'s shape moves, and its histogram."""
-        key = decision.key.key
-        outcome = "admitted" if decision.admitted else "refused"
-        refused = decision.refused_by
+    def _shape_record(
+        bounded: BoundedKey, admitted: bool, verdicts: Sequence[PolicyVerdict]
+    ) -> tuple[tuple[Counter, ...], Histogram]:
+        """The counters one decision of this shape moves, and its histogram."""
+        key = bounded.key
+        outcome = "admitted" if admitted else "refused"
+        refused = next((v for v in verdicts if v.verdict is Verdict.REFUSE), None)
         counters: list[Counter] = [
             metrics.decisions(outcome, refused.policy.value if refused else "", key)
         ]
-        for v in decision.verdicts:
+        for v in verdicts:
             counters.append(metrics.verdicts(v.policy.value, v.verdict.value, key))
             if v.verdict is Verdict.SHADOW_REFUSE:
                 counters.append(metrics.shadow_refusals(v.policy.value, key))

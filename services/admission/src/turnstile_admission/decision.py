@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from typing import NamedTuple
 
 from turnstile_admission.policies import PolicyVerdict, Verdict
 from turnstile_clientkeys import BoundedKey
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
+    """One decision. A named tuple (immutable, built once per Admit at half a
+    frozen dataclass's cost)."""
+
     admitted: bool
     key: BoundedKey
     verdicts: tuple[PolicyVerdict, ...]
@@ -18,6 +21,13 @@ class Decision:
     hold_expires_ms: int = 0
     node: str = ""
     message: str = ""
+    shape: Hashable = None
+    """What the decision's metrics and the fixed part of its response depend on:
+    the key, the outcome, the activation's shape and each policy's verdict (never
+    a limit, a count, a hold or a time). Decisions of one shape share them, each
+    built once (``Admitter._record``, :class:`~turnstile_admission.responses.AdmitResponses`);
+    shapes are bounded by the keys (SPEC C3) times the verdicts. ``None`` for a
+    decision built outside the admitter: it shares nothing."""
 
     @property
     def refused_by(self) -> PolicyVerdict | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -29,8 +30,10 @@ def script_text(name: str) -> str:
     return read_script(_PACKAGE, "_common.lua") + "\n" + read_script(_PACKAGE, name)
 
 
-@dataclass(frozen=True)
-class AdmitArgs:
+class AdmitArgs(NamedTuple):
+    """One decision's arguments. Named tuples here and in :class:`AdmitAnswer`:
+    immutable, and built per decision at half a frozen dataclass's cost."""
+
     hold_id: str
     key: str
     sandbox_id: str
@@ -69,7 +72,7 @@ class LiveCount:
     def from_script(cls, value: int) -> LiveCount:
         if value >= 0:
             return cls(value)
-        return cls(None, unsupported=value == LIVE_UNSUPPORTED)
+        return _LIVE_UNSUPPORTED if value == LIVE_UNSUPPORTED else _LIVE_UNKNOWN
 
     @property
     def detail(self) -> str:
@@ -80,8 +83,17 @@ class LiveCount:
         return "live count unavailable: no current count from the substrate's leader"
 
 
-@dataclass(frozen=True)
-class AdmitAnswer:
+# The counts without a number, shared: a resume's script reads none (the cap does
+# not apply), so each resume would otherwise build one.
+_LIVE_UNSUPPORTED = LiveCount(None, unsupported=True)
+_LIVE_UNKNOWN = LiveCount(None)
+
+#: What ``admit.lua`` answers for a policy it did not evaluate (``{0, 0, 0, -1, ''}``),
+#: shared by every such answer: nothing of it but its code is ever read.
+NOT_EVALUATED = RawResult(RawResult.NOT_EVALUATED, 0, 0, -1, "")
+
+
+class AdmitAnswer(NamedTuple):
     outcome: str
     """``admit``, ``refuse`` or ``cancelled`` (the hold was cancelled before the
     script reached Redis: nothing was evaluated or taken)."""
@@ -167,6 +179,10 @@ class AdmissionStore:
             for name in (k.limits, k.cluster_bucket, k.test_clock, k.nodes, k.live_state)
         )
         self._per_key: dict[str, tuple[bytes, ...]] = {}
+        # A hold's own keys are its id after a fixed prefix (``keys.hold``,
+        # ``keys.settled``): the prefix is formatted once, not per decision.
+        self._hold_prefix = k.hold("")
+        self._settled_prefix = k.settled("")
         self._slots_keys: dict[str, bytes] = {}
         # Encoded as redis-py would encode them (``repr`` of a number), once.
         self._argv_tail: tuple[bytes, ...] = tuple(
@@ -209,12 +225,12 @@ class AdmissionStore:
             bucket,
             cluster_bucket,
             inflight,
-            self.keys.hold(args.hold_id),
+            self._hold_prefix + args.hold_id,
             test_clock,
             nodes,
             live,
             live_state,
-            self.keys.settled(args.hold_id),
+            self._settled_prefix + args.hold_id,
             *(self._slots_key(name) for name, _ in args.nodes),
         ]
         modes = args.modes
@@ -237,11 +253,17 @@ class AdmissionStore:
         keys, argv = self.admit_request(args)
         raw = await self._admit(keys=keys, args=argv)
         results = {}
-        for n, policy in enumerate(SCRIPT_ORDER):
-            code, limit, current, retry_ms, detail = raw[4 + 5 * n : 9 + 5 * n]
-            results[policy] = RawResult(
-                int(code), int(limit), int(current), int(retry_ms), _s(detail)
+        at = 4
+        for policy in SCRIPT_ORDER:
+            code = int(raw[at])
+            results[policy] = (
+                NOT_EVALUATED
+                if code == RawResult.NOT_EVALUATED
+                else RawResult(
+                    code, int(raw[at + 1]), int(raw[at + 2]), int(raw[at + 3]), _s(raw[at + 4])
+                )
             )
+            at += 5
         return AdmitAnswer(
             _s(raw[0]),
             int(raw[1]),

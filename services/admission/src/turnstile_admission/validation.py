@@ -32,12 +32,29 @@ _KINDS = {
 _NODE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _HOLD = re.compile(r"[A-Za-z0-9_-]+")
 
+#: How many valid client ids and node names are remembered (below).
+MAX_REMEMBERED = 4096
+# Whether a client id or a node name is valid depends on nothing but itself, and
+# callers send few distinct ones, so the valid ones are remembered instead of
+# being validated on every Admit (a client's parsing was the largest share of
+# validation: docs/performance.md). Callers choose these strings, so each set
+# stops growing at MAX_REMEMBERED: later ones are validated every time.
+_clients: dict[str, Client] = {}
+_nodes: set[str] = set()
+
 
 def client(message: common_pb2.ActivationClient, field: str = "client") -> Client:
+    if message.WhichOneof("client") == "client_id":
+        known = _clients.get(message.client_id)
+        if known is not None:
+            return known
     try:
-        return parse_client(message, allowed=ADMIT_FORMS, field=field)
+        parsed = parse_client(message, allowed=ADMIT_FORMS, field=field)
     except InvalidClientError as error:
         raise bad_field(error.field, error.description) from error
+    if parsed.client_id is not None and len(_clients) < MAX_REMEMBERED:
+        _clients[parsed.client_id] = parsed
+    return parsed
 
 
 def sandbox_id(value: str, field: str = "sandbox_id") -> str:
@@ -67,8 +84,13 @@ def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
         raise bad_field("candidate_nodes", f"at most {MAX_CANDIDATE_NODES} names")
     seen: set[str] = set()
     for i, node in enumerate(nodes):
-        if len(node) > MAX_NODE_NAME or not _NODE.fullmatch(node):
-            raise bad_field(f"candidate_nodes[{i}]", "must be a node name (1 to 253 characters)")
+        if node not in _nodes:
+            if len(node) > MAX_NODE_NAME or not _NODE.fullmatch(node):
+                raise bad_field(
+                    f"candidate_nodes[{i}]", "must be a node name (1 to 253 characters)"
+                )
+            if len(_nodes) < MAX_REMEMBERED:
+                _nodes.add(node)
         if node in seen:
             raise bad_field(f"candidate_nodes[{i}]", f"duplicate node {node!r}")
         seen.add(node)
