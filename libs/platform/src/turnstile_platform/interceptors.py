@@ -211,10 +211,12 @@ class _Method:
 
 
 class _Serving:
-    """One call of a method, as an async context manager around its handler:
-    span and clock on entry; slot, authorization and decoding through
-    :meth:`admitted`; on exit the slot freed, what was raised turned into the
-    status, the RPC counted and the span ended."""
+    """One call of a method, around its handler: span and clock on entry
+    (:meth:`enter`); slot, authorization and decoding through :meth:`admitted`;
+    on exit the slot freed, what was raised turned into the status, the RPC
+    counted and the span ended (:meth:`succeeded`, :meth:`failed`). Streams use
+    it as an async context manager; a unary call's wrapper calls the steps
+    itself (:func:`_coroutine`)."""
 
     __slots__ = ("_context", "_method", "_slot", "_span", "_started")
 
