@@ -114,6 +114,25 @@ class UncontendedPool(ConnectionPool):
             raise
         return connection
 
+    async def ensure_connection(self, connection: AbstractConnection) -> None:
+        """redis-py's check of a connection handed out, without its reconnect
+        wrapper when the connection is connected and clean.
+
+        redis-py's first step, ``connection.connect()``, runs the connection's
+        ``connect_check_health`` under its retry policy (two lambdas and three
+        coroutines), and that returns at once for a connected connection; the
+        pool took this step on every call (docs/performance.md). Its second,
+        whether the connection has unread data (or was closed), is the one
+        asked here; a connection that is not connected, has data or fails the
+        check goes through redis-py's own steps (reconnect, check again)."""
+        if connection.is_connected:
+            try:
+                if not await connection.can_read():
+                    return
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                pass  # disconnected by the check: redis-py's steps reconnect it
+        await super().ensure_connection(connection)
+
     def make_connection(self) -> AbstractConnection:
         """A connection that tells the guard of every reply it reads: a burst that
         starts by opening connections (several round trips each) shows Redis
