@@ -22,7 +22,6 @@ server's fault. Client spans still come from the instrumentation.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
 from typing import Any
@@ -33,14 +32,10 @@ import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
-from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
-from opentelemetry.util.types import Attributes
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler
 
 _UNTRACED_SERVICES = ("grpc.health.v1.", "grpc.reflection.")
 
@@ -122,7 +117,6 @@ class ServerSpans:
 
     def __init__(self, provider: trace.TracerProvider) -> None:
         self._tracer = provider.get_tracer(__name__)
-        self._decided = _Decided.of(self._tracer)
 
     @staticmethod
     def attributes(service: str, method: str) -> dict[str, Any]:
@@ -146,10 +140,7 @@ class ServerSpans:
         calls it makes carry the trace and its "not sampled" flag onward."""
         metadata = context.invocation_metadata()
         parent = propagate.extract(dict(metadata)) if metadata else None
-        if self._decided is None:
-            span = self._tracer.start_span(path, parent, trace.SpanKind.SERVER, attributes)
-        else:
-            span = self._decided.start(path, parent, attributes)
+        span = self._tracer.start_span(path, parent, trace.SpanKind.SERVER, attributes)
         if span.is_recording():
             span.set_attributes(_call_attributes(context, metadata or ()))
         return span, otel_context.attach(trace.set_span_in_context(span, parent))
@@ -166,123 +157,6 @@ class ServerSpans:
                     span.set_status(trace.Status(trace.StatusCode.ERROR, description))
             span.end()
         otel_context.detach(token)
-
-
-#: A dropped span's flags, without and with the random-trace-id flag (as the SDK sets them).
-_UNSAMPLED = (
-    trace.TraceFlags(trace.TraceFlags.DEFAULT),
-    trace.TraceFlags(trace.TraceFlags.DEFAULT | trace.TraceFlags.RANDOM_TRACE_ID),
-)
-
-
-class _Decided(IdGenerator, Sampler):
-    """The sampling decision made before the SDK's ``start_span``, so that a
-    dropped span skips it.
-
-    Most calls are not sampled (the production sampler keeps one trace in ten),
-    and for them the SDK's ``start_span`` was the largest cost of the platform
-    interceptor (docs/performance.md): besides what decides, it looks the parent
-    up three times and builds flags, a sampling result's attribute proxy and a
-    metrics hook no one reads. Here the server spans' tracer's own sampler and
-    id generator decide, in the SDK's order (trace id, decision, span id, so a
-    seeded generator gives the same ids); a dropped span is the
-    ``NonRecordingSpan`` the SDK would have built. A kept one is still started
-    by the SDK, which consults this object as its tracer's sampler and id
-    generator: it hands back the trace id and the decision already made, once,
-    so the sampler is asked once per span either way.
-
-    Only for an SDK tracer that is enabled and keeps no internal metrics (it
-    would count the dropped span); otherwise the SDK starts every span."""
-
-    def __init__(self, tracer: sdk_trace.Tracer) -> None:
-        self._tracer = tracer
-        self._sampler: Sampler = tracer.sampler
-        self._ids: IdGenerator = tracer.id_generator
-        self._pending = threading.local()
-
-    @classmethod
-    def of(cls, tracer: trace.Tracer) -> _Decided | None:
-        """The tracer's decider, installed on it once (the provider keeps one tracer
-        per name, so several ``ServerSpans`` of one provider share it)."""
-        if not isinstance(tracer, sdk_trace.Tracer):
-            return None
-        if not isinstance(getattr(tracer, "_tracer_metrics", None), NoOpTracerMetrics):
-            return None
-        if isinstance(tracer.sampler, cls):
-            return tracer.sampler
-        decided = cls(tracer)
-        tracer.sampler = tracer.id_generator = decided
-        return decided
-
-    def start(
-        self, path: str, parent: otel_context.Context | None, attributes: Mapping[str, Any]
-    ) -> trace.Span:
-        """The span ``Tracer.start_span(path, parent, SERVER, attributes)`` starts."""
-        tracer = self._tracer
-        if not tracer._is_enabled():  # the SDK's own check, before any decision
-            return tracer.start_span(path, parent, trace.SpanKind.SERVER, attributes)
-        parent_span_context = trace.get_current_span(parent).get_span_context()
-        root = not parent_span_context.is_valid
-        if root:
-            trace_id = self._ids.generate_trace_id()
-            random_trace_id = self._ids.is_trace_id_random()
-        else:
-            trace_id = parent_span_context.trace_id
-            random_trace_id = parent_span_context.trace_flags.random_trace_id
-        result = self._sampler.should_sample(
-            parent, trace_id, path, trace.SpanKind.SERVER, attributes, ()
-        )
-        if result.decision.is_recording():  # type: ignore[no-untyped-call]
-            pending = self._pending
-            pending.trace_id, pending.result = (trace_id if root else None), result
-            try:
-                return tracer.start_span(path, parent, trace.SpanKind.SERVER, attributes)
-            finally:
-                pending.trace_id = pending.result = None
-        span_context = trace.SpanContext(
-            trace_id,
-            self._ids.generate_span_id(),
-            is_remote=False,
-            trace_flags=_UNSAMPLED[bool(random_trace_id)],
-            trace_state=result.trace_state,
-        )
-        return trace.NonRecordingSpan(span_context)
-
-    # The SDK's tracer asks these while starting a kept span.
-
-    def generate_trace_id(self) -> int:
-        trace_id: int | None = getattr(self._pending, "trace_id", None)
-        if trace_id is None:
-            return self._ids.generate_trace_id()
-        self._pending.trace_id = None
-        return trace_id
-
-    def generate_span_id(self) -> int:
-        return self._ids.generate_span_id()
-
-    def is_trace_id_random(self) -> bool:
-        return self._ids.is_trace_id_random()
-
-    def should_sample(
-        self,
-        parent_context: otel_context.Context | None,
-        trace_id: int,
-        name: str,
-        kind: trace.SpanKind | None = None,
-        attributes: Attributes = None,
-        links: Sequence[trace.Link] | None = None,
-        trace_state: trace.TraceState | None = None,
-    ) -> SamplingResult:
-        result: SamplingResult | None = getattr(self._pending, "result", None)
-        if result is None:
-            return self._sampler.should_sample(
-                parent_context, trace_id, name, kind, attributes, links, trace_state
-            )
-        self._pending.result = None
-        return result
-
-    def get_description(self) -> str:
-        return self._sampler.get_description()
 
 
 def _call_attributes(context: grpc.aio.ServicerContext[Any, Any], metadata: Any) -> dict[str, str]:
