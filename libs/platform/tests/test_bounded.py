@@ -178,6 +178,15 @@ def _overload_waits() -> float:
     )
 
 
+def _calls(result: str) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "turnstile_dependency_calls_total", {"dependency": "redis", "result": result}
+        )
+        or 0.0
+    )
+
+
 async def test_a_call_queued_here_while_redis_answers_others_waits_on_and_gets_its_answer(
     private_redis: RedisProcess,
 ) -> None:
@@ -263,6 +272,41 @@ async def test_a_stalled_event_loop_does_not_fail_a_call_redis_answered(
         assert await client.get("k") == b"v"
         assert guard.breaker.state is BreakerState.CLOSED
     finally:
+        await client.aclose()
+
+
+@pytest.mark.redis_topologies("cluster")
+async def test_a_stall_over_most_of_a_budget_does_not_fail_calls_redis_answered(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A stall that began as the calls started and ended shortly after their budgets
+    (their expiry less than a whole budget late) left them almost none of it:
+    their commands went out after it, and the answers Redis gave at once were not
+    read before the budgets were judged. Not a silent Redis: the calls wait on
+    and get their answers. On a Cluster a call's signs of life are its master's
+    alone, and no master here serves anything but these few calls."""
+    guard = redis_guard(BUDGET_S, failures=1, open_s=60)
+    client = create_redis(redis_url, timeout_s=BUDGET_S, guard=guard)
+    # Keys of several slots: on a Cluster, of every master.
+    keys = [f"{redis_prefix}{{{n}}}" for n in range(8)]
+    try:
+        for key in keys:
+            await client.set(key, key)
+        timeouts = _calls("timeout")
+
+        async def get(key: str) -> object:
+            return await client.get(key)
+
+        calls = [asyncio.create_task(get(key)) for key in keys]
+        # Runs after each call has armed its budget and before it sends (a
+        # Cluster call sends from a task of its own, started after this).
+        asyncio.get_running_loop().call_soon(time.sleep, BUDGET_S * 1.3)
+        assert await asyncio.gather(*calls) == [key.encode() for key in keys]
+        assert _calls("timeout") == timeouts
+        assert guard.breaker.reported is BreakerState.CLOSED
+    finally:
+        for key in keys:
+            await client.delete(key)
         await client.aclose()
 
 

@@ -25,15 +25,22 @@ a call's budget runs out, the guard looks for signs of life first:
 
 * the dependency answered some call during the budget just spent — it is
   answering, and this call's time went to queueing here; or
-* the expiry itself fired a whole budget late — the event loop was stalled, so
-  the call never had its budget (a loop starved again and again cannot tell a
-  hung dependency from a slow self: it waits on, up to the overload wait, and
-  then refuses retryably rather than guess "down").
+* the event loop was stalled for part of the budget — the call never had the
+  whole of it. A stall that starts as a call begins and ends just after its
+  budget leaves it no turn in which to send its command or read the answer
+  Redis gave at once; on a Redis Cluster, where a call's signs of life are its
+  master's alone, a master serving only that call shows none either. So the
+  budget counts only the time the loop could run (:class:`_Stalls` measures the
+  rest with a heartbeat while calls are in flight): such a call waits for the
+  part it lost (a loop starved again and again cannot tell a hung dependency
+  from a slow self: it waits on, up to the overload wait, and then refuses
+  retryably rather than guess "down").
 
-Either way the call is not cut off: it gets another budget, judged the same way
-when that one runs out, for up to ``overload_wait_s`` from its start (rounded up
+Either way the call is not cut off: it gets another budget (after signs of
+life) or the part of its budget it lost (after a stall), judged the same way
+when that runs out, for up to ``overload_wait_s`` from its start (rounded up
 to a whole budget; an RPC's own deadline ends it sooner: gRPC cancels the
-handler). Only a budget with no
+handler). Only a budget the loop had in full with no
 sign of life (a paused or black-holed server answers nobody) fails the call as
 ``budget_exceeded`` and counts toward the breaker; a call that began just before
 the dependency stopped answering may see earlier calls' answers in its first
@@ -323,6 +330,14 @@ ErrorFactory = Callable[[str, str], BaseException]
 #: How long a call held up by this process's own overload may wait for its
 #: answer, from its start, before it fails as overloaded (TURNSTILE_OVERLOAD_WAIT_S).
 DEFAULT_OVERLOAD_WAIT_S = 10.0
+#: The bounds of the stall heartbeat's period (a tenth of the guard's budget):
+#: a stall is measured to within one period.
+_MIN_BEAT_S = 0.005
+_MAX_BEAT_S = 0.05
+#: The shortest stall counted, as a share of the guard's budget: a busy loop's
+#: turns (and the CPU scheduler's) are shorter, and leave a call turns enough in
+#: its budget to send and read; a longer one may take the last of them.
+_STALL_SHARE = 0.25
 
 
 class Guard:
@@ -365,6 +380,10 @@ class Guard:
         self._budget_exceeded = budget_exceeded
         self._overloaded = overloaded
         self._breaker_open = breaker_open
+        #: How long the event loop could not run while calls were in flight.
+        self.stalls = _Stalls(
+            min(max(budget_s / 10, _MIN_BEAT_S), _MAX_BEAT_S), budget_s * _STALL_SHARE
+        )
 
     def check(self) -> None:
         """Raise at once if the breaker is open (without claiming the probe)."""
@@ -504,6 +523,69 @@ class _Call:
         _CALLS(guard.dependency, "unreachable").inc()
 
 
+class _Stalls:
+    """How long the event loop could not run, measured while calls are in flight.
+
+    A heartbeat every ``beat_s``: a beat that fires at least ``stall_s`` late
+    was held up by a turn of the loop that long (a big batch of work, a garbage
+    collection, the CPU taken by other processes), and its lateness is added to
+    :attr:`total`; shorter turns are a busy loop, not a stalled one. A call's
+    budget counts only the time the loop could run (:class:`_Watch`): a reply
+    is read, and a command sent, only in a turn of it. One timer for every call
+    in flight, not one per call (a call only counts itself in and out), and
+    only while there is one. Not thread-safe: one event loop owns it, like the
+    guard.
+    """
+
+    __slots__ = ("_active", "_due", "_handle", "_loop", "beat_s", "stall_s", "total")
+
+    def __init__(self, beat_s: float, stall_s: float) -> None:
+        self.beat_s = beat_s
+        self.stall_s = stall_s
+        #: Seconds of stalls seen by the heartbeat so far (it only ever grows).
+        self.total = 0.0
+        self._active = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    def enter(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        """A call is in flight on ``loop`` from ``now`` (loop time): beat while it is."""
+        if loop is not self._loop:  # a guard used on another loop (a test's own)
+            if self._handle is not None:
+                self._handle.cancel()
+            self._loop, self._handle, self._active = loop, None, 0
+        self._active += 1
+        if self._handle is None:
+            self._due = now + self.beat_s
+            self._handle = loop.call_at(self._due, self._beat)
+
+    def leave(self) -> None:
+        """A call that :meth:`enter` counted is over."""
+        self._active -= 1
+
+    def lost(self, now: float) -> float:
+        """The stalls so far, as of ``now``: :attr:`total` and the one under way
+        (the next beat overdue), which the beat adds when it fires."""
+        late = now - self._due
+        if self._handle is not None and late >= self.stall_s:
+            return self.total + late
+        return self.total
+
+    def _beat(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        late = now - self._due
+        if late >= self.stall_s:
+            self.total += late
+        if self._active <= 0:
+            self._handle = None
+            return
+        self._due = now + self.beat_s
+        self._handle = loop.call_at(self._due, self._beat)
+
+
 class _Watch:
     """One call's budgets: at the end of each, judge whether it goes on waiting,
     and cut the call off (cancel its task) when it does not.
@@ -512,7 +594,9 @@ class _Watch:
     that arrived in the same turn as the expiry is recorded first (by this call,
     which then completes, or by another, which counts as a sign of life); the
     cut-off one turn after the judgement, as ``asyncio.timeout`` rescheduled to
-    "now" did.
+    "now" did. A budget counts only the time the loop could run
+    (:class:`_Stalls`): one that ends with part of it lost to stalls and no sign
+    of life is not spent yet, and runs on for the part lost.
     """
 
     __slots__ = (
@@ -522,6 +606,8 @@ class _Watch:
         "_handle",
         "_limit",
         "_loop",
+        "_lost_at",
+        "_stalls",
         "_task",
         "_window",
         "budget_s",
@@ -546,6 +632,9 @@ class _Watch:
         self._window = self.started
         self._due = self.started + budget_s
         self._limit = self.started + guard.overload_wait_s
+        self._stalls = guard.stalls
+        #: The loop's stalls when the budget being spent now began.
+        self._lost_at = 0.0
         self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._extended = False
         #: Set when the watch cut the call off (cancelled its task).
@@ -554,9 +643,14 @@ class _Watch:
         self.overloaded = False
 
     def arm(self) -> None:
+        stalls = self._stalls
+        stalls.enter(self._loop, self.started)
+        self._lost_at = stalls.lost(self.started)
         self._handle = self._loop.call_at(self._due, self._budget_spent)
 
     def disarm(self) -> None:
+        """Called once, as the call ends (armed or not: :meth:`arm` is always called)."""
+        self._stalls.leave()
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -574,10 +668,12 @@ class _Watch:
 
     def _judge(self, fired_at: float) -> None:
         self._handle = None
-        stalled = fired_at - self._due >= self.budget_s
-        answered = self.source.answered_since(self._window)
         now = self._loop.time()
-        if not (stalled or answered):
+        answered = self.source.answered_since(self._window)
+        # The part of the budget the loop could run, to send and read in.
+        lost = self._stalls.lost(now) - self._lost_at
+        had = now - self._window - lost
+        if not answered and had >= self.budget_s:
             self._cut_off_soon()  # silent for a whole budget: the dependency
             return
         if now >= self._limit:
@@ -593,10 +689,15 @@ class _Watch:
                     "dependency": self.guard.dependency,
                     "answered_meanwhile": answered,
                     "expiry_late_s": round(fired_at - self._due, 3),
+                    "stalled_s": round(lost, 3),
                 },
             )
-        self._window = now
-        self._due = now + self.budget_s
+        if answered:  # a fresh budget, judged by the signs of life from now
+            self._window = now
+            self._lost_at = self._stalls.lost(now)
+            self._due = now + self.budget_s
+        else:  # the same budget, for the part the stalls took
+            self._due = now + self.budget_s - max(had, 0.0)
         self._handle = self._loop.call_at(self._due, self._budget_spent)
 
     def _cut_off_soon(self) -> None:
