@@ -8,8 +8,6 @@ OpenTelemetry server span (health and reflection excluded), limits on concurrent
 unary calls and streams (:mod:`.call_limits`), per-method authorization (SPEC
 Z1, Z2; :mod:`turnstile_platform.tls`, :mod:`turnstile_platform.authz`),
 undecodable requests answered with INVALID_ARGUMENT, rich errors and RPC metrics.
-Both its servers serve every method through generic handlers only
-(:mod:`turnstile_platform.generic_server` says why).
 
 With mTLS (the default) the process needs its certificate files and a policy
 file, and refuses to start without them; with ``plaintext`` it listens only on
@@ -39,7 +37,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 
-from turnstile_platform import generic_server, reflection, tls, tracing
+from turnstile_platform import reflection, tls, tracing
 from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.authz.methods import all_methods
 from turnstile_platform.authz.watcher import POLICY_HEALTH_NAME, PolicyWatcher
@@ -141,7 +139,7 @@ class GrpcService:
             ("grpc.so_reuseport", 0),
             *connection_options(settings),
         ]
-        self.server: grpc.aio.Server = generic_server.server(
+        self.server = grpc.aio.server(
             interceptors=[interceptor],
             options=options,
             maximum_concurrent_rpcs=self.limits.server_cap,
@@ -172,7 +170,7 @@ class GrpcService:
         else:
             self.port = self.server.add_secure_port(bind, tls.server_credentials(self.tls_files))
         if self.settings.health_port:
-            self._health_server = generic_server.server()
+            self._health_server = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, self._health_server)
             self.health_port = self._health_server.add_insecure_port(
                 f"{self.settings.host}:{self.settings.health_port}"
