@@ -18,6 +18,7 @@ from turnstile_clientkeys import (
     record_value,
     to_proto,
 )
+from turnstile_clientkeys import resolver as resolver_module
 from turnstile_contracts import common_pb2
 
 ALL_FORMS = set(ClientForm)
@@ -104,3 +105,20 @@ def test_a_form_the_rpc_does_not_accept_is_refused() -> None:
 def test_proto_round_trip() -> None:
     for client in (Client.of("acme"), Client.inherit(), Client.native(), Client.unattributed()):
         assert parse_client(to_proto(client), allowed=ALL_FORMS) == client
+
+
+def test_the_memo_stops_growing_and_every_client_still_resolves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``MAX_REMEMBERED`` clients are resolved every time, and a swap
+    reaches remembered and unremembered ones alike."""
+    monkeypatch.setattr(resolver_module, "MAX_REMEMBERED", 1)
+    r = resolver("acme", "globex")
+    assert [r.resolve(Client.of(c)).key for c in ("acme", "globex", "acme", "globex")] == [
+        "acme",
+        "globex",
+        "acme",
+        "globex",
+    ]
+    r.swap(r.keyset.changed(remove=["acme", "globex"]))
+    assert {r.resolve(Client.of(c)).key for c in ("acme", "globex")} == {SHARED}

@@ -89,11 +89,21 @@ class BoundedKey:
     version: int
 
 
+#: How many clients' bounded keys a resolver remembers per key-set snapshot.
+MAX_REMEMBERED = 4096
+
+
 class Resolver:
-    """Resolves clients to bounded keys against the current key-set snapshot."""
+    """Resolves clients to bounded keys against the current key-set snapshot.
+
+    A client's key is a function of the client and the snapshot alone, and every
+    Admit resolves one, so each is remembered until the next :meth:`swap`.
+    Callers choose client ids, so the memo stops growing at ``MAX_REMEMBERED``;
+    later clients are resolved every time."""
 
     def __init__(self, keyset: KeySet | None = None) -> None:
         self._keyset = keyset or KeySet()
+        self._resolved: dict[Client, BoundedKey] = {}
 
     @property
     def keyset(self) -> KeySet:
@@ -105,6 +115,7 @@ class Resolver:
 
     def swap(self, keyset: KeySet) -> None:
         """Install a new snapshot; later resolutions use it."""
+        self._resolved = {}
         self._keyset = keyset
 
     def resolve_id(self, client_id: str) -> BoundedKey:
@@ -121,6 +132,14 @@ class Resolver:
 
     def resolve(self, client: Client) -> BoundedKey:
         """The bounded key of a charged client. ``inherit`` must be resolved first."""
+        key = self._resolved.get(client)
+        if key is None:
+            key = self._resolve(client)
+            if len(self._resolved) < MAX_REMEMBERED:
+                self._resolved[client] = key
+        return key
+
+    def _resolve(self, client: Client) -> BoundedKey:
         version = self._keyset.version
         if client.form is ClientForm.NATIVE:
             return BoundedKey(NATIVE, KeyKind.NATIVE, version)

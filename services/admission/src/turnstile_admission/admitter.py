@@ -50,9 +50,6 @@ from turnstile_platform.redis_client import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
-#: How many clients' bounded keys an admitter keeps per key-set snapshot.
-MAX_RESOLVED = 4096
-
 
 class AdmitInput(NamedTuple):
     """A validated Admit request (a named tuple: immutable, and built per Admit at
@@ -137,10 +134,6 @@ class Admitter:
         self._slots = settings.slots
         self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
         self._plans: dict[tuple[Kind, bool], _Plan] = {}
-        #: Each client's bounded key under ``_resolved_in`` (the resolver's key set
-        #: when they were resolved): resolving is a function of the two.
-        self._resolved: dict[Client, BoundedKey] = {}
-        self._resolved_in: object = None
         #: Per decision shape, what its decisions share (``Decision.shape``).
         self._shapes: dict[tuple[object, ...], _Shape] = {}
 
@@ -153,25 +146,10 @@ class Admitter:
 
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
-        key = self._resolve(request.client)
+        key = self.resolver.resolve(request.client)
         decision = await self._decide(request, key)
         self._record(decision, time.perf_counter() - started)
         return decision
-
-    def _resolve(self, client: Client) -> BoundedKey:
-        """``client``'s bounded key, resolved once per client and key-set snapshot
-        (callers charge few distinct clients; the set stops growing at
-        ``MAX_RESOLVED``, after which the rest are resolved every time)."""
-        keyset = self.resolver.keyset
-        if keyset is not self._resolved_in:
-            self._resolved = {}
-            self._resolved_in = keyset
-        key = self._resolved.get(client)
-        if key is None:
-            key = self.resolver.resolve(client)
-            if len(self._resolved) < MAX_RESOLVED:
-                self._resolved[client] = key
-        return key
 
     async def _decide(self, request: AdmitInput, key: BoundedKey) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
