@@ -195,6 +195,18 @@ class AdmissionStore:
                 self._clock,
             )
         )
+        # Every activation's Admit is followed by a CommitHold or a CancelHold:
+        # their fixed keys and arguments are built once too.
+        limits, cluster_bucket, test_clock, nodes, _ = self._fixed_keys
+        self._commit_keys = (test_clock, nodes)
+        self._cancel_keys = (limits, cluster_bucket, test_clock)
+        self._commit_args = (
+            round(s.slots.committed_ttl_s * 1000),
+            self._clock,
+            round(s.pending_ttl_s * 1000),
+            self._tombstone_ttl_ms,
+        )
+        self._cancel_args = (*self._bucket_defaults, self._clock, self._tombstone_ttl_ms)
 
     def _keys_of(self, key: str) -> tuple[bytes, ...]:
         """``key``'s pending, bucket, in-flight and live keys."""
@@ -276,20 +288,17 @@ class AdmissionStore:
         )
 
     async def commit(self, hold_id: str) -> bool:
-        k = self.keys
-        ttl_ms = round(self._settings.slots.committed_ttl_s * 1000)
-        pending_ttl_ms = round(self._settings.pending_ttl_s * 1000)
+        test_clock, nodes = self._commit_keys
         done = await self._commit(
-            keys=[k.hold(hold_id), k.test_clock, k.nodes, k.settled(hold_id)],
-            args=[hold_id, ttl_ms, self._clock, pending_ttl_ms, self._tombstone_ttl_ms],
+            keys=[self._hold_prefix + hold_id, test_clock, nodes, self._settled_prefix + hold_id],
+            args=[hold_id, *self._commit_args],
         )
         return bool(done)
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
-        k = self.keys
         raw = await self._cancel(
-            keys=[k.hold(hold_id), k.limits, k.cluster_bucket, k.test_clock, k.settled(hold_id)],
-            args=[hold_id, *self._bucket_defaults, self._clock, self._tombstone_ttl_ms],
+            keys=[self._hold_prefix + hold_id, *self._cancel_keys, self._settled_prefix + hold_id],
+            args=[hold_id, *self._cancel_args],
         )
         return CancelAnswer(bool(int(raw[0])), float(_s(raw[1])), float(_s(raw[2])))
 
