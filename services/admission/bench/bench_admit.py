@@ -88,9 +88,9 @@ the same Redis, the order of shapes is reversed every other round so cold and
 resume swap places, and the median shrugs off one disturbed phase.
 ``--only alternating`` runs the rounds alone (evalsha ceiling, stub substrate,
 OTLP sink and one admission process; the JSON then holds ``alternating``, the
-``_alternating`` goals, ``informational``, ``load_avg_1m``, ``sampler``): about a
-minute and a half (the mix adds half to the rounds), for quick A/B checks between
-commits.
+``_alternating`` goals, ``informational``, ``load_avg_1m``, ``sampler``): about
+70 s by default, of which the mix's phases are 18 (three rounds of four 1.5 s
+phases), for quick A/B checks between commits.
 
 Also two figures measured inside one process: the authorization check alone,
 and the platform interceptor alone (CPU per call around a handler that returns at
