@@ -31,7 +31,7 @@ import grpc
 from opentelemetry import trace
 
 from turnstile_affinity.errors import store_reachable
-from turnstile_affinity.metrics import RESETS, leases, placements
+from turnstile_affinity.metrics import LEASES_ACQUIRED, LEASES_RELEASED, RESETS, leases, placements
 from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.store import (
     AffinityStore,
@@ -185,7 +185,7 @@ class Placer:
         """ReleaseLease: False when it was already released or expired."""
         released = await self._store.release(lease_id, sandbox_id)
         if released:
-            leases("released").inc()
+            LEASES_RELEASED.inc()
         return released
 
     def _placed(
@@ -214,12 +214,13 @@ class Placer:
                     "reason": reset.reason.name,
                 },
             )
-        placements(tier_label, outcome.value).inc()
-        leases("acquired").inc()
+        placement = outcome.value
+        placements(tier_label, placement).inc()
+        LEASES_ACQUIRED.inc()
         # ``span`` is the call's current span, looked up once by place().
         if span.is_recording():
             span.set_attributes(
-                {"turnstile.sandbox_id": leased.sandbox_id, "turnstile.placement": outcome.value}
+                {"turnstile.sandbox_id": leased.sandbox_id, "turnstile.placement": placement}
             )
         return Placement(
             leased.sandbox_id,
