@@ -31,6 +31,7 @@ async def test_place_spans_carry_session_sandbox_and_tier(
     service = await affinity(tiers="a", grace_s=30)
     a1 = await worker(service.address, "a1", "a", capacity=2)
     await service.release(await service.place("chat", "a"))
+    await service.release(await service.place("chat", "a"))  # a hit
     await a1.stop()
     await service.refused("chat", "a")
     await asyncio.to_thread(service.app.tracer_provider.force_flush)  # exports to this loop
@@ -38,12 +39,18 @@ async def test_place_spans_carry_session_sandbox_and_tier(
     def places(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
         return [s for s in spans if s.name == PLACE and s.service == "turnstile-affinity"]
 
-    spans = places(await otlp_receiver.wait_for(lambda spans: len(places(spans)) >= 2))
-    first, pending = spans[0], spans[1]
+    spans = places(await otlp_receiver.wait_for(lambda spans: len(places(spans)) >= 3))
+    first, hit, pending = spans[0], spans[1], spans[2]
     assert first.attributes["turnstile.session_id"] == "chat"
     assert first.attributes["turnstile.sandbox_id"] == "a1"
     assert first.attributes["turnstile.tier"] == "a"
     assert first.attributes["turnstile.placement"] == "first"
+    assert {k: v for k, v in hit.attributes.items() if k.startswith("turnstile.")} == {
+        "turnstile.session_id": "chat",
+        "turnstile.sandbox_id": "a1",
+        "turnstile.tier": "a",
+        "turnstile.placement": "hit",
+    }
     assert pending.attributes["turnstile.sandbox_id"] == "a1"
     assert pending.attributes["turnstile.tier"] == "a"
 

@@ -100,13 +100,28 @@ async def test_claim_considers_only_the_tier_unless_unfiltered(store: AffinitySt
     assert unfiltered.sandbox_id == "b1"
 
 
+def test_place_request_is_the_request_of_the_turns_keys_and_arguments(
+    store: AffinityStore,
+) -> None:
+    """``place_request`` writes out what :meth:`AffinityStore.request` makes of the
+    turn's keys and arguments; the two must not drift apart."""
+    for filtered, offset in ((True, 0), (False, 1234)):
+        store.clock.offset_ms = offset
+        t = turn("s:1", "l1", filtered=filtered, session_tier="b")
+        assert store.place_request(t, grace_ms=GRACE_MS) == store.request(
+            "place", t.keys(store.keys), *t.args(), GRACE_MS, t.record_ttl_ms
+        )
+
+
 async def test_place_hit_busy_and_no_record(store: AffinityStore) -> None:
     await attach(store, "a1", capacity=1)
     assert await place(store, "s") == NoRecord()
     await record(store, "s", "a1")
     hit = await place(store, "s", "l1")
     assert isinstance(hit, Leased)
-    assert hit.sandbox_id == "a1"
+    assert hit == Leased("a1", "a", hit.lease_expires_ms, "")
+    assert type(hit.lease_expires_ms) is int
+    assert hit.lease_expires_ms > 0
     busy = await place(store, "s", "l2")
     assert busy == Busy("a1", "a", 1, 1)
 

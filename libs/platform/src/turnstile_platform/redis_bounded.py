@@ -195,11 +195,15 @@ def pack_command(*args: Any) -> list[bytes]:
     its synchronous connection already uses hiredis's packer when hiredis is
     installed, and this is the same function (``HiredisRespSerializer.pack``):
     the first argument split on spaces (``CONFIG GET``), str encoded as UTF-8,
-    numbers by ``repr``, anything else a ``DataError``.
+    numbers by ``repr``, anything else a ``DataError``. A command name without a
+    space (``EVALSHA``, nearly every call) goes to hiredis as it is, which encodes
+    it as it encodes every str: rebuilding the arguments to split and encode it
+    cost 0.3 µs a call (docs/performance.md).
     """
     first = args[0]
     if isinstance(first, str):
-        args = (*first.encode().split(), *args[1:])
+        if " " in first:
+            args = (*first.encode().split(), *args[1:])
     elif b" " in first:
         args = (*first.split(), *args[1:])
     try:

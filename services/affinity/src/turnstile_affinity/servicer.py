@@ -60,6 +60,13 @@ def _reset(reset: Reset) -> affinity_pb2.WorkspaceReset:
     )
 
 
+# ReleaseLease has two answers, built once: gRPC only serializes what a handler
+# returns, and nothing here changes them after (a message built per call cost
+# 0.23 µs more, docs/performance.md).
+_RELEASED = affinity_pb2.ReleaseLeaseResponse(released=True)
+_NOT_RELEASED = affinity_pb2.ReleaseLeaseResponse(released=False)
+
+
 def _placement(placement: Placement) -> affinity_pb2.PlaceResponse:
     """The response, its lease expiry filled in place rather than built as a
     ``Timestamp`` and copied in (one message fewer per Place)."""
@@ -111,6 +118,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         max_connection_age_s: float = 0.0,
     ) -> None:
         self._retry_after_s = retry_after_s
+        # Stateless, so one serves every call instead of one made per call.
+        self._reachable = store_reachable(retry_after_s)
         self._max_connection_age_s = max_connection_age_s
         self._placer = placer
         self._relay = relay
@@ -136,9 +145,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         sandbox_id = validation.sandbox_id(request.sandbox_id)
         lease_id = validation.lease_id(request.lease_id)
         trace.get_current_span().set_attribute("turnstile.sandbox_id", sandbox_id)
-        with store_reachable(self._retry_after_s):
+        with self._reachable:
             released = await self._placer.release(sandbox_id, lease_id)
-        return affinity_pb2.ReleaseLeaseResponse(released=released)
+        return _RELEASED if released else _NOT_RELEASED
 
     async def GetSession(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.GetSessionRequest, context: Context

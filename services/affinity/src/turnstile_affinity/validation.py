@@ -13,6 +13,15 @@ from turnstile_platform.tiers import TIER_LABEL, TierConfig, UnknownTierError
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _LEASE_ID = re.compile(r"[0-9a-f]{32}")
 
+#: How many valid sandbox ids are remembered (below).
+MAX_REMEMBERED = 4096
+# Whether a sandbox id is valid depends on nothing but itself, and every turn's
+# ReleaseLease names one of the tier's sandboxes, so valid ones are remembered
+# rather than matched against the label-value pattern on every call (0.34 against
+# 0.08 µs, docs/performance.md). Callers choose these strings, so the set stops
+# growing at MAX_REMEMBERED: later ones are validated every time.
+_sandboxes: set[str] = set()
+
 MAX_CAPACITY = 1024
 MAX_LABELS = 64
 MAX_LABEL_KEY = 253
@@ -26,8 +35,12 @@ def session_id(value: str, field: str = "session_id") -> str:
 
 
 def sandbox_id(value: str, field: str = "sandbox_id") -> str:
+    if value in _sandboxes:
+        return value
     if not is_label_value(value):
         raise bad_field(field, "must be a Kubernetes label value of 1 to 63 characters")
+    if len(_sandboxes) < MAX_REMEMBERED:
+        _sandboxes.add(value)
     return value
 
 
