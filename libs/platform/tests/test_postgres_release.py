@@ -121,6 +121,36 @@ async def test_a_caller_cancelled_mid_statement_in_a_transaction_returns_a_clean
     assert await backend_state(counted.admin, pid) == "idle"
 
 
+async def test_a_caller_cancelled_mid_statement_outside_a_transaction_leaves_nothing_behind(
+    counted: Counted,
+) -> None:
+    """No reset query follows the cancellation now: asyncpg's wait for the server to
+    acknowledge the cancel is what keeps the next caller from reading its answer."""
+    started = asyncio.Event()
+    pid = 0
+
+    async def caller() -> None:
+        nonlocal pid
+        async with counted.pool.acquire() as conn:
+            pid = await conn.fetchval("SELECT pg_backend_pid()")
+            started.set()
+            await conn.fetchval("SELECT 7 FROM pg_sleep(30)")
+
+    task = asyncio.create_task(caller())
+    await started.wait()
+    sleeping = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1"
+    while not await counted.admin.fetchval(sleeping, pid):  # noqa: ASYNC110 - server state
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async with counted.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT pg_backend_pid()") == pid
+        assert await conn.fetchval("SELECT $1::int", 8) == 8
+    assert await backend_state(counted.admin, pid) == "idle"
+
+
 async def test_a_caller_cancelled_between_statements_of_a_transaction_leaves_nothing(
     counted: Counted,
 ) -> None:
