@@ -5,13 +5,31 @@
 * the pool refuses an ``acquire`` at once while the PostgreSQL breaker is open,
   and counts a failed connect (refused, timed out) against it;
 * each connection runs every statement (``execute``, ``fetch*``, transaction
-  ``BEGIN``/``COMMIT``, the pool's reset on release) inside the dependency's
+  ``BEGIN``/``COMMIT``, the pool's rollback or reset on release) inside the dependency's
   :class:`~turnstile_platform.bounded.Guard`: bounded by the budget (or by the
   statement's own ``timeout`` when it gives one), refused while the breaker is
   open. A statement that spent its budget, or met a read-only server (a demoted
   primary after a failover), closes its connection: the server is suspect, and
   the next acquire connects again — with ``target_session_attrs=read-write`` in
   the URL, to whichever host is now the primary.
+
+Releasing a connection costs **no round trip**. asyncpg's default release runs
+``Connection.reset()``: a rollback if a transaction is still open, then a reset
+query (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``): a second
+round trip each time a connection is borrowed, doubling a one-statement borrow
+(the already-running ``Activate``, see docs/performance.md). The pool keeps the
+rollback (asyncpg runs it before any custom ``reset``: a caller cancelled mid-
+transaction returns a connection that is rolled back, its row locks released) and
+runs the reset query only on a connection that may hold **session state** — state
+that outlives a transaction: a session advisory lock, a ``LISTEN``, a ``SET``
+without ``LOCAL``, a ``WITH HOLD`` cursor. Code that takes such state calls
+:func:`mark_session_state` on the connection
+(:meth:`~BoundedConnection.add_listener` marks it itself); nothing in the services
+does today (activation claims are rows, settings are start-up parameters, the rest
+is transaction-scoped), and a test fails if session-state SQL appears in a module
+that never marks. Behind PgBouncer in transaction mode session state cannot be
+used at all, and a reset query only ran on whichever server session PgBouncer
+picked for it.
 
 A connection the server ended while it sat idle in the pool (a failover's fast
 shutdown, ``pg_terminate_backend``) is discarded too: the server's last words, a
@@ -34,9 +52,11 @@ hint, never ``INTERNAL``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, Guard
 
@@ -108,6 +128,20 @@ class BoundedConnection(asyncpg.Connection):
     """An asyncpg connection whose statements are guarded calls (see module doc)."""
 
     guard: Guard | None = None
+    #: Whether the session may hold state past its transaction: the pool then runs
+    #: the full reset query when the connection is released (see module doc).
+    holds_session_state: bool = False
+
+    def mark_session_state(self) -> None:
+        """Say that this session now holds state that outlives a transaction (a session
+        advisory lock, ``LISTEN``, a plain ``SET``, a ``WITH HOLD`` cursor): the pool
+        resets it on release. Without the mark it would be handed to the next caller."""
+        self.holds_session_state = True
+
+    async def add_listener(self, channel: str, callback: Any) -> None:
+        """asyncpg's ``LISTEN``, which is session state: marks the connection."""
+        self.mark_session_state()
+        await super().add_listener(channel, callback)
 
     async def _bounded(self, method: str, timeout: float | None, *args: Any, **kw: Any) -> Any:
         call = getattr(super(), method)
@@ -147,6 +181,28 @@ class BoundedConnection(asyncpg.Connection):
         return await self._bounded("fetchmany", timeout, query, args, **kw)
 
 
+def mark_session_state(conn: asyncpg.Connection | PoolConnectionProxy) -> None:
+    """:meth:`BoundedConnection.mark_session_state` for a connection held directly or
+    borrowed from the pool (the pool's proxy passes the call on)."""
+    mark = getattr(conn, "mark_session_state", None)
+    if mark is None:
+        raise TypeError(f"{conn!r} is not a bounded connection: no pool would reset it")
+    mark()
+
+
+async def reset_session_state(conn: asyncpg.Connection) -> None:
+    """The pool's ``reset``: asyncpg has already rolled back any open transaction and
+    dropped listener callbacks; run its reset query only on a connection marked as
+    holding session state, so an ordinary release costs no round trip."""
+    if not isinstance(conn, BoundedConnection) or not conn.holds_session_state:
+        return
+    query = conn.get_reset_query()
+    if query:
+        await conn.execute(query)
+    # Only once the reset has run: if it fails, asyncpg closes the connection instead.
+    conn.holds_session_state = False
+
+
 class BoundedPool(asyncpg.Pool):
     """An asyncpg pool that refuses acquires while the breaker is open."""
 
@@ -173,10 +229,13 @@ async def create_pool(
     min_size: int,
     max_size: int,
     application_name: str,
+    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None = reset_session_state,
     **connect_kwargs: Any,
 ) -> BoundedPool:
     """A bounded pool to ``dsn`` (see the module doc); ``min_size`` connections are
-    opened now, which raises if PostgreSQL cannot be reached."""
+    opened now, which raises if PostgreSQL cannot be reached. ``reset=None`` restores
+    asyncpg's full reset query on every release (what the substrate's release
+    benchmark compares against)."""
 
     class Connection(BoundedConnection):
         pass
@@ -190,6 +249,7 @@ async def create_pool(
         max_queries=50_000,
         max_inactive_connection_lifetime=300.0,
         connection_class=Connection,
+        reset=reset,
         record_class=asyncpg.Record,
         loop=None,
         # The guard decides when a statement waited too long (it tells a silent

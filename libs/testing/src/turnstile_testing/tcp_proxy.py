@@ -8,22 +8,38 @@ One proxy per client lets a test cut one replica off while the others keep talki
 With ``pass_closes=False`` a server's close is not passed on: what the server sent before it
 is, but the client's connection then stays open and silent (a FIN that never arrives), so a
 test can see what a client does with a connection whose last words were an error.
+
+``observe`` makes, for each accepted connection, a sink that is given every chunk the server
+sends on it (before it is forwarded): a test can parse the server's protocol messages there,
+and so count round trips on the wire rather than trusting a client's own bookkeeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
+
+#: Makes the sink of one connection's server-to-client bytes.
+Observer = Callable[[], Callable[[bytes], None]]
 
 
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port``."""
 
-    def __init__(self, target_host: str, target_port: int, *, pass_closes: bool = True) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        pass_closes: bool = True,
+        observe: Observer | None = None,
+    ) -> None:
         self._target = (target_host, target_port)
         self._pass_closes = pass_closes
+        self._observe = observe
         #: Set when a server closed its side of a connection (its data forwarded).
         self.server_closed = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -88,9 +104,11 @@ class TcpProxy:
             self._tasks.discard(task)
             return
         self._writers.add(up_writer)
+        sink = self._observe() if self._observe is not None else None
         try:
             await asyncio.gather(
-                self._pipe(reader, up_writer), self._pipe(up_reader, writer, from_server=True)
+                self._pipe(reader, up_writer),
+                self._pipe(up_reader, writer, from_server=True, sink=sink),
             )
         except (OSError, asyncio.CancelledError):
             pass
@@ -106,6 +124,7 @@ class TcpProxy:
         writer: asyncio.StreamWriter,
         *,
         from_server: bool = False,
+        sink: Callable[[bytes], None] | None = None,
     ) -> None:
         while True:
             await self._open.wait()
@@ -119,5 +138,7 @@ class TcpProxy:
                     writer.write_eof()
                 return
             await self._open.wait()  # data read just before a black hole is held, not sent
+            if sink is not None:
+                sink(data)
             writer.write(data)
             await writer.drain()
