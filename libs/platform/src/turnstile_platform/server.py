@@ -56,13 +56,23 @@ def _ms(seconds: float) -> int:
 
 
 def connection_options(settings: ServiceSettings) -> list[tuple[str, int]]:
-    """gRPC server arguments for keepalive and the maximum connection age.
+    """gRPC server arguments for keepalive, the maximum connection age and how long
+    an arrived call may wait to be taken up.
 
     Keepalive finds connections whose peer vanished without a FIN; the maximum
     age (with its grace) makes clients reconnect now and then, so they spread
     over replicas that came up after them.
+
+    grpc.aio takes arrived calls up one at a time, each on a turn of the event
+    loop; the rest wait inside gRPC, which cancels any that waited longer than
+    ``grpc.server_max_unrequested_time_in_server`` (30 s unless set). A replica
+    whose loop is starved (docs/operations.md, "When a dependency fails") can
+    take longer than that, and the caller then gets CANCELLED from a handler
+    that never ran. ``call_accept_wait_s`` raises the limit past callers'
+    deadlines, so theirs decides.
     """
     options = [
+        ("grpc.server_max_unrequested_time_in_server", settings.call_accept_wait_s),
         ("grpc.keepalive_time_ms", _ms(settings.keepalive_time_s)),
         ("grpc.keepalive_timeout_ms", _ms(settings.keepalive_timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),

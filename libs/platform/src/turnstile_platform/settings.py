@@ -160,6 +160,15 @@ class ServiceSettings(BaseSettings):
     """How long calls still running on a connection past its maximum age may go on
     before the server closes it; 0 means without limit."""
 
+    call_accept_wait_s: int = Field(default=300, ge=1, le=86_400)
+    """How long a call that reached the server may wait for this process to take it
+    up (its event loop too busy to start its handler) before gRPC drops it. gRPC's
+    own limit is 30 s, and it answers such a call CANCELLED, which tells the caller
+    nothing (an overloaded replica's Admits were answered so). The default outlasts
+    every caller's deadline (``rpc_timeout_s`` is at most 120 s), so the call either
+    gets its turn and its answer, or its caller's deadline ends it
+    (DEADLINE_EXCEEDED); it bounds only calls without one."""
+
     shutdown_drain_delay_s: float = Field(default=0.0, ge=0, le=60)
     """After SIGTERM, how long health reports NOT_SERVING before the server stops
     accepting calls, so load balancers and kube-proxy stop routing to it. Set to a
