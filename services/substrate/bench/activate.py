@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -180,6 +181,7 @@ async def main(database_url: str) -> None:
         await admission.stop(None)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -64,6 +65,8 @@ class Variant:
     app: GrpcService | None = None
     stub: Any = None
     channel: grpc.aio.Channel | None = None
+    #: The Direct substrate's state directory (its runtimes' records).
+    state_dir: Path | None = None
 
 
 @dataclass
@@ -183,6 +186,7 @@ async def main(database_url: str, rounds: int) -> None:
     try:
         await asyncio.to_thread(apply_migrations, url)
         for variant in variants:
+            variant.state_dir = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
             values: dict[str, Any] = {
                 "port": 0,
                 "metrics_port": 0,
@@ -190,7 +194,7 @@ async def main(database_url: str, rounds: int) -> None:
                 "database_pool_max": 32,
                 "admission_addr": f"127.0.0.1:{admission_port}",
                 "direct_runtime_command": IDLE_RUNTIME,
-                "direct_state_dir": Path(tempfile.mkdtemp(prefix="turnstile-bench-")),
+                "direct_state_dir": variant.state_dir,
                 "log_level": "WARNING",
                 "shutdown_grace_s": 1,
                 "plaintext": True,
@@ -244,10 +248,24 @@ async def main(database_url: str, rounds: int) -> None:
         )
     finally:
         for variant in variants:
+            if variant.stub is not None:
+                # The runtimes outlive the substrate by design (Direct adopts them
+                # on restart): stop them, or every run leaves its sandboxes running.
+                await asyncio.gather(
+                    *(
+                        variant.stub.Deactivate(
+                            substrate_pb2.DeactivateRequest(sandbox_id=f"{variant.prefix}-{i}")
+                        )
+                        for i in range(SANDBOXES)
+                    ),
+                    return_exceptions=True,
+                )
             if variant.channel is not None:
                 await variant.channel.close(None)
             if variant.app is not None:
                 await variant.app.stop()
+            if variant.state_dir is not None:
+                shutil.rmtree(variant.state_dir, ignore_errors=True)
         for pool in _pools.values():
             await pool.close()
         await admission.stop(None)
