@@ -7,7 +7,8 @@ a message-size limit, and the one platform interceptor
 OpenTelemetry server span (health and reflection excluded), limits on concurrent
 unary calls and streams (:mod:`.call_limits`), per-method authorization (SPEC
 Z1, Z2; :mod:`turnstile_platform.tls`, :mod:`turnstile_platform.authz`),
-undecodable requests answered with INVALID_ARGUMENT, rich errors and RPC metrics.
+undecodable requests answered with INVALID_ARGUMENT, rich errors and RPC metrics,
+and the event-loop lag monitor (:mod:`turnstile_platform.loop_lag`) on every replica.
 
 With mTLS (the default) the process needs its certificate files and a policy
 file, and refuses to start without them; with ``plaintext`` it listens only on
@@ -22,7 +23,8 @@ Shutdown is staged (kopf style), each stage bounded:
    when the grace runs out); then the server stops accepting calls and in-flight
    calls get ``shutdown_grace_s`` to finish;
 3. registered cleanups run in reverse order (close pools, stop background tasks);
-4. the tracer provider flushes and shuts down its exporters.
+4. the event-loop lag monitor stops (it measures the drain too), and the tracer
+   provider flushes and shuts down its exporters.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from turnstile_platform.authz.watcher import POLICY_HEALTH_NAME, PolicyWatcher
 from turnstile_platform.call_limits import CallLimits
 from turnstile_platform.health import HealthMap
 from turnstile_platform.interceptors import PlatformInterceptor
+from turnstile_platform.loop_lag import LoopLagMonitor
 from turnstile_platform.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,8 @@ class GrpcService:
         #: The authorization check (None in plaintext mode); services with
         #: sandbox-addressed calls give it their owner lookup.
         self.authorizer: Authorizer | None = None
+        #: How late the loop runs (every replica, from start until shutdown ends).
+        self.loop_lag = LoopLagMonitor(settings.loop_lag_interval_s)
         self.limits = CallLimits(
             unary=settings.max_concurrent_rpcs, streams=settings.max_concurrent_streams
         )
@@ -187,6 +192,7 @@ class GrpcService:
             )
             await self._health_server.start()
         await self.server.start()
+        self.loop_lag.start()
         await self.health.start()
         if self.policy is not None:
             await self._publish_policy(self.policy.valid)
@@ -249,6 +255,7 @@ class GrpcService:
                 await asyncio.wait_for(cleanup(), timeout=max(1.0, settings.shutdown_grace_s))
             except Exception:
                 log.exception("cleanup failed during shutdown")
+        self.loop_lag.stop()
         # Exporters block on network I/O: flush them off the event loop.
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.tracer_provider.force_flush, 5000)

@@ -169,6 +169,11 @@ class ServiceSettings(BaseSettings):
     gets its turn and its answer, or its caller's deadline ends it
     (DEADLINE_EXCEEDED); it bounds only calls without one."""
 
+    loop_lag_interval_s: float = Field(default=0.25, ge=0.01, le=10)
+    """How often the event-loop lag monitor asks to run; how late each beat runs is
+    ``turnstile_event_loop_lag_seconds`` (a CPU-starved replica: calls wait inside
+    gRPC to be taken up). Shorter catches briefer stalls and costs a wake-up each."""
+
     shutdown_drain_delay_s: float = Field(default=0.0, ge=0, le=60)
     """After SIGTERM, how long health reports NOT_SERVING before the server stops
     accepting calls, so load balancers and kube-proxy stop routing to it. Set to a
