@@ -171,8 +171,8 @@ class ServiceSettings(BaseSettings):
 
     loop_lag_interval_s: float = Field(default=0.25, ge=0.01, le=10)
     """How often the event-loop lag monitor asks to run; how late each beat runs is
-    ``turnstile_event_loop_lag_seconds`` (a CPU-starved replica: calls wait inside
-    gRPC to be taken up). Shorter catches briefer stalls and costs a wake-up each."""
+    ``turnstile_event_loop_lag_seconds`` (a stalled or CPU-starved loop, which every
+    call waits for too). Shorter catches briefer stalls and costs a wake-up each."""
 
     shutdown_drain_delay_s: float = Field(default=0.0, ge=0, le=60)
     """After SIGTERM, how long health reports NOT_SERVING before the server stops
