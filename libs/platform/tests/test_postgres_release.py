@@ -89,6 +89,21 @@ async def test_releasing_an_unmarked_connection_costs_no_round_trip(counted: Cou
     assert counted.round_trips.count - before == 10
 
 
+async def until_sleeping(admin: asyncpg.Connection, pid: int) -> None:
+    """Return once backend ``pid`` runs its ``pg_sleep``: no client-side event says
+    the server got that far, so ask the server."""
+    sleeping = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1"
+    while not await admin.fetchval(sleeping, pid):  # noqa: ASYNC110 - server state
+        await asyncio.sleep(0.01)
+
+
+async def cancel(task: asyncio.Task[None]) -> None:
+    """Cancel the caller ``task`` and wait until it has ended cancelled."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_a_caller_cancelled_mid_statement_in_a_transaction_returns_a_clean_connection(
     counted: Counted,
 ) -> None:
@@ -105,14 +120,9 @@ async def test_a_caller_cancelled_mid_statement_in_a_transaction_returns_a_clean
 
     task = asyncio.create_task(caller())
     await locked.wait()
-    # No client-side event says the server runs the sleep: ask the server.
-    sleeping = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1"
-    while not await counted.admin.fetchval(sleeping, pid):  # noqa: ASYNC110 - server state
-        await asyncio.sleep(0.01)
+    await until_sleeping(counted.admin, pid)
     assert not await row_is_free(counted.admin)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel(task)
 
     async with counted.pool.acquire() as conn:
         assert await conn.fetchval("SELECT pg_backend_pid()") == pid  # the same session
@@ -138,12 +148,8 @@ async def test_a_caller_cancelled_mid_statement_outside_a_transaction_leaves_not
 
     task = asyncio.create_task(caller())
     await started.wait()
-    sleeping = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1"
-    while not await counted.admin.fetchval(sleeping, pid):  # noqa: ASYNC110 - server state
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await until_sleeping(counted.admin, pid)
+    await cancel(task)
 
     async with counted.pool.acquire() as conn:
         assert await conn.fetchval("SELECT pg_backend_pid()") == pid
@@ -168,9 +174,7 @@ async def test_a_caller_cancelled_between_statements_of_a_transaction_leaves_not
 
     task = asyncio.create_task(caller())
     await locked.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel(task)
 
     async with counted.pool.acquire() as conn:
         assert await conn.fetchval("SELECT pg_backend_pid()") == pid
