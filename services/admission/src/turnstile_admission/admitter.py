@@ -177,7 +177,7 @@ class Admitter:
         except UNREACHABLE as error:
             return self._unreachable(request, key, plan, args.hold_id, error)
         if answer.outcome == "cancelled":
-            return self._cancelled(request, key, plan)
+            return self._cancelled(key, plan)
         if modes[PolicyName.CAP]:
             metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
@@ -240,7 +240,7 @@ class Admitter:
             shared = self._shapes[key_shape] = _Shape(counters, histogram, message)
         return shared
 
-    def _cancelled(self, request: AdmitInput, key: BoundedKey, plan: _Plan) -> Decision:
+    def _cancelled(self, key: BoundedKey, plan: _Plan) -> Decision:
         """The hold was cancelled before the script ran: nothing was evaluated or
         taken, nothing is admitted. The cancel runs only once a caller has given up
         on the decision, so this answer reaches no one in practice."""
@@ -292,16 +292,12 @@ class Admitter:
         # The counters a decision moves depend only on its shape (the key, the
         # outcome and each policy's verdict), so they were looked up once per
         # shape (``_shape``), not label by label per call (docs/performance.md).
+        # Every decision ``_decide`` returns has its shape.
         shape = decision.shape
-        if isinstance(shape, _Shape):
-            counters, histogram = shape.counters, shape.histogram
-        else:
-            counters, histogram = self._shape_record(
-                decision.key, decision.admitted, decision.verdicts
-            )
-        for counter in counters:
+        assert isinstance(shape, _Shape)
+        for counter in shape.counters:
             counter.inc()
-        histogram.observe(seconds)
+        shape.histogram.observe(seconds)
         span = trace.get_current_span()
         if span.is_recording():
             key = decision.key.key

@@ -311,12 +311,10 @@ class AffinityStore:
         keys, argv = self.place_request(turn, grace_ms=grace_ms)
         reply = await self._place(keys=keys, args=argv)
         kind = reply[0]
-        if kind == b"hit":  # the common answer, from a client that does not decode
+        if kind == b"hit":  # the common answer, decoded here (the client never decodes)
             sandbox_id, tier, expires, endpoint = reply[1:5]
             return Leased(sandbox_id.decode(), tier.decode(), expires, endpoint.decode())
         kind = _s(kind)
-        if kind == "hit":
-            return Leased(_s(reply[1]), _s(reply[2]), int(reply[3]), _s(reply[4]))
         if kind == "first":
             return NoRecord()
         if kind == "busy":
