@@ -117,6 +117,25 @@ async def echo_ceiling(total: int) -> float:
         await server.stop(None)
 
 
+def bench_settings(url: str, admission_port: int, state: Path) -> SubstrateSettings:
+    """The substrate under test: Direct runtimes that idle, on loopback in plaintext
+    as the other benchmarks run (mTLS is priced in admission's)."""
+    return SubstrateSettings.model_validate(
+        {
+            "port": 0,
+            "metrics_port": 0,
+            "database_url": url,
+            "database_pool_max": 32,
+            "admission_addr": f"127.0.0.1:{admission_port}",
+            "direct_runtime_command": IDLE_RUNTIME,
+            "direct_state_dir": state,
+            "log_level": "WARNING",
+            "shutdown_grace_s": 1,
+            "plaintext": True,
+        }
+    )
+
+
 async def main(database_url: str) -> None:
     base, _, _ = database_url.rpartition("/")
     name = f"bench_{uuid.uuid4().hex[:12]}"
@@ -130,20 +149,7 @@ async def main(database_url: str) -> None:
     await admission.start()
     try:
         await asyncio.to_thread(apply_migrations, url)
-        values: dict[str, Any] = {
-            "port": 0,
-            "metrics_port": 0,
-            "database_url": url,
-            "database_pool_max": 32,
-            "admission_addr": f"127.0.0.1:{admission_port}",
-            "direct_runtime_command": IDLE_RUNTIME,
-            "direct_state_dir": state,
-            "log_level": "WARNING",
-            "shutdown_grace_s": 1,
-            # Loopback only, as the other benchmarks run (mTLS is priced in admission's).
-            "plaintext": True,
-        }
-        app = await create_app(SubstrateSettings(**values))
+        app = await create_app(bench_settings(url, admission_port, state))
         await app.start()
         channel = grpc.aio.insecure_channel(app.address)
         stub = substrate_pb2_grpc.SubstrateServiceStub(channel)

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,9 @@ from turnstile_platform.server import GrpcService
 from turnstile_substrate.app import create_app
 from turnstile_substrate.db import pool as substrate_pool
 from turnstile_substrate.db.migrate import apply_migrations
-from turnstile_substrate.settings import SubstrateSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from activate import IDLE_RUNTIME, AdmitAll, rate  # the sibling benchmark
+from activate import AdmitAll, bench_settings, rate  # the sibling benchmark
 
 IN_FLIGHT = 64
 SANDBOXES = 16
@@ -129,7 +129,7 @@ async def measure(variant: Variant, admin: asyncpg.Connection, database: str) ->
     )
 
 
-MEASURES = {
+MEASURES: dict[str, Callable[[Sample], float]] = {
     "calls/s, 64 in flight": lambda s: s.rate,
     "process CPU µs/call": lambda s: s.cpu_us,
     "PostgreSQL CPU µs/call": lambda s: s.pg_cpu_us,
@@ -187,25 +187,16 @@ async def main(database_url: str, rounds: int) -> None:
         await asyncio.to_thread(apply_migrations, url)
         for variant in variants:
             variant.state_dir = Path(tempfile.mkdtemp(prefix="turnstile-bench-"))
-            values: dict[str, Any] = {
-                "port": 0,
-                "metrics_port": 0,
-                "database_url": url,
-                "database_pool_max": 32,
-                "admission_addr": f"127.0.0.1:{admission_port}",
-                "direct_runtime_command": IDLE_RUNTIME,
-                "direct_state_dir": variant.state_dir,
-                "log_level": "WARNING",
-                "shutdown_grace_s": 1,
-                "plaintext": True,
-            }
-            original = substrate_pool.create_bounded_pool
+            settings = bench_settings(url, admission_port, variant.state_dir)
+            # The pool module's name for the platform's create_pool, swapped for the
+            # old variant while its app is made (the name is not re-exported).
+            original = getattr(substrate_pool, "create_bounded_pool")  # noqa: B009
             if variant.prefix == "b":
-                substrate_pool.create_bounded_pool = default_reset_pool  # type: ignore[assignment]
+                setattr(substrate_pool, "create_bounded_pool", default_reset_pool)  # noqa: B010
             try:
-                variant.app = await create_app(SubstrateSettings(**values))
+                variant.app = await create_app(settings)
             finally:
-                substrate_pool.create_bounded_pool = original  # type: ignore[assignment]
+                setattr(substrate_pool, "create_bounded_pool", original)  # noqa: B010
             await variant.app.start()
             variant.channel = grpc.aio.insecure_channel(variant.app.address)
             variant.stub = substrate_pb2_grpc.SubstrateServiceStub(variant.channel)
