@@ -9,6 +9,11 @@ service on its own loop measures those stalls here, with a heartbeat of its own,
 and subtracts the part that fell inside the call: the bound then still catches a
 guard that waits too long on a quiet loop, and no longer fails because the
 machine was busy.
+
+The guard measures stalls too (``bounded._Stalls``), and the service's loop-lag
+monitor (``turnstile_platform.loop_lag``) how late its loop runs; a test that
+judges the guard's latency does not take the guard's own measure of what to
+excuse, so this heartbeat is the test's.
 """
 
 from __future__ import annotations
