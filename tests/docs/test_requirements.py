@@ -72,3 +72,16 @@ def test_each_requirement_is_defined_once() -> None:
     found = _DEFINED.findall(REQUIREMENTS.read_text(encoding="utf-8"))
     assert len(found) == len(set(found))
     assert {"C1", "O6", "Q4", "W2"} <= set(found)
+
+
+def test_code_cites_requirements_not_issue_numbers() -> None:
+    """An issue number means nothing to a reader of the code; the requirement it built does."""
+    pattern = re.compile(r"\bissue #?\d+", re.I)
+    found = [
+        str(path.relative_to(ROOT))
+        for path in _tracked_files()
+        if path.suffix in (".py", ".lua", ".md", ".proto")
+        and path.name != "test_requirements.py"
+        and pattern.search(path.read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert not found, f"cite the requirement instead of the issue: {found}"

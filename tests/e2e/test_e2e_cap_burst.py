@@ -1,4 +1,4 @@
-"""The cap under a burst, with the shipped settings (issue 10): the real admission
+"""The cap under a burst, with the shipped settings (SPEC S4): the real admission
 and substrate services on the Kubernetes substrate, against the API-server
 emulator, and no raised deadline anywhere.
 

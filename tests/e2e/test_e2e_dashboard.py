@@ -1,5 +1,5 @@
 """The Grafana dashboard's every query returns series from a real Prometheus
-scraping a running local stack (issue 13).
+scraping a running local stack (SPEC X3).
 
 ``turnstilectl up`` starts the stack and, since Prometheus is installed, a
 Prometheus of its own scraping the three metrics endpoints every second with

@@ -1,4 +1,4 @@
-"""Every method of every service, probed through server reflection alone (issue 13).
+"""Every method of every service, probed through server reflection alone (SPEC Z2, X2).
 
 A client that knows nothing but the address asks reflection (``grpc.reflection.v1``,
 what current grpcurl asks first) for the services and their request types, then

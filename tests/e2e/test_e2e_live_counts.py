@@ -1,4 +1,4 @@
-"""The cap's count from the Redis live set (issue 10): the real admission service
+"""The cap's count from the Redis live set (SPEC S4): the real admission service
 deciding while the substrate's real publishing script (``live_publish.lua``) moves
 admitted sandboxes from the pending set to the live set, as a leader does when
 its reflector sees their pods. Real gRPC, real Redis, real concurrency."""

@@ -1,4 +1,4 @@
-"""Drift of the live counts in Redis (issue 10, SPEC P6): many activations and
+"""Drift of the live counts in Redis (SPEC S4, P6): many activations and
 deactivations through 3 Kubernetes substrate services sharing Redis, PostgreSQL
 and the API-server emulator, one of them stopped in the middle. During the run the
 pods of the capped client never exceed the cap by more than one; afterwards the

@@ -4,7 +4,7 @@ The whole local stack runs as real processes exporting spans over OTLP/gRPC to
 a real receiver started by the test (the wire format Jaeger ingests). A Place
 whose sandbox is away wakes it: affinity Place → substrate Activate(inherit) →
 admission Admit, all in the caller's trace. The cap's live count is a Redis read
-inside Admit's one script: no call leaves admission (issue 10).
+inside Admit's one script: no call leaves admission (SPEC S4).
 """
 
 from __future__ import annotations

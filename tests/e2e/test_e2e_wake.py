@@ -1,4 +1,4 @@
-"""The whole wake on the local stack (issue 10 item 5): one pending ``Place`` wakes the
+"""The whole wake on the local stack (SPEC T7): one pending ``Place`` wakes the
 sandbox, its worker is forked from the substrate's preloaded launcher and attaches,
 and the next ``Place`` is a ``HIT`` on the same sandbox.
 

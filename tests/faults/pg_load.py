@@ -1,5 +1,5 @@
 """What the PostgreSQL failover tests share: the services on a primary and its standby,
-and steady activations whose every answer is recorded (issue 11, SPEC F3, F7, X6).
+and steady activations whose every answer is recorded (SPEC F3, F7, X6).
 
 The substrate (Kubernetes, on the API-server emulator) and the real admission service
 run in this process over real gRPC sockets; the substrate's database URL names a

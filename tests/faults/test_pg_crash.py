@@ -1,4 +1,4 @@
-"""A PostgreSQL crash failover under steady activations (issue 11, SPEC F3, F7, X6, P6).
+"""A PostgreSQL crash failover under steady activations (SPEC F3, F7, X6, P6).
 
 As the switchover test (:mod:`.pg_load`), but the primary is SIGKILLed — no shutdown
 checkpoint, no WAL handed to the standby — and the standby promoted

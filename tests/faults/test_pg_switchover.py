@@ -1,4 +1,4 @@
-"""A PostgreSQL switchover under steady activations (issue 11, SPEC F3, F7, X6).
+"""A PostgreSQL switchover under steady activations (SPEC F3, F7, X6).
 
 The substrate (Kubernetes, on the API-server emulator) and the real admission service
 run in this process over real gRPC sockets; the substrate's database URL names a

@@ -1,4 +1,4 @@
-"""A service SIGKILLed in the middle of an activation (issue 11, SPEC X6, F4, F5).
+"""A service SIGKILLed in the middle of an activation (SPEC X6, F4, F5).
 
 The kill lands at one exact moment: when the API-server emulator commits the sandbox's
 pod, an observer kills the process before the create is answered. So the activation

@@ -1,6 +1,6 @@
 """Three substrate processes on one cluster (the API-server emulator), one PostgreSQL, one Redis,
 and the real admission service: leader election, the leader-only warm pool and sweeps, and
-idempotent activations across replicas (issue 12, item 8: the substrate's part).
+idempotent activations across replicas (SPEC F1, F5: the substrate's part).
 
 The default run keeps each scenario small; ``-m slow`` runs the full-size ones.
 """

@@ -1,5 +1,5 @@
 """``live_publish.lua`` against real Redis: the one write to the live counts
-admission's cap reads (issue 10): pending → live in one step, removal, the
+admission's cap reads (SPEC S4): pending → live in one step, removal, the
 marker, and fencing by the leader's epoch."""
 
 from __future__ import annotations

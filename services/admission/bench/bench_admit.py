@@ -51,7 +51,7 @@ Reported per shape, as median, min and max over the rounds (JSON
   main thread's CPU per call over the phase (``INFO cpu``).
 
 The rounds also run the production mix, ``resume_commit`` (JSON
-``alternating.resume_commit``; informational, not one of issue 10's goals): in
+``alternating.resume_commit``; informational, not one of the performance goals): in
 production every Admit is followed by a CommitHold or a CancelHold, one EVALSHA
 each, so a service serves two methods in turn. Each of the 64 (or 1) turns in
 flight is a resume Admit then the CommitHold of the hold it got, beside a ceiling
@@ -79,7 +79,7 @@ under ``informational`` (``resume_commit_64_per_evalsha_alternating``,
 ``cpu_resume_commit_64_per_evalsha_alternating``, ``resume_commit_evalsha_per_rpc``)
 and printed on a line of their own, not among the goals.
 
-**Judge issue 10's goals by the alternating medians**: in the single pass the
+**Judge the performance goals by the alternating medians**: in the single pass the
 ceilings are measured once at the start and the Admit runs a minute or more
 later, against a Redis those runs have filled with holds, so each ratio also
 carries the machine's drift over that minute (the same code read 0.56-0.80 from
@@ -636,7 +636,7 @@ async def in_process_costs(
 SHAPES = {"cold": "cold create", "resume": "resume"}
 #: The production mix's shape in the alternating rounds: a resume Admit then the
 #: CommitHold of its hold, one turn of two RPCs (each one EVALSHA) against two
-#: calls of the ceiling. Informational: issue 10's goals are on Admit alone.
+#: calls of the ceiling. Informational: the performance goals are on Admit alone.
 MIX = "resume_commit"
 MIX_LABEL = "resume+commit"
 RPCS_PER_TURN = 2
@@ -889,7 +889,7 @@ def alternating_goals(alternating: dict[str, Any]) -> dict[str, float]:
 
 def mix_informational(alternating: dict[str, Any]) -> dict[str, float]:
     """The mix's medians, keyed like the goals (per RPC; the p50 one turn's against
-    two ceiling calls): figures to read beside the goals, not goals of issue 10."""
+    two ceiling calls): figures to read beside the goals, not performance goals."""
     mix = alternating[MIX]
     return {
         "resume_commit_64_per_evalsha_alternating": mix["rps_64_per_evalsha"]["median"],

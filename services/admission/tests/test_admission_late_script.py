@@ -1,4 +1,4 @@
-"""An Admit's script that reaches Redis after its caller gave up on it (issue 11).
+"""An Admit's script that reaches Redis after its caller gave up on it (SPEC P2, F3).
 
 A reply lost, a send retried, a Cluster redirection followed after the budget
 was spent: the decision script can run after admission answered by the fail

@@ -257,7 +257,7 @@ async def test_cancel_refund_is_capped_at_the_bucket_capacity(store: AdmissionSt
 async def test_cancel_of_a_hold_not_yet_taken_leaves_a_tombstone_admit_honours(
     store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
 ) -> None:
-    """A cancel that ran before its Admit's script reached Redis (issue 11)."""
+    """A cancel that ran before its Admit's script reached Redis (SPEC P2, F3)."""
     assert not (await store.cancel("h1")).cancelled
     tombstone = store.keys.settled("h1")
     # Lives as long as a hold record would: hold TTL (10 s here) plus its 60 s grace.

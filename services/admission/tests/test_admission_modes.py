@@ -99,7 +99,7 @@ async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_cannot_coun
 async def test_an_unavailable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(
     start_admission: Any, live: Any
 ) -> None:
-    """No current count (no leader, or a leader behind) is not a licence (issue 10):
+    """No current count (no leader, or a leader behind) is not a licence (SPEC S4):
     zero live, every pending entry counted; only an unsupported count admits unknown."""
     await live.counted("acme", "live-1", "live-2", "live-3")
     await live.unavailable()  # the live set is there, but nobody vouches for it

@@ -1,5 +1,5 @@
 """A fail-open cap never admits past its limit because this replica is overloaded
-(issue 10 follow-up; SPEC P1, P6, F3).
+(SPEC P1, P6, F3).
 
 The fail mode is for a Redis that is down or hung. When the replica itself
 cannot keep up (its event loop starved, more decisions in flight than Redis

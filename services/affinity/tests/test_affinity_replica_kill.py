@@ -1,4 +1,4 @@
-"""An affinity replica killed with many workers attached (issue 12 item 8, SPEC F6).
+"""An affinity replica killed with many workers attached (SPEC F6).
 
 Three affinity replicas run as processes sharing one Redis prefix; the workers
 are real worker agents in a load-generator process of their own

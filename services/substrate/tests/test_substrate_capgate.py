@@ -76,7 +76,7 @@ async def test_the_gate_refuses_when_the_cap_was_reached_since_admit(
 async def test_without_a_live_count_the_gate_decides_on_the_pending_set_alone(
     client: AdmissionClient, admission: AdmissionDouble, extra: int, refused: bool
 ) -> None:
-    """An unavailable count is a lower bound of zero, not a pass (issue 10)."""
+    """An unavailable count is a lower bound of zero, not a pass (SPEC S4)."""
     admission.cap = 2
     admission.live_unavailable = True
     admitted = await admit(client)

@@ -1,4 +1,4 @@
-"""Tiers that are different runtimes (issue 12 item 6), on the API-server emulator with the
+"""Tiers that are different runtimes (SPEC S1, T6), on the API-server emulator with the
 sandbox namespace's ``restricted`` Pod Security level enforced: the pods each tier produces,
 warm and cold, carry that tier's RuntimeClass, nodes and resources; a claim takes only a warm
 pod of its own tier; and the real ``kubectl`` reads the same runtimes back."""

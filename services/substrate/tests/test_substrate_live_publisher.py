@@ -1,4 +1,4 @@
-"""The live publisher (issue 10): the substrate leader's copy of its reflector's live
+"""The live publisher (SPEC S4): the substrate leader's copy of its reflector's live
 sandboxes in Redis, against the API-server emulator and real Redis.
 
 The publisher is leader-only work, ``run(term)``; here it is run directly with a

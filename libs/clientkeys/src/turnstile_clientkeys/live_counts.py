@@ -1,6 +1,6 @@
 """Where a bounded key's live sandboxes are kept in Redis: the contract between the
 substrate's leader (which writes them from its reflector) and admission (whose
-``admit.lua`` reads them inside the decision script, issue 10).
+``admit.lua`` reads them inside the decision script, SPEC S4).
 
 Every key shares admission's hash tag (``{adm}``), so the decision script and the
 publisher's scripts each touch one slot of a Redis Cluster, and moving a sandbox

@@ -1,6 +1,6 @@
 #!lua
 -- live_publish.lua: the only write to the live counts admission's cap reads
--- (issue 10): add or remove sandbox ids in their bounded key's live set, and set
+-- (SPEC S4): add or remove sandbox ids in their bounded key's live set, and set
 -- or drop the live-state marker, fenced by the writer's leader epoch.
 --
 -- A 'set' moves the id from the key's pending set to its live set in this one

@@ -1,4 +1,4 @@
-"""The writes to the live counts admission reads (issue 10), beside their key
+"""The writes to the live counts admission reads (SPEC S4), beside their key
 layout (:mod:`turnstile_clientkeys.live_counts`) so admission's tests run the
 real script without importing the substrate.
 

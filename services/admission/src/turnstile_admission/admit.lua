@@ -2,7 +2,7 @@
 -- (SPEC P1–P4). Either everything is taken (pending entry, concurrency lease,
 -- tokens from both buckets, node slot) and recorded in a hold, or nothing is.
 -- The cap's live count is read here too, from the live set the substrate's leader
--- keeps (issue 10): the decision is this one script, no other network call.
+-- keeps (SPEC S4): the decision is this one script, no other network call.
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
 --       5 inflight:<key>, 6 hold:<id>, 7 test clock, 8 node registry,

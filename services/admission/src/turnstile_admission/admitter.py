@@ -3,7 +3,7 @@ its answer into a :class:`Decision`.
 
 A decision is exactly one script (``admit.lua``) and no other network call: the
 cap's live count is read inside it, from the live sets the substrate's leader
-keeps in Redis (issue 10, :mod:`turnstile_clientkeys.live_counts`).
+keeps in Redis (SPEC S4, :mod:`turnstile_clientkeys.live_counts`).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ async def create_app(
     app.add_cleanup(watcher.stop)
     watcher.add_listener(forget_departed_keys)
     # No substrate peer: the cap's live count is read inside the decision script,
-    # from the live sets the substrate's leader keeps in Redis (issue 10).
+    # from the live sets the substrate's leader keeps in Redis (SPEC S4).
     admitter = Admitter(settings, AdmissionStore(redis, settings), resolver)
     app.add_cleanup(admitter.orphans.close)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(

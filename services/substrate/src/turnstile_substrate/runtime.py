@@ -139,5 +139,5 @@ class Substrate(Protocol):
         self, store: LiveStore, chunk: int
     ) -> Callable[[LeaderTerm], Awaitable[None]]:
         """Leader-only work that keeps the live counts admission reads in ``store``
-        (issue 10): the reflector's live sandboxes, or, for a substrate that cannot
+        (SPEC S4): the reflector's live sandboxes, or, for a substrate that cannot
         count, the marker that says so. Called once the substrate has started."""

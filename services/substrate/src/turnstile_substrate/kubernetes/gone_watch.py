@@ -1,4 +1,4 @@
-"""A pod deleted outside Turnstile ends its sandbox's execution at once (issue 12).
+"""A pod deleted outside Turnstile ends its sandbox's execution at once (SPEC S3, F4).
 
 ``kubectl delete``, an eviction, a node drained or lost, a runtime that exits: the sandbox's
 pod goes, but its execution row stays open until something notices. The gone-runtimes sweep

@@ -1,5 +1,5 @@
 """The live publisher: the substrate leader's copy of its reflector's live sandboxes
-in Redis, per bounded key, which admission's ``admit.lua`` reads (issue 10).
+in Redis, per bounded key, which admission's ``admit.lua`` reads (SPEC S4).
 
 Leader-only work (``run(term)``, registered on the process's leadership): one
 replica writes, fenced by its epoch in every script (see

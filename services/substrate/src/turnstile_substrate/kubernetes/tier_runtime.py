@@ -1,4 +1,4 @@
-"""What a tier runs on: its pod-template settings (issue 12 item 6).
+"""What a tier runs on: its pod-template settings (SPEC S1, T6).
 
 A tier is a kind of isolation, not only a label: ``container`` pods run under the cluster's
 default runtime, ``microvm`` pods under a sandboxing RuntimeClass (Kata Containers,
