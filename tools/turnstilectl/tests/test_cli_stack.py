@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,105 @@ async def test_ctrl_c_stops_every_service_and_every_runtime_and_exits_zero(
         assert "stopping 1 sandbox runtime(s)" in output
 
 
+async def test_sigterm_stops_every_service_and_every_runtime(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    with run_stack(
+        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
+    ) as stack:
+        await stack.wait_serving()
+        await _activate(stack, "sb-stack-term")
+        tree = _tree(stack)
+
+        stack.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(stack.proc.wait, 60)
+
+        assert code == 0, stack.output()
+        assert await _wait_gone(tree) == []
+        assert "stopping 1 sandbox runtime(s)" in stack.output()
+        assert not (tmp_path / "stack.json").exists()
+
+
+async def test_ctrl_c_through_tee_stops_everything_and_tells_the_stop_in_a_log(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """``./scripts/up | tee up.log`` and Ctrl-C: tee dies first, so every line the
+    stop writes finds its reader gone; the stop must go on regardless."""
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        through_tee=True,
+    ) as stack:
+        await stack.wait_serving()
+        await _activate(stack, "sb-stack-tee")
+        tree = _tree(stack)
+
+        code = await asyncio.to_thread(stack.ctrl_c_through_tee)
+
+        assert code == 0, stack.output()
+        assert await _wait_gone(tree) == []
+        told = (tmp_path / "stop.log").read_text()
+        assert "stopping 1 sandbox runtime(s)" in told
+        assert "stopped" in told
+        assert not (tmp_path / "stack.json").exists()
+
+
+async def test_the_next_up_stops_what_a_killed_runner_left_and_says_so(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    up = partial(
+        run_stack,
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+    )
+    with up() as stack:
+        await stack.wait_serving()
+        activated = await _activate(stack, "sb-stack-kill")
+        runtime = procs.read(int(activated.sandbox.runtime_name.removeprefix("proc-")))
+        assert runtime is not None
+        services = [p for p in _tree(stack) if p.ppid == stack.proc.pid]
+
+        stack.proc.kill()  # SIGKILL: the runner stops nothing
+        stack.proc.wait(10)
+
+        # The services die with their parent; the runtime outlives it by design.
+        assert await _wait_gone(services) == []
+        assert procs.alive(runtime)
+        assert (tmp_path / "stack.json").exists()
+
+    (tmp_path / "stack.log").unlink()
+    with up() as stack:
+        await stack.wait_serving()
+        assert "did not stop cleanly" in stack.output()
+        assert f"runtime of sb-stack-kill[{runtime.pid}]" in stack.output()
+        assert not procs.alive(runtime)
+        assert stack.interrupt() == 0
+
+
+async def test_up_refuses_to_start_beside_a_running_stack_on_the_same_state(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    up = partial(
+        run_stack,
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+    )
+    with up() as first:
+        await first.wait_serving()
+        # The same state directory (and so the same stack.json) as the first.
+        with up() as second:
+            code = await asyncio.to_thread(second.proc.wait, 60)
+            assert code != 0
+            assert "a stack already runs" in second.output()
+        assert first.proc.poll() is None
+
+
 async def test_sighup_stops_the_stack_as_ctrl_c_does_and_logs_where_it_can(
     tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
 ) -> None:
@@ -83,8 +183,8 @@ async def test_sighup_stops_the_stack_as_ctrl_c_does_and_logs_where_it_can(
 
         assert code == 0, stack.output()
         assert await _wait_gone(tree) == []
-        # Nobody reads the terminal any more: the stop is told in hangup.log.
-        told = (tmp_path / "hangup.log").read_text()
+        # Nobody reads the terminal any more: the stop is told in stop.log.
+        told = (tmp_path / "stop.log").read_text()
         assert "SIGHUP" in told
         assert "stopping 1 sandbox runtime(s)" in told
         assert not (tmp_path / "stack.json").exists()

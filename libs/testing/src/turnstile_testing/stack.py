@@ -30,6 +30,7 @@ class RunningStack:
     redis_prefix: str
     log: Path
     tls_dir: Path
+    tee: subprocess.Popen[bytes] | None = None
 
     def tls_env(self) -> dict[str, str]:
         """The stack's CLI certificate (``turnstilectl up`` issues it on start)."""
@@ -96,6 +97,16 @@ class RunningStack:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(timeout=timeout_s)
 
+    def ctrl_c_through_tee(self, timeout_s: float = 60.0) -> int:
+        """Ctrl-C on ``up | tee``: the terminal interrupts the whole pipeline, so
+        ``tee`` dies at once while the runner starts to stop, its output's reader
+        gone. Returns the runner's exit code."""
+        assert self.tee is not None, "run_stack(through_tee=True)"
+        self.tee.send_signal(signal.SIGINT)
+        self.tee.wait(timeout=10)
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=timeout_s)
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -111,9 +122,13 @@ def run_stack(
     extra_env: dict[str, str] | None = None,
     metrics_ports: tuple[int, int, int] = (0, 0, 0),
     prometheus_port: int = 0,
+    through_tee: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
-    Prometheus stay off unless ports are given for them."""
+    Prometheus stay off unless ports are given for them. ``through_tee`` pipes
+    the runner's output through a real ``tee`` (``./scripts/up | tee up.log``):
+    :meth:`RunningStack.ctrl_c_through_tee` then stops both as a terminal's
+    Ctrl-C does."""
     ports = (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -122,7 +137,17 @@ def run_stack(
         if not key.startswith(("TURNSTILE_", "OTEL_"))
     }
     env.update({"TURNSTILE_SHUTDOWN_GRACE_S": "3", **(extra_env or {})})
-    with log.open("wb") as out:
+    tee = (
+        subprocess.Popen(
+            ["tee", str(log)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if through_tee
+        else None
+    )
+    with log.open("ab") as out:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -152,12 +177,14 @@ def run_stack(
                 "--stop-grace",
                 "10",
             ],
-            stdout=out,
+            stdout=out if tee is None else tee.stdin,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
-    stack = RunningStack(proc, ports, redis_url, redis_prefix, log, tmp_path / "tls")
+    if tee is not None and tee.stdin is not None:
+        tee.stdin.close()  # the runner holds the pipe's only write end
+    stack = RunningStack(proc, ports, redis_url, redis_prefix, log, tmp_path / "tls", tee)
     try:
         yield stack
     finally:
@@ -168,3 +195,6 @@ def run_stack(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if tee is not None and tee.poll() is None:
+            tee.kill()
+            tee.wait()

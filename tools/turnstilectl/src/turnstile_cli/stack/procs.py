@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,24 @@ def signal_proc(proc: Proc, sig: signal.Signals) -> None:
     if alive(proc):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(proc.pid, sig)
+
+
+def signal_group_of(proc: Proc, sig: signal.Signals) -> None:
+    """Signal ``proc``'s whole process group when it leads one (a service, a
+    runtime: each starts a session of its own), else ``proc`` alone."""
+    if not alive(proc):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """If the runner itself is killed, the child still gets SIGTERM."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def become_subreaper() -> bool:

@@ -18,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnstile_cli.stack import procs
+
 RULES = Path("deploy") / "prometheus" / "turnstile-rules.yml"
 JOBS = ("turnstile-admission", "turnstile-substrate", "turnstile-affinity")
 
@@ -89,25 +91,30 @@ class LocalPrometheus:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                preexec_fn=procs.die_with_parent,
             )
         finally:
             log.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline and self.proc.returncode is None:
-            if await asyncio.to_thread(self._ready):
+            if await asyncio.to_thread(self._ready, config_file):
                 return True
             await asyncio.sleep(0.2)
         await self.stop()
         return False
 
-    def _ready(self) -> bool:
+    def _ready(self, config_file: Path) -> bool:
+        """Ours is ready: a Prometheus answers on the port, and it is the one
+        reading our configuration (another one left on the port, by an earlier
+        stack or anyone, answers ``/-/ready`` too while ours failed to bind)."""
         try:
-            ready = f"{self.url}/-/ready"  # our own loopback http URL
-            with urllib.request.urlopen(ready, timeout=1) as answer:  # noqa: S310
-                return bool(answer.status == 200)
-        except OSError:
+            flags = f"{self.url}/api/v1/status/flags"  # our own loopback http URL
+            with urllib.request.urlopen(flags, timeout=1) as answer:  # noqa: S310
+                data = json.loads(answer.read()).get("data", {})
+        except (OSError, ValueError, AttributeError):
             return False
+        return isinstance(data, dict) and data.get("config.file") == str(config_file)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         proc = self.proc

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 import grpc
 import grpc.aio
@@ -51,6 +51,7 @@ from turnstile_cli.stack.preflight import (
     migrate,
     redacted,
 )
+from turnstile_cli.stack.terminal import DetachingOutput
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
@@ -60,8 +61,6 @@ from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tiers import parse_tiers
 from turnstile_platform.tls import TlsFiles, channel_credentials
 
-_PR_SET_PDEATHSIG = 1
-
 #: The service each process must serve: asking health about it (not the server as
 #: a whole) tells the runner the right service answers on the port it was given.
 SERVICE_NAMES = {
@@ -69,12 +68,6 @@ SERVICE_NAMES = {
     "substrate": peers.SUBSTRATE,
     "affinity": peers.AFFINITY,
 }
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """If the runner itself is killed, each service still gets SIGTERM."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass
@@ -104,6 +97,13 @@ class Stack:
     ) -> None:
         self.config = config
         self.console = console
+        #: Where the runner's output goes once nobody reads it (a closed terminal,
+        #: a dead ``| tee``): the stop goes on and is told there.
+        self.output = DetachingOutput(
+            console.file, state.path_for(config.state_dir).with_name("stop.log")
+        )
+        # A stand-in for the stream it wraps (write, flush, the rest delegated).
+        console.file = cast("IO[str]", self.output)
         self.printer = LogPrinter(console)
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
@@ -133,6 +133,7 @@ class Stack:
             if not await self.start(stop):
                 await self.stop()
                 return 1
+            self.describe()  # from here a killed runner leaves a list of what to stop
             await self.start_prometheus()
             # stack.json first: whoever sees the banner may read it at once.
             self.describe()
@@ -174,18 +175,13 @@ class Stack:
     def hang_up(self, stop: asyncio.Event) -> None:
         """The terminal closed (SIGHUP): stop as Ctrl-C does, and since nobody reads
         the terminal any more (writing to it would fail mid-stop), write what the
-        stop says to ``hangup.log`` next to the state directory instead."""
-        log = state.path_for(self.config.state_dir).with_name("hangup.log")
-        with contextlib.suppress(OSError):
-            log.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.close(fd)
+        stop says to ``stop.log`` next to the state directory instead."""
+        self.output.detach("SIGHUP")
         self.say("terminal closed (SIGHUP): stopping as on Ctrl-C")
         stop.set()
 
     async def preflight(self) -> None:
+        await self.stop_leftovers()
         self.prepare_tls()
         pruned = state.prune(self.config.state_dir, older_than_s=self.prune_after_s)
         if pruned:
@@ -215,7 +211,7 @@ class Stack:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=procs.die_with_parent,
             )
             assert proc.stdout is not None
             pump = asyncio.create_task(self.printer.pump(spec.name, proc.stdout))
@@ -342,13 +338,20 @@ class Stack:
         return next(exits[task] for task in done if task in exits)
 
     def describe(self) -> None:
-        """Write ``stack.json`` for commands run in other shells (``tiers``)."""
+        """Write ``stack.json`` for commands run in other shells (``tiers``), and
+        for the next ``up``: the runner and every process it started, by pid and
+        start time, so a runner killed outright leaves a list of what to stop."""
         config = self.config
         a, s, f = config.addresses
+        pids = [r.proc.pid for r in self.running.values()]
+        if self.prometheus is not None and self.prometheus.proc is not None:
+            pids.append(self.prometheus.proc.pid)
         state.write(
             state.path_for(config.state_dir),
             {
                 "pid": os.getpid(),
+                "runner": state.process_record(os.getpid()),
+                "processes": [r for r in map(state.process_record, pids) if r is not None],
                 "tiers": config.tiers,
                 "default_tier": config.default_tier,
                 "addresses": {"admission": a, "substrate": s, "affinity": f},
@@ -356,10 +359,49 @@ class Stack:
             },
         )
 
+    async def stop_leftovers(self) -> None:
+        """Stop what an earlier stack on this state directory left running.
+
+        A runner killed outright (SIGKILL, a crash) cannot stop anything; its
+        ``stack.json`` stays behind, naming the runner and what it started. If
+        that runner still runs, this is a second stack: refuse. Otherwise stop
+        every process it recorded and every runtime the state directory records
+        that still runs (left alone, those workers would attach to the new stack
+        and take its sessions), and say so."""
+        path = state.path_for(self.config.state_dir)
+        last = state.read(path)
+        if last is None:
+            return
+        runner = state.recorded_runner(last)
+        if runner is not None and procs.alive(runner):
+            raise PreflightError(
+                f"a stack already runs on {self.config.state_dir} (pid {runner.pid}); "
+                "stop it first (Ctrl-C in its terminal, or kill it)"
+            )
+        left = state.leftovers(last, self.config.state_dir)
+        if left:
+            self.say(
+                f"the last stack (pid {last.get('pid', '?')}) did not stop cleanly; stopping "
+                f"what it left: " + ", ".join(f"{p.command}[{p.pid}]" for p in left)
+            )
+            await self.stop_processes(left)
+        path.unlink(missing_ok=True)
+
+    async def stop_processes(self, left: list[procs.Proc]) -> None:
+        """SIGTERM each process's group, SIGKILL what is still there after 5 s."""
+        for proc in left:
+            procs.signal_group_of(proc, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(self.stop_grace_s, 5.0)
+        while any(procs.alive(p) for p in left) and loop.time() < deadline:
+            procs.reap_orphans()
+            await asyncio.sleep(0.05)
+        for proc in left:
+            procs.signal_group_of(proc, signal.SIGKILL)
+        procs.reap_orphans()
+
     async def stop(self) -> None:
         self.say("stopping")
-        with contextlib.suppress(OSError):
-            state.path_for(self.config.state_dir).unlink()
         substrate = self.running.get("substrate")
         if substrate is not None and substrate.alive:
             await self.deactivate_sandboxes(substrate.spec.address)
@@ -368,6 +410,9 @@ class Stack:
         if self.prometheus is not None:  # before the sweep, which would count it a leftover
             await self.prometheus.stop()
         await self.sweep()
+        # Last: until everything is stopped, the next ``up`` can still find it here.
+        with contextlib.suppress(OSError):
+            state.path_for(self.config.state_dir).unlink()
         self.say("stopped")
 
     async def terminate(self, names: list[str]) -> None:
@@ -437,13 +482,5 @@ class Stack:
                 f"stopping {len(left)} leftover process(es): "
                 + ", ".join(f"{p.command}[{p.pid}]" for p in left)
             )
-            for proc in left:
-                procs.signal_proc(proc, signal.SIGTERM)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + min(self.stop_grace_s, 5.0)
-            while any(procs.alive(p) for p in left) and loop.time() < deadline:
-                procs.reap_orphans()
-                await asyncio.sleep(0.05)
-            for proc in left:
-                procs.signal_proc(proc, signal.SIGKILL)
+            await self.stop_processes(left)
         procs.reap_orphans()

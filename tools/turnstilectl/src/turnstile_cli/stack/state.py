@@ -15,7 +15,64 @@ import os
 from pathlib import Path
 from typing import Any
 
+from turnstile_cli.stack import procs
+
 FILE_NAME = "stack.json"
+#: Each Direct runtime's record in its sandbox's directory (pid and start time).
+RUNTIME_RECORD = "runtime.json"
+
+
+def process_record(pid: int) -> dict[str, Any] | None:
+    """How ``stack.json`` names a process: pid *and* start time, so a later run
+    never signals a process that merely reuses the pid."""
+    proc = procs.read(pid)
+    if proc is None:
+        return None
+    return {"pid": proc.pid, "start_ticks": proc.start_ticks, "command": proc.command}
+
+
+def _recorded(entry: object) -> procs.Proc | None:
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return procs.Proc(
+            pid=int(entry["pid"]),
+            ppid=0,
+            start_ticks=int(entry["start_ticks"]),
+            command=str(entry.get("command", "?")),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def recorded_runner(description: dict[str, Any]) -> procs.Proc | None:
+    """The runner that wrote ``description``, when it recorded itself."""
+    return _recorded(description.get("runner"))
+
+
+def leftovers(description: dict[str, Any], state_dir: Path) -> list[procs.Proc]:
+    """What a stack that did not stop left running: the processes its
+    ``stack.json`` recorded (services, Prometheus) and the runtimes its Direct
+    state directory records, those still alive."""
+    found = [_recorded(e) for e in description.get("processes", [])]
+    if state_dir.is_dir():
+        for record in sorted(state_dir.glob(f"*/{RUNTIME_RECORD}")):
+            try:
+                entry = json.loads(record.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(entry, dict):
+                found.append(_recorded({**entry, "command": f"runtime of {record.parent.name}"}))
+    return [p for p in found if p is not None and procs.alive(p)]
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """The description at ``path``, or None when there is none (or it is unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def path_for(state_dir: Path) -> Path:
