@@ -85,6 +85,7 @@ from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.health import HealthMap
 from turnstile_platform.metric_children import Children
 
@@ -712,15 +713,11 @@ class _Watch:
 def report_breaker(health: HealthMap, component: str, breaker: Breaker) -> None:
     """Mark ``component`` unhealthy the moment ``breaker`` opens and healthy when
     it closes, without waiting for the next health check."""
-    pending: set[asyncio.Task[None]] = set()
+    reports = BackgroundTasks(f"{component} breaker health")
 
     def changed(state: BreakerState) -> None:
         if state is BreakerState.HALF_OPEN:
             return
-        task = asyncio.get_running_loop().create_task(
-            health.set(component, state is BreakerState.CLOSED)
-        )
-        pending.add(task)
-        task.add_done_callback(pending.discard)
+        reports.spawn(health.set(component, state is BreakerState.CLOSED), name="breaker health")
 
     breaker.on_change(changed)

@@ -15,7 +15,6 @@ a new channel for the calls that follow; the old one is closed after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -32,6 +31,7 @@ from turnstile_contracts import (
     substrate_pb2_grpc,
 )
 from turnstile_platform import tls
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.channels import create_channel
 
 ADMISSION = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
@@ -99,7 +99,7 @@ class Peer(Generic[StubT]):
         self.channel = make_channel(source.credentials if source else None)
         self._stub = make_stub(self.channel)
         self._checked_at = time.monotonic()
-        self._retired: set[asyncio.Task[None]] = set()
+        self._retired = BackgroundTasks("peer channel retirement")
         self.stub: StubT = (
             _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]
         )
@@ -122,9 +122,7 @@ class Peer(Generic[StubT]):
         self._source = source
         self.channel = self._make_channel(source.credentials)
         self._stub = self._make_stub(self.channel)
-        task = asyncio.get_running_loop().create_task(self._retire(old))
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
+        self._retired.spawn(self._retire(old), name="retire a rotated peer channel")
 
     @staticmethod
     async def _retire(channel: grpc.aio.Channel) -> None:
@@ -132,10 +130,7 @@ class Peer(Generic[StubT]):
         await channel.close(grace=None)
 
     async def close(self) -> None:
-        for task in list(self._retired):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._retired.close()
         await self.channel.close(grace=None)
 
 

@@ -19,12 +19,12 @@ Runs on every replica (each settles the holds of its own decisions).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from prometheus_client import Counter
 
 from turnstile_admission.redis_store import AdmissionStore
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.redis_client import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -45,15 +45,11 @@ class OrphanedHolds:
     def __init__(self, store: AdmissionStore, hold_ttl_s: float) -> None:
         self._store = store
         self._ttl_s = hold_ttl_s
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks("admission orphaned holds")
 
     def cancel(self, hold_id: str) -> None:
         """Cancel ``hold_id`` once Redis answers (returns at once)."""
-        task = asyncio.get_running_loop().create_task(
-            self._cancel(hold_id), name=f"orphaned-hold-{hold_id}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._cancel(hold_id), name=f"orphaned-hold-{hold_id}")
 
     async def _cancel(self, hold_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -76,8 +72,4 @@ class OrphanedHolds:
         ORPHANS.labels("expired").inc()
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.close()

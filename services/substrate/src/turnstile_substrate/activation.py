@@ -42,6 +42,7 @@ from prometheus_client import Counter, Histogram
 
 from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
+from turnstile_platform.background import run_to_end
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
 from turnstile_substrate.admission import AdmissionClient, Admitted, dependency_unavailable
@@ -52,7 +53,6 @@ from turnstile_substrate.db.records import SandboxRecord
 from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec, Substrate
 from turnstile_substrate.settings import SubstrateSettings
-from turnstile_substrate.shielded import run_to_end
 
 log = logging.getLogger(__name__)
 

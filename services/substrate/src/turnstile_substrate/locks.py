@@ -40,9 +40,9 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from turnstile_platform.background import run_to_end
 from turnstile_substrate.db import claims
 from turnstile_substrate.db.claims import Claim
-from turnstile_substrate.shielded import run_to_end
 
 log = logging.getLogger(__name__)
 

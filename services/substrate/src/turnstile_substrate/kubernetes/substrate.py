@@ -22,6 +22,7 @@ from kubernetes_asyncio import client as k8s
 
 from turnstile_clientkeys import Resolver
 from turnstile_clientkeys.live_store import LiveStore
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
 from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import CredentialIssuer
@@ -35,7 +36,6 @@ from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.sweeps import Release, Sweeper
-from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
 from turnstile_substrate.runtime import (
     LABEL_SANDBOX_ID,
@@ -99,7 +99,7 @@ class KubernetesSubstrate:
         #: pods stop_runtime deleted that the cache may still show (until the reflector
         #: sees them go), so find_running does not answer with a pod just stopped
         self._stopped: set[str] = set()
-        self._cleanups = Cleanups()
+        self._cleanups = BackgroundTasks("kubernetes substrate clean-ups")
         self._leadership = leadership
         self._local_leader: asyncio.Task[None] | None = None
         self._issuer = credentials
@@ -291,16 +291,16 @@ class KubernetesSubstrate:
                     raise
                 except BaseException:
                     pool.release(pod)
-                    await self._cleanups.run(self._remove_secret(pod.name, spec.sandbox_id))
+                    await self._cleanups.shielded(self._remove_secret(pod.name, spec.sandbox_id))
                     raise
             try:
                 adopted = await pool.adopt(pod, spec)
             except AdoptionFailedError as error:
                 log.info("warm claim for sandbox %s failed: %s", spec.sandbox_id, error)
-                await self._cleanups.run(self._remove_secret(pod.name, spec.sandbox_id))
+                await self._cleanups.shielded(self._remove_secret(pod.name, spec.sandbox_id))
                 continue
             except BaseException:
-                await self._cleanups.run(self._remove_secret(pod.name, spec.sandbox_id))
+                await self._cleanups.shielded(self._remove_secret(pod.name, spec.sandbox_id))
                 raise
             return _runtime(adopted, CreateKind.WARM)
         return None
@@ -337,12 +337,12 @@ class KubernetesSubstrate:
                 metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
                 if not 400 <= error.status < 500:
                     # The outcome is unknown (5xx): the pod may exist.
-                    await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
+                    await self._cleanups.shielded(self._remove_created(name, spec.sandbox_id))
                 raise
             except BaseException:
                 metrics.COLD_CREATES.labels(tier=spec.tier, result="failed").inc()
                 # The outcome is unknown (timeout, cancelled): the pod may exist.
-                await self._cleanups.run(self._remove_created(name, spec.sandbox_id))
+                await self._cleanups.shielded(self._remove_created(name, spec.sandbox_id))
                 raise
             break
         metrics.COLD_CREATES.labels(tier=spec.tier, result="created").inc()

@@ -40,13 +40,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
-from turnstile_substrate.kubernetes.tasks import Cleanups
 from turnstile_substrate.passes import log_failed_pass
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID, RuntimeSpec
 
@@ -98,7 +98,7 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
-        self._cleanups = Cleanups()
+        self._cleanups = BackgroundTasks("warm pool clean-ups")
         #: each tier's template hash (settings are frozen: computed once per tier)
         self._templates: dict[str, str] = {}
 
@@ -194,7 +194,7 @@ class WarmPool:
             metrics.WARM_INVALIDATIONS.labels(tier=spec.tier, reason=reason).inc()
             log.info("warm pod %s invalidated after a failed adoption (%s)", pod.name, reason)
             self._discard_pending[pod.name] = token
-            await self._cleanups.run(self._discard(pod.name))
+            await self._cleanups.shielded(self._discard(pod.name))
             self.wake()
             if isinstance(error, Exception):
                 raise AdoptionFailedError(pod.name, reason, error) from error
