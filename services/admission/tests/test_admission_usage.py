@@ -50,6 +50,7 @@ async def test_usage_shows_live_pending_tokens_in_flight_and_slots(
     assert shown.key.key == "acme"
     assert shown.key.key_set_version == 1
     assert shown.live == 1
+    assert shown.live_unknown == ""
     assert (shown.pending, shown.cap) == (2, 20)
     assert shown.client_capacity == 20
     assert shown.client_tokens == pytest.approx(18)
@@ -57,6 +58,18 @@ async def test_usage_shows_live_pending_tokens_in_flight_and_slots(
     assert shown.cluster_tokens == pytest.approx(198)
     assert (shown.in_flight, shown.concurrency_limit) == (1, 10)  # sb-1 committed
     assert dict(shown.node_slots_held) == {"n1": 1}
+
+
+async def test_usage_says_why_the_live_count_is_unknown(start_admission: Any, live: Any) -> None:
+    running = await start_admission(client_allowlist=("acme",))
+    await live.unsupported()
+    shown = await usage(running.stub, "acme")
+    assert not shown.HasField("live")
+    assert shown.live_unknown == "unsupported"
+    await live.unavailable()
+    shown = await usage(running.stub, "acme")
+    assert not shown.HasField("live")
+    assert shown.live_unknown == "unavailable"
 
 
 async def test_node_slot_is_the_sandboxs_after_commit_until_release(start_admission: Any) -> None:

@@ -66,6 +66,8 @@ class AdmitInput(NamedTuple):
 class Usage:
     key: BoundedKey
     live: int | None
+    #: Why ``live`` is None: ``unsupported`` or ``unavailable`` ("" when known).
+    live_unknown: str
     pending: int
     cap: int
     client_tokens: float
@@ -358,6 +360,9 @@ class Admitter:
         return Usage(
             key=key,
             live=answer.live.live,
+            live_unknown=""
+            if answer.live.live is not None
+            else ("unsupported" if answer.live.unsupported else "unavailable"),
             pending=len(answer.pending_ids),
             cap=answer.cap,
             client_tokens=answer.client_tokens,

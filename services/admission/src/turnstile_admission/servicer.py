@@ -73,6 +73,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             in_flight=usage.in_flight,
             concurrency_limit=usage.concurrency_limit,
             node_slots_held=usage.node_slots_held,
+            live_unknown=usage.live_unknown,
         )
         if usage.live is not None:
             response.live = usage.live

@@ -68,7 +68,8 @@ async def create_app(
             settings.redis_prefix,
             ttl_s=settings.worker_credential_ttl_s,
         )
-    if settings.substrate_kind == "kubernetes":
+    if settings.substrate_kind == "kubernetes" or settings.direct_live_counts == "count":
+        # The live counts are by bounded key: the resolver follows the key set.
         watcher = await watch_keyset(
             redis,
             settings.redis_prefix,
@@ -105,8 +106,8 @@ async def create_app(
     await substrate.start()
     app.add_cleanup(substrate.close)
     add_sweeps(settings, substrate, leadership, pool, admission.release_sandbox)
-    # Leader-only: the live counts admission's cap reads (on Direct, the marker that
-    # says this substrate cannot count).
+    # Leader-only: the live counts admission's cap reads (on Direct, its runtimes or
+    # the marker that says it does not count them).
     live_counts = LiveStore(redis, settings.redis_prefix, state_ttl_s=settings.live_counts_ttl_s)
     leadership.add_work(
         "live-counts", substrate.live_counts_work(live_counts, settings.live_counts_chunk)

@@ -121,6 +121,12 @@ class SubstrateSettings(TieredSettings):
     """Direct substrate: after SIGTERM, how long a runtime's process group may take
     to exit before it is killed with SIGKILL."""
 
+    direct_live_counts: Literal["count", "unsupported"] = "unsupported"
+    """Direct substrate (SPEC S4): ``count`` publishes its live runtimes by bounded
+    key, as the Kubernetes leader publishes its reflector's, so the cap applies
+    (``turnstilectl up`` sets it); ``unsupported`` declares that it does not count,
+    so the cap answers unknown (unsupported) and admits."""
+
     worker_credential_signing_key_file: Path | None = None
     """PEM (PKCS#8) Ed25519 private key sandbox credentials are signed with (SPEC Z3).
     Set: every runtime started gets a credential bound to its sandbox, renewed while

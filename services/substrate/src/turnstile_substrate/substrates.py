@@ -79,7 +79,7 @@ def create_substrate(
     Direct writes a file per runtime, Kubernetes a Secret per pod.
     """
     if settings.substrate_kind == "direct":
-        return DirectSubstrate(settings, credentials, leadership)
+        return DirectSubstrate(settings, credentials, leadership, resolver)
     factory = cast(_Factory, _kubernetes().create_substrate)
     return factory(settings, resolver, leadership, credentials)
 

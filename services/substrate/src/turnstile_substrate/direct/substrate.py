@@ -20,8 +20,11 @@ runtimes that outlived it through those records, and :meth:`stop_runtime`
 stops them like its own. Runtimes are not stopped when the substrate stops
 (pods do not vanish when a Kubernetes substrate restarts either).
 
-Direct cannot count live sandboxes per client (SPEC S4): ``count_live``
-answers unknown (unsupported), and admission then admits.
+Live counts (SPEC S4): with ``TURNSTILE_DIRECT_LIVE_COUNTS=count`` (the local
+stack's) the substrate publishes its live runtimes by bounded key, as the
+Kubernetes leader publishes its reflector's, so the cap applies; by default it
+declares it cannot count, and the cap answers unknown (unsupported) and admits
+(:mod:`turnstile_substrate.direct.live_counts`).
 
 Sandbox credentials (SPEC Z3), when a signing key is configured: each runtime
 start (cold or restore) mints a credential of a new generation, written to
@@ -53,6 +56,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from turnstile_clientkeys import Resolver
 from turnstile_clientkeys.live_store import LiveStore
 from turnstile_platform.leader import Leadership, LeaderTerm
 from turnstile_platform.redis_client import UNREACHABLE
@@ -64,7 +68,7 @@ from turnstile_platform.sandbox_credentials import (
 from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
 from turnstile_substrate.direct.launcher import Launcher
-from turnstile_substrate.direct.live_counts import declare_unsupported
+from turnstile_substrate.direct.live_counts import DirectLiveCounts, declare_unsupported
 from turnstile_substrate.runtime import (
     CapGate,
     CountUnknown,
@@ -146,10 +150,12 @@ class DirectSubstrate:
         settings: SubstrateSettings,
         credentials: CredentialIssuer | None = None,
         leadership: Leadership | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         """``leadership``: where the credential renewal registers as leader work (the
         process's :class:`~turnstile_platform.leader.LocalLeadership`); None runs it
-        as this substrate's own task."""
+        as this substrate's own task. ``resolver`` turns each runtime's client into
+        its bounded key when the substrate counts its runtimes (required then)."""
         self.command = shlex.split(settings.direct_runtime_command)
         if not self.command:
             raise ValueError("TURNSTILE_DIRECT_RUNTIME_COMMAND must not be empty")
@@ -165,6 +171,13 @@ class DirectSubstrate:
             Launcher(settings.direct_runtime_preload) if settings.direct_runtime_preload else None
         )
         self._started = False
+        self._live: DirectLiveCounts | None = None
+        if settings.direct_live_counts == "count":
+            if resolver is None:
+                raise ValueError("counting live runtimes needs the service's resolver")
+            self._live = DirectLiveCounts(
+                self._live_runtimes, resolver, chunk=settings.live_counts_chunk
+            )
         self.credentials = credentials
         self._renew_interval_s = settings.worker_credential_renew_interval_s
         self._retry_after_s = settings.retry_after_s
@@ -238,6 +251,7 @@ class DirectSubstrate:
             "runtime started",
             extra={"sandbox_id": spec.sandbox_id, "pid": record.pid, "kind": plan.kind.value},
         )
+        self._live_changed()
         return record.runtime(spec.sandbox_id)
 
     def _watch(self, child: subprocess.Popen[bytes] | None) -> None:
@@ -266,6 +280,7 @@ class DirectSubstrate:
             stopped = await processes.stop_group(record.pid, record.start_ticks, self.stop_grace_s)
             self._reaper.reap()
             self._drop_record(sandbox_id)
+            self._live_changed()
             if stopped:
                 log.info("runtime stopped", extra={"sandbox_id": sandbox_id, "pid": record.pid})
         if unrevoked is not None:
@@ -276,13 +291,35 @@ class DirectSubstrate:
     def count_live(
         self, key: str, exclude_sandbox_id: str | None, pending: Collection[str]
     ) -> LiveCount | CountUnknown:
-        return CountUnknown("unsupported", "the Direct substrate does not count live sandboxes")
+        if self._live is None:
+            return CountUnknown(
+                "unsupported",
+                "the Direct substrate does not count live sandboxes "
+                "(TURNSTILE_DIRECT_LIVE_COUNTS=unsupported)",
+            )
+        return self._live.count(key, exclude_sandbox_id, pending)
 
     def live_counts_work(
         self, store: LiveStore, chunk: int
     ) -> Callable[[LeaderTerm], Awaitable[None]]:
-        """Direct cannot count: it declares so, and the cap admits (SPEC S4)."""
-        return functools.partial(declare_unsupported, store)
+        """Publish the live runtimes by key, or declare that this substrate does not
+        count, so the cap admits (SPEC S4)."""
+        if self._live is None:
+            return functools.partial(declare_unsupported, store)
+        return functools.partial(self._live.run, store)
+
+    def _live_changed(self) -> None:
+        if self._live is not None:
+            self._live.changed()
+
+    def _live_runtimes(self) -> dict[str, str | None]:
+        """Every runtime that runs now, with its client label (blocking: a thread)."""
+        live: dict[str, str | None] = {}
+        for directory in _sandbox_dirs(self.state_dir):
+            record = self._read_record(directory.name)
+            if record is not None and processes.is_alive(record.pid, record.start_ticks):
+                live[directory.name] = record.client_label
+        return live
 
     # -- the state directory -------------------------------------------------
 

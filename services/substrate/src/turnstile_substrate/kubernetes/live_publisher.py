@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
 
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import DROP, KEEP, Change, LiveStore, Op, StateLostError
@@ -43,6 +42,7 @@ from turnstile_platform.leader import LeaderTerm
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.reflector import Reflector
+from turnstile_substrate.live_changes import chunks, diff
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class LivePublisher:
                 self._dirty.clear()
                 desired = self._index.live_keys()
                 everything = desired.keys() | self.published.keys()
-                await self._apply(term, _diff(desired, self.published, everything))
+                await self._apply(term, diff(desired, self.published, everything))
                 self.resyncs += 1
                 metrics.LIVE_COUNTS_RESYNCS.inc()
             while self._dirty:
@@ -117,7 +117,7 @@ class LivePublisher:
                     key = self._index.live_key(sandbox_id)
                     if key is not None:
                         desired[sandbox_id] = key
-                await self._apply(term, _diff(desired, self.published, dirty))
+                await self._apply(term, diff(desired, self.published, dirty))
             if not self._reflector.current or generation != self._index.generation:
                 continue  # fell behind, or re-listed, while writing: start over
             now = time.monotonic()
@@ -128,7 +128,7 @@ class LivePublisher:
             await self._sleep(max(0.0, self._renew_s - (time.monotonic() - renewed)))
 
     async def _apply(self, term: LeaderTerm, changes: list[Change]) -> None:
-        for chunk in _chunks(changes, self._chunk):
+        for chunk in chunks(changes, self._chunk):
             await self._store.write(term.epoch, chunk, KEEP, continuing=True)
             for change in chunk:
                 metrics.LIVE_COUNTS_CHANGES.labels(change.op.value).inc()
@@ -151,25 +151,3 @@ class LivePublisher:
             await self._wake.wait()
         finally:
             timer.cancel()
-
-
-def _diff(
-    desired: dict[str, str], published: dict[str, str], sandboxes: Iterable[str]
-) -> list[Change]:
-    """The changes that make ``published`` equal ``desired`` for ``sandboxes`` (a
-    full resync passes every id either side has)."""
-    changes: list[Change] = []
-    for sandbox_id in sandboxes:
-        want, have = desired.get(sandbox_id), published.get(sandbox_id)
-        if want == have:
-            continue
-        if have is not None:
-            changes.append(Change(Op.DEL, sandbox_id, have))
-        if want is not None:
-            changes.append(Change(Op.SET, sandbox_id, want))
-    return changes
-
-
-def _chunks(changes: list[Change], size: int) -> Iterator[list[Change]]:
-    for start in range(0, len(changes), size):
-        yield changes[start : start + size]

@@ -187,13 +187,26 @@ async def _usage(args: argparse.Namespace, ctx: Context) -> int:
     return Exit.OK
 
 
+#: What an unknown live count means for the cap, in the words ``usage`` prints.
+_LIVE_UNKNOWN = {
+    "unsupported": "unknown: the substrate does not count live sandboxes (on Direct, "
+    "TURNSTILE_DIRECT_LIVE_COUNTS=unsupported), so the cap admits",
+    "unavailable": "unknown: no current count from the substrate's leader (none is "
+    "running, or it fell behind), so the cap counts pending alone",
+}
+
+
 def render_usage(console: Console, who: str, usage: admission_pb2.GetUsageResponse) -> None:
     key = usage.key
     console.print(
         f"[bold]{who}[/] → key [bold]{key.key}[/] ({_key_kind(key.kind)}, "
         f"key set v{key.key_set_version})"
     )
-    live = str(usage.live) if usage.HasField("live") else "unknown (the substrate cannot count)"
+    live = (
+        str(usage.live)
+        if usage.HasField("live")
+        else _LIVE_UNKNOWN.get(usage.live_unknown, "unknown")
+    )
     rows: dict[str, object] = {
         "live": live,
         "pending": usage.pending,

@@ -136,6 +136,10 @@ class StackConfig:
                     "TURNSTILE_SUBSTRATE_KIND": "direct",
                     "TURNSTILE_DATABASE_URL": self.database_url,
                     "TURNSTILE_DIRECT_STATE_DIR": str(self.state_dir.absolute()),
+                    # The cap applies locally: the substrate counts its runtimes (S4).
+                    "TURNSTILE_DIRECT_LIVE_COUNTS": os.environ.get(
+                        "TURNSTILE_DIRECT_LIVE_COUNTS", "count"
+                    ),
                     # Woken sandboxes' workers are forked pre-imported (fast wakes);
                     # an explicit setting, even empty, wins.
                     "TURNSTILE_DIRECT_RUNTIME_PRELOAD": os.environ.get(

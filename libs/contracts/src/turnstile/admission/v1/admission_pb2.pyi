@@ -478,6 +478,7 @@ class GetUsageResponse(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     CONCURRENCY_LIMIT_FIELD_NUMBER: _builtins.int
     NODE_SLOTS_HELD_FIELD_NUMBER: _builtins.int
+    LIVE_UNKNOWN_FIELD_NUMBER: _builtins.int
     live: _builtins.int
     """Live sandboxes from the substrate's count; absent when unknown."""
     pending: _builtins.int
@@ -493,6 +494,12 @@ class GetUsageResponse(_message.Message):
     in_flight: _builtins.int
     """Activations in flight for the key, and its concurrency limit."""
     concurrency_limit: _builtins.int
+    live_unknown: _builtins.str
+    """Why `live` is absent: "unsupported" (the substrate does not count live
+    sandboxes, so the cap admits) or "unavailable" (no current count from the
+    substrate's leader, so the cap counts the pending set alone). Empty when
+    `live` is set.
+    """
     @_builtins.property
     def key(self) -> _common_pb2.BoundedKey: ...
     @_builtins.property
@@ -513,10 +520,11 @@ class GetUsageResponse(_message.Message):
         in_flight: _builtins.int = ...,
         concurrency_limit: _builtins.int = ...,
         node_slots_held: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        live_unknown: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_live", b"_live", "key", b"key", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_live", b"_live", "cap", b"cap", "client_capacity", b"client_capacity", "client_tokens", b"client_tokens", "cluster_capacity", b"cluster_capacity", "cluster_tokens", b"cluster_tokens", "concurrency_limit", b"concurrency_limit", "in_flight", b"in_flight", "key", b"key", "live", b"live", "node_slots_held", b"node_slots_held", "pending", b"pending"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_live", b"_live", "cap", b"cap", "client_capacity", b"client_capacity", "client_tokens", b"client_tokens", "cluster_capacity", b"cluster_capacity", "cluster_tokens", b"cluster_tokens", "concurrency_limit", b"concurrency_limit", "in_flight", b"in_flight", "key", b"key", "live", b"live", "live_unknown", b"live_unknown", "node_slots_held", b"node_slots_held", "pending", b"pending"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__live: _TypeAlias = _typing.Literal["live"]  # noqa: Y015
     _WhichOneofArgType__live: _TypeAlias = _typing.Literal["_live", b"_live"]  # noqa: Y015
