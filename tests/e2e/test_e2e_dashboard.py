@@ -125,6 +125,8 @@ async def test_every_dashboard_query_returns_series_from_the_local_stack(
         database_url=database_url,
         metrics_ports=metrics,
         prometheus_port=prometheus_port,
+        # A cap without a count, so the fail-open panel has its (by-design) series.
+        extra_env={"TURNSTILE_DIRECT_LIVE_COUNTS": "unsupported"},
     ) as stack:
         await stack.wait_serving()
         assert f"http://127.0.0.1:{prometheus_port}" in stack.output()  # the banner says where
