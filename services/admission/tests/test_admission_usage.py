@@ -12,8 +12,8 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from turnstile_admission.limits import Limits, LimitsError, LimitsStore
 from turnstile_clientkeys import KeySetStore
+from turnstile_clientkeys.limits import Limits, LimitsError, LimitsStore, limits_key
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.otlp import OtlpReceiver
 
@@ -137,12 +137,18 @@ async def test_limits_change_applies_on_the_next_decision_without_restart(
 ) -> None:
     running = await start_admission(client_allowlist=("acme",))
     assert (await running.stub.Admit(cold("sb-1"))).decision == ADMITTED
-    await LimitsStore(redis, running.keys).set_key("acme", Limits(cap=1))
+    await LimitsStore(redis, running.keys.prefix).set_key("acme", Limits(cap=1))
     refused = await running.stub.Admit(cold("sb-2"))
     assert refused.refused_by == admission_pb2.POLICY_CAP
     assert (refused.limit, refused.current) == (1, 1)
     assert refused.retry_after.ToMilliseconds() == 5000
     assert (await usage(running.stub, "acme")).cap == 1
+
+
+def test_the_shared_limits_hash_is_the_one_admit_lua_reads() -> None:
+    from turnstile_admission.keys import AdmissionKeys
+
+    assert limits_key("p:") == AdmissionKeys("p:").limits
 
 
 def test_limits_reject_invalid_values() -> None:

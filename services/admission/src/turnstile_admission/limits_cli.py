@@ -1,7 +1,10 @@
 """``turnstile-admission-limits``: show and change per-key limits in Redis.
 
-The change applies to the next decision on every replica (``admit.lua`` reads
-the limits itself). Examples::
+``turnstilectl limits`` does the same with validation against the key set
+(and a warning when a key is not allowlisted, so its limits are not in effect);
+this command stays for scripts that run beside an admission replica, with only
+its settings. The change applies to the next decision on every replica
+(``admit.lua`` reads the limits itself). Examples::
 
     turnstile-admission-limits show
     turnstile-admission-limits set acme '{"cap": 50, "rate": 5, "burst": 50}'
@@ -17,9 +20,8 @@ import asyncio
 import json
 import sys
 
-from turnstile_admission.keys import AdmissionKeys
-from turnstile_admission.limits import ClusterLimits, Limits, LimitsError, LimitsStore
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys.limits import ClusterLimits, Limits, LimitsError, LimitsStore
 from turnstile_platform.redis_client import redis_from_settings
 
 
@@ -47,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace) -> None:
     settings = AdmissionSettings()
     client = redis_from_settings(settings)
-    store = LimitsStore(client, AdmissionKeys(settings.redis_prefix))
+    store = LimitsStore(client, settings.redis_prefix)
     try:
         if args.command == "show":
             print(json.dumps(await store.show(), indent=2, sort_keys=True))
@@ -56,10 +58,7 @@ async def _run(args: argparse.Namespace) -> None:
         elif args.command == "set-default":
             await store.set_default(Limits.parse(json.loads(args.limits)))
         elif args.command == "set-cluster":
-            doc = Limits.parse(json.loads(args.limits))
-            if doc.cap is not None or doc.concurrency is not None:
-                raise LimitsError("the cluster has only rate and burst")
-            await store.set_cluster(ClusterLimits(rate=doc.rate, burst=doc.burst))
+            await store.set_cluster(ClusterLimits.parse(json.loads(args.limits)))
         elif args.command == "clear":
             await store.clear_key(args.key)
     finally:

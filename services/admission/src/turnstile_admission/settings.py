@@ -2,7 +2,7 @@
 
 Each policy's settings are a nested group (``TURNSTILE_CAP__MODE=shadow``,
 ``TURNSTILE_SLOTS__PER_NODE='{"node-a": 16}'``). Per-key limits are not here:
-they live in Redis and change without a restart (see :mod:`turnstile_admission.limits`);
+they live in Redis and change without a restart (see :mod:`turnstile_clientkeys.limits`);
 the defaults below apply to keys without limits of their own.
 """
 

@@ -10,11 +10,12 @@
 
 Each step runs under a root span of its own, so its trace id (printed) finds
 the whole path in Jaeger when ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at it.
-Limits are set through admission's admin path (``turnstile-admission-limits``)
-and the key set through :class:`turnstile_clientkeys.KeySetStore`, on the
-stack's Redis. Client ids carry a per-run suffix, so the story can be told
-again on the same stack; the run's allowlist entries and limits are removed at
-the end, its sandboxes are left running to look at.
+Limits are set as ``turnstilectl limits`` sets them
+(:class:`turnstile_clientkeys.limits.LimitsStore`) and the key set through
+:class:`turnstile_clientkeys.KeySetStore`, on the stack's Redis. Client ids carry a
+per-run suffix, so the story can be told again on the same stack; the run's
+allowlist entries and limits are removed at the end, its sandboxes are left
+running to look at.
 
 Killing a worker needs its pid, which the Direct substrate reports as the
 runtime name (``proc-<pid>``): this step works against the local stack only.
@@ -29,7 +30,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,8 +50,8 @@ from turnstile_cli.commands.substrate import render_activate
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import render_error
-from turnstile_cli.stack.config import find_command
 from turnstile_clientkeys import KeySetStore
+from turnstile_clientkeys.limits import LimitsError, LimitsStore
 from turnstile_contracts import (
     admission_pb2,
     affinity_pb2,
@@ -160,23 +160,22 @@ class Story:
     def refused(self, error: RichError, action: str) -> None:
         self.console.print(render_error(error, action=action))
 
-    def set_limits(self, key: str, limits: dict[str, float]) -> None:
+    async def set_limits(self, key: str, limits: dict[str, float]) -> None:
         text = json.dumps(limits)
-        self.shell(f"turnstile-admission-limits set {key} '{text}'")
-        self._limits("set", key, text)
+        self.shell(f"turnstilectl limits set {key} '{text}'")
+        await self._limits(lambda store: store.put(LimitsStore.field_of(key), limits))
 
-    def _limits(self, *args: str) -> None:
-        binary = find_command("turnstile-admission-limits")
-        if binary is None:
-            raise DemoError("turnstile-admission-limits is not installed (uv sync)")
-        env = {
-            **os.environ,
-            "TURNSTILE_REDIS_URL": self.redis_url,
-            "TURNSTILE_REDIS_PREFIX": self.redis_prefix,
-        }
-        done = subprocess.run([binary, *args], env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise DemoError(f"turnstile-admission-limits {' '.join(args)}: {done.stderr.strip()}")
+    async def clear_limits(self, key: str) -> None:
+        await self._limits(lambda store: store.delete(LimitsStore.field_of(key)))
+
+    async def _limits(self, change: Callable[[LimitsStore], Awaitable[object]]) -> None:
+        redis = create_redis(self.redis_url, timeout_s=5.0)
+        try:
+            await change(LimitsStore(redis, self.redis_prefix))
+        except LimitsError as error:
+            raise DemoError(f"limits: {error}") from error
+        finally:
+            await redis.aclose()
 
     async def keys(self, *, allow: tuple[str, ...] = (), remove: tuple[str, ...] = ()) -> int:
         redis = create_redis(self.redis_url, timeout_s=5.0)
@@ -244,7 +243,7 @@ class Story:
             "live-sandbox cap refuses the same way (CAP_EXCEEDED); the Direct substrate cannot "
             "count live sandboxes, so locally that verdict is 'unknown' and admits.",
         ):
-            self.set_limits(self.acme, {"concurrency": 2})
+            await self.set_limits(self.acme, {"concurrency": 2})
             holds: list[str] = []
             async with self.ctx.admission() as stub:
                 for n in (1, 2, 3):
@@ -275,7 +274,7 @@ class Story:
             "token each until one is refused; the refusal says when a token is back, and the "
             "retry after that long is admitted.",
         ):
-            self.set_limits(self.acme, {"rate": 0.5, "burst": 2})
+            await self.set_limits(self.acme, {"rate": 0.5, "burst": 2})
             for n in range(2, 7):
                 sandbox_id = self.sandbox(f"acme-{n}")
                 try:
@@ -341,7 +340,7 @@ class Story:
             f"process is killed. {chat_b}'s next turns are 'pending' while the grace period "
             "runs: retryable, with a hint when to come back.",
         ):
-            self.set_limits(self.globex, {"rate": 0.01, "burst": 1})
+            await self.set_limits(self.globex, {"rate": 0.01, "burst": 1})
             for n in range(3, 6):
                 try:
                     await self.activate(self.sandbox(f"globex-{n}"), self.globex, "microvm")
@@ -454,7 +453,7 @@ async def _cleanup(story: Story) -> None:
         await story.keys(remove=(story.acme, story.globex))
     for key in (story.acme, story.globex):
         with contextlib.suppress(Exception):
-            story._limits("clear", key)
+            await story.clear_limits(key)
 
 
 def _flush(provider: TracerProvider) -> None:

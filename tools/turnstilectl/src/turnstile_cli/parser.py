@@ -41,7 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for declare in (_admission, _substrate, _affinity, _keys, _tiers, _status, _stack, _demo):
+    for declare in (
+        _admission,
+        _substrate,
+        _affinity,
+        _keys,
+        _limits,
+        _tiers,
+        _status,
+        _stack,
+        _demo,
+    ):
         declare(sub)
     return parser
 
@@ -201,6 +211,52 @@ def _keys(sub: Subparsers) -> None:
     remove.add_argument("client_id", nargs="+")
     flags = verbs.add_parser("flags", help="show flags, or set NAME=on|off")
     flags.add_argument("assignment", nargs="*", metavar="NAME=on|off")
+
+
+LIMITS_DESCRIPTION = """\
+Per-key limits in Redis, read by admission's decision script itself: a change
+applies to the next decision on every replica. A document names any of cap,
+rate, burst, concurrency (the cluster's: rate, burst); what it leaves out falls
+back to the stored default, then to admission's settings.
+
+  turnstilectl limits get                         every stored document
+  turnstilectl limits get acme                    one key's (or --default, --cluster)
+  turnstilectl limits set acme '{"cap": 5}'       replace acme's whole document
+  turnstilectl limits patch acme '{"rate": 2}'    merge in (null removes a field)
+  turnstilectl limits delete acme                 acme falls back to the defaults
+"""
+
+
+def _limits(sub: Subparsers) -> None:
+    limits = command(
+        sub,
+        "limits",
+        "turnstile_cli.commands.limits:_limits",
+        help="show or change per-key limits (cap, rate, burst, concurrency)",
+        description=LIMITS_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    limits.add_argument(
+        "--redis-url", help="Redis holding the limits (default: $TURNSTILE_REDIS_URL or local)"
+    )
+    limits.add_argument(
+        "--redis-prefix", help="the deployment's key prefix (default: $TURNSTILE_REDIS_PREFIX)"
+    )
+    verbs = limits.add_subparsers(dest="verb", metavar="VERB", required=True)
+    helps = {
+        "get": "the stored documents, or one",
+        "set": "replace a document (says what it replaced)",
+        "patch": "merge fields into a document (null removes one)",
+        "delete": "remove a document: the next level applies",
+    }
+    for verb, text in helps.items():
+        parser = verbs.add_parser(verb, help=text)
+        which = parser.add_mutually_exclusive_group(required=verb != "get")
+        which.add_argument("key", nargs="?", help="a bounded key (an allowlisted client id)")
+        which.add_argument("--default", action="store_true", help="every key's defaults")
+        which.add_argument("--cluster", action="store_true", help="the cluster bucket")
+        if verb in ("set", "patch"):
+            parser.add_argument("document", help="JSON, e.g. '{\"cap\": 5}'")
 
 
 def _tiers(sub: Subparsers) -> None:

@@ -81,6 +81,7 @@ def command(
     help: str,
     service: str | None = None,
     description: str | None = None,
+    formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter,
 ) -> argparse.ArgumentParser:
     """Add a subcommand; ``service`` adds ``--target`` for that service's address.
 
@@ -88,7 +89,11 @@ def command(
     the command runs (so ``--help`` imports none of what commands need).
     """
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help, description=description or help, parents=[COMMON]
+        name,
+        help=help,
+        description=description or help,
+        parents=[COMMON],
+        formatter_class=formatter_class,
     )
     parser.set_defaults(handler=handler, action=name, service=service)
     if service is not None:

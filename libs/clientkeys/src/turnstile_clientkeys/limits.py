@@ -1,0 +1,182 @@
+"""Per-key limits, stored in Redis and changed without a restart.
+
+The limits hash (:func:`limits_key`, admission's ``AdmissionKeys.limits``) holds
+small JSON documents: ``default`` (overrides the settings' defaults for every
+key), ``cluster`` (the cluster bucket) and ``key:<bounded key>`` (one key's own
+limits). Admission's ``admit.lua`` reads them itself with one HMGET, so a change
+applies to the very next decision on every replica, with no reload to
+propagate. Fields left out fall back to the next level: key → stored default →
+settings.
+
+They live beside the key set, in this library, because both admission and
+``turnstilectl limits`` read and change them and neither may import the other.
+Changes go through :class:`LimitsStore`, which validates them; the script also
+ignores a malformed value rather than fail a decision.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from turnstile_clientkeys.labels import is_label_value
+
+
+class LimitsError(ValueError):
+    """A limits change that cannot be stored."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits of one bounded key (or the stored defaults); None means "inherit"."""
+
+    cap: int | None = None
+    rate: float | None = None
+    burst: float | None = None
+    concurrency: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+    @classmethod
+    def parse(cls, doc: Any) -> Limits:
+        if not isinstance(doc, dict):
+            raise LimitsError("limits must be a JSON object")
+        unknown = set(doc) - {"cap", "rate", "burst", "concurrency"}
+        if unknown:
+            raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}")
+        limits = cls(
+            cap=_integer(doc, "cap"),
+            rate=_number(doc, "rate"),
+            burst=_number(doc, "burst"),
+            concurrency=_integer(doc, "concurrency"),
+        )
+        if limits.rate is not None and limits.rate <= 0:
+            raise LimitsError("rate must be greater than 0")
+        if limits.burst is not None and limits.burst < 1:
+            raise LimitsError("burst must be at least 1")
+        return limits
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ClusterLimits:
+    rate: float | None = None
+    burst: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def parse(cls, doc: Any) -> ClusterLimits:
+        limits = Limits.parse(doc)
+        if limits.cap is not None or limits.concurrency is not None:
+            raise LimitsError("the cluster has only rate and burst")
+        return cls(rate=limits.rate, burst=limits.burst)
+
+
+def limits_key(prefix: str) -> str:
+    """The limits hash, in admission's hash slot (``<prefix>{adm}:limits``)."""
+    return f"{prefix}{{adm}}:limits"
+
+
+#: The hash fields of the two documents that are not a key's.
+DEFAULT, CLUSTER = "default", "cluster"
+
+
+def merge_patch(current: dict[str, Any], patch: Any) -> dict[str, Any]:
+    """``current`` with ``patch`` merged in (RFC 7386: a ``null`` removes a field)."""
+    if not isinstance(patch, dict):
+        raise LimitsError("limits must be a JSON object")
+    merged = dict(current)
+    for name, value in patch.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    return merged
+
+
+def _number(doc: dict[str, Any], name: str) -> float | None:
+    value = doc.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LimitsError(f"{name} must be a finite number")
+    if value < 0:
+        raise LimitsError(f"{name} must not be negative")
+    return float(value)
+
+
+def _integer(doc: dict[str, Any], name: str) -> int | None:
+    value = _number(doc, name)
+    if value is None:
+        return None
+    if not value.is_integer():
+        raise LimitsError(f"{name} must be a whole number")
+    return int(value)
+
+
+class LimitsStore:
+    """Reads and changes the limits hash (the admin path).
+
+    ``field`` is ``key:<bounded key>``, :data:`DEFAULT` or :data:`CLUSTER`
+    (:meth:`field_of` builds one); each document is validated before it is
+    written."""
+
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str) -> None:
+        self._redis = client
+        self.hash = limits_key(prefix)
+
+    @staticmethod
+    def field_of(key: str) -> str:
+        if not is_label_value(key):
+            raise LimitsError(f"{key!r} is not a bounded key")
+        return f"key:{key}"
+
+    async def get(self, field: str) -> dict[str, Any] | None:
+        """The stored document (None: none, the next level applies)."""
+        raw = await self._redis.hget(self.hash, field)
+        return None if raw is None else dict(json.loads(raw))
+
+    async def put(self, field: str, doc: Any) -> dict[str, float]:
+        """Replace the document with ``doc`` (validated); the document stored."""
+        stored = (ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
+        await self._redis.hset(self.hash, field, json.dumps(stored))
+        return stored
+
+    async def delete(self, field: str) -> bool:
+        return bool(await self._redis.hdel(self.hash, field))
+
+    async def set_key(self, key: str, limits: Limits) -> None:
+        await self._redis.hset(self.hash, self.field_of(key), limits.to_json())
+
+    async def clear_key(self, key: str) -> bool:
+        return bool(await self._redis.hdel(self.hash, f"key:{key}"))
+
+    async def set_default(self, limits: Limits) -> None:
+        await self._redis.hset(self.hash, DEFAULT, limits.to_json())
+
+    async def set_cluster(self, limits: ClusterLimits) -> None:
+        if limits.rate is not None and limits.rate <= 0:
+            raise LimitsError("rate must be greater than 0")
+        if limits.burst is not None and limits.burst < 1:
+            raise LimitsError("burst must be at least 1")
+        await self._redis.hset(self.hash, CLUSTER, limits.to_json())
+
+    async def show(self) -> dict[str, Any]:
+        raw = await self._redis.hgetall(self.hash)
+        return {_text(k): json.loads(v) for k, v in sorted(raw.items())}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
