@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 
+
 class LogThrottle:
     """At most one line per key per ``interval_s``; the lines in between counted."""
 

@@ -11,9 +11,10 @@ and reflection (open to any caller with an identity):
    must be one the decision allows → PERMISSION_DENIED otherwise.
 
 Refusals carry ``ErrorInfo`` (reason ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``,
-metadata ``identity`` and ``method``), are counted per identity label and logged,
-at most one line per identity, method and reason a minute with a count of the rest
-(:mod:`turnstile_platform.log_throttle`, SPEC O6). The handler never runs for a refused call, so nothing changes.
+metadata ``identity`` and ``method``), are counted per identity label and logged:
+one line per identity, method and reason a minute, with a count of the rest
+(:mod:`turnstile_platform.log_throttle`, SPEC O6). The handler never runs for a
+refused call, so nothing changes.
 
 The platform interceptor (:mod:`turnstile_platform.interceptors`) runs
 :meth:`Authorizer.authorize` for every call it serves, once the call holds its
