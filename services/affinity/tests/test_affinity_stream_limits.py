@@ -154,6 +154,33 @@ async def test_streams_without_a_hello_are_closed_at_the_deadline_and_attached_o
         call.cancel()
 
 
+async def test_a_slot_taken_at_hello_is_given_back_by_every_stream_that_ends(
+    affinity: StartAffinity, credentials: Credentials
+) -> None:
+    service = await affinity(max_concurrent_streams=1)
+    stale = (await credentials.issue("b")).credential
+    current = (await credentials.issue("b")).credential
+    for _ in range(3):  # accepted in process, refused by attach.lua: the slot was taken
+        call: Call = service.stub.Attach(None)
+        await call.write(_hello("b", stale))
+        refused = await _closed(call)
+        assert (refused.code, refused.metadata["why"]) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "revoked",
+        )
+    for _ in range(3):  # attached, then Goodbye
+        call = service.stub.Attach(None)
+        await call.write(_hello("b", current))
+        first = await call.read()
+        assert isinstance(first, affinity_pb2.AttachResponse)
+        assert first.HasField("welcome")
+        await call.write(GOODBYE)
+        assert await call.code() == grpc.StatusCode.OK
+    last = await _welcomed(service, credentials, "c")
+    assert set(await service.workers()) == {"c"}
+    last.cancel()
+
+
 async def _flood(call: Call, messages: list[affinity_pb2.AttachRequest]) -> tuple[int, int, float]:
     """Write every message as fast as the stream takes them, then Goodbye; the acks
     and credential acceptances read back, and how long it took."""
