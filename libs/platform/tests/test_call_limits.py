@@ -10,6 +10,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from turnstile_platform.call_limits import UNCOUNTED_ROOM, CallKind
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.server import GrpcService
 from turnstile_platform.settings import ServiceSettings
@@ -20,11 +21,16 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class Held:
     """A server whose unary ``Hold`` and stream ``Watch`` stay open until released."""
 
-    def __init__(self, unary: int, streams: int) -> None:
+    def __init__(self, unary: int, streams: int, waiting: int = 0) -> None:
         settings = ServiceSettings(
             port=0, max_concurrent_rpcs=unary, max_concurrent_streams=streams, log_format="text"
         )
-        self.app = GrpcService("limits-test", settings, service_names=["test.Limits"])
+        self.app = GrpcService(
+            "limits-test",
+            settings,
+            service_names=["test.Limits"],
+            self_admitted_streams={"/test.Limits/Admit": waiting} if waiting else None,
+        )
         self.release = asyncio.Event()
         self.entered = 0
         self.entered_changed = asyncio.Condition()
@@ -33,6 +39,7 @@ class Held:
             {
                 "Hold": grpc.unary_unary_rpc_method_handler(self._hold),
                 "Watch": grpc.stream_stream_rpc_method_handler(self._watch),
+                "Admit": grpc.stream_stream_rpc_method_handler(self._admit),
             },
         )
         self.app.server.add_generic_rpc_handlers((handler,))
@@ -56,6 +63,21 @@ class Held:
         async for request in requests:
             yield request
 
+    async def _admit(
+        self, requests: AsyncIterator[bytes], context: Context
+    ) -> AsyncIterator[bytes]:
+        """Takes its stream slot itself, at its first message (as the relay's Attach)."""
+        await self._entered()
+        if await anext(requests, None) is None:
+            return
+        self.app.limits.acquire(CallKind.STREAM, "Admit")
+        try:
+            yield b"admitted"
+            async for request in requests:
+                yield request
+        finally:
+            self.app.limits.release(CallKind.STREAM)
+
     async def until_entered(self, count: int) -> None:
         async with self.entered_changed:
             await asyncio.wait_for(self.entered_changed.wait_for(lambda: self.entered >= count), 30)
@@ -65,8 +87,8 @@ class Held:
 async def held() -> AsyncIterator[Any]:
     servers: list[Held] = []
 
-    async def start(unary: int, streams: int) -> tuple[Held, grpc.aio.Channel]:
-        server = Held(unary, streams)
+    async def start(unary: int, streams: int, waiting: int = 0) -> tuple[Held, grpc.aio.Channel]:
+        server = Held(unary, streams, waiting)
         await server.app.start()
         servers.append(server)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.app.port}")
@@ -158,3 +180,27 @@ async def test_the_in_flight_gauge_reads_the_calls_being_served(held: Any) -> No
     server.release.set()
     await asyncio.gather(*holding)
     assert in_flight() == before
+
+
+async def test_a_self_admitted_stream_holds_no_slot_until_its_handler_takes_one(
+    held: Any,
+) -> None:
+    server, channel = await held(unary=1, streams=1, waiting=4)
+    assert server.app.limits.server_cap == 1 + 1 + 4 + UNCOUNTED_ROOM
+    admit = channel.stream_stream("/test.Limits/Admit")
+    # Three streams past the stream limit of one are served: none has a slot yet.
+    waiting = [admit() for _ in range(3)]
+    await server.until_entered(3)
+    await waiting[0].write(b"hello")
+    assert await waiting[0].read() == b"admitted"
+    # The next to take its slot finds the limit held, and is refused as any stream is.
+    await waiting[1].write(b"hello")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await waiting[1].read()
+    assert _refusal(raised.value, "stream", 1).metadata["method"] == "Admit"
+    # A stream that ends gives its slot back.
+    await waiting[0].done_writing()
+    assert await waiting[0].code() == grpc.StatusCode.OK
+    await waiting[2].write(b"hello")
+    assert await waiting[2].read() == b"admitted"
+    waiting[2].cancel()

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from turnstile_platform import decoding
 from turnstile_platform.errors import decode
+from turnstile_platform.log_throttle import LogThrottle
 from turnstile_platform.server import GrpcService
 from turnstile_testing.probe import settings
 
@@ -80,9 +81,10 @@ async def test_undecodable_message_in_a_request_stream_is_invalid_argument(
 
 
 async def test_undecodable_calls_log_one_short_warning_per_method_and_no_traceback(
-    channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
+    channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    decoding._warnings = decoding._Warnings()  # a fresh rate limit for this test
+    fresh = LogThrottle(decoding.log, interval_s=decoding.WARN_INTERVAL_S)
+    monkeypatch.setattr(decoding, "warnings", fresh)  # lines other tests wrote do not count
     check = channel.unary_unary("/grpc.health.v1.Health/Check", None, None)
     with caplog.at_level(logging.INFO):
         for _ in range(5):

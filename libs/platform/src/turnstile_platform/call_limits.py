@@ -8,6 +8,12 @@ limits here, in the platform interceptor, where a refusal can carry the rich err
 model: ``RESOURCE_EXHAUSTED`` with ``ErrorInfo`` (``CONCURRENCY_LIMITED``, which
 limit, how large) and ``RetryInfo``.
 
+A stream method may take its slot itself instead (``self_admitted``): the
+relay's ``Attach`` takes one only when its Hello is accepted, so streams that
+never prove themselves cannot keep a real worker out (SPEC O6). Until then its
+handler bounds them on its own (a count and a deadline), and gRPC's cap keeps
+room for that many.
+
 Counting is plain integers on the event loop: the server runs every handler on
 one loop, so no lock is needed. The in-flight gauge reads those integers when
 scraped rather than being moved on every call (two metric locks per call saved).
@@ -16,7 +22,7 @@ scraped rather than being moved on every call (two metric locks per call saved).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 
 import grpc
@@ -44,8 +50,19 @@ class CallKind(StrEnum):
 class CallLimits:
     """How many unary calls and how many streams may run at once."""
 
-    def __init__(self, *, unary: int, streams: int, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        unary: int,
+        streams: int,
+        retry_after_s: float = 1.0,
+        self_admitted: Mapping[str, int] | None = None,
+    ) -> None:
+        """``self_admitted``: stream methods (full paths) whose handler takes its
+        slot with :meth:`acquire` once the stream proves itself, each with how many
+        of its streams may be waiting to (kept free in :attr:`server_cap`)."""
         self._limits = {CallKind.UNARY: unary, CallKind.STREAM: streams}
+        self._self_admitted = dict(self_admitted or {})
         self._in_flight = {CallKind.UNARY: 0, CallKind.STREAM: 0}
         self._retry_after_s = retry_after_s
         _LIVE.add(self)
@@ -53,7 +70,11 @@ class CallLimits:
     @property
     def server_cap(self) -> int:
         """gRPC's ``maximum_concurrent_rpcs``: a backstop above both limits."""
-        return sum(self._limits.values()) + UNCOUNTED_ROOM
+        return sum(self._limits.values()) + sum(self._self_admitted.values()) + UNCOUNTED_ROOM
+
+    def admits_itself(self, path: str) -> bool:
+        """Whether ``path``'s handler takes its own slot (the interceptor takes none)."""
+        return path in self._self_admitted
 
     def in_flight(self, kind: CallKind) -> int:
         return self._in_flight[kind]

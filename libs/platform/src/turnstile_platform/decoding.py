@@ -14,15 +14,13 @@ service, health and reflection included) gives each handler the
 marker instead of raising, and answers the marker with ``INVALID_ARGUMENT``
 naming the field ``request`` (:func:`refuse`, :func:`checked` for request
 streams) once the caller is authorized and before any servicer code sees it.
-The warning is rate-limited per method (:data:`WARN_INTERVAL_S`) and counts the
-calls it did not log.
+The warning is throttled per method (:data:`WARN_INTERVAL_S`,
+:mod:`turnstile_platform.log_throttle`) and counts the calls it did not log.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +31,7 @@ from prometheus_client import Counter
 
 from turnstile_platform.errors import abort, bad_field
 from turnstile_platform.handlers import MethodName
+from turnstile_platform.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -56,36 +55,8 @@ class Undecodable:
     reason: str
 
 
-class _Warnings:
-    """One warning per method per interval; the calls in between are counted."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warn(self, rpc: str, bad: Undecodable) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(rpc)
-            if last is not None and now - last < WARN_INTERVAL_S:
-                self._suppressed[rpc] = self._suppressed.get(rpc, 0) + 1
-                return
-            self._last[rpc] = now
-            suppressed = self._suppressed.pop(rpc, 0)
-        log.warning(
-            "undecodable request answered INVALID_ARGUMENT",
-            extra={
-                "rpc": rpc,
-                "message_type": bad.message_type,
-                "bytes": bad.size,
-                "reason": bad.reason,
-                "suppressed_since_last": suppressed,
-            },
-        )
-
-
-_warnings = _Warnings()
+#: One warning per method per interval (:mod:`turnstile_platform.log_throttle`).
+warnings = LogThrottle(log, interval_s=WARN_INTERVAL_S)
 
 
 def tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -111,7 +82,16 @@ async def refuse(
 ) -> None:
     """Answer INVALID_ARGUMENT naming ``request`` (always raises), counted and warned."""
     UNDECODABLE.labels(name.service, name.method).inc()
-    _warnings.warn(name.path, bad)
+    warnings.warning(
+        name.path,
+        "undecodable request answered INVALID_ARGUMENT",
+        {
+            "rpc": name.path,
+            "message_type": bad.message_type,
+            "bytes": bad.size,
+            "reason": bad.reason,
+        },
+    )
     await abort(
         context,
         bad_field("request", f"the request bytes do not decode as {bad.message_type}"),

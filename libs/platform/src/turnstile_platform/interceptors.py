@@ -6,8 +6,9 @@ Each call of a served method, in this order:
 1. its server span starts (:class:`~turnstile_platform.tracing.ServerSpans`;
    not for health and reflection);
 2. it takes a slot of its kind from :class:`~turnstile_platform.call_limits.CallLimits`
-   (unary calls, and streams of any direction; not health and reflection) or is
-   refused ``RESOURCE_EXHAUSTED`` (SPEC F6);
+   (unary calls, and streams of any direction; not health and reflection, nor a
+   stream whose handler takes its slot itself, as the relay's ``Attach`` does at
+   its Hello) or is refused ``RESOURCE_EXHAUSTED`` (SPEC F6, O6);
 3. the :class:`~turnstile_platform.authz.authorizer.Authorizer`, when the server
    has one (mutual TLS), checks the caller (not for health);
 4. a request that did not decode is answered ``INVALID_ARGUMENT`` naming
@@ -191,7 +192,10 @@ class _Method:
         self.name = name
         self.counted = not name.service.startswith(_PLATFORM_SERVICES)
         self.kind = CallKind.STREAM if streaming else CallKind.UNARY
-        self.limits = limits if self.counted else None
+        # A self-admitted stream's handler takes its slot itself (CallLimits).
+        self.limits = (
+            limits if self.counted and not (limits and limits.admits_itself(name.path)) else None
+        )
         self.spans = spans if spans is not None and traced_service(name.service) else None
         self.attributes = ServerSpans.attributes(name.service, name.method)
         self.authorizer = None if name.service.startswith("grpc.health.") else authorizer

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -98,6 +98,8 @@ class GrpcService:
 
     ``service_names`` are the full names of the servicers added (used for health
     and reflection). Add servicers through :attr:`server` before :meth:`start`.
+    ``self_admitted_streams``: stream methods whose handlers take their own slot
+    of :attr:`limits`, and how many of each may wait to (:mod:`.call_limits`).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class GrpcService:
         *,
         service_names: Iterable[str],
         tracer_provider: TracerProvider | None = None,
+        self_admitted_streams: Mapping[str, int] | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -127,7 +130,9 @@ class GrpcService:
         #: How late the loop runs (every replica, from start until shutdown ends).
         self.loop_lag = LoopLagMonitor(settings.loop_lag_interval_s)
         self.limits = CallLimits(
-            unary=settings.max_concurrent_rpcs, streams=settings.max_concurrent_streams
+            unary=settings.max_concurrent_rpcs,
+            streams=settings.max_concurrent_streams,
+            self_admitted=self_admitted_streams,
         )
         if self.tls_files is not None:
             if settings.authz_policy_file is None:

@@ -8,6 +8,7 @@ from turnstile_affinity.relay import Relay
 from turnstile_affinity.servicer import AffinityServicer
 from turnstile_affinity.settings import AffinitySettings
 from turnstile_affinity.store import AffinityStore, Clock
+from turnstile_affinity.stream_limits import ATTACH_PATH, AttachLimits, StreamBudgets
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import affinity_pb2_grpc
 from turnstile_platform import peers
@@ -29,7 +30,13 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
 
     ``clock`` shifts the time every store script reads (tests only).
     """
-    app = GrpcService(SERVICE_NAME, settings, service_names=[peers.AFFINITY])
+    # Attach streams take their slot at Hello; this many may wait for one (SPEC O6).
+    app = GrpcService(
+        SERVICE_NAME,
+        settings,
+        service_names=[peers.AFFINITY],
+        self_admitted_streams={ATTACH_PATH: settings.relay_max_waiting_for_hello},
+    )
     tiers = settings.tier_config
 
     redis = redis_from_settings(settings)
@@ -70,9 +77,21 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
     attestation = Attestation(
         settings.worker_attestation, VerificationKeys(keys_file) if keys_file else None
     )
+    streams = AttachLimits(
+        app.limits,
+        hello_timeout_s=settings.relay_hello_timeout_s,
+        max_waiting=settings.relay_max_waiting_for_hello,
+        budgets=StreamBudgets(
+            heartbeats_per_s=settings.relay_heartbeats_per_interval / settings.heartbeat_interval_s,
+            heartbeat_burst=settings.relay_heartbeat_burst,
+            renewals_per_s=settings.relay_renewals_per_minute / 60,
+            renewal_burst=settings.relay_renewal_burst,
+        ),
+    )
     servicer = AffinityServicer(
         placer=placer,
         relay=relay,
+        streams=streams,
         attestation=attestation,
         store=store,
         tiers=tiers,

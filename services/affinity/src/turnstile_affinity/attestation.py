@@ -6,8 +6,9 @@ signature, the sandbox id and the expiry here, in the process, before anything
 touches Redis; ``attach.lua`` then checks, atomically with putting presence,
 that the credential's generation is still the sandbox's current one (not
 revoked). Both refusals are PERMISSION_DENIED with reason
-``WORKER_CREDENTIAL_REFUSED`` and ``why`` in the ErrorInfo metadata, counted
-and logged.
+``WORKER_CREDENTIAL_REFUSED`` and ``why`` in the ErrorInfo metadata, counted,
+and logged with a throttle: one line per peer identity and ``why`` a minute,
+with a count of the rest (SPEC O6).
 
 ``TURNSTILE_WORKER_ATTESTATION=off`` accepts Hellos without a credential (for a
 rollout whose workers do not have one yet). Off, a Hello never replaces
@@ -23,8 +24,10 @@ from typing import Literal
 import grpc
 
 from turnstile_affinity.metrics import CREDENTIAL_REFUSALS
+from turnstile_affinity.stream_limits import stream_identity
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import RichError, reason_name
+from turnstile_platform.log_throttle import LogThrottle
 from turnstile_platform.sandbox_credentials import (
     CredentialRefusedError,
     SandboxClaims,
@@ -37,13 +40,24 @@ AttestationMode = Literal["enforce", "off"]
 
 REASON = reason_name(common_pb2.ERROR_REASON_WORKER_CREDENTIAL_REFUSED)
 
+#: One "worker credential refused" line per (peer identity, why) a minute, naming
+#: the last sandbox id and counting the rest (SPEC O6); the metric counts every one.
+REFUSAL_LINES = LogThrottle(log)
+
 
 def refusal(sandbox_id: str, error: CredentialRefusedError) -> RichError:
     """The PERMISSION_DENIED a refused credential is answered with (counted, logged)."""
     CREDENTIAL_REFUSALS.labels(error.reason).inc()
-    log.warning(
+    identity = stream_identity()
+    REFUSAL_LINES.warning(
+        (identity, error.reason),
         "worker credential refused",
-        extra={"sandbox_id": sandbox_id, "why": error.reason, "detail": error.detail},
+        {
+            "identity": identity or "-",
+            "sandbox_id": sandbox_id,
+            "why": error.reason,
+            "detail": error.detail,
+        },
     )
     return RichError(
         grpc.StatusCode.PERMISSION_DENIED,

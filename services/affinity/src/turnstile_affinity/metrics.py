@@ -50,6 +50,24 @@ ATTACHES = Counter(
     "live presence (takeover) or not (new): churn shows as attaches outpacing streams.",
     ["kind"],
 )
+WAITING = Gauge(
+    "turnstile_affinity_relay_streams_waiting_for_hello",
+    "Attach streams open on this replica whose Hello is not accepted yet (they hold no "
+    "stream slot; SPEC O6).",
+)
+CLOSED_BEFORE_HELLO = Counter(
+    "turnstile_affinity_relay_streams_closed_before_hello_total",
+    "Attach streams closed before their Hello was accepted: hello_timeout (none within "
+    "TURNSTILE_RELAY_HELLO_TIMEOUT_S) or pushed_out (the longest waiting, when one more "
+    "came past TURNSTILE_RELAY_MAX_WAITING_FOR_HELLO).",
+    ["why"],
+)
+DROPPED = Counter(
+    "turnstile_affinity_relay_messages_dropped_total",
+    "Worker heartbeats and renewals dropped unanswered, past their stream's budget "
+    "(no Redis script, no signature check), by kind (heartbeat, renewal).",
+    ["kind"],
+)
 EXCLUDED = Counter(
     "turnstile_affinity_excluded_workers_total",
     "Workers attached without a declared tier label (excluded from placement), "

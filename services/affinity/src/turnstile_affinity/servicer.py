@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from turnstile_affinity.relay import (
     stream_max_age_s,
 )
 from turnstile_affinity.store import AffinityStore, SessionRecord
+from turnstile_affinity.stream_limits import AttachLimits, AttachStream
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
 from turnstile_platform.errors import RichError, bad_field, reason_name
 from turnstile_platform.sandbox_credentials import CredentialRefusedError
@@ -109,6 +111,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         *,
         placer: Placer,
         relay: Relay,
+        streams: AttachLimits,
         attestation: Attestation,
         store: AffinityStore,
         tiers: TierConfig,
@@ -123,6 +126,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         self._max_connection_age_s = max_connection_age_s
         self._placer = placer
         self._relay = relay
+        self._streams = streams
         self._attestation = attestation
         self._presence_ttl_s = presence_ttl_ms / 1000
         self._store = store
@@ -188,12 +192,24 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         request_iterator: AsyncIterator[affinity_pb2.AttachRequest],
         context: Context,
     ) -> AsyncIterator[affinity_pb2.AttachResponse]:
+        # Bounded while it waits for its Hello, a slot once attached (SPEC O6).
+        async with (
+            self._streams.stream(context) as stream,
+            aclosing(self._attach(stream, request_iterator)) as responses,
+        ):
+            async for response in responses:
+                yield response
+
+    async def _attach(
+        self, stream: AttachStream, request_iterator: AsyncIterator[affinity_pb2.AttachRequest]
+    ) -> AsyncGenerator[affinity_pb2.AttachResponse, None]:
         first = await anext(request_iterator, None)
         if first is None or first.WhichOneof("message") != "hello":
             raise bad_field("hello", "the stream's first message must be a Hello")
         hello = validation.hello(first.hello)
         # Verified before anything touches Redis: a refusal changes nothing (SPEC Z3).
         claims = self._attestation.check(hello.sandbox_id, hello.credential)
+        stream.attached()
         try:
             with store_reachable(self._retry_after_s):
                 attachment = await self._relay.attach(
@@ -222,9 +238,13 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
             async for message in watch.messages(request_iterator):
                 kind = message.WhichOneof("message")
                 if kind == "heartbeat":
+                    if not stream.heartbeat():
+                        continue  # past the stream's budget: dropped unanswered
                     await self._relay.heartbeat(attachment)
                     yield affinity_pb2.AttachResponse(heartbeat_ack=affinity_pb2.HeartbeatAck())
                 elif kind == "renewal":
+                    if not stream.renewal():
+                        continue
                     yield self._renew(attachment, message.renewal)
                 elif kind == "goodbye":
                     break

@@ -31,6 +31,30 @@ class AffinitySettings(TieredSettings):
     wait their turn. Below the connection pool's 256, so a reattach storm of
     thousands of workers queues instead of exhausting the pool Place needs too."""
 
+    relay_hello_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """How long a new ``Attach`` stream has to send a Hello that is accepted; then it is
+    closed (DEADLINE_EXCEEDED). Until accepted a stream holds no stream slot (SPEC O6)."""
+
+    relay_max_waiting_for_hello: int = Field(default=2048, ge=1, le=100_000)
+    """``Attach`` streams that may wait for their Hello at once; one more closes the one
+    waiting longest (RESOURCE_EXHAUSTED). Bounds the memory silent streams hold; a
+    real worker sends its Hello as it opens the stream, so it waits milliseconds."""
+
+    relay_heartbeats_per_interval: float = Field(default=5.0, ge=1.5, le=1000)
+    """Heartbeats one stream may send per heartbeat interval, sustained (the worker
+    sends one); more are dropped unanswered, without a Redis script (SPEC O6)."""
+
+    relay_heartbeat_burst: int = Field(default=10, ge=2, le=10_000)
+    """Heartbeats one stream may send back to back (a worker catching up after a stall)."""
+
+    relay_renewals_per_minute: float = Field(default=6.0, gt=0, le=6000)
+    """Credential renewals one stream may present per minute, sustained (a worker
+    presents one each time the substrate renews its credential: minutes apart); more
+    are dropped unanswered, without a signature check (SPEC O6)."""
+
+    relay_renewal_burst: int = Field(default=3, ge=1, le=1000)
+    """Credential renewals one stream may present back to back."""
+
     max_connection_age_grace_s: float = Field(default=2700.0, ge=0, le=7 * 86_400)
     """How long a connection past its maximum age stays open for its streams; at
     least 1.5 times ``max_connection_age_s`` (or 0, without limit), so streams end

@@ -11,8 +11,10 @@ and reflection (open to any caller with an identity):
    must be one the decision allows → PERMISSION_DENIED otherwise.
 
 Refusals carry ``ErrorInfo`` (reason ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``,
-metadata ``identity`` and ``method``), are counted per identity label and logged
-once each. The handler never runs for a refused call, so nothing changes.
+metadata ``identity`` and ``method``), are counted per identity label and logged:
+one line per identity, method and reason a minute, with a count of the rest
+(:mod:`turnstile_platform.log_throttle`, SPEC O6). The handler never runs for a
+refused call, so nothing changes.
 
 The platform interceptor (:mod:`turnstile_platform.interceptors`) runs
 :meth:`Authorizer.authorize` for every call it serves, once the call holds its
@@ -34,6 +36,7 @@ from turnstile_platform.authz.policy import Decision, Policy
 from turnstile_platform.decoding import Undecodable
 from turnstile_platform.errors import RichError, abort
 from turnstile_platform.identity import peer_identity
+from turnstile_platform.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,10 @@ DECISIONS = Counter(
     "and outcome (allowed, denied, unauthenticated).",
     ["identity", "outcome"],
 )
+
+#: One "call refused" line per (identity, method, reason) a minute; the rest counted
+#: on the next line (SPEC O6). Every refusal is still counted in :data:`DECISIONS`.
+REFUSAL_LOG = LogThrottle(log)
 
 _UNAUTHENTICATED = common_pb2.ErrorReason.Name(
     common_pb2.ERROR_REASON_UNAUTHENTICATED
@@ -97,9 +104,10 @@ class Authorizer:
                 "unauthenticated",
             )
         self._count(label, outcome)
-        log.warning(
+        REFUSAL_LOG.warning(
+            (identity, method, reason),
             "call refused",
-            extra={"identity": identity or "-", "rpc": method, "reason": reason, "why": why},
+            {"identity": identity or "-", "rpc": method, "reason": reason, "why": why},
         )
         await abort(
             context,
