@@ -19,6 +19,8 @@ SERVICE = "turnstile.admission.v1.AdmissionService"
 TD = "spiffe://turnstile.test"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/substrate"]
 methods = ["{SERVICE}/*"]

@@ -32,6 +32,8 @@ SERVICE = "turnstile.substrate.v1.SubstrateService"
 TD = "spiffe://turnstile.test"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/affinity"]
 methods = ["{SERVICE}/*"]
