@@ -93,6 +93,7 @@ async def test_a_worker_attaches_with_the_sandbox_class_certificate(
         tls_cert_file=sandbox.cert_file,
         tls_key_file=sandbox.key_file,
         tls_ca_file=sandbox.ca_file,
+        affinity_spiffe_id=pki.spiffe("service/affinity"),
     )
     assert attached.sandbox_id == "sb-tls"
     async with pki.identity("service/gateway").channel(secured.address) as gateway:

@@ -112,8 +112,12 @@ def main() -> None:
 
 
 def run(runs: int, tls_dir: Path) -> None:
+    # The server holds admission's identity: the CLI checks it (SPEC O5).
     ca, holders = ensure_local_pki(
-        tls_dir, "turnstile.local", {"server": "service/bench", "cli": "operator/bench"}
+        tls_dir,
+        "turnstile.local",
+        {"server": "service/admission", "cli": "operator/bench"},
+        servers={"server"},
     )
     policy = tls_dir / "policy.toml"
     policy.write_text(POLICY)

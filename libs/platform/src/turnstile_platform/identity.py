@@ -28,7 +28,6 @@ import string
 from typing import Any
 
 import grpc.aio
-from cryptography import x509
 
 _DOMAIN_CHARS = frozenset(string.ascii_lowercase + string.digits + ".-_")
 _PATH_CHARS = frozenset(string.ascii_letters + string.digits + ".-_")
@@ -45,10 +44,8 @@ def peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     one URI SAN that is a SPIFFE ID)."""
     if context.peer_identity_key() != SAN_KEY:
         return None  # plaintext, or a certificate without SANs (the CN is not an identity)
-    pem = context.auth_context().get(PEM_KEY)
-    if not pem:
-        return None
-    return identity_of_pem(pem[0])
+    pem = next(iter(context.auth_context().get(PEM_KEY, ())), b"")
+    return identity_of_pem(pem) if pem else None
 
 
 def identity_of_pem(pem: bytes) -> str | None:
@@ -66,6 +63,10 @@ def identity_of_pem(pem: bytes) -> str | None:
 def spiffe_id_of(pem: bytes) -> str | None:
     """The SPIFFE ID of a PEM certificate: its one URI SAN (from the x509
     extension), when it is a valid SPIFFE ID; None otherwise."""
+    # Imported here: channels (and so the CLI) use this module's name rules but
+    # never parse a certificate, and ``cryptography`` costs start-up time.
+    from cryptography import x509
+
     try:
         cert = x509.load_pem_x509_certificate(pem)
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
