@@ -128,6 +128,7 @@ class CertificateAuthority:
         not_after: datetime.datetime | None = None,
         common_name: str | None = None,
         extra_uris: Iterable[str] = (),
+        emails: Iterable[str] = (),
     ) -> Leaf:
         """A leaf certificate for ``spiffe_id`` (its one URI SAN), a client
         certificate only (``clientAuth``) unless ``server``: then also ``serverAuth``
@@ -144,6 +145,7 @@ class CertificateAuthority:
             names.append(x509.DNSName(server_name(spiffe_id)))
         names += [x509.DNSName(d) for d in dns_names]
         names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+        names += [x509.RFC822Name(e) for e in emails]
         cn = common_name or spiffe_id or "turnstile"
         builder = (
             x509.CertificateBuilder()
