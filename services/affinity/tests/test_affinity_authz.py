@@ -137,7 +137,8 @@ async def test_a_worker_talks_only_to_a_relay_holding_the_expected_identity(
 
     assert await health(pki.spiffe("service/affinity")) == "SERVING"
     refused = await health(pki.spiffe("service/substrate"))
-    assert refused.startswith("UNAVAILABLE") and "Hostname Verification Check failed" in refused
+    assert refused.startswith("UNAVAILABLE")
+    assert "Hostname Verification Check failed" in refused
 
 
 async def test_plaintext_and_another_ca_are_refused(secured: Any, pki: Pki) -> None:
