@@ -42,8 +42,8 @@ _seen: dict[bytes, str | None] = {}
 def peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """The caller's SPIFFE ID, or None (plaintext, or a certificate without exactly
     one URI SAN that is a SPIFFE ID)."""
-    if context.peer_identity_key() != SAN_KEY:
-        return None  # plaintext, or a certificate without SANs (the CN is not an identity)
+    # Plaintext has no certificate in the auth context; a certificate without a
+    # SAN extension parses to no identity (the CN is not one).
     pem = next(iter(context.auth_context().get(PEM_KEY, ())), b"")
     return identity_of_pem(pem) if pem else None
 
