@@ -135,6 +135,11 @@ def run(runs: int, tls_dir: Path) -> None:
         "TURNSTILE_TLS_CERT_FILE": str(holders["cli"].cert_file),
         "TURNSTILE_TLS_KEY_FILE": str(holders["cli"].key_file),
         "TURNSTILE_TLS_CA_FILE": str(ca),
+        # One server stands for all three services: the CLI is told to expect it.
+        **{
+            f"TURNSTILE_{service}_SPIFFE_ID": holders["server"].spiffe_id
+            for service in ("ADMISSION", "SUBSTRATE", "AFFINITY")
+        },
     }
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],
