@@ -61,7 +61,6 @@ def test_the_direct_substrate_passes_the_worker_certificate(tmp_path: Path) -> N
         "TURNSTILE_WORKER_TLS_CERT_FILE": str(files["worker.crt"]),
         "TURNSTILE_WORKER_TLS_KEY_FILE": str(files["worker.key"]),
         "TURNSTILE_WORKER_TLS_CA_FILE": str(files["ca.crt"]),
-        "TURNSTILE_AFFINITY_SPIFFE_ID": "spiffe://turnstile.local/service/affinity",
     }
     assert _worker_transport(SubstrateSettings(plaintext=True)) == {
         "TURNSTILE_WORKER_PLAINTEXT": "true"

@@ -142,11 +142,9 @@ class SubstrateSettings(TieredSettings):
     direct_worker_tls_cert_file: Path | None = None
     """Direct substrate: the sandbox-class certificate given to each runtime (as
     ``TURNSTILE_WORKER_TLS_CERT_FILE``, with this process's CA bundle as
-    ``TURNSTILE_WORKER_TLS_CA_FILE`` and its ``affinity_spiffe_id`` as
-    ``TURNSTILE_AFFINITY_SPIFFE_ID``, the relay identity the worker checks); it
-    proves only "a sandbox runtime" and the policy lets it call ``Attach`` alone.
-    Required with mTLS on the Direct substrate; in plaintext mode runtimes get
-    ``TURNSTILE_WORKER_PLAINTEXT`` instead."""
+    ``TURNSTILE_WORKER_TLS_CA_FILE``); it proves only "a sandbox runtime" and the
+    policy lets it call ``Attach`` alone. Required with mTLS on the Direct substrate;
+    in plaintext mode runtimes get ``TURNSTILE_WORKER_PLAINTEXT`` instead."""
 
     direct_worker_tls_key_file: Path | None = None
     """Direct substrate: the private key of ``direct_worker_tls_cert_file``."""

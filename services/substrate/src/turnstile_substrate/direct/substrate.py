@@ -118,9 +118,8 @@ class RuntimeRecord:
 
 
 def _worker_transport(settings: SubstrateSettings) -> dict[str, str]:
-    """How runtimes reach the relay: the sandbox-class certificate and the SPIFFE ID
-    the relay must hold (the one this process expects of affinity, SPEC O5), or
-    plaintext when this process itself runs plaintext (loopback development)."""
+    """How runtimes reach the relay: the sandbox-class certificate, or plaintext
+    when this process itself runs plaintext (loopback development)."""
     if settings.plaintext:
         return {"TURNSTILE_WORKER_PLAINTEXT": "true"}
     cert, key = settings.direct_worker_tls_cert_file, settings.direct_worker_tls_key_file
@@ -134,7 +133,6 @@ def _worker_transport(settings: SubstrateSettings) -> dict[str, str]:
         "TURNSTILE_WORKER_TLS_CERT_FILE": str(cert.absolute()),
         "TURNSTILE_WORKER_TLS_KEY_FILE": str(key.absolute()),
         "TURNSTILE_WORKER_TLS_CA_FILE": str(settings.tls_ca_file.absolute()),
-        "TURNSTILE_AFFINITY_SPIFFE_ID": settings.affinity_spiffe_id,
     }
 
 
