@@ -12,6 +12,7 @@ import pytest
 
 from turnstile_platform.authz.methods import all_methods
 from turnstile_platform.authz.policy import parse_policy
+from turnstile_platform.identity import server_name
 
 from .manifests import REPO_ROOT, SERVICES, Obj, config_map, containers, named, of_kind, workloads
 
@@ -51,6 +52,9 @@ def test_every_service_mounts_its_certificate_and_the_policy(built: Built, name:
         assert cert["secretName"] == f"turnstile-{service}-tls"
         assert cert["uris"] == [f"{TD}/service/{service}"]
         assert f"turnstile-{service}" in cert["dnsNames"]
+        # The name every Turnstile client checks (SPEC O5): derived from the SPIFFE ID.
+        assert server_name(f"{TD}/service/{service}") in cert["dnsNames"]
+        assert cert["usages"] == ["server auth", "client auth"]
         assert cert["privateKey"]["rotationPolicy"] == "Always"
 
 
@@ -98,6 +102,10 @@ def test_the_ca_chain_issues_every_leaf(built: Built) -> None:
         if cert["metadata"]["name"] != "turnstile-ca":
             assert cert["spec"]["issuerRef"]["name"] == "turnstile-ca-issuer"
             assert len(cert["spec"]["uris"]) == 1, "an X.509-SVID has one URI SAN"
+            if not cert["spec"]["uris"][0].startswith(f"{TD}/service/"):
+                # Only services may serve: no other certificate is a server's (SPEC O5).
+                assert cert["spec"]["usages"] == ["client auth"]
+                assert not cert["spec"].get("dnsNames")
 
 
 def test_production_carries_no_dev_credentials(built: Built) -> None:

@@ -27,6 +27,8 @@ ATTACH = "turnstile.affinity.v1.AffinityService/Attach"
 PLACE = "turnstile.affinity.v1.AffinityService/Place"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/substrate"]
 methods = ["turnstile.admission.v1.AdmissionService/*"]
@@ -73,6 +75,36 @@ def test_client_scopes_any_self_and_lists_add_up() -> None:
     assert not policy.decide(f"{TD}/sandbox", ATTACH).allows_client("acme")
 
 
+def test_self_is_one_exact_segment_of_the_declared_template() -> None:
+    policy = parse_policy(POLICY, known_methods=all_methods())
+    for identity in (
+        f"{TD}/client/acme/globex",  # nested: not the template's one segment
+        f"{TD}/client",
+        f"{TD}/client/native",  # a reserved key belongs to the platform
+        "spiffe://elsewhere/client/acme",
+    ):
+        decision = policy.decide(identity, ADMIT)
+        for client in ("acme", "globex", "native", "client", ""):
+            assert not decision.allows_client(client), (identity, client)
+    assert policy.decide(f"{TD}/client/acme", ADMIT).allows_client("acme")
+
+
+def test_a_rule_may_declare_its_own_template() -> None:
+    text = f"""
+self = "{TD}/client/{{client}}"
+
+[[allow]]
+identities = ["{TD}/tenant/*"]
+methods = ["{USAGE}"]
+clients = "self"
+self = "{TD}/tenant/{{client}}/control"
+"""
+    policy = parse_policy(text, known_methods=all_methods())
+    assert policy.decide(f"{TD}/tenant/acme/control", USAGE).allows_client("acme")
+    assert not policy.decide(f"{TD}/tenant/acme", USAGE).allows_client("acme")
+    assert not policy.decide(f"{TD}/tenant/acme/other", USAGE).allows_client("acme")
+
+
 def test_metric_labels_are_the_policys_names() -> None:
     policy = parse_policy(POLICY, known_methods=all_methods())
     assert policy.decide(f"{TD}/client/acme", ADMIT).label == f"{TD}/client/*"
@@ -98,6 +130,19 @@ def test_metric_labels_are_the_policys_names() -> None:
         (f'[[allow]]\nidentities = ["{TD}/a"]\nmethods = ["*"]\nclients = "all"\n', "clients"),
         (f'[[allow]]\nidentities = ["{TD}/a"]\nmethod = ["*"]\n', "unknown keys"),
         ('[[rule]]\nidentities = ["*"]\n', "unknown top-level"),
+        (
+            f'[[allow]]\nidentities = ["{TD}/a"]\nmethods = ["*"]\nclients = "self"\n',
+            '"self" needs an identity template',
+        ),
+        (f'self = "{TD}/client/acme"\n', "exactly once"),
+        (f'self = "{TD}/client/{{client}}/{{client}}"\n', "exactly once"),
+        (f'self = "{TD}/client/x{{client}}"\n', "whole path segment"),
+        ('self = "https://td/{client}"\n', "not a SPIFFE ID"),
+        (
+            f'[[allow]]\nidentities = ["{TD}/a"]\nmethods = ["*"]\nclients = "any"\n'
+            f'self = "{TD}/a/{{client}}"\n',
+            "only for clients",
+        ),
     ],
 )
 def test_invalid_files_are_refused_with_the_reason(text: str, complaint: str) -> None:

@@ -35,14 +35,18 @@ async def test_a_peer_presents_the_new_certificate_after_rotation(
     pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(peers, "ROTATION_CHECK_S", 0.0)
-    server = GrpcService("probe", settings(**pki.server_settings(policy=POLICY)), service_names=[])
+    server = GrpcService(
+        "probe",
+        settings(**pki.server_settings("service/admission", policy=POLICY)),
+        service_names=[],
+    )
     handler = grpc.unary_unary_rpc_method_handler(_who)
     server.server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(peers.ADMISSION, {USAGE: handler}),)
     )
     await server.start()
     first = pki.identity("service/substrate", name="me")
-    peer = peers.admission(settings(**first.settings()), target=server.address)
+    peer = peers.admission(settings(**first.settings(), **pki.peer_ids()), target=server.address)
     request = admission_pb2.GetUsageRequest(client=common_pb2.ActivationClient(client_id="a"))
     try:
         before = await peer.stub.GetUsage(request)

@@ -135,7 +135,7 @@ async def test_rotated_files_are_used_by_new_connections_without_failing_open_on
         # The rotation: both CAs trusted during the overlap, the server's leaf now
         # issued by the new CA (as cert-manager does when its issuer rotates).
         bundle = pki.ca.cert_pem + new_pki.ca.cert_pem
-        leaf = new_pki.leaf("service/test")
+        leaf = new_pki.leaf("service/test", server=True)
         staging = pki.directory / "staging"
         staging.mkdir()
         (staging / "ca.crt").write_bytes(bundle)
@@ -197,9 +197,10 @@ def test_loopback_addresses_are_recognised() -> None:
 
 def test_plaintext_to_an_address_list_needs_every_address_on_loopback() -> None:
     local = settings(plaintext=True)
-    assert client_source(local, "ipv4:127.0.0.1:1,127.0.0.1:2", "worker") is None
+    relay = "spiffe://td/service/affinity"
+    assert client_source(local, "ipv4:127.0.0.1:1,127.0.0.1:2", "worker", server_id=relay) is None
     with pytest.raises(TransportSecurityError, match="not loopback"):
-        client_source(local, "ipv4:127.0.0.1:1,10.0.0.1:2", "worker")
+        client_source(local, "ipv4:127.0.0.1:1,10.0.0.1:2", "worker", server_id=relay)
 
 
 def test_the_local_ca_issues_one_spiffe_uri_san() -> None:

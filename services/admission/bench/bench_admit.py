@@ -972,7 +972,7 @@ async def bench_security(
     channels: dict[str, grpc.aio.Channel] = {}
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        ensure_local_pki(directory, "turnstile.local", HOLDERS)
+        ensure_local_pki(directory, "turnstile.local", HOLDERS, servers={"admission"})
         policy = directory / "policy.toml"
         policy.write_text(POLICY.read_text() + SELF_RULE)
         try:
@@ -1040,7 +1040,7 @@ async def authorization_check_cost(repeat: int = 5000) -> dict[str, float]:
     method = "/turnstile.admission.v1.AdmissionService/Admit"
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        ensure_local_pki(directory, "turnstile.local", HOLDERS)
+        ensure_local_pki(directory, "turnstile.local", HOLDERS, servers={"admission"})
         policy = directory / "policy.toml"
         policy.write_text(POLICY.read_text() + SELF_RULE)
         checker = Authorizer(PolicyWatcher(policy, poll_interval_s=60))

@@ -19,6 +19,8 @@ SERVICE = "turnstile.admission.v1.AdmissionService"
 TD = "spiffe://turnstile.test"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/substrate"]
 methods = ["{SERVICE}/*"]
@@ -120,6 +122,33 @@ async def test_self_scoped_clients_act_only_for_themselves(
             assert code == grpc.StatusCode.PERMISSION_DENIED
             assert metadata["identity"] == f"{TD}/client/acme"
         assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
+
+
+async def test_a_nested_or_reserved_client_identity_acts_for_no_one(
+    secured: Any, pki: Pki, redis: aioredis.Redis
+) -> None:
+    """``self`` is one exact segment of the template (SPEC O5): ``client/acme/globex``
+    acts neither for globex (its last segment) nor for acme, and ``client/native``
+    not for the platform's shared key."""
+    address = secured.app.address
+    before = await redis_snapshot(redis, secured.settings.redis_prefix)
+    for path, clients in (
+        ("client/acme/globex", ("globex", "acme")),
+        ("client/native", ("native",)),
+    ):
+        async with pki.identity(path).channel(address) as nested:
+            for client_id in clients:
+                for invoke in (
+                    unary(f"/{SERVICE}/Admit", _admit(client_id, "sb-n")),
+                    unary(
+                        f"/{SERVICE}/GetUsage",
+                        admission_pb2.GetUsageRequest(client=_client(client_id)),
+                    ),
+                ):
+                    code, _, metadata = await refusal(nested, invoke)
+                    assert code == grpc.StatusCode.PERMISSION_DENIED, (path, client_id)
+                    assert metadata["identity"] == f"{TD}/{path}"
+    assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
 
 
 async def test_a_listed_scope_reads_usage_of_the_listed_clients_only(

@@ -523,7 +523,7 @@ async def _bench_security(
     """Place hits on plaintext, mTLS and mTLS + authorization servers, in turn."""
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        ensure_local_pki(directory, "turnstile.local", HOLDERS)
+        ensure_local_pki(directory, "turnstile.local", HOLDERS, servers={"affinity"})
         (directory / "policy.toml").write_text(POLICY.read_text())
         addresses = {"plaintext": plaintext}
         secure: list[subprocess.Popen[str]] = []

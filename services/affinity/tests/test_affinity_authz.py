@@ -10,7 +10,10 @@ from typing import Any
 import grpc
 import pytest
 import redis.asyncio as aioredis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnstile_affinity.worker.agent import _relay_channel
+from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2
 from turnstile_testing.authz import (
     Invoke,
@@ -93,6 +96,7 @@ async def test_a_worker_attaches_with_the_sandbox_class_certificate(
         tls_cert_file=sandbox.cert_file,
         tls_key_file=sandbox.key_file,
         tls_ca_file=sandbox.ca_file,
+        affinity_spiffe_id=pki.spiffe("service/affinity"),
     )
     assert attached.sandbox_id == "sb-tls"
     async with pki.identity("service/gateway").channel(secured.address) as gateway:
@@ -102,6 +106,39 @@ async def test_a_worker_attaches_with_the_sandbox_class_certificate(
             response_deserializer=affinity_pb2.ListWorkersResponse.FromString,
         )(affinity_pb2.ListWorkersRequest())
     assert [w.sandbox_id for w in listed.workers] == ["sb-tls"]
+
+
+async def test_a_worker_talks_only_to_a_relay_holding_the_expected_identity(
+    secured: Any, pki: Pki
+) -> None:
+    """The worker's channel checks the relay's SPIFFE ID (SPEC O5): expecting another
+    identity (as a runtime posing as the relay on a port the worker dials would hold),
+    the handshake fails; expecting affinity's, health answers."""
+    sandbox = pki.identity("sandbox")
+
+    async def health(expected: str) -> str:
+        worker = WorkerSettings(
+            sandbox_id="sb-x",
+            affinity_addr=secured.address,
+            plaintext=False,
+            tls_cert_file=sandbox.cert_file,
+            tls_key_file=sandbox.key_file,
+            tls_ca_file=sandbox.ca_file,
+            affinity_spiffe_id=expected,
+        )
+        async with _relay_channel(worker) as channel:
+            try:
+                answer = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+            except grpc.aio.AioRpcError as error:
+                return f"{error.code().name}: {error.details()}"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))
+
+    assert await health(pki.spiffe("service/affinity")) == "SERVING"
+    refused = await health(pki.spiffe("service/substrate"))
+    assert refused.startswith("UNAVAILABLE")
+    assert "Hostname Verification Check failed" in refused
 
 
 async def test_plaintext_and_another_ca_are_refused(secured: Any, pki: Pki) -> None:

@@ -32,6 +32,8 @@ SERVICE = "turnstile.substrate.v1.SubstrateService"
 TD = "spiffe://turnstile.test"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/affinity"]
 methods = ["{SERVICE}/*"]
@@ -83,7 +85,7 @@ def test_the_table_covers_every_method() -> None:
 @pytest.fixture
 async def tls_admission(admission: AdmissionDouble, pki: Pki) -> AsyncIterator[str]:
     """The same admission double, on an mTLS port (the substrate calls it over mTLS)."""
-    me = pki.identity("service/admission")
+    me = pki.identity("service/admission", server=True)
     server = grpc.aio.server()
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(admission, server)
     files = tls.TlsFiles(me.cert_file, me.key_file, me.ca_file)

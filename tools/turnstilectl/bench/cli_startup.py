@@ -112,8 +112,12 @@ def main() -> None:
 
 
 def run(runs: int, tls_dir: Path) -> None:
+    # The server holds admission's identity: the CLI checks it (SPEC O5).
     ca, holders = ensure_local_pki(
-        tls_dir, "turnstile.local", {"server": "service/bench", "cli": "operator/bench"}
+        tls_dir,
+        "turnstile.local",
+        {"server": "service/admission", "cli": "operator/bench"},
+        servers={"server"},
     )
     policy = tls_dir / "policy.toml"
     policy.write_text(POLICY)
@@ -131,6 +135,11 @@ def run(runs: int, tls_dir: Path) -> None:
         "TURNSTILE_TLS_CERT_FILE": str(holders["cli"].cert_file),
         "TURNSTILE_TLS_KEY_FILE": str(holders["cli"].key_file),
         "TURNSTILE_TLS_CA_FILE": str(ca),
+        # One server stands for all three services: the CLI is told to expect it.
+        **{
+            f"TURNSTILE_{service}_SPIFFE_ID": holders["server"].spiffe_id
+            for service in ("ADMISSION", "SUBSTRATE", "AFFINITY")
+        },
     }
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],

@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 from opentelemetry import trace
 
-from turnstile_platform import tracing
+from turnstile_platform import tls, tracing
 
 
 class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
@@ -83,14 +83,17 @@ def create_channel(
     tracer_provider: trace.TracerProvider | None = None,
     max_message_bytes: int = 4 * 1024 * 1024,
     credentials: grpc.ChannelCredentials | None = None,
+    server_id: str | None = None,
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to ``target`` for calls to ``service``: mTLS with
-    ``credentials`` (from :mod:`turnstile_platform.tls`), plaintext without.
+    ``credentials`` (from :mod:`turnstile_platform.tls`) to a server that must hold
+    the SPIFFE ID ``server_id`` (SPEC O5; None: the target's host name is checked),
+    plaintext without credentials.
 
     ``service`` is the full service name (``turnstile.admission.v1.AdmissionService``).
     """
     provider = tracer_provider or trace.get_tracer_provider()
-    options = [
+    options: list[tuple[str, object]] = [
         (
             "grpc.service_config",
             service_config(service, idempotent_methods=idempotent_methods),
@@ -105,6 +108,7 @@ def create_channel(
         cast(grpc.aio.ClientInterceptor, DefaultDeadline(timeout_s)),
     ]
     if credentials is not None:
+        options += tls.server_check_options(server_id)
         return grpc.aio.secure_channel(
             target, credentials, options=options, interceptors=interceptors
         )

@@ -1,10 +1,21 @@
-"""Who is calling: the SPIFFE ID of the verified peer certificate (SPEC Z1).
+"""Who is calling: the SPIFFE ID of the verified peer certificate (SPEC Z1, O5).
 
 The identity comes only from the TLS handshake, never from metadata a caller
-can write: the verified peer certificate's one URI SAN, when it is a well-formed
-SPIFFE ID (X.509-SVID rules; gRPC core applies the same rule for the
-``peer_spiffe_id`` auth-context property). Otherwise the caller has no identity
-(UNAUTHENTICATED for everything but health).
+can write: the verified peer certificate's URI SANs, read from its
+SubjectAlternativeName x509 extension (typed: a DNS, e-mail or IP SAN never
+counts, whatever it spells). There must be exactly one URI SAN and it must be a
+well-formed SPIFFE ID (X.509-SVID rules); a certificate with any other URI SAN
+beside it (``urn:``, ``https:``) has no identity. Without an identity a caller
+gets UNAUTHENTICATED for everything but health.
+
+Why the PEM and not gRPC's ready-made properties: ``peer_identities()`` is the
+untyped list of every SAN (a DNS SAN reading ``spiffe://…`` looks the same as a
+URI SAN), and grpcio's Python layer turns each property into ``bytes`` at its
+first NUL byte, so ``peer_uri``/``peer_spiffe_id`` would read a URI SAN
+``spiffe://td/client/acme\\x00x`` as ``…/client/acme``. The PEM certificate
+(``x509_pem_cert``, base64 text) has neither problem; it is parsed once per
+distinct certificate (``cryptography``) and the answer cached by its bytes, so a
+call pays ``auth_context()`` and a dict lookup (a few µs; see docs/security.md).
 
 A caller without any certificate never gets this far on a TLS port: the
 server requires a client certificate, so the handshake fails and the client
@@ -21,46 +32,54 @@ import grpc.aio
 _DOMAIN_CHARS = frozenset(string.ascii_lowercase + string.digits + ".-_")
 _PATH_CHARS = frozenset(string.ascii_letters + string.digits + ".-_")
 
-SPIFFE_KEY = "peer_spiffe_id"
 SAN_KEY = "x509_subject_alternative_name"
+PEM_KEY = "x509_pem_cert"
 
-_CACHE_LIMIT = 4096
-_seen: dict[tuple[bytes, ...], str | None] = {}
+_CACHE_LIMIT = 1024
+_seen: dict[bytes, str | None] = {}
 
 
 def peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    """The caller's SPIFFE ID, or None (plaintext, or a certificate without one).
+    """The caller's SPIFFE ID, or None (plaintext, or a certificate without exactly
+    one URI SAN that is a SPIFFE ID)."""
+    # Plaintext has no certificate in the auth context; a certificate without a
+    # SAN extension parses to no identity (the CN is not one).
+    pem = next(iter(context.auth_context().get(PEM_KEY, ())), b"")
+    return identity_of_pem(pem) if pem else None
 
-    The certificate's subject alternative names come from
-    ``context.peer_identities()`` (about 0.5 µs), not ``auth_context()`` (about
-    15 µs: it copies every property, the PEM certificate included), and the SPIFFE
-    rule is applied here as gRPC core applies it for ``peer_spiffe_id``: exactly one
-    URI SAN, and it is a well-formed SPIFFE ID. Results are cached per SAN list.
-    """
-    if context.peer_identity_key() != SAN_KEY:
-        return None  # plaintext, or a certificate without SANs (the CN is not an identity)
-    names = tuple(context.peer_identities() or ())
-    found = _seen.get(names, "")
+
+def identity_of_pem(pem: bytes) -> str | None:
+    """:func:`spiffe_id_of` the PEM certificate, cached per certificate."""
+    found = _seen.get(pem, "")
     if found != "":
         return found
-    identity = _spiffe_of(names)
+    identity = spiffe_id_of(pem)
     if len(_seen) >= _CACHE_LIMIT:
         _seen.clear()
-    _seen[names] = identity
+    _seen[pem] = identity
     return identity
 
 
-def _spiffe_of(names: tuple[bytes, ...]) -> str | None:
-    # DNS names, IP addresses and e-mail addresses never contain "://": URIs do.
-    uris = [n for n in names if b"://" in n]
+def spiffe_id_of(pem: bytes) -> str | None:
+    """The SPIFFE ID of a PEM certificate: its one URI SAN (from the x509
+    extension), when it is a valid SPIFFE ID; None otherwise."""
+    # Imported here: channels (and so the CLI) use this module's name rules but
+    # never parse a certificate, and ``cryptography`` costs start-up time.
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    except (ValueError, x509.ExtensionNotFound):
+        return None
     if len(uris) != 1:
         return None
     try:
-        value = uris[0].decode("ascii")
-        parse_spiffe_id(value)
-    except (UnicodeDecodeError, ValueError):
+        parse_spiffe_id(uris[0])
+    except ValueError:
         return None
-    return value
+    return uris[0]
 
 
 def parse_spiffe_id(value: str) -> tuple[str, str]:
@@ -81,7 +100,29 @@ def parse_spiffe_id(value: str) -> tuple[str, str]:
     return domain, path
 
 
-def last_segment(spiffe_id: str) -> str:
-    """The client id a ``self`` rule grants: the identity's last path segment
-    (``spiffe://td/client/acme`` → ``acme``)."""
-    return spiffe_id.rstrip("/").rpartition("/")[2]
+def server_name(spiffe_id: str) -> str:
+    """The DNS name a server holding ``spiffe_id`` carries beside it, and which its
+    clients check (SPEC O5; docs/security.md): the path segments reversed, then the
+    trust domain — ``spiffe://turnstile.local/service/admission`` →
+    ``admission.service.turnstile.local``. ValueError for an ID that has no such
+    name (no path, or a segment that is not a DNS label)."""
+    domain, path = parse_spiffe_id(spiffe_id)
+    segments = path.split("/") if path else []
+    if not segments or not all(_is_label(s) for s in segments):
+        raise ValueError(
+            f"{spiffe_id!r} cannot name a server: its path segments must be DNS labels "
+            "(lower-case letters, digits and '-', no dots)"
+        )
+    return ".".join([*reversed(segments), domain])
+
+
+_LABEL_CHARS = frozenset(string.ascii_lowercase + string.digits + "-")
+
+
+def _is_label(segment: str) -> bool:
+    return (
+        0 < len(segment) <= 63
+        and set(segment) <= _LABEL_CHARS
+        and not segment.startswith("-")
+        and not segment.endswith("-")
+    )

@@ -5,7 +5,10 @@ here, once, next to the service they belong to. Admit and Activate are not
 retried by the channel: a retry after a lost response could take a second hold
 or create a second runtime; their callers decide.
 
-Channels use mTLS with the process's own certificate (SPEC Z1). grpc reads a
+Channels use mTLS with the process's own certificate (SPEC Z1), and check that
+the server holds the SPIFFE ID the settings expect of that service (SPEC O5;
+:mod:`turnstile_platform.tls`): a valid-CA certificate of anyone else fails the
+handshake (UNAVAILABLE, "Hostname Verification Check failed"). grpc reads a
 channel's client certificate once, so a :class:`Peer` checks the files'
 signatures at most every :data:`ROTATION_CHECK_S` and, when they changed, builds
 a new channel for the calls that follow; the old one is closed after
@@ -59,6 +62,12 @@ class PeerSettings(tls.TransportSettings, Protocol):
     def substrate_addr(self) -> str: ...
     @property
     def affinity_addr(self) -> str: ...
+    @property
+    def admission_spiffe_id(self) -> str: ...
+    @property
+    def substrate_spiffe_id(self) -> str: ...
+    @property
+    def affinity_spiffe_id(self) -> str: ...
     @property
     def rpc_timeout_s(self) -> float: ...
     @property
@@ -147,6 +156,7 @@ def _peer(
     settings: PeerSettings,
     provider: trace.TracerProvider | None,
     timeout_s: float | None,
+    server_id: str,
 ) -> Peer[Any]:
     def make_channel(credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
         return create_channel(
@@ -157,14 +167,15 @@ def _peer(
             tracer_provider=provider,
             max_message_bytes=settings.max_message_bytes,
             credentials=credentials,
+            server_id=server_id,
         )
 
     def reload() -> tls.ChannelCredentialsSource:
-        source = tls.client_source(settings, target, service)
+        source = tls.client_source(settings, target, service, server_id=server_id)
         assert source is not None
         return source
 
-    source = tls.client_source(settings, target, service)
+    source = tls.client_source(settings, target, service, server_id=server_id)
     return Peer(lambda channel: _async(make_stub(channel)), make_channel, source, reload)
 
 
@@ -174,7 +185,10 @@ def admission(
     *,
     target: str | None = None,
     timeout_s: float | None = None,
+    server_id: str | None = None,
 ) -> Peer[admission_pb2_grpc.AdmissionServiceAsyncStub]:
+    """A peer of the admission service at ``target`` (default: the settings' address),
+    whose certificate must hold ``server_id`` (default: ``admission_spiffe_id``)."""
     return _peer(
         admission_pb2_grpc.AdmissionServiceStub,
         target or settings.admission_addr,
@@ -182,6 +196,7 @@ def admission(
         settings,
         provider,
         timeout_s,
+        server_id or settings.admission_spiffe_id,
     )
 
 
@@ -191,7 +206,10 @@ def substrate(
     *,
     target: str | None = None,
     timeout_s: float | None = None,
+    server_id: str | None = None,
 ) -> Peer[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
+    """A peer of the substrate service at ``target`` (default: the settings' address),
+    whose certificate must hold ``server_id`` (default: ``substrate_spiffe_id``)."""
     return _peer(
         substrate_pb2_grpc.SubstrateServiceStub,
         target or settings.substrate_addr,
@@ -199,6 +217,7 @@ def substrate(
         settings,
         provider,
         timeout_s,
+        server_id or settings.substrate_spiffe_id,
     )
 
 
@@ -208,7 +227,10 @@ def affinity(
     *,
     target: str | None = None,
     timeout_s: float | None = None,
+    server_id: str | None = None,
 ) -> Peer[affinity_pb2_grpc.AffinityServiceAsyncStub]:
+    """A peer of the affinity service at ``target`` (default: the settings' address),
+    whose certificate must hold ``server_id`` (default: ``affinity_spiffe_id``)."""
     return _peer(
         affinity_pb2_grpc.AffinityServiceStub,
         target or settings.affinity_addr,
@@ -216,4 +238,5 @@ def affinity(
         settings,
         provider,
         timeout_s,
+        server_id or settings.affinity_spiffe_id,
     )

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field, UrlConstraints
 from pydantic_core import MultiHostUrl
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from turnstile_platform.identity import server_name
 from turnstile_platform.redis_topology import SCHEMES, parse_redis_url
 
 
@@ -37,6 +38,16 @@ PostgresUrl = Annotated[
 ]
 
 LogFormat = Literal["json", "text"]
+
+
+def _server_spiffe_id(value: str) -> str:
+    server_name(value)  # a SPIFFE ID whose path segments are DNS labels, or ValueError
+    return value
+
+
+#: The SPIFFE ID a peer service's certificate must hold (SPEC O5): one whose
+#: derived server name (:func:`turnstile_platform.identity.server_name`) exists.
+ServerSpiffeId = Annotated[str, AfterValidator(_server_spiffe_id)]
 
 
 class ServiceSettings(BaseSettings):
@@ -122,6 +133,17 @@ class ServiceSettings(BaseSettings):
 
     affinity_addr: str = "127.0.0.1:50053"
     """Where the affinity service listens."""
+
+    admission_spiffe_id: ServerSpiffeId = "spiffe://turnstile.local/service/admission"
+    """The SPIFFE ID the admission service's certificate must hold: a channel to it
+    refuses any other server (it checks the DNS name derived from the ID,
+    ``admission.service.turnstile.local``; SPEC O5, docs/security.md)."""
+
+    substrate_spiffe_id: ServerSpiffeId = "spiffe://turnstile.local/service/substrate"
+    """The SPIFFE ID the substrate service's certificate must hold."""
+
+    affinity_spiffe_id: ServerSpiffeId = "spiffe://turnstile.local/service/affinity"
+    """The SPIFFE ID the affinity service's certificate must hold."""
 
     rpc_timeout_s: float = Field(default=2.0, gt=0, le=120)
     """Default deadline of a call to another Turnstile service."""

@@ -17,6 +17,18 @@ One place builds credentials from certificate files; no other module calls
   life. :class:`ChannelCredentialsSource` remembers the files' signatures, and
   long-lived holders (:mod:`turnstile_platform.peers`) ask it whether the files
   changed and rebuild their channel when they did.
+* **Whom a channel talks to** (SPEC O5): grpcio's Python API has no certificate
+  verification callback, and gRPC's hostname check reads only DNS and IP SANs
+  (and the CN when there are none), never the URI SAN. So each server certificate
+  carries, beside its SPIFFE ID, the DNS name derived from it
+  (:func:`~turnstile_platform.identity.server_name`:
+  ``spiffe://turnstile.local/service/admission`` →
+  ``admission.service.turnstile.local``), and a channel to a Turnstile service sets
+  ``grpc.ssl_target_name_override`` to the name of the SPIFFE ID it expects
+  (:func:`server_check_options`): the handshake fails against a server whose
+  valid-CA certificate names anything else. Only service certificates have the
+  ``serverAuth`` usage, which BoringSSL requires of a server certificate, so a
+  client or sandbox certificate cannot serve at all. Limits: docs/security.md.
 * **Plaintext** exists only when explicitly enabled and only on a loopback
   address (:func:`check_plaintext_allowed`); the process refuses to start
   otherwise.
@@ -37,7 +49,12 @@ from typing import Protocol
 
 import grpc
 
+from turnstile_platform.identity import server_name
+
 log = logging.getLogger(__name__)
+
+#: The channel argument whose name the handshake checks the server certificate against.
+TARGET_NAME_OVERRIDE = "grpc.ssl_target_name_override"
 
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
 
@@ -173,11 +190,23 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     )
 
 
-class ChannelCredentialsSource:
-    """Client credentials from files, and whether the files changed since."""
+def server_check_options(server_id: str | None) -> list[tuple[str, str]]:
+    """Channel arguments that make the TLS handshake refuse every server but the
+    holder of ``server_id`` (its certificate must carry the derived server name;
+    see the module docstring). None: the default check of the target's host name."""
+    if server_id is None:
+        return []
+    return [(TARGET_NAME_OVERRIDE, server_name(server_id))]
 
-    def __init__(self, files: TlsFiles) -> None:
+
+class ChannelCredentialsSource:
+    """Client credentials from files, whether the files changed since, and the
+    channel arguments that check the server is ``server_id``."""
+
+    def __init__(self, files: TlsFiles, server_id: str | None = None) -> None:
         self.files = files
+        self.server_id = server_id
+        self.options = server_check_options(server_id)
         self._signature = files.signature()
         cert, key, ca = files.read()
         self.credentials = grpc.ssl_channel_credentials(
@@ -219,15 +248,20 @@ def server_files(settings: TransportSettings, host: str, what: str) -> TlsFiles 
 
 
 def client_source(
-    settings: TransportSettings, target: str, what: str
+    settings: TransportSettings, target: str, what: str, *, server_id: str
 ) -> ChannelCredentialsSource | None:
-    """Credentials for a channel to ``target``, or None for (allowed) plaintext."""
+    """Credentials for a channel to ``target``, whose server must hold the SPIFFE ID
+    ``server_id`` (:attr:`ChannelCredentialsSource.options`), or None for (allowed)
+    plaintext."""
     if settings.plaintext:
         for host in target_hosts(target):
             check_plaintext_allowed(host, what)
         return None
     files = require_files(settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file, what)
-    return ChannelCredentialsSource(files)
+    try:
+        return ChannelCredentialsSource(files, server_id)
+    except ValueError as error:
+        raise TransportSecurityError(f"{what}: the expected server identity: {error}") from None
 
 
 def target_hosts(target: str) -> list[str]:

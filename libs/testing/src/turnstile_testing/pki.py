@@ -70,20 +70,34 @@ class Pki:
     def spiffe(self, path: str) -> str:
         return f"spiffe://{self.trust_domain}/{path.lstrip('/')}"
 
-    def leaf(self, path: str | None, **kwargs: Any) -> Leaf:
+    def leaf(self, path: str | None, *, server: bool = False, **kwargs: Any) -> Leaf:
+        """A certificate as the local PKI issues it (SPEC O5): a client one
+        (``clientAuth``, no names) unless ``server`` (``serverAuth`` too, its server
+        name and the loopback names)."""
         spiffe_id = self.spiffe(path) if path is not None else None
-        return self.ca.issue(
-            spiffe_id, dns_names=["localhost"], ip_addresses=["127.0.0.1", "::1"], **kwargs
-        )
+        if server:
+            kwargs.setdefault("dns_names", ["localhost"])
+            kwargs.setdefault("ip_addresses", ["127.0.0.1", "::1"])
+        return self.ca.issue(spiffe_id, server=server, **kwargs)
 
-    def identity(self, path: str | None, *, name: str | None = None, **kwargs: Any) -> Identity:
+    def identity(
+        self, path: str | None, *, name: str | None = None, server: bool = False, **kwargs: Any
+    ) -> Identity:
         """Files for ``spiffe://turnstile.test/<path>`` (``None``: a certificate
-        from this CA with no SPIFFE ID)."""
+        from this CA with no SPIFFE ID); ``server``: a server certificate."""
         self._count += 1
         stem = name or f"id{self._count}"
         cert_file, key_file = self.directory / f"{stem}.crt", self.directory / f"{stem}.key"
-        self.leaf(path, **kwargs).write(cert_file, key_file)
+        self.leaf(path, server=server, **kwargs).write(cert_file, key_file)
         return Identity(self.spiffe(path) if path else None, cert_file, key_file, self.ca_file)
+
+    def peer_ids(self) -> dict[str, str]:
+        """Settings overrides naming the services of this trust domain as the
+        identities a process's peer channels expect (``service/admission`` …)."""
+        return {
+            f"{service}_spiffe_id": self.spiffe(f"service/{service}")
+            for service in ("admission", "substrate", "affinity")
+        }
 
     def policy(self, text: str = PERMISSIVE_POLICY, *, name: str = "policy.toml") -> Path:
         path = self.directory / name
@@ -95,9 +109,11 @@ class Pki:
     def server_settings(
         self, path: str = "service/test", *, policy: str = PERMISSIVE_POLICY, **extra: Any
     ) -> dict[str, Any]:
-        """Overrides for a service fixture: mTLS with a server identity and a policy."""
-        server = self.identity(path)
+        """Overrides for a service fixture: mTLS with a server identity and a policy,
+        its peer channels expecting this trust domain's services."""
+        server = self.identity(path, server=True)
         return {
+            **self.peer_ids(),
             **server.settings(),
             "authz_policy_file": self.policy(policy),
             "authz_poll_interval_s": 0.05,

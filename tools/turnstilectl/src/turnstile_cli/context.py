@@ -5,6 +5,11 @@ to), ``--admission``/``--substrate``/``--affinity``, the ``TURNSTILE_*_ADDR``
 variables the services themselves read, and the local stack's ports. Against a
 cluster, port-forward the three services and point these at the forwards.
 
+Each service must present the SPIFFE ID the CLI expects of it (SPEC O5):
+``TURNSTILE_ADMISSION_SPIFFE_ID`` / ``_SUBSTRATE_`` / ``_AFFINITY_``, by default the
+local stack's (``spiffe://turnstile.local/service/admission`` …); a server with
+any other certificate fails the handshake.
+
 The mTLS client certificate comes from ``--cert/--key/--ca``, then the
 ``TURNSTILE_TLS_*_FILE`` variables, then the local stack's CLI certificate in
 ``.run/tls`` (which ``./scripts/up`` issues on first start). With
@@ -33,6 +38,11 @@ LOCAL_SUBSTRATE = "127.0.0.1:50052"
 LOCAL_AFFINITY = "127.0.0.1:50053"
 
 DEFAULT_TIMEOUT_S = 10.0
+
+#: Who the local stack's services are (``turnstilectl up`` issues their certificates).
+LOCAL_ADMISSION_ID = "spiffe://turnstile.local/service/admission"
+LOCAL_SUBSTRATE_ID = "spiffe://turnstile.local/service/substrate"
+LOCAL_AFFINITY_ID = "spiffe://turnstile.local/service/affinity"
 
 #: Where ``turnstilectl up`` writes the local CA and certificates.
 LOCAL_TLS_DIR = Path(".run/tls")
@@ -77,6 +87,9 @@ class Targets:
     admission: str = LOCAL_ADMISSION
     substrate: str = LOCAL_SUBSTRATE
     affinity: str = LOCAL_AFFINITY
+    admission_id: str = LOCAL_ADMISSION_ID
+    substrate_id: str = LOCAL_SUBSTRATE_ID
+    affinity_id: str = LOCAL_AFFINITY_ID
 
     @classmethod
     def resolve(
@@ -90,6 +103,9 @@ class Targets:
             admission=admission or env.get("TURNSTILE_ADMISSION_ADDR") or LOCAL_ADMISSION,
             substrate=substrate or env.get("TURNSTILE_SUBSTRATE_ADDR") or LOCAL_SUBSTRATE,
             affinity=affinity or env.get("TURNSTILE_AFFINITY_ADDR") or LOCAL_AFFINITY,
+            admission_id=env.get("TURNSTILE_ADMISSION_SPIFFE_ID") or LOCAL_ADMISSION_ID,
+            substrate_id=env.get("TURNSTILE_SUBSTRATE_SPIFFE_ID") or LOCAL_SUBSTRATE_ID,
+            affinity_id=env.get("TURNSTILE_AFFINITY_SPIFFE_ID") or LOCAL_AFFINITY_ID,
         )
 
 
@@ -101,6 +117,9 @@ class PeerSettings:
     substrate_addr: str
     affinity_addr: str
     rpc_timeout_s: float
+    admission_spiffe_id: str = LOCAL_ADMISSION_ID
+    substrate_spiffe_id: str = LOCAL_SUBSTRATE_ID
+    affinity_spiffe_id: str = LOCAL_AFFINITY_ID
     max_message_bytes: int = 4 * 1024 * 1024
     plaintext: bool = False
     tls_cert_file: Path | None = None
@@ -126,18 +145,25 @@ class Context:
             substrate_addr=self.targets.substrate,
             affinity_addr=self.targets.affinity,
             rpc_timeout_s=self.timeout_s,
+            admission_spiffe_id=self.targets.admission_id,
+            substrate_spiffe_id=self.targets.substrate_id,
+            affinity_spiffe_id=self.targets.affinity_id,
             plaintext=self.tls.plaintext,
             tls_cert_file=self.tls.cert,
             tls_key_file=self.tls.key,
             tls_ca_file=self.tls.ca,
         )
 
-    def credentials(self, target: str) -> grpc.ChannelCredentials | None:
-        """mTLS credentials for a raw channel to ``target`` (None: plaintext)."""
+    def credentials(
+        self, target: str, server_id: str
+    ) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, str]]]:
+        """mTLS credentials for a raw channel to ``target`` and the channel
+        arguments that check its server is ``server_id`` (None and no arguments:
+        plaintext)."""
         from turnstile_platform import tls
 
-        source = tls.client_source(self.settings(), target, "turnstilectl")
-        return source.credentials if source is not None else None
+        source = tls.client_source(self.settings(), target, "turnstilectl", server_id=server_id)
+        return (source.credentials, source.options) if source is not None else (None, [])
 
     @asynccontextmanager
     async def admission(self) -> AsyncIterator[admission_pb2_grpc.AdmissionServiceAsyncStub]:

@@ -200,7 +200,16 @@ def render_error(error: RichError, *, action: str) -> Table:
     for name, value in sorted(meta.items()):
         rows[name] = value
     if not error.reason and error.code.name == "UNAVAILABLE":
-        rows["hint"] = "is the service running there? try: turnstilectl status (or --target)"
+        from turnstile_platform.health_check import WRONG_SERVER_SIGNS
+
+        if any(sign in error.message for sign in WRONG_SERVER_SIGNS):
+            rows["hint"] = (
+                "the server there is not the Turnstile service expected: its certificate "
+                "does not hold the expected SPIFFE ID (TURNSTILE_<SERVICE>_SPIFFE_ID, default "
+                "spiffe://turnstile.local/service/<service>) or is no server certificate"
+            )
+        else:
+            rows["hint"] = "is the service running there? try: turnstilectl status (or --target)"
     for violation in error.field_violations:
         rows[f"field {violation.field}"] = violation.description
     for quota in error.quota_violations:

@@ -2,6 +2,9 @@
 
 The file is TOML (stdlib ``tomllib``)::
 
+    # Whose client a "self" rule acts for: the one path segment {client}.
+    self = "spiffe://turnstile.local/client/{client}"
+
     [[allow]]
     identities = ["spiffe://turnstile.local/service/substrate"]
     methods = ["turnstile.admission.v1.AdmissionService/*"]
@@ -12,16 +15,24 @@ The file is TOML (stdlib ``tomllib``)::
     methods = ["turnstile.substrate.v1.SubstrateService/Activate"]
     clients = "self"
 
+* ``self`` (top level, or in a rule to override it for that rule): the identity
+  template a ``clients = "self"`` rule reads the caller's own client from. It is a
+  SPIFFE ID with exactly one path segment written ``{client}``; an identity acts
+  for ``X`` only when it is the template with ``{client}`` replaced by the one
+  segment ``X`` (``…/client/acme`` → ``acme``; ``…/client/acme/globex``,
+  ``…/client`` or another trust domain → no one). A template never yields a
+  reserved client id (``native``, ``unattributed``, ``shared``): those belong to
+  the platform and are granted only by ``"any"`` or a list (SPEC O5).
 * ``identities``: exact SPIFFE IDs, prefixes written ``spiffe://td/path/*`` (any
   identity under that path), or ``*`` (any authenticated identity).
 * ``methods``: ``package.Service/Method``, ``package.Service/*`` or ``*``; every
   name must exist in Turnstile's contracts, so a typo is an invalid file rather
   than a silent deny.
 * ``clients`` (for the methods that act for a client, see
-  :mod:`turnstile_platform.authz.methods`): ``"any"``, ``"self"`` (the last path
-  segment of the caller's own identity: ``…/client/acme`` acts for ``acme``), or a
-  list of client ids. Omitted: no client — the rule grants only the methods that
-  do not act for one. Fail closed.
+  :mod:`turnstile_platform.authz.methods`): ``"any"``, ``"self"`` (the client the
+  ``self`` template reads from the caller's identity; a ``"self"`` rule with no
+  template is an invalid file), or a list of client ids. Omitted: no client — the
+  rule grants only the methods that do not act for one. Fail closed.
 
 Default deny: a call is allowed only if some rule matching the caller's identity
 names the method, and (for a method that acts for a client) some such rule's
@@ -40,10 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnstile_platform.identity import last_segment, parse_spiffe_id
+from turnstile_clientkeys import RESERVED_IDS
+from turnstile_platform.identity import parse_spiffe_id
 
 ANY = "any"
 SELF = "self"
+CLIENT_PLACEHOLDER = "{client}"
 OTHER_LABEL = "other"
 _CACHE_LIMIT = 8192
 
@@ -69,6 +82,48 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class SelfTemplate:
+    """``spiffe://td/…/{client}/…``: which one path segment of an identity names
+    its own client."""
+
+    text: str
+    prefix: str
+    suffix: str
+
+    @classmethod
+    def parse(cls, text: object, where: str) -> SelfTemplate:
+        if not isinstance(text, str):
+            raise PolicyError(f"{where}: expected a string such as {_EXAMPLE!r}")
+        if text.count(CLIENT_PLACEHOLDER) != 1:
+            raise PolicyError(f"{where}: {text!r} must hold {CLIENT_PLACEHOLDER} exactly once")
+        prefix, _, suffix = text.partition(CLIENT_PLACEHOLDER)
+        if not prefix.endswith("/") or not (suffix == "" or suffix.startswith("/")):
+            raise PolicyError(
+                f"{where}: {text!r}: {CLIENT_PLACEHOLDER} must be a whole path segment"
+            )
+        try:
+            parse_spiffe_id(prefix + "x" + suffix)
+        except ValueError as error:
+            raise PolicyError(f"{where}: {error}") from None
+        return cls(text, prefix, suffix)
+
+    def client_of(self, identity: str) -> str | None:
+        """The one segment ``{client}`` stands for in ``identity`` (None: no match).
+
+        ``identity`` is a valid SPIFFE ID (:func:`~turnstile_platform.identity.peer_identity`
+        checked it), so a segment is non-empty and holds no ``/``."""
+        if not identity.startswith(self.prefix) or not identity.endswith(self.suffix):
+            return None
+        client = identity[len(self.prefix) : len(identity) - len(self.suffix)]
+        if not client or "/" in client or client in RESERVED_IDS:
+            return None
+        return client
+
+
+_EXAMPLE = "spiffe://turnstile.local/client/{client}"
+
+
+@dataclass(frozen=True)
 class _Rule:
     exact: frozenset[str]
     prefixes: tuple[str, ...]
@@ -77,7 +132,7 @@ class _Rule:
     services: frozenset[str]
     all_methods: bool
     any_client: bool
-    self_client: bool
+    self_template: SelfTemplate | None
     clients: frozenset[str]
 
     def identity_label(self, identity: str) -> str | None:
@@ -144,8 +199,10 @@ class Policy:
             allowed = True
             any_client = any_client or rule.any_client
             clients |= rule.clients
-            if rule.self_client:
-                clients.add(last_segment(identity))
+            if rule.self_template is not None:
+                own = rule.self_template.client_of(identity)
+                if own is not None:
+                    clients.add(own)
         return Decision(allowed, any_client, frozenset(clients), label or OTHER_LABEL)
 
 
@@ -157,9 +214,14 @@ def _strings(value: object, where: str) -> list[str]:
     raise PolicyError(f"{where}: expected a non-empty string or list of strings")
 
 
-def _rule(raw: Mapping[str, Any], index: int, known_methods: frozenset[str] | None) -> _Rule:
+def _rule(
+    raw: Mapping[str, Any],
+    index: int,
+    known_methods: frozenset[str] | None,
+    default_self: SelfTemplate | None = None,
+) -> _Rule:
     where = f"allow[{index}]"
-    unknown = set(raw) - {"identities", "methods", "clients", "comment"}
+    unknown = set(raw) - {"identities", "methods", "clients", "comment", SELF}
     if unknown:
         raise PolicyError(f"{where}: unknown keys {sorted(unknown)}")
     exact: set[str] = set()
@@ -198,12 +260,22 @@ def _rule(raw: Mapping[str, Any], index: int, known_methods: frozenset[str] | No
                 raise PolicyError(f"{where}.methods: no method {method!r}")
             methods_exact.add(method)
     clients_raw = raw.get("clients", [])
-    any_client = self_client = False
+    any_client = False
+    template: SelfTemplate | None = None
     clients: set[str] = set()
+    if SELF in raw:
+        template = SelfTemplate.parse(raw[SELF], f"{where}.{SELF}")
+        if clients_raw != SELF:
+            raise PolicyError(f'{where}.{SELF}: a template is only for clients = "self"')
     if clients_raw == ANY:
         any_client = True
     elif clients_raw == SELF:
-        self_client = True
+        template = template or default_self
+        if template is None:
+            raise PolicyError(
+                f'{where}.clients: "self" needs an identity template naming the client '
+                f'segment: {SELF} = "{_EXAMPLE}" at the top of the file (or in the rule)'
+            )
     elif isinstance(clients_raw, list) and all(isinstance(c, str) and c for c in clients_raw):
         clients = set(clients_raw)
     else:
@@ -216,7 +288,7 @@ def _rule(raw: Mapping[str, Any], index: int, known_methods: frozenset[str] | No
         frozenset(services),
         all_methods,
         any_client,
-        self_client,
+        template,
         frozenset(clients),
     )
 
@@ -229,14 +301,17 @@ def parse_policy(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise PolicyError(f"not valid TOML: {error}") from None
-    unknown = set(data) - {"allow"}
+    unknown = set(data) - {"allow", SELF}
     if unknown:
-        raise PolicyError(f"unknown top-level keys {sorted(unknown)} (expected [[allow]] rules)")
+        raise PolicyError(
+            f"unknown top-level keys {sorted(unknown)} (expected {SELF} and [[allow]] rules)"
+        )
+    default_self = SelfTemplate.parse(data[SELF], SELF) if SELF in data else None
     raw_rules = data.get("allow", [])
     if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
         raise PolicyError("allow: expected an array of tables ([[allow]])")
     known = frozenset(m.lstrip("/") for m in known_methods) if known_methods is not None else None
-    rules = tuple(_rule(raw, i, known) for i, raw in enumerate(raw_rules))
+    rules = tuple(_rule(raw, i, known, default_self) for i, raw in enumerate(raw_rules))
     return Policy(rules, source)
 
 

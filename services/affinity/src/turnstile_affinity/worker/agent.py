@@ -47,12 +47,18 @@ log = logging.getLogger(__name__)
 
 def _relay_channel(settings: WorkerSettings) -> grpc.aio.Channel:
     """The channel to the relay: mTLS with the worker's sandbox-class certificate
-    (read once: a runtime lives shorter than its certificate), or loopback plaintext."""
+    (read once: a runtime lives shorter than its certificate) to a server that must
+    hold ``affinity_spiffe_id`` (SPEC O5: another runtime listening on a port the
+    worker dials cannot pose as the relay), or loopback plaintext."""
     options = channel_options(settings.keepalive_time_s)
-    source = tls.client_source(settings, settings.affinity_addr, "worker agent")
+    source = tls.client_source(
+        settings, settings.affinity_addr, "worker agent", server_id=settings.affinity_spiffe_id
+    )
     if source is None:
         return grpc.aio.insecure_channel(settings.affinity_addr, options=options)
-    return grpc.aio.secure_channel(settings.affinity_addr, source.credentials, options=options)
+    return grpc.aio.secure_channel(
+        settings.affinity_addr, source.credentials, options=[*options, *source.options]
+    )
 
 
 Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]

@@ -12,6 +12,8 @@
 ``TURNSTILE_WORKER_CREDENTIAL_FILE``  the sandbox credential the substrate keeps current
                                       (SPEC Z3); unset: the Hello carries none
 ``TURNSTILE_AFFINITY_ADDR``           the affinity relay (default ``127.0.0.1:50053``)
+``TURNSTILE_AFFINITY_SPIFFE_ID``      the SPIFFE ID the relay's certificate must hold (default
+                                      ``spiffe://turnstile.local/service/affinity``)
 ``TURNSTILE_WORKER_TLS_CERT_FILE``    the worker's certificate (the sandbox-class SPIFFE ID),
 ``TURNSTILE_WORKER_TLS_KEY_FILE``     its key and the CA bundle; the Direct substrate passes
 ``TURNSTILE_WORKER_TLS_CA_FILE``      them (Kubernetes: a mounted Secret)
@@ -30,7 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_clientkeys import is_label_value
-from turnstile_platform.settings import LogFormat
+from turnstile_platform.settings import LogFormat, ServerSpiffeId
 from turnstile_platform.tiers import TIER_LABEL
 
 WorkerKind = Literal["container", "microvm"]
@@ -80,6 +82,17 @@ class WorkerSettings(BaseSettings):
         validation_alias=AliasChoices("TURNSTILE_AFFINITY_ADDR", "affinity_addr"),
     )
     """Where the affinity relay listens (any replica: presence is shared)."""
+
+    affinity_spiffe_id: ServerSpiffeId = Field(
+        default="spiffe://turnstile.local/service/affinity",
+        validation_alias=AliasChoices(
+            "TURNSTILE_WORKER_AFFINITY_SPIFFE_ID",
+            "TURNSTILE_AFFINITY_SPIFFE_ID",
+            "affinity_spiffe_id",
+        ),
+    )
+    """The SPIFFE ID the relay's certificate must hold: the channel refuses any other
+    server (SPEC O5; it checks the DNS name derived from the ID)."""
 
     tls_cert_file: Path | None = None
     """The worker's certificate: the sandbox class identity

@@ -18,12 +18,22 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
         "substrate": ctx.targets.substrate,
         "affinity": ctx.targets.affinity,
     }
-    results = await asyncio.gather(
-        *(
-            check(t, timeout_s=min(ctx.timeout_s, 2.0), credentials=ctx.credentials(t))
-            for t in targets.values()
+    identities = {
+        "admission": ctx.targets.admission_id,
+        "substrate": ctx.targets.substrate_id,
+        "affinity": ctx.targets.affinity_id,
+    }
+
+    async def one(name: str) -> str:
+        credentials, options = ctx.credentials(targets[name], identities[name])
+        return await check(
+            targets[name],
+            timeout_s=min(ctx.timeout_s, 2.0),
+            credentials=credentials,
+            options=options,
         )
-    )
+
+    results = await asyncio.gather(*(one(name) for name in targets))
     statuses = dict(zip(targets, results, strict=True))
 
     def show(console: object) -> None:

@@ -28,6 +28,10 @@ HOLDERS = {
     "worker": "sandbox",
 }
 
+#: The holders that serve (server certificates: serverAuth and their server name);
+#: the CLI and the sandbox class get client-only certificates (SPEC O5).
+SERVERS = frozenset({"admission", "substrate", "affinity"})
+
 #: The local stack's grace period: short, so a killed worker's sessions fall
 #: back within the demo (production default: 60 s).
 LOCAL_GRACE_S = 10.0

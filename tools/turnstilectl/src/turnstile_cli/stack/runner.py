@@ -35,6 +35,7 @@ from rich.table import Table
 from turnstile_cli.stack import procs, prometheus, state
 from turnstile_cli.stack.config import (
     HOLDERS,
+    SERVERS,
     TRUST_DOMAIN,
     ServiceSpec,
     StackConfig,
@@ -59,7 +60,7 @@ from turnstile_platform.pki import ensure_local_pki
 from turnstile_platform.redis_client import read_script
 from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tiers import parse_tiers
-from turnstile_platform.tls import TlsFiles, channel_credentials
+from turnstile_platform.tls import TlsFiles, channel_credentials, server_check_options
 
 #: The service each process must serve: asking health about it (not the server as
 #: a whole) tells the runner the right service answers on the port it was given.
@@ -154,7 +155,7 @@ class Stack:
         if config.tls_dir is None:
             self.say("plaintext on loopback: no certificates, no authorization")
             return
-        ensure_local_pki(config.tls_dir, TRUST_DOMAIN, HOLDERS)
+        ensure_local_pki(config.tls_dir, TRUST_DOMAIN, HOLDERS, servers=SERVERS)
         policy = config.tls_dir / "policy.toml"
         if not policy.exists():
             policy.write_text(read_script("turnstile_cli.stack", "authz-policy.toml"))
@@ -171,6 +172,12 @@ class Stack:
             Path(config.tls_file("ca.crt")),
         )
         return channel_credentials(files)
+
+    def server_options(self, service: str) -> list[tuple[str, str]]:
+        """The channel arguments that check ``service`` holds its own SPIFFE ID (SPEC O5)."""
+        if self.config.tls_dir is None:
+            return []
+        return server_check_options(f"spiffe://{TRUST_DOMAIN}/{HOLDERS[service]}")
 
     def hang_up(self, stop: asyncio.Event) -> None:
         """The terminal closed (SIGHUP): stop as Ctrl-C does, and since nobody reads
@@ -225,6 +232,7 @@ class Stack:
                     timeout_s=self.startup_timeout_s,
                     service=SERVICE_NAMES[r.spec.name],
                     credentials=credentials,
+                    options=self.server_options(name),
                 )
             )
             for name, r in self.running.items()
@@ -438,7 +446,9 @@ class Stack:
         try:
             credentials = self.credentials()
             channel = (
-                grpc.aio.secure_channel(address, credentials)
+                grpc.aio.secure_channel(
+                    address, credentials, options=self.server_options("substrate")
+                )
                 if credentials is not None
                 else grpc.aio.insecure_channel(address)
             )
