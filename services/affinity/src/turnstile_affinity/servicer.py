@@ -178,6 +178,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                     capacity=w.capacity,
                     leases=w.leases,
                     labels=w.labels,
+                    client_id=w.client,
                 )
                 for w in workers
             ]
@@ -225,7 +226,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                     await self._relay.heartbeat(attachment)
                     yield affinity_pb2.AttachResponse(heartbeat_ack=affinity_pb2.HeartbeatAck())
                 elif kind == "renewal":
-                    yield self._renew(attachment, message.renewal)
+                    yield await self._renew(attachment, message.renewal)
                 elif kind == "goodbye":
                     break
                 else:
@@ -263,14 +264,16 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
             else:
                 await self._relay.detach(attachment)
 
-    def _renew(
+    async def _renew(
         self, attachment: Attachment, renewal: affinity_pb2.CredentialRenewal
     ) -> affinity_pb2.AttachResponse:
-        """Verify a renewed credential for the stream's sandbox; the stream lives on."""
+        """Verify a renewed credential for the stream's sandbox; the stream lives on
+        (with the presence the renewal attests, SPEC O3)."""
         credential = validation.credential(renewal.credential, "renewal.credential")
         claims = self._attestation.check(attachment.sandbox_id, credential)
         accepted = affinity_pb2.CredentialAccepted()
         if claims is not None:
-            attachment.renewed(claims)
+            with store_reachable(self._retry_after_s):
+                await self._relay.renewed(attachment, claims)
             accepted.expires_at.CopyFrom(_timestamp(claims.expires_ms))
         return affinity_pb2.AttachResponse(credential_accepted=accepted)

@@ -6,7 +6,8 @@ decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``
 
 ========================  =====================================================
 ``session:<id>``          hash: sandbox, tier, last reset; expires after the TTL
-``presence:<sandbox>``    hash: owner stream, tier, capacity, labels, expiry
+``presence:<sandbox>``    hash: owner stream, client (the sandbox's attested owner,
+                          SPEC O3), tier, capacity, labels, endpoint, expiry
 ``presence-expiry``       sorted set ``<tier>/<sandbox>`` by expiry (pruning)
 ``detached:<sandbox>``    detach mark: ms when it left (or was first seen gone)
 ``wake:<sandbox>``        marker: this absence's wake was sent
@@ -242,6 +243,8 @@ class WorkerView:
     capacity: int
     leases: int
     labels: dict[str, str]
+    #: The sandbox's attested owner ("" for none).
+    client: str = ""
 
 
 def _s(value: Any) -> str:
@@ -357,8 +360,10 @@ class AffinityStore:
         endpoint: str,
         presence_ttl_ms: int,
         generation: str,
+        client: str = "",
     ) -> tuple[str, str]:
-        """Clear the detach mark, then put presence.
+        """Clear the detach mark, then put presence (``client``: the sandbox's owner
+        as attested, "" for none).
 
         Returns ``("ok", previous owner or "")``, ``("revoked", "")`` when the
         sandbox's credential record does not name ``generation``, or
@@ -376,6 +381,7 @@ class AffinityStore:
             endpoint,
             presence_ttl_ms,
             generation,
+            client,
         )
         return _s(reply[0]), _s(reply[1])
 
@@ -424,8 +430,9 @@ class AffinityStore:
                 capacity=int(reply[i + 2]),
                 leases=int(reply[i + 3]),
                 labels=json.loads(_s(reply[i + 4])),
+                client=_s(reply[i + 5]),
             )
-            for i in range(0, len(reply), 5)
+            for i in range(0, len(reply), 6)
         ]
 
 

@@ -26,14 +26,16 @@
 -- 9 load:tier:<tier>, 10 leases:<sandbox>.
 -- ARGV: 2 sandbox id, 3 owner (the relay stream's id), 4 tier label value ("" for
 -- none), 5 capacity, 6 labels as JSON, 7 endpoint, 8 presence ttl ms,
--- 9 the credential's generation ("" when attestation is off).
+-- 9 the credential's generation ("" when attestation is off), 10 the sandbox's
+-- owner as its credential attests it (SPEC O3: a client id, "native", or "" for
+-- none; tier, capacity and endpoint are the credential's too, resolved by the relay).
 --
 -- Returns {"ok", previous owner or ""}, {"revoked", ""} (the credential record
 -- names another generation, or "revoked") or {"taken", owner} (no proof, and
 -- another stream's presence is live).
 local sb, owner, tier, capacity = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local labels, endpoint, ttl_ms = ARGV[6], ARGV[7], tonumber(ARGV[8])
-local generation = ARGV[9]
+local generation, client = ARGV[9], ARGV[10] or ""
 
 local now = now_ms()
 local key = KEYS[5]
@@ -55,7 +57,7 @@ if old[2] and old[2] ~= tier then
   redis.call("ZREM", K_PRESENCE_EXPIRY, old[2] .. "/" .. sb)
 end
 local expires = now + ttl_ms
-redis.call("HSET", key, "owner", owner, "tier", tier, "capacity", capacity,
+redis.call("HSET", key, "owner", owner, "client", client, "tier", tier, "capacity", capacity,
   "labels", labels, "endpoint", endpoint, "expires", expires)
 redis.call("PEXPIRE", key, ttl_ms)
 redis.call("ZADD", K_PRESENCE_EXPIRY, expires, tier .. "/" .. sb)
