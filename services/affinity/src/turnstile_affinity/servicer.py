@@ -40,6 +40,7 @@ _OUTCOMES = {
 _REASONS = {
     ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,
     ResetReason.RETIERED: affinity_pb2.RESET_REASON_RETIERED,
+    ResetReason.NOT_OWNED: affinity_pb2.RESET_REASON_NOT_OWNED,
 }
 
 
@@ -92,6 +93,7 @@ def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionR
         sandbox_id=record.sandbox_id,
         tier=record.tier,
         expires_at=_timestamp(record.expires_ms),
+        client_id=record.client,
     )
     if record.reset_from and record.reset_to and record.reset_at_ms is not None:
         reason = ResetReason(record.reset_reason or ResetReason.GRACE_EXPIRED.value)
@@ -137,24 +139,27 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
     ) -> affinity_pb2.PlaceResponse:
         session_id = validation.session_id(request.session_id)
         tier = validation.session_tier(self._tiers, request.tier)
-        return _placement(await self._placer.place(session_id, tier))
+        client = validation.client_id(request.client_id)
+        return _placement(await self._placer.place(session_id, tier, client))
 
     async def ReleaseLease(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ReleaseLeaseRequest, context: Context
     ) -> affinity_pb2.ReleaseLeaseResponse:
         sandbox_id = validation.sandbox_id(request.sandbox_id)
         lease_id = validation.lease_id(request.lease_id)
+        client = validation.optional_client_id(request.client_id)
         trace.get_current_span().set_attribute("turnstile.sandbox_id", sandbox_id)
         with self._reachable:
-            released = await self._placer.release(sandbox_id, lease_id)
+            released = await self._placer.release(sandbox_id, lease_id, client)
         return _RELEASED if released else _NOT_RELEASED
 
     async def GetSession(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.GetSessionRequest, context: Context
     ) -> affinity_pb2.GetSessionResponse:
         session_id = validation.session_id(request.session_id)
+        client = validation.client_id(request.client_id)
         with store_reachable(self._retry_after_s):
-            record = await self._store.session(session_id)
+            record = await self._store.session(session_id, client)
         if record is None:
             raise RichError(
                 grpc.StatusCode.NOT_FOUND,
@@ -168,8 +173,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         self, request: affinity_pb2.ListWorkersRequest, context: Context
     ) -> affinity_pb2.ListWorkersResponse:
         tier = validation.list_tier(self._tiers, request.tier)
+        client = validation.optional_client_id(request.client_id) or None
         with store_reachable(self._retry_after_s):
-            workers = await self._store.workers(tier)
+            workers = await self._store.workers(tier, client)
         return affinity_pb2.ListWorkersResponse(
             workers=[
                 affinity_pb2.Worker(

@@ -39,7 +39,7 @@ local generation, client = ARGV[9], ARGV[10] or ""
 
 local now = now_ms()
 local key = KEYS[5]
-local old = redis.call("HMGET", key, "owner", "tier", "expires")
+local old = redis.call("HMGET", key, "owner", "tier", "expires", "client")
 
 if generation ~= "" then
   local current = redis.call("GET", KEYS[8])
@@ -52,14 +52,22 @@ prune(now)
 
 redis.call("DEL", KEYS[6], KEYS[7])
 
-if old[2] and old[2] ~= tier then
-  redis.call("ZREM", k_load_tier(old[2]), sb)
-  redis.call("ZREM", K_PRESENCE_EXPIRY, old[2] .. "/" .. sb)
+-- A presence of another tier or owner (a new runtime, or one written before owners)
+-- leaves the indexes it was in.
+local old_client = old[4] or ""
+if old[2] and (old[2] ~= tier or old_client ~= client) then
+  if old[2] ~= tier then redis.call("ZREM", k_load_tier(old[2]), sb) end
+  if old_client ~= "" then
+    redis.call("ZREM", k_load_own(old[2], old_client), sb)
+    if old_client ~= client then redis.call("ZREM", k_load_own("*", old_client), sb) end
+  end
+  redis.call("ZREM", K_PRESENCE_EXPIRY, expiry_member(old[2], sb, old_client))
 end
+if old[2] and not old[4] then redis.call("ZREM", K_PRESENCE_EXPIRY, old[2] .. "/" .. sb) end
 local expires = now + ttl_ms
 redis.call("HSET", key, "owner", owner, "client", client, "tier", tier, "capacity", capacity,
   "labels", labels, "endpoint", endpoint, "expires", expires)
 redis.call("PEXPIRE", key, ttl_ms)
-redis.call("ZADD", K_PRESENCE_EXPIRY, expires, tier .. "/" .. sb)
+redis.call("ZADD", K_PRESENCE_EXPIRY, expires, expiry_member(tier, sb, client))
 refresh_load(sb, now)
 return {"ok", old[1] or ""}

@@ -12,14 +12,14 @@ local sb, owner, mark_ttl_ms = ARGV[2], ARGV[3], tonumber(ARGV[4])
 
 local now = now_ms()
 local key = KEYS[5]
-local p = redis.call("HMGET", key, "owner", "tier")
+local p = redis.call("HMGET", key, "owner", "tier", "client")
 if not p[1] then
   redis.call("SET", KEYS[6], now, "NX", "PX", mark_ttl_ms)
   return 0
 end
 if p[1] ~= owner then return 0 end
 redis.call("DEL", key)
-redis.call("ZREM", K_PRESENCE_EXPIRY, p[2] .. "/" .. sb)
-unindex(sb, p[2])
+redis.call("ZREM", K_PRESENCE_EXPIRY, expiry_member(p[2], sb, p[3] or ""), p[2] .. "/" .. sb)
+unindex(sb, p[2], p[3] or "")
 redis.call("SET", KEYS[6], now, "PX", mark_ttl_ms)
 return 1

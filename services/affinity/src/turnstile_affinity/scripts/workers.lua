@@ -1,6 +1,7 @@
 -- List present workers, least loaded first (ListWorkers).
 --
--- KEYS: 5 the load index to list: load:all, or load:tier:<tier> for one tier.
+-- KEYS: 5 the load index to list: load:all, load:tier:<tier> for one tier, or
+-- load:own:<tier or *>:<client> for one client's sandboxes (SPEC O2).
 -- Returns a flat list of {sandbox, tier, capacity, leases, labels_json, client} groups
 -- (client: the sandbox's attested owner, "" for none).
 local now = now_ms()
