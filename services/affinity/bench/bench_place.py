@@ -279,6 +279,7 @@ async def _populate(redis_url: str) -> None:
                     endpoint="",
                     presence_ttl_ms=900_000,
                     generation="bench",  # as if its credential was verified
+                    client="acme",  # the sessions' client owns them all (SPEC O2)
                 )
                 for sandbox_id, tier in sandboxes[start : start + 100]
             )
