@@ -63,7 +63,7 @@ SCRIPTS: dict[str, str] = {
 
 #: The kinds of key (the name after the hash tag, to its first ':') each script may
 #: touch without declaring, because it learns them by reading. Affinity's scripts
-#: prune expired leases and presence of any sandbox (leases:, presence:, load:tier:).
+#: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
 DERIVED: dict[str, set[str]] = {
     "admission/commit_hold": {"inflight", "sandbox", "slots"},

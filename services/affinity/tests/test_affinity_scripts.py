@@ -32,6 +32,7 @@ async def attach(
     owner: str = "",
     generation: str = "g1",
     client: str = "acme",
+    scope: str | None = None,
 ) -> str:
     """Attach ``client``'s sandbox with a verified credential of ``generation``; the
     previous owner (stream)."""
@@ -45,6 +46,7 @@ async def attach(
         presence_ttl_ms=TTL_MS,
         generation=generation,
         client=client,
+        scope=scope,
     )
     assert status == "ok", (status, previous)
     return previous
@@ -100,6 +102,9 @@ async def test_claim_is_compare_and_claim(store: AffinityStore) -> None:
 async def test_claim_considers_only_the_tier_unless_unfiltered(store: AffinityStore) -> None:
     await attach(store, "b1", tier="b")
     assert isinstance(await store.claim(turn("s1", "l1")), Exhausted)
+    # Without tiers the relay puts every presence in its owner's "*" index.
+    await attach(store, "b1", tier="b", scope="*")
+    assert await store.redis.zscore(store.keys.own_load("b", "acme"), "b1") is None
     unfiltered = await store.claim(turn("s1", "l1", filtered=False))
     assert isinstance(unfiltered, Leased)
     assert unfiltered.sandbox_id == "b1"
@@ -137,8 +142,8 @@ async def test_place_retiered_sandbox_must_move(store: AffinityStore) -> None:
     await record(store, "s", "a1")
     await attach(store, "a1", tier="b", owner="newer")
     assert await place(store, "s") == MustMove("a1", "retiered")
-    assert await store.redis.zscore(store.keys.load("a"), "a1") is None
-    assert await store.redis.zscore(store.keys.load("b"), "a1") == 0
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") is None
+    assert await store.redis.zscore(store.keys.own_load("b", "acme"), "a1") == 0
 
 
 @pytest.mark.parametrize("mark", [b"garbage", b"-5", b"1.5", b"99999999999999999"])
@@ -303,7 +308,7 @@ async def test_detach_by_a_stale_owner_changes_nothing(store: AffinityStore) -> 
     assert await store.detach(sandbox_id="a1", owner="new", mark_ttl_ms=TTL_MS)
     assert not await store.redis.exists(store.keys.presence("a1"))
     assert await store.redis.zscore(store.keys.load(), "a1") is None
-    assert await store.redis.zscore(store.keys.load("a"), "a1") is None
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") is None
     assert 0 < await store.redis.pttl(store.keys.detached("a1")) <= TTL_MS
 
 
@@ -327,15 +332,15 @@ async def test_expired_leases_and_presence_leave_the_load_index(store: AffinityS
     await attach(store, "a1", capacity=2)
     await attach(store, "a2", capacity=2)
     await store.claim(turn("s1", "l1", lease_ttl_ms=1000))
-    assert await store.redis.zscore(store.keys.load("a"), "a1") == 0.5
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") == 0.5
     store.clock.offset_ms += 1001
     assert await place(store, "unknown") == NoRecord()  # any script prunes
-    assert await store.redis.zscore(store.keys.load("a"), "a1") == 0
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") == 0
     assert not await store.redis.hexists(store.keys.lease_sandbox, "l1")
     store.clock.offset_ms += TTL_MS
     assert await store.workers(None) == []
     assert await store.redis.zcard(store.keys.load()) == 0
-    assert await store.redis.zcard(store.keys.load("a")) == 0
+    assert await store.redis.zcard(store.keys.own_load("a", "acme")) == 0
     assert await store.redis.zcard(store.keys.presence_expiry) == 0
 
 
@@ -378,7 +383,7 @@ async def test_pick_takes_only_the_clients_own_sandboxes_never_another_or_an_own
     assert isinstance(unfiltered, Exhausted)
     # The owner indexes hold exactly their owners' sandboxes.
     assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a1"]
-    assert await store.redis.zrange(store.keys.own_load("*", "globex"), 0, -1) == [b"g1"]
+    assert await store.redis.zrange(store.keys.own_load("a", "globex"), 0, -1) == [b"g1"]
     assert not [k async for k in store.redis.scan_iter(match=store.keys.own_load("a", ""))]
 
 
@@ -450,7 +455,6 @@ async def test_a_recorded_sandbox_of_another_owner_now_must_move(store: Affinity
     await attach(store, "a1", client="globex", generation="g2")  # a new runtime, re-owned
     assert await place(store, "s") == MustMove("a1", "not_owned")
     assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") is None
-    assert await store.redis.zscore(store.keys.own_load("*", "acme"), "a1") is None
     assert await store.redis.zscore(store.keys.own_load("a", "globex"), "a1") is not None
 
 
@@ -464,11 +468,28 @@ async def test_expired_presence_leaves_its_owner_indexes_old_members_too(
     assert score is not None
     await store.redis.zrem(store.keys.presence_expiry, "a/a2/acme")
     await store.redis.zadd(store.keys.presence_expiry, {"a/a2": score})
+    await store.redis.zadd(store.keys.load("a"), {"a2": 0})  # the tier index of then
     store.clock.offset_ms += TTL_MS + 1
     assert await place(store, "unknown") == NoRecord()  # any script prunes
+    assert await store.redis.zcard(store.keys.load("a")) == 0
     # a1 left every index; a2's old member named no owner, so its entry stays ...
     assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a2"]
     assert await store.redis.zcard(store.keys.presence_expiry) == 0
     # ... until a pick meets it and repairs it.
     assert isinstance(await store.claim(turn("s", "l1")), Exhausted)
     assert await store.redis.zcard(store.keys.own_load("a", "acme")) == 0
+
+
+async def test_a_presence_written_before_owners_leaves_its_old_indexes_on_attach(
+    store: AffinityStore,
+) -> None:
+    key = store.keys.presence("a1")
+    await store.redis.hset(
+        key, mapping={"owner": "o", "tier": "a", "capacity": 2, "labels": "{}", "expires": 1}
+    )
+    await store.redis.zadd(store.keys.load("a"), {"a1": 0})
+    await store.redis.zadd(store.keys.presence_expiry, {"a/a1": 1})
+    await attach(store, "a1")
+    assert await store.redis.zcard(store.keys.load("a")) == 0
+    assert await store.redis.zrange(store.keys.presence_expiry, 0, -1) == [b"a/a1/acme"]
+    assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a1"]

@@ -283,6 +283,8 @@ class Relay:
                 sandbox_id=attachment.sandbox_id,
                 owner=attachment.owner,
                 client=attachment.client,
+                # The owner index placement reads: the tier's, or every tier's (SPEC O2).
+                scope=attachment.tier if self._tiers.enabled else "*",
                 tier=attachment.tier,
                 capacity=attachment.capacity,
                 labels=attachment.labels,

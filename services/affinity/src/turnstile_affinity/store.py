@@ -20,9 +20,9 @@ decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``
 ``lease-expiry``          sorted set of every lease id by expiry (pruning)
 ``lease-sandbox``         hash: lease id → sandbox
 ``load:all``              sorted set of present sandboxes by leases/capacity
-``load:tier:<tier>``      the same, per tier label value
-``load:own:<tier>:<c>``   the same, of the sandboxes client ``c`` owns in the tier
-``load:own:*:<c>``        the same, of all of client ``c``'s sandboxes (SPEC O2)
+``load:own:<scope>:<c>``  the same, of the sandboxes client ``c`` owns in a tier, or
+                          all of them (scope ``*``) when tiers do not filter (SPEC O2)
+``load:tier:<tier>``      written before owners; emptied as presences attach again
 ========================  =====================================================
 
 Every script declares in ``KEYS`` the shared indexes (:meth:`Keys.shared`) and
@@ -111,6 +111,8 @@ class Keys:
         return f"{self.base}credential:{sandbox_id}"
 
     def load(self, tier: str | None = None) -> str:
+        """``load:all``; with a tier, the tier's index written before owners (SPEC O2
+        replaced it by :meth:`own_load`; only its emptying remains)."""
         return f"{self.base}load:all" if tier is None else f"{self.base}load:tier:{tier}"
 
     @property
@@ -412,9 +414,11 @@ class AffinityStore:
         presence_ttl_ms: int,
         generation: str,
         client: str = "",
+        scope: str | None = None,
     ) -> tuple[str, str]:
         """Clear the detach mark, then put presence (``client``: the sandbox's owner
-        as attested, "" for none).
+        as attested, "" for none; ``scope``: the owner index it joins, its tier when
+        tiers filter and ``*`` when they do not; None: its tier).
 
         Returns ``("ok", previous owner or "")``, ``("revoked", "")`` when the
         sandbox's credential record does not name ``generation``, or
@@ -423,7 +427,11 @@ class AffinityStore:
         """
         reply = await self._run(
             "attach",
-            [*self.keys.worker(sandbox_id), self.keys.load(tier), self.keys.leases(sandbox_id)],
+            [
+                *self.keys.worker(sandbox_id),
+                self.keys.own_load(tier if scope is None else scope, client),
+                self.keys.leases(sandbox_id),
+            ],
             sandbox_id,
             owner,
             tier,
@@ -433,6 +441,7 @@ class AffinityStore:
             presence_ttl_ms,
             generation,
             client,
+            tier if scope is None else scope,
         )
         return _s(reply[0]), _s(reply[1])
 
@@ -476,8 +485,9 @@ class AffinityStore:
     async def workers(self, tier: str | None, client: str | None = None) -> list[WorkerView]:
         """Present workers, least loaded first; ``tier`` None for all of them;
         ``client`` None for every owner's, else only that client's sandboxes."""
-        index = self.keys.load(tier) if client is None else self.keys.own_load(tier or "*", client)
-        reply: Sequence[Any] = await self._run("workers", [index])
+        reply: Sequence[Any] = await self._run(
+            "workers", [self.keys.load()], tier or "", "\0" if client is None else client
+        )
         return [
             WorkerView(
                 sandbox_id=_s(reply[i]),

@@ -31,10 +31,12 @@ local function k_presence(sb) return B .. "presence:" .. sb end
 local function k_leases(sb) return B .. "leases:" .. sb end
 local function k_detached(sb) return B .. "detached:" .. sb end
 local function k_wake(sb) return B .. "wake:" .. sb end
+-- Written before owners (one per tier); now only emptied, as presences attach again.
 local function k_load_tier(tier) return B .. "load:tier:" .. tier end
--- One client's present sandboxes by load (SPEC O2): per tier, and "*" for all of
--- its tiers. A tier is a label value (no ":"), so the key names one (tier, client).
-local function k_load_own(tier, client) return B .. "load:own:" .. tier .. ":" .. client end
+-- One client's present sandboxes by load (SPEC O2), per scope: a tier when tiers
+-- filter, "*" (all its sandboxes) when they do not. A tier is a label value (no
+-- ":"), so the key names one (scope, client). These are placement's candidates.
+local function k_load_own(scope, client) return B .. "load:own:" .. scope .. ":" .. client end
 
 -- The platform's shared pool: sandboxes owned by "native" (SPEC O2).
 local NATIVE = "native"
@@ -44,39 +46,37 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + OFFSET
 end
 
--- Presence of a sandbox as {tier, capacity, expires, endpoint, client}, or nil when
--- it has none or it expired (heartbeats stopped). client: the sandbox's attested
--- owner, "" for none (SPEC O3).
+-- Presence of a sandbox as {tier, capacity, expires, endpoint, client, scope}, or nil
+-- when it has none or it expired (heartbeats stopped). client: the sandbox's attested
+-- owner, "" for none (SPEC O3); scope: the owner index it is in (its tier, or "*"
+-- when tiers do not filter; the relay says which).
 local function presence(sb, now)
-  local p = redis.call("HMGET", k_presence(sb), "tier", "capacity", "expires", "endpoint", "client")
+  local p = redis.call("HMGET", k_presence(sb), "tier", "capacity", "expires", "endpoint",
+    "client", "scope")
   if not p[3] or tonumber(p[3]) <= now then return nil end
   return {tier = p[1], capacity = tonumber(p[2]), expires = tonumber(p[3]), endpoint = p[4] or "",
-    client = p[5] or ""}
+    client = p[5] or "", scope = p[6] or p[1]}
 end
 
--- A presence-expiry member: "<tier>/<sandbox>/<client>". Tiers and sandbox ids are
--- label values (no "/"); a client id may hold "/", so it is last. A member written
--- before owners ("<tier>/<sandbox>") parses with client "".
-local function expiry_member(tier, sb, client) return tier .. "/" .. sb .. "/" .. client end
+-- A presence-expiry member: "<scope>/<sandbox>/<client>". Scopes and sandbox ids are
+-- label values or "*" (no "/"); a client id may hold "/", so it is last. A member
+-- written before owners is "<tier>/<sandbox>": it parses with client nil.
+local function expiry_member(scope, sb, client) return scope .. "/" .. sb .. "/" .. client end
 local function parse_member(member)
   local first = string.find(member, "/", 1, true)
-  local tier, rest = string.sub(member, 1, first - 1), string.sub(member, first + 1)
+  local scope, rest = string.sub(member, 1, first - 1), string.sub(member, first + 1)
   local second = string.find(rest, "/", 1, true)
-  if not second then return tier, rest, "" end
-  return tier, string.sub(rest, 1, second - 1), string.sub(rest, second + 1)
+  if not second then return scope, rest, nil end
+  return scope, string.sub(rest, 1, second - 1), string.sub(rest, second + 1)
 end
 
--- Put a present sandbox's load (leases / capacity) into its indexes: all sandboxes,
--- its tier, and, when it has an owner, its owner's (in its tier and in "*"). Ties
--- order by sandbox id (sorted-set order).
+-- Put a present sandbox's load (leases / capacity) into its indexes: all sandboxes
+-- (ListWorkers), and, when it has an owner, its owner's in its scope (placement).
+-- Ties order by sandbox id (sorted-set order).
 local function set_load(sb, p)
   local load = redis.call("ZCARD", k_leases(sb)) / p.capacity
   redis.call("ZADD", K_LOAD_ALL, load, sb)
-  redis.call("ZADD", k_load_tier(p.tier), load, sb)
-  if p.client ~= "" then
-    redis.call("ZADD", k_load_own(p.tier, p.client), load, sb)
-    redis.call("ZADD", k_load_own("*", p.client), load, sb)
-  end
+  if p.client ~= "" then redis.call("ZADD", k_load_own(p.scope, p.client), load, sb) end
 end
 
 local function refresh_load(sb, now)
@@ -84,13 +84,9 @@ local function refresh_load(sb, now)
   if p then set_load(sb, p) end
 end
 
-local function unindex(sb, tier, client)
+local function unindex(sb, scope, client)
   redis.call("ZREM", K_LOAD_ALL, sb)
-  redis.call("ZREM", k_load_tier(tier), sb)
-  if client ~= "" then
-    redis.call("ZREM", k_load_own(tier, client), sb)
-    redis.call("ZREM", k_load_own("*", client), sb)
-  end
+  if client ~= "" then redis.call("ZREM", k_load_own(scope, client), sb) end
 end
 
 -- A lease's record in lease-sandbox: "<sandbox>/<client it was placed for>". One
@@ -119,17 +115,18 @@ local function prune(now)
   local gone = redis.call("ZRANGEBYSCORE", K_PRESENCE_EXPIRY, "-inf", now, "LIMIT", 0, PRUNE_BATCH)
   for _, member in ipairs(gone) do
     redis.call("ZREM", K_PRESENCE_EXPIRY, member)
-    local tier, sb, client = parse_member(member)
+    local scope, sb, client = parse_member(member)
+    if not client then
+      -- Written before owners: its tier's old index is emptied, its owner unknown.
+      redis.call("ZREM", k_load_tier(scope), sb)
+      client = ""
+    end
     local p = presence(sb, now)
     if not p then
       redis.call("DEL", k_presence(sb))
-      unindex(sb, tier, client)
-    else
-      if p.tier ~= tier then redis.call("ZREM", k_load_tier(tier), sb) end
-      if client ~= "" and (p.tier ~= tier or p.client ~= client) then
-        redis.call("ZREM", k_load_own(tier, client), sb)
-        if p.client ~= client then redis.call("ZREM", k_load_own("*", client), sb) end
-      end
+      unindex(sb, scope, client)
+    elseif client ~= "" and (p.scope ~= scope or p.client ~= client) then
+      redis.call("ZREM", k_load_own(scope, client), sb)
     end
   end
   for _, sb in ipairs(touched) do refresh_load(sb, now) end
@@ -178,9 +175,9 @@ local function usable(p, client, shared)
 end
 
 -- Choose where a session of ``client`` without a usable sandbox goes (SPEC O2, T7):
--- the least-loaded of the client's own sandboxes in the session's tier (or in all
--- its tiers when tiers do not filter), or of the native shared pool's when the
--- tier's settings share it (shared "1") and it is less loaded; ties go to the
+-- the least-loaded of the client's own sandboxes in the session's tier (scope "*":
+-- all its sandboxes, when tiers do not filter), or of the native shared pool's when
+-- the tier's settings share it (shared "1") and it is less loaded; ties go to the
 -- client's own. Never another client's sandbox, and never an ownerless one.
 local function pick(session_tier, filtered, client, shared, now)
   if client == "" then return nil end
