@@ -18,7 +18,7 @@ from turnstile_platform.sandbox_credentials import PresenceClaims
 from turnstile_platform.tiers import TIER_LABEL
 
 if TYPE_CHECKING:
-    from conftest import Affinity, Credentials, StartAffinity
+    from conftest import Affinity, Credentials, StartAffinity, StartWorker
 
 Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]
 
@@ -168,4 +168,26 @@ async def test_a_renewal_attesting_a_new_endpoint_moves_where_place_points(
     assert accepted.HasField("credential_accepted")
     placed = await service.place("chat", "container")
     assert (placed.sandbox_id, placed.endpoint) == ("sb-k", "10.1.2.3:8080")
+    call.cancel()
+
+
+async def test_a_lying_sandbox_is_never_returned_for_another_tenants_session(
+    affinity: StartAffinity, credentials: Credentials, worker: StartWorker
+) -> None:
+    """The finding, end to end: a sandbox activated in tier container says microvm,
+    1024 slots and the metadata service's address; other tenants' Place calls (in
+    either tier) never get it, nor that address."""
+    service = await affinity(**TIERS)
+    credential = (await credentials.issue("sb-evil", STARTED)).credential  # acme's
+    call = await attach(service, "sb-evil", credential, LIES, 1024)
+    await worker(service.address, "g-micro", "microvm", capacity=8, client="globex")
+    await worker(service.address, "g-cont", "container", capacity=8, client="globex")
+    for i in range(5):
+        tier = ("microvm", "container")[i % 2]
+        placed = await service.place(f"globex-{i}", tier, "globex")
+        assert placed.sandbox_id == {"microvm": "g-micro", "container": "g-cont"}[tier]
+        assert placed.endpoint != "169.254.169.254:80"
+        assert await service.release(placed, "globex")
+    workers = await service.workers("", "globex")
+    assert set(workers) == {"g-micro", "g-cont"}
     call.cancel()
