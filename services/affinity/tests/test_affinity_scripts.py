@@ -493,3 +493,10 @@ async def test_a_presence_written_before_owners_leaves_its_old_indexes_on_attach
     assert await store.redis.zcard(store.keys.load("a")) == 0
     assert await store.redis.zrange(store.keys.presence_expiry, 0, -1) == [b"a/a1/acme"]
     assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a1"]
+
+
+async def test_a_recorded_sandbox_now_ownerless_must_move(store: AffinityStore) -> None:
+    await attach(store, "a1")
+    await record(store, "s", "a1")
+    await attach(store, "a1", client="", generation="g2")  # an old credential's runtime
+    assert await place(store, "s") == MustMove("a1", "not_owned")

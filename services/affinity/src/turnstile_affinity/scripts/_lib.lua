@@ -169,9 +169,11 @@ local function take_lease(sb, p, lease, ttl_ms, now, client)
 end
 
 -- Whether a session of ``client`` may be placed on a sandbox present as ``p``
--- (SPEC O2): its owner's, or the native pool's when the tier shares it ("1").
+-- (SPEC O2): its owner's, or the native pool's when the tier shares it ("1");
+-- never an ownerless sandbox, and nothing for a session of no client.
 local function usable(p, client, shared)
-  return p.client == client or (shared == "1" and p.client == NATIVE and client ~= "")
+  if client == "" or p.client == "" then return false end
+  return p.client == client or (shared == "1" and p.client == NATIVE)
 end
 
 -- Choose where a session of ``client`` without a usable sandbox goes (SPEC O2, T7):
