@@ -60,7 +60,7 @@ async def _records_of_b(redis: aioredis.Redis, keys: Keys, session: str) -> dict
         "presence": presence,
         "detached": await redis.dump(keys.detached("b")),
         "leases": await redis.dump(keys.leases("b")),
-        "session": await redis.dump(keys.session(session)),
+        "session": await redis.dump(keys.session(session, "acme")),
         "credential": await redis.dump(keys.credential("b")),
     }
 
@@ -103,8 +103,12 @@ async def test_substrate_minted_credentials_attach_real_workers_and_refuse_impos
 
             # Real worker processes, attached with the credentials the substrate minted.
             await _eventually(both_attached)
-            on_a = await affinity.Place(affinity_pb2.PlaceRequest(session_id="s-a"))
-            on_b = await affinity.Place(affinity_pb2.PlaceRequest(session_id="s-b"))
+            on_a = await affinity.Place(
+                affinity_pb2.PlaceRequest(session_id="s-a", client_id="acme")
+            )
+            on_b = await affinity.Place(
+                affinity_pb2.PlaceRequest(session_id="s-b", client_id="acme")
+            )
             assert (on_a.sandbox_id, on_b.sandbox_id) == ("a", "b")  # capacity 1 each
             before = await _records_of_b(redis, keys, "s-b")
 
@@ -121,7 +125,9 @@ async def test_substrate_minted_credentials_attach_real_workers_and_refuse_impos
             await affinity.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(sandbox_id="b", lease_id=on_b.lease_id)
             )
-            again = await affinity.Place(affinity_pb2.PlaceRequest(session_id="s-b"))
+            again = await affinity.Place(
+                affinity_pb2.PlaceRequest(session_id="s-b", client_id="acme")
+            )
             assert (again.sandbox_id, again.outcome) == ("b", affinity_pb2.PLACEMENT_OUTCOME_HIT)
 
             # Deactivated: a's credential stops working.

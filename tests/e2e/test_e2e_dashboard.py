@@ -86,7 +86,10 @@ async def _traffic(stack: RunningStack) -> None:
         for _ in range(60):  # until the sandbox's worker has attached
             try:
                 placed = await place.Place(
-                    affinity_pb2.PlaceRequest(session_id="dash-1", tier="container"), timeout=10
+                    affinity_pb2.PlaceRequest(
+                        client_id="acme", session_id="dash-1", tier="container"
+                    ),
+                    timeout=10,
                 )
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.5)

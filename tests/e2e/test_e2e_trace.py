@@ -111,7 +111,9 @@ async def test_a_place_that_wakes_a_sandbox_is_one_trace_across_every_service(
                 )
             )
             await _eventually(present)
-            first = await affinity.Place(affinity_pb2.PlaceRequest(session_id="e2e-chat"))
+            first = await affinity.Place(
+                affinity_pb2.PlaceRequest(client_id="acme", session_id="e2e-chat")
+            )
             assert first.sandbox_id == "e2e-sb"
             await affinity.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(sandbox_id="e2e-sb", lease_id=first.lease_id)
@@ -123,7 +125,9 @@ async def test_a_place_that_wakes_a_sandbox_is_one_trace_across_every_service(
                 provider.get_tracer("e2e").start_as_current_span("next turn") as root,
                 pytest.raises(grpc.aio.AioRpcError) as caught,
             ):
-                await affinity.Place(affinity_pb2.PlaceRequest(session_id="e2e-chat"))
+                await affinity.Place(
+                    affinity_pb2.PlaceRequest(client_id="acme", session_id="e2e-chat")
+                )
             assert decode(caught.value).reason == "SANDBOX_PENDING"
             trace_id = format(root.get_span_context().trace_id, "032x")
             root_span_id = root.get_span_context().span_id

@@ -95,7 +95,9 @@ async def test_one_pending_place_wakes_the_sandbox_and_the_next_place_hits_it(
                 )
             )
             await _eventually(present)
-            first = await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+            first = await affinity.Place(
+                affinity_pb2.PlaceRequest(client_id="acme", session_id=SESSION)
+            )
             assert first.sandbox_id == SANDBOX
             await affinity.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(sandbox_id=SANDBOX, lease_id=first.lease_id)
@@ -107,13 +109,17 @@ async def test_one_pending_place_wakes_the_sandbox_and_the_next_place_hits_it(
                 provider.get_tracer("e2e").start_as_current_span("next turn") as root,
                 pytest.raises(grpc.aio.AioRpcError) as caught,
             ):
-                await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+                await affinity.Place(
+                    affinity_pb2.PlaceRequest(client_id="acme", session_id=SESSION)
+                )
             assert decode(caught.value).reason == "SANDBOX_PENDING"
             trace_id = format(root.get_span_context().trace_id, "032x")
 
             # No other Place meanwhile: the one pending answer drives the wake.
             await _eventually(present)
-            hit = await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+            hit = await affinity.Place(
+                affinity_pb2.PlaceRequest(client_id="acme", session_id=SESSION)
+            )
             assert hit.sandbox_id == SANDBOX
             assert hit.outcome == affinity_pb2.PLACEMENT_OUTCOME_HIT
 

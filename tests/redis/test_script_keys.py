@@ -63,7 +63,7 @@ SCRIPTS: dict[str, str] = {
 
 #: The kinds of key (the name after the hash tag, to its first ':') each script may
 #: touch without declaring, because it learns them by reading. Affinity's scripts
-#: prune expired leases and presence of any sandbox (leases:, presence:, load:tier:).
+#: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
 DERIVED: dict[str, set[str]] = {
     "admission/commit_hold": {"inflight", "sandbox", "slots"},
@@ -244,11 +244,12 @@ async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
             endpoint="",
             presence_ttl_ms=ttl,
             generation="",
+            client="acme",
         )
         assert status == "ok"
 
     def turn(lease: str) -> Turn:
-        return Turn("s1", "a", True, lease, ttl, ttl)
+        return Turn("s1", "a", True, lease, ttl, ttl, "acme", True)
 
     await attach("sb-1", "a")
     await attach("sb-2", "a")
@@ -266,7 +267,7 @@ async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
     assert await store.release("l1")
     assert {w.sandbox_id for w in await store.workers(None)} == {"sb-1", "sb-2"}
     assert len(await store.workers("a")) == 2
-    assert (await store.session("s1")) is not None
+    assert (await store.session("s1", "acme")) is not None
     # sb-1 re-tiered (its old tier's index is found by reading): the session moves.
     await attach("sb-1", "b")
     moved = await store.place(turn("l3"), grace_ms=10_000)

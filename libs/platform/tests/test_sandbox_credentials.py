@@ -17,6 +17,7 @@ from turnstile_platform.sandbox_credentials import (
     REVOKED,
     CredentialIssuer,
     CredentialRefusedError,
+    PresenceClaims,
     SigningKey,
     VerificationKeys,
     credential_key,
@@ -50,6 +51,49 @@ def test_a_credential_proves_its_sandbox_generation_and_expiry(
     assert (claims.sandbox_id, claims.pod_uid, claims.generation) == ("sb-a", "uid-1", "g1")
     assert claims.expires_ms - claims.issued_ms == HOUR_MS
     assert claims.key_id == signing.key_id
+
+
+def test_a_credential_attests_the_presence_it_was_minted_with(
+    pair: tuple[SigningKey, VerificationKeys],
+) -> None:
+    signing, keys = pair
+    started = PresenceClaims("acme", "container", 2, "10.0.0.5:8080")
+    credential = signing.mint("sb-a", generation="g1", ttl_ms=HOUR_MS, presence=started)
+    assert keys.verify(credential, "sb-a").presence == started
+    ownerless = PresenceClaims("", "", 1, "")
+    credential = signing.mint("sb-a", generation="g1", ttl_ms=HOUR_MS, presence=ownerless)
+    assert keys.verify(credential, "sb-a").presence == ownerless
+
+
+def test_an_old_credential_without_presence_claims_still_verifies_as_ownerless(
+    pair: tuple[SigningKey, VerificationKeys],
+) -> None:
+    signing, keys = pair
+    credential = signing.mint("sb-a", generation="g1", ttl_ms=HOUR_MS)
+    assert keys.verify(credential, "sb-a").presence is None
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"own": 1, "tier": "t", "cap": 1, "ep": ""},
+        {"own": "a", "tier": "t", "cap": "1", "ep": ""},
+        {"own": "a", "tier": "t", "cap": True, "ep": ""},
+        {"own": "a", "tier": "t", "cap": 0, "ep": ""},
+        {"own": "a", "tier": "t", "cap": 1},
+    ],
+)
+def test_presence_claims_of_the_wrong_shape_are_malformed_even_when_signed(
+    pair: tuple[SigningKey, VerificationKeys], claims: dict[str, object]
+) -> None:
+    from turnstile_platform import sandbox_credentials as module
+
+    signing, keys = pair
+    fields = {"sb": "sb-a", "uid": "", "gen": "g", "iat": now_ms(), "exp": now_ms() + HOUR_MS}
+    payload = json.dumps({**fields, "kid": signing.key_id, **claims}).encode()
+    signature = signing._key.sign(module._CONTEXT + payload)
+    credential = f"{module._b64encode(payload)}.{module._b64encode(signature)}"
+    assert refused(keys, credential, "sb-a") == "malformed"
 
 
 def test_a_credential_for_another_sandbox_is_refused(

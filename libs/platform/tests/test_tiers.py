@@ -25,16 +25,21 @@ CASES: dict[str, list[dict[str, Any]]] = json.loads(FIXTURE.read_text(encoding="
 def test_every_valid_fixture_case_parses_to_its_declared_tiers_and_default(
     case: dict[str, Any],
 ) -> None:
-    config = parse_tiers(case["tiers"], case["default_tier"])
+    config = parse_tiers(case["tiers"], case["default_tier"], case.get("tier_settings"))
     assert list(config.declared) == case["declared"]
     assert config.default == case["default"]
     assert config.enabled == bool(case["declared"])
+    if "settings" in case:
+        assert {
+            name: {"max_capacity": s.max_capacity, "shared_pool": s.shared_pool}
+            for name, s in config.settings.items()
+        } == case["settings"]
 
 
 @pytest.mark.parametrize("case", CASES["invalid"], ids=lambda c: c["name"])
 def test_every_invalid_fixture_case_is_refused_naming_the_setting(case: dict[str, Any]) -> None:
     with pytest.raises(TierConfigError) as raised:
-        parse_tiers(case["tiers"], case["default_tier"])
+        parse_tiers(case["tiers"], case["default_tier"], case.get("tier_settings"))
     assert raised.value.field == case["field"]
     assert case["error"] in str(raised.value)
     assert str(raised.value).startswith(f"{case['field']}: ")
@@ -72,3 +77,18 @@ def test_distinct_label_value_names_round_trip_in_order(names: list[str], pick: 
     config = parse_tiers(" , ".join(names), default)
     assert config.declared == tuple(names)
     assert config.default == default
+
+
+def test_a_tier_without_settings_takes_the_every_tier_entry_then_the_defaults() -> None:
+    config = parse_tiers(
+        "container,microvm,gpu",
+        None,
+        '{"*": {"max_capacity": 4}, "microvm": {"max_capacity": 1, "shared_pool": true}}',
+    )
+    assert config.settings_for("container").max_capacity == 4
+    assert not config.settings_for("container").shared_pool
+    assert config.settings_for("microvm").max_capacity == 1
+    assert config.settings_for("microvm").shared_pool
+    bare = parse_tiers("container")
+    assert bare.settings_for("container").max_capacity == 1024
+    assert not bare.settings_for("container").shared_pool

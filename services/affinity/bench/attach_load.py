@@ -41,7 +41,7 @@ import redis.asyncio as aioredis
 from turnstile_affinity.worker.agent import WorkerAgent
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
-from turnstile_platform.sandbox_credentials import CredentialIssuer, SigningKey
+from turnstile_platform.sandbox_credentials import CredentialIssuer, PresenceClaims, SigningKey
 from turnstile_platform.tiers import TIER_LABEL
 
 Call = grpc.aio.StreamStreamCall[affinity_pb2.AttachRequest, affinity_pb2.AttachResponse]
@@ -144,7 +144,9 @@ async def _streams(args: argparse.Namespace) -> None:
         )
         for start in range(0, len(ids), 50):
             batch = ids[start : start + 50]
-            issued = await asyncio.gather(*(issuer.issue(i) for i in batch))
+            # What the substrate would attest: acme's sandboxes, as the Hello says (SPEC O3).
+            presence = PresenceClaims("acme", "bench", 1024, "")
+            issued = await asyncio.gather(*(issuer.issue(i, presence=presence) for i in batch))
             credentials.update({i: c.credential for i, c in zip(batch, issued, strict=True)})
         await redis.aclose()
     channels = [

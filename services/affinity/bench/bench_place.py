@@ -225,7 +225,9 @@ async def _place_turns(
     """Turns of Place (timed) then ReleaseLease; hits reuse one session per loop."""
     sessions = [f"{tier}-hit-{i}" for i in range(concurrency)]
     for session in sessions:  # first turns, so the timed ones are hits
-        placed = await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier=tier))
+        placed = await stub.Place(
+            affinity_pb2.PlaceRequest(client_id="acme", session_id=session, tier=tier)
+        )
         await stub.ReleaseLease(
             affinity_pb2.ReleaseLeaseRequest(sandbox_id=placed.sandbox_id, lease_id=placed.lease_id)
         )
@@ -233,7 +235,9 @@ async def _place_turns(
     async def step(worker: int) -> float:
         session = f"{tier}-first-{uuid.uuid4().hex}" if first_turns else sessions[worker]
         t = time.perf_counter()
-        placed = await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier=tier))
+        placed = await stub.Place(
+            affinity_pb2.PlaceRequest(client_id="acme", session_id=session, tier=tier)
+        )
         elapsed = (time.perf_counter() - t) * 1000
         await stub.ReleaseLease(
             affinity_pb2.ReleaseLeaseRequest(sandbox_id=placed.sandbox_id, lease_id=placed.lease_id)
@@ -275,6 +279,7 @@ async def _populate(redis_url: str) -> None:
                     endpoint="",
                     presence_ttl_ms=900_000,
                     generation="bench",  # as if its credential was verified
+                    client="acme",  # the sessions' client owns them all (SPEC O2)
                 )
                 for sandbox_id, tier in sandboxes[start : start + 100]
             )
@@ -335,7 +340,9 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
             first_big_1 = await turns("big", 1, half, True)
 
             redis = aioredis.Redis.from_url(url)
-            placed = await stub.Place(affinity_pb2.PlaceRequest(session_id="count", tier="big"))
+            placed = await stub.Place(
+                affinity_pb2.PlaceRequest(client_id="acme", session_id="count", tier="big")
+            )
             await stub.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(
                     sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
@@ -343,11 +350,15 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
             )
 
             async def hit() -> None:
-                await stub.Place(affinity_pb2.PlaceRequest(session_id="count", tier="big"))
+                await stub.Place(
+                    affinity_pb2.PlaceRequest(client_id="acme", session_id="count", tier="big")
+                )
 
             async def first() -> None:
                 session = f"count-{uuid.uuid4().hex}"
-                await stub.Place(affinity_pb2.PlaceRequest(session_id=session, tier="big"))
+                await stub.Place(
+                    affinity_pb2.PlaceRequest(client_id="acme", session_id=session, tier="big")
+                )
 
             alternating = await _hits_alternating(
                 stub,

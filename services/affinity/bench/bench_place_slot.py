@@ -37,9 +37,10 @@ async def place_load(port: int) -> SlotLoad:
                 endpoint="",
                 presence_ttl_ms=TTL_MS,
                 generation="",
+                client="acme",
             )
             assert status == "ok"
-        turn = Turn("session-1", "a", True, "lease-1", TTL_MS, TTL_MS)
+        turn = Turn("session-1", "a", True, "lease-1", TTL_MS, TTL_MS, "acme", False)
         assert isinstance(await store.claim(turn), Leased)
         assert isinstance(await store.place(turn, grace_ms=60_000), Leased)
         keys, argv = store.place_request(turn, grace_ms=60_000)

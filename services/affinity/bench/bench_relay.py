@@ -115,7 +115,9 @@ async def _place_turns(address: str, sandbox_ids: list[str], seconds: float) -> 
         stub = affinity_pb2_grpc.AffinityServiceStub(channel)
         sessions = [f"bench-session-{i}" for i in range(64)]
         for session in sessions:  # first turns: the timed ones are hits
-            placed = await stub.Place(affinity_pb2.PlaceRequest(session_id=session))
+            placed = await stub.Place(
+                affinity_pb2.PlaceRequest(client_id="acme", session_id=session)
+            )
             await stub.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(
                     sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
@@ -128,7 +130,9 @@ async def _place_turns(address: str, sandbox_ids: list[str], seconds: float) -> 
         async def loop(session: str) -> None:
             while time.perf_counter() < deadline:
                 t = time.perf_counter()
-                placed = await stub.Place(affinity_pb2.PlaceRequest(session_id=session))
+                placed = await stub.Place(
+                    affinity_pb2.PlaceRequest(client_id="acme", session_id=session)
+                )
                 latencies.append((time.perf_counter() - t) * 1000)
                 assert placed.outcome == affinity_pb2.PLACEMENT_OUTCOME_HIT
                 await stub.ReleaseLease(

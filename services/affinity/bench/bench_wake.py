@@ -168,7 +168,7 @@ async def _rounds(
         )
     )
     await _until(present, poll_s, 60)
-    first = await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+    first = await affinity.Place(affinity_pb2.PlaceRequest(client_id="bench", session_id=SESSION))
     await affinity.ReleaseLease(
         affinity_pb2.ReleaseLeaseRequest(sandbox_id=first.sandbox_id, lease_id=first.lease_id)
     )
@@ -184,7 +184,9 @@ async def _rounds(
                 while True:
                     polls += 1
                     try:
-                        hit = await affinity.Place(affinity_pb2.PlaceRequest(session_id=SESSION))
+                        hit = await affinity.Place(
+                            affinity_pb2.PlaceRequest(client_id="bench", session_id=SESSION)
+                        )
                     except grpc.aio.AioRpcError as raw:
                         reason = decode(raw).reason
                         if reason != "SANDBOX_PENDING":

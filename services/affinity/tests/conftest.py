@@ -36,11 +36,19 @@ from turnstile_affinity.worker.agent import WorkerAgent
 from turnstile_affinity.worker.settings import WorkerSettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
 from turnstile_platform.errors import RichError, decode
-from turnstile_platform.sandbox_credentials import CredentialIssuer, Issued, SigningKey
+from turnstile_platform.sandbox_credentials import (
+    CredentialIssuer,
+    Issued,
+    PresenceClaims,
+    SigningKey,
+)
 from turnstile_platform.server import GrpcService
 from turnstile_testing.plugin import CredentialKeyFiles
 
 UNSET: Any = object()
+
+#: The client the fixtures' sandboxes and sessions belong to unless a test says otherwise.
+TENANT = "acme"
 
 
 @dataclass
@@ -58,25 +66,31 @@ class Affinity:
     def address(self) -> str:
         return f"127.0.0.1:{self.app.port}"
 
-    async def place(self, session_id: str, tier: str = "") -> affinity_pb2.PlaceResponse:
-        return await self.stub.Place(affinity_pb2.PlaceRequest(session_id=session_id, tier=tier))
+    async def place(
+        self, session_id: str, tier: str = "", client: str = TENANT
+    ) -> affinity_pb2.PlaceResponse:
+        return await self.stub.Place(
+            affinity_pb2.PlaceRequest(session_id=session_id, tier=tier, client_id=client)
+        )
 
-    async def refused(self, session_id: str, tier: str = "") -> RichError:
+    async def refused(self, session_id: str, tier: str = "", client: str = TENANT) -> RichError:
         """Place, expecting a refusal; returns it decoded."""
         try:
-            response = await self.place(session_id, tier)
+            response = await self.place(session_id, tier, client)
         except grpc.aio.AioRpcError as error:
             return decode(error)
         raise AssertionError(f"expected a refusal, got {response}")
 
-    async def release(self, placed: affinity_pb2.PlaceResponse) -> bool:
+    async def release(self, placed: affinity_pb2.PlaceResponse, client: str = TENANT) -> bool:
         request = affinity_pb2.ReleaseLeaseRequest(
-            sandbox_id=placed.sandbox_id, lease_id=placed.lease_id
+            sandbox_id=placed.sandbox_id, lease_id=placed.lease_id, client_id=client
         )
         return (await self.stub.ReleaseLease(request)).released
 
-    async def workers(self, tier: str = "") -> dict[str, affinity_pb2.Worker]:
-        listed = await self.stub.ListWorkers(affinity_pb2.ListWorkersRequest(tier=tier))
+    async def workers(self, tier: str = "", client: str = "") -> dict[str, affinity_pb2.Worker]:
+        listed = await self.stub.ListWorkers(
+            affinity_pb2.ListWorkersRequest(tier=tier, client_id=client)
+        )
         return {w.sandbox_id: w for w in listed.workers}
 
     async def stop(self) -> None:
@@ -96,17 +110,35 @@ class Credentials:
     directory: Path
     issued: dict[str, Issued] = field(default_factory=dict)
 
-    async def issue(self, sandbox_id: str) -> Issued:
-        """A new runtime's credential (a new generation, recorded in Redis)."""
-        issued = await self.issuer.issue(sandbox_id)
+    #: The presence each sandbox's credentials attest (the latest given).
+    presences: dict[str, PresenceClaims | None] = field(default_factory=dict)
+
+    async def issue(self, sandbox_id: str, presence: PresenceClaims | None = UNSET) -> Issued:
+        """A new runtime's credential (a new generation, recorded in Redis), attesting
+        ``presence``: unset, the sandbox's earlier one, else a capacity-4 sandbox of
+        :data:`TENANT` in tier ``a``; None, no presence claims (an old credential)."""
+        if presence is UNSET:
+            presence = self.presences.get(sandbox_id, PresenceClaims(TENANT, "a", 4, ""))
+        self.presences[sandbox_id] = presence
+        issued = await self.issuer.issue(sandbox_id, presence=presence)
         self.issued[sandbox_id] = issued
         return issued
 
-    async def file(self, sandbox_id: str) -> Path:
-        """A credential file for ``sandbox_id``: issued once, then the same file."""
+    async def renew(self, sandbox_id: str) -> Issued | None:
+        """Renew the sandbox's latest credential, attesting the same presence."""
+        return await self.issuer.renew(
+            sandbox_id,
+            self.issued[sandbox_id].generation,
+            presence=self.presences.get(sandbox_id),
+        )
+
+    async def file(self, sandbox_id: str, presence: PresenceClaims | None = UNSET) -> Path:
+        """A credential file for ``sandbox_id``: issued once, then the same file, until a
+        runtime of another presence starts (as a new activation mints a new one)."""
         path = self.directory / f"{sandbox_id}.credential"
-        if sandbox_id not in self.issued:
-            path.write_text((await self.issue(sandbox_id)).credential)
+        changed = presence is not UNSET and self.presences.get(sandbox_id, UNSET) != presence
+        if sandbox_id not in self.issued or changed:
+            path.write_text((await self.issue(sandbox_id, presence)).credential)
         return path
 
 
@@ -220,9 +252,13 @@ async def worker(credentials: Credentials) -> AsyncIterator[StartWorker]:
         *,
         capacity: int = 4,
         wait: bool = True,
+        client: str = TENANT,
         **overrides: Any,
     ) -> Worker:
-        """``sandbox_id=None``: the worker reads it from ``sandbox_id_file`` (an override)."""
+        """``sandbox_id=None``: the worker reads it from ``sandbox_id_file`` (an override).
+
+        The sandbox's credential attests what the worker declares (its tier label,
+        capacity and endpoint) and ``client`` as its owner, as the substrate's would."""
         values: dict[str, Any] = {
             "sandbox_id": sandbox_id,
             "capacity": capacity,
@@ -232,10 +268,15 @@ async def worker(credentials: Credentials) -> AsyncIterator[StartWorker]:
         }
         if tier is not UNSET:
             values["tier"] = tier
-        if sandbox_id is not None:
-            values["credential_file"] = await credentials.file(sandbox_id)
         values.update(overrides)
-        agent = WorkerAgent(WorkerSettings(**values))
+        settings = WorkerSettings(**values)
+        if sandbox_id is not None and "credential_file" not in overrides:
+            presence = PresenceClaims(
+                client, settings.tier_label or "", settings.capacity, settings.endpoint
+            )
+            values["credential_file"] = await credentials.file(sandbox_id, presence)
+            settings = WorkerSettings(**values)
+        agent = WorkerAgent(settings)
         handle = Worker(agent, asyncio.create_task(agent.run()))
         running.append(handle)
         if wait:

@@ -85,7 +85,9 @@ async def test_an_absent_sandbox_is_pending_for_the_grace_then_the_session_falls
     assert (moved.sandbox_id, moved.outcome, moved.tier) == ("a2", FALLBACK, "a")
     assert moved.reset.reason == affinity_pb2.RESET_REASON_GRACE_EXPIRED
     assert (moved.reset.from_sandbox_id, moved.reset.to_sandbox_id) == ("a1", "a2")
-    session = await service.stub.GetSession(affinity_pb2.GetSessionRequest(session_id="chat"))
+    session = await service.stub.GetSession(
+        affinity_pb2.GetSessionRequest(client_id="acme", session_id="chat")
+    )
     assert session.sandbox_id == "a2"
     assert session.last_reset == moved.reset
     await service.release(moved)
@@ -121,7 +123,7 @@ async def test_detach_marks_expire_after_the_affinity_ttl(
     await service.refused("chat", "a")
     assert 118_000 < await redis.pttl(service.keys.detached("a1")) <= 120_000
     # The session record lives as long after its last turn.
-    assert 118_000 < await redis.pttl(service.keys.session("chat")) <= 120_000
+    assert 118_000 < await redis.pttl(service.keys.session("chat", "acme")) <= 120_000
 
 
 async def test_a_returning_worker_clears_its_mark_and_keeps_its_sessions(
@@ -161,7 +163,9 @@ async def test_two_concurrent_fallbacks_past_the_grace_move_the_session_once(
     resets = [p.reset for p in placed if p.HasField("reset")]
     assert len(resets) == 1
     assert resets[0].from_sandbox_id == "a1"
-    session = await one.stub.GetSession(affinity_pb2.GetSessionRequest(session_id="chat"))
+    session = await one.stub.GetSession(
+        affinity_pb2.GetSessionRequest(client_id="acme", session_id="chat")
+    )
     assert session.last_reset == resets[0]
 
 

@@ -76,7 +76,7 @@ async def test_an_impostor_is_refused_and_the_real_workers_state_is_untouched(
     assert placed.sandbox_id == "b"  # a session on b, with a lease held
     await redis.set(service.keys.detached("b"), 1)  # and a detach mark to keep
     before = await snapshot(redis, service.keys)
-    assert service.keys.session("chat").encode() in before
+    assert service.keys.session("chat", "acme").encode() in before
 
     stranger = SigningKey(Ed25519PrivateKey.generate())
     signing = SigningKey.from_file(credentials.keys.signing_key_file)

@@ -35,6 +35,15 @@ identities = ["{TD}/service/gateway"]
 methods = [
   "{SERVICE}/Place", "{SERVICE}/ReleaseLease", "{SERVICE}/GetSession", "{SERVICE}/ListWorkers",
 ]
+clients = "any"
+
+# A tenant's own gateway: its own sessions and sandboxes only (SPEC O2).
+[[allow]]
+identities = ["{TD}/client/*"]
+methods = [
+  "{SERVICE}/Place", "{SERVICE}/ReleaseLease", "{SERVICE}/GetSession", "{SERVICE}/ListWorkers",
+]
+clients = "self"
 
 [[allow]]
 identities = ["{TD}/sandbox"]
@@ -44,13 +53,17 @@ methods = ["{SERVICE}/Attach"]
 HELLO = affinity_pb2.AttachRequest(hello=affinity_pb2.Hello(sandbox_id="sb-1", capacity=1))
 
 CALLS: dict[str, Invoke] = {
-    "Place": unary(f"/{SERVICE}/Place", affinity_pb2.PlaceRequest(session_id="s-1")),
+    "Place": unary(
+        f"/{SERVICE}/Place", affinity_pb2.PlaceRequest(client_id="acme", session_id="s-1")
+    ),
     "ReleaseLease": unary(
         f"/{SERVICE}/ReleaseLease",
         affinity_pb2.ReleaseLeaseRequest(sandbox_id="sb-1", lease_id="l-1"),
     ),
     "Attach": stream(f"/{SERVICE}/Attach", [HELLO]),
-    "GetSession": unary(f"/{SERVICE}/GetSession", affinity_pb2.GetSessionRequest(session_id="s")),
+    "GetSession": unary(
+        f"/{SERVICE}/GetSession", affinity_pb2.GetSessionRequest(client_id="acme", session_id="s")
+    ),
     "ListWorkers": unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest()),
 }
 ALLOWED = {name: "sandbox" if name == "Attach" else "service/gateway" for name in CALLS}
@@ -83,6 +96,37 @@ async def test_every_rpc_serves_the_allowed_and_refuses_the_rest_changing_nothin
     assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
     async with pki.identity(ALLOWED[method]).channel(secured.address) as allowed:
         assert await authorized(allowed, invoke)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        unary(f"/{SERVICE}/Place", affinity_pb2.PlaceRequest(client_id="globex", session_id="s")),
+        unary(
+            f"/{SERVICE}/GetSession",
+            affinity_pb2.GetSessionRequest(client_id="globex", session_id="s"),
+        ),
+        unary(
+            f"/{SERVICE}/ReleaseLease",
+            affinity_pb2.ReleaseLeaseRequest(sandbox_id="sb-1", lease_id="0" * 32),
+        ),
+        unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest()),
+        unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest(client_id="globex")),
+    ],
+    ids=["place-other", "get-other", "release-anyone", "list-all", "list-other"],
+)
+async def test_a_tenant_scoped_to_self_acts_only_for_itself(
+    call: Invoke, secured: Any, pki: Pki, redis: aioredis.Redis
+) -> None:
+    """SPEC O2: Place, GetSession, ReleaseLease and ListWorkers act for a client, and
+    an identity scoped ``self`` acts for its own client id only (none: only ``any``)."""
+    before = await redis_snapshot(redis, secured.settings.redis_prefix)
+    async with pki.identity("client/acme").channel(secured.address) as acme:
+        code, reason, _ = await refusal(acme, call)
+        assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+        own = unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest(client_id="acme"))
+        assert await authorized(acme, own)
+    assert await redis_snapshot(redis, secured.settings.redis_prefix) == before
 
 
 async def test_a_worker_attaches_with_the_sandbox_class_certificate(

@@ -64,7 +64,8 @@ async def test_place_and_release_answer_within_the_budget_while_redis_is_paused(
         seconds = []
         for i in range(6):  # three spend the budget, then the breaker answers at once
             place = service.stub.Place(
-                affinity_pb2.PlaceRequest(session_id=f"chat-{i + 1}", tier="a"), timeout=10
+                affinity_pb2.PlaceRequest(client_id="acme", session_id=f"chat-{i + 1}", tier="a"),
+                timeout=10,
             )
             seconds.append(await unavailable_within_budget(place))
         seconds.append(

@@ -28,7 +28,11 @@ CASES: dict[str, list[dict[str, Any]]] = json.loads(FIXTURE.read_text(encoding="
 
 @pytest.mark.parametrize("case", CASES["valid"], ids=lambda c: c["name"])
 def test_the_service_accepts_every_valid_tier_fixture_case(case: dict[str, Any]) -> None:
-    settings = AffinitySettings(tiers=case["tiers"], default_tier=case["default_tier"])
+    settings = AffinitySettings(
+        tiers=case["tiers"],
+        default_tier=case["default_tier"],
+        tier_settings=case.get("tier_settings"),
+    )
     assert list(settings.tier_config.declared) == case["declared"]
     assert settings.tier_config.default == case["default"]
 
@@ -38,7 +42,11 @@ def test_the_service_refuses_to_start_on_every_invalid_tier_fixture_case(
     case: dict[str, Any],
 ) -> None:
     with pytest.raises(ValidationError) as raised:
-        AffinitySettings(tiers=case["tiers"], default_tier=case["default_tier"])
+        AffinitySettings(
+            tiers=case["tiers"],
+            default_tier=case["default_tier"],
+            tier_settings=case.get("tier_settings"),
+        )
     message = str(raised.value)
     assert f"TURNSTILE_{case['field'].upper()}" in message
     assert case["error"] in message

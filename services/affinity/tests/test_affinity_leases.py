@@ -105,7 +105,9 @@ async def test_a_client_cancelling_mid_call_gets_its_lease_returned(
     await service.release(await service.place("chat", "a"))  # the next turn is a hit
 
     proxy.hold()
-    call = service.stub.Place(affinity_pb2.PlaceRequest(session_id="chat", tier="a"))
+    call = service.stub.Place(
+        affinity_pb2.PlaceRequest(client_id="acme", session_id="chat", tier="a")
+    )
     await _until_leases(redis, leases, 1)  # the script ran and took a lease...
     await asyncio.wait_for(proxy.held.wait(), 10)  # ...and its answer is held back
     proxy.forwarded.clear()

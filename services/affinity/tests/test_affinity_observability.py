@@ -50,6 +50,7 @@ async def test_place_spans_carry_session_sandbox_and_tier(
         "turnstile.sandbox_id": "a1",
         "turnstile.tier": "a",
         "turnstile.placement": "hit",
+        "turnstile.client_id": "acme",
     }
     assert pending.attributes["turnstile.sandbox_id"] == "a1"
     assert pending.attributes["turnstile.tier"] == "a"

@@ -109,7 +109,9 @@ async def test_a_record_from_another_tier_is_honoured_when_its_sandbox_is_in_thi
     await worker(tiered.address, "a2", "a")
     after = await tiered.place("chat", "a")
     assert (after.sandbox_id, after.outcome) == ("a1", HIT)
-    session = await tiered.stub.GetSession(affinity_pb2.GetSessionRequest(session_id="chat"))
+    session = await tiered.stub.GetSession(
+        affinity_pb2.GetSessionRequest(client_id="acme", session_id="chat")
+    )
     assert session.tier == "a"
 
 
@@ -201,10 +203,13 @@ async def test_bad_input_is_invalid_argument_naming_the_field_and_changes_nothin
     service = await affinity(tiers="a")
     await worker(service.address, "a1", "a")
     cases = [
-        (affinity_pb2.PlaceRequest(session_id="", tier="a"), "session_id"),
-        (affinity_pb2.PlaceRequest(session_id="has space", tier="a"), "session_id"),
-        (affinity_pb2.PlaceRequest(session_id="x" * 129, tier="a"), "session_id"),
-        (affinity_pb2.PlaceRequest(session_id="ok", tier="gpu"), "tier"),
+        (affinity_pb2.PlaceRequest(client_id="acme", session_id="", tier="a"), "session_id"),
+        (
+            affinity_pb2.PlaceRequest(client_id="acme", session_id="has space", tier="a"),
+            "session_id",
+        ),
+        (affinity_pb2.PlaceRequest(client_id="acme", session_id="x" * 129, tier="a"), "session_id"),
+        (affinity_pb2.PlaceRequest(client_id="acme", session_id="ok", tier="gpu"), "tier"),
     ]
     for request, field in cases:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -213,7 +218,9 @@ async def test_bad_input_is_invalid_argument_naming_the_field_and_changes_nothin
         assert f"{field}:" in (raised.value.details() or "")
     assert (await service.workers())["a1"].leases == 0
     with pytest.raises(grpc.aio.AioRpcError) as missing:
-        await service.stub.GetSession(affinity_pb2.GetSessionRequest(session_id="ok"))
+        await service.stub.GetSession(
+            affinity_pb2.GetSessionRequest(client_id="acme", session_id="ok")
+        )
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.aio.AioRpcError) as bad_release:
         await service.stub.ReleaseLease(

@@ -157,7 +157,8 @@ async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and
         sessions: dict[str, str] = {}
         for n in range(count):
             placed = await survivor.stub.Place(
-                affinity_pb2.PlaceRequest(session_id=f"chat-{n}", tier=""), timeout=30
+                affinity_pb2.PlaceRequest(client_id="acme", session_id=f"chat-{n}", tier=""),
+                timeout=30,
             )
             sessions[f"chat-{n}"] = placed.sandbox_id
             await survivor.stub.ReleaseLease(
@@ -185,7 +186,7 @@ async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and
         # Every session keeps its sandbox: an affinity hit, no workspace reset.
         for session, sandbox in sessions.items():
             placed = await replicas[2].stub.Place(
-                affinity_pb2.PlaceRequest(session_id=session, tier=""), timeout=30
+                affinity_pb2.PlaceRequest(client_id="acme", session_id=session, tier=""), timeout=30
             )
             assert placed.sandbox_id == sandbox
             assert placed.outcome == affinity_pb2.PLACEMENT_OUTCOME_HIT

@@ -31,8 +31,11 @@ async def attach(
     capacity: int = 2,
     owner: str = "",
     generation: str = "g1",
+    client: str = "acme",
+    scope: str | None = None,
 ) -> str:
-    """Attach with a verified credential of ``generation``; the previous owner."""
+    """Attach ``client``'s sandbox with a verified credential of ``generation``; the
+    previous owner (stream)."""
     status, previous = await store.attach(
         sandbox_id=sandbox_id,
         owner=owner or f"owner-{sandbox_id}",
@@ -42,6 +45,8 @@ async def attach(
         endpoint="",
         presence_ttl_ms=TTL_MS,
         generation=generation,
+        client=client,
+        scope=scope,
     )
     assert status == "ok", (status, previous)
     return previous
@@ -55,6 +60,8 @@ def turn(session_id: str = "s", lease_id: str = "l1", **overrides: Any) -> Turn:
         "lease_id": lease_id,
         "lease_ttl_ms": TTL_MS,
         "record_ttl_ms": TTL_MS,
+        "client": "acme",
+        "shared": False,
     }
     values.update(overrides)
     return Turn(**values)
@@ -95,6 +102,9 @@ async def test_claim_is_compare_and_claim(store: AffinityStore) -> None:
 async def test_claim_considers_only_the_tier_unless_unfiltered(store: AffinityStore) -> None:
     await attach(store, "b1", tier="b")
     assert isinstance(await store.claim(turn("s1", "l1")), Exhausted)
+    # Without tiers the relay puts every presence in its owner's "*" index.
+    await attach(store, "b1", tier="b", scope="*")
+    assert await store.redis.zscore(store.keys.own_load("b", "acme"), "b1") is None
     unfiltered = await store.claim(turn("s1", "l1", filtered=False))
     assert isinstance(unfiltered, Leased)
     assert unfiltered.sandbox_id == "b1"
@@ -108,8 +118,9 @@ def test_place_request_is_the_request_of_the_turns_keys_and_arguments(
     for filtered, offset in ((True, 0), (False, 1234)):
         store.clock.offset_ms = offset
         t = turn("s:1", "l1", filtered=filtered, session_tier="b")
+        legacy = store.keys.session(t.session_id, None)
         assert store.place_request(t, grace_ms=GRACE_MS) == store.request(
-            "place", t.keys(store.keys), *t.args(), GRACE_MS, t.record_ttl_ms
+            "place", [*t.keys(store.keys), legacy], *t.args(), GRACE_MS, t.record_ttl_ms
         )
 
 
@@ -131,8 +142,8 @@ async def test_place_retiered_sandbox_must_move(store: AffinityStore) -> None:
     await record(store, "s", "a1")
     await attach(store, "a1", tier="b", owner="newer")
     assert await place(store, "s") == MustMove("a1", "retiered")
-    assert await store.redis.zscore(store.keys.load("a"), "a1") is None
-    assert await store.redis.zscore(store.keys.load("b"), "a1") == 0
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") is None
+    assert await store.redis.zscore(store.keys.own_load("b", "acme"), "a1") == 0
 
 
 @pytest.mark.parametrize("mark", [b"garbage", b"-5", b"1.5", b"99999999999999999"])
@@ -192,7 +203,7 @@ async def test_replace_is_compare_and_set_and_records_the_reset(store: AffinityS
     stale = await store.replace(turn("s", "l2"), expected_sandbox_id="a1", reason="grace")
     assert stale == RecordMoved("a2")
     assert await store.redis.zcard(store.keys.leases("a2")) == 1
-    session = await store.session("s")
+    session = await store.session("s", "acme")
     assert session is not None
     assert (session.reset_from, session.reset_to, session.reset_reason) == ("a1", "a2", "grace")
 
@@ -203,7 +214,7 @@ async def test_replace_without_capacity_leaves_the_record(store: AffinityStore) 
     await store.detach(sandbox_id="a1", owner="owner-a1", mark_ttl_ms=TTL_MS)
     result = await store.replace(turn("s"), expected_sandbox_id="a1", reason="grace")
     assert result == Exhausted()
-    session = await store.session("s")
+    session = await store.session("s", "acme")
     assert session is not None
     assert session.sandbox_id == "a1"
 
@@ -297,7 +308,7 @@ async def test_detach_by_a_stale_owner_changes_nothing(store: AffinityStore) -> 
     assert await store.detach(sandbox_id="a1", owner="new", mark_ttl_ms=TTL_MS)
     assert not await store.redis.exists(store.keys.presence("a1"))
     assert await store.redis.zscore(store.keys.load(), "a1") is None
-    assert await store.redis.zscore(store.keys.load("a"), "a1") is None
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") is None
     assert 0 < await store.redis.pttl(store.keys.detached("a1")) <= TTL_MS
 
 
@@ -321,15 +332,15 @@ async def test_expired_leases_and_presence_leave_the_load_index(store: AffinityS
     await attach(store, "a1", capacity=2)
     await attach(store, "a2", capacity=2)
     await store.claim(turn("s1", "l1", lease_ttl_ms=1000))
-    assert await store.redis.zscore(store.keys.load("a"), "a1") == 0.5
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") == 0.5
     store.clock.offset_ms += 1001
     assert await place(store, "unknown") == NoRecord()  # any script prunes
-    assert await store.redis.zscore(store.keys.load("a"), "a1") == 0
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") == 0
     assert not await store.redis.hexists(store.keys.lease_sandbox, "l1")
     store.clock.offset_ms += TTL_MS
     assert await store.workers(None) == []
     assert await store.redis.zcard(store.keys.load()) == 0
-    assert await store.redis.zcard(store.keys.load("a")) == 0
+    assert await store.redis.zcard(store.keys.own_load("a", "acme")) == 0
     assert await store.redis.zcard(store.keys.presence_expiry) == 0
 
 
@@ -341,10 +352,151 @@ async def test_release_of_an_unknown_lease_is_false(store: AffinityStore) -> Non
 async def test_presence_and_leases_keys_carry_expiries(store: AffinityStore) -> None:
     await attach(store, "a1")
     await store.claim(turn("s1", "l1"))
-    for key in (store.keys.presence("a1"), store.keys.leases("a1"), store.keys.session("s1")):
+    for key in (
+        store.keys.presence("a1"),
+        store.keys.leases("a1"),
+        store.keys.session("s1", "acme"),
+    ):
         assert 0 < await store.redis.pttl(key) <= TTL_MS, key
 
 
 async def _now_ms(redis: aioredis.Redis | aioredis.RedisCluster) -> int:
     seconds, micros = await redis.time()
     return seconds * 1000 + micros // 1000
+
+
+# -- ownership (SPEC O2, O3) -----------------------------------------------------
+
+
+async def test_pick_takes_only_the_clients_own_sandboxes_never_another_or_an_ownerless(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "g1", capacity=100, client="globex")  # least loaded of the tier
+    await attach(store, "none", capacity=100, client="")  # ownerless: an old credential
+    await attach(store, "a1", capacity=2)
+    for i in range(2):
+        claimed = await store.claim(turn(f"s{i}", f"l{i}"))
+        assert isinstance(claimed, Leased)
+        assert claimed.sandbox_id == "a1"
+    assert isinstance(await store.claim(turn("s9", "l9")), Exhausted)
+    unfiltered = await store.claim(turn("s9", "l9", filtered=False, session_tier=""))
+    assert isinstance(unfiltered, Exhausted)
+    # The owner indexes hold exactly their owners' sandboxes.
+    assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a1"]
+    assert await store.redis.zrange(store.keys.own_load("a", "globex"), 0, -1) == [b"g1"]
+    assert not [k async for k in store.redis.scan_iter(match=store.keys.own_load("a", ""))]
+
+
+async def test_the_native_pool_is_a_candidate_only_when_the_tier_shares_it(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "n1", capacity=4, client="native")
+    assert isinstance(await store.claim(turn("s1", "l1")), Exhausted)
+    shared = await store.claim(turn("s1", "l1", shared=True))
+    assert isinstance(shared, Leased)
+    assert shared.sandbox_id == "n1"
+    # The less loaded of the two wins (n1 at 1/4, a1 at 0/4) ...
+    await attach(store, "a1", capacity=4)
+    less = await store.claim(turn("s2", "l2", shared=True))
+    assert isinstance(less, Leased)
+    assert less.sandbox_id == "a1"
+    # ... and at a tie (both 1/4) the client's own.
+    tie = await store.claim(turn("s3", "l3", shared=True))
+    assert isinstance(tie, Leased)
+    assert tie.sandbox_id == "a1"
+    # The native pool's own sessions use it with or without sharing.
+    own = await store.claim(turn("s4", "l4", client="native"))
+    assert isinstance(own, Leased)
+    assert own.sandbox_id == "n1"
+
+
+async def test_release_for_another_client_is_false_and_writes_nothing(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "a1")
+    await store.claim(turn("s1", "l1"))
+    mine = f"{store.keys.prefix}*"
+    before = {k: await store.redis.dump(k) async for k in store.redis.scan_iter(match=mine)}
+    assert not await store.release("l1", "a1", "globex")
+    after = {k: await store.redis.dump(k) async for k in store.redis.scan_iter(match=mine)}
+    assert after == before
+    assert await store.release("l1", "a1", "acme")
+
+
+async def test_a_lease_written_before_owners_is_released_by_anyone(store: AffinityStore) -> None:
+    await attach(store, "a1")
+    await store.claim(turn("s1", "l1"))
+    await store.redis.hset(store.keys.lease_sandbox, "l1", "a1")  # the old format
+    assert await store.release("l1", "a1", "globex")
+    assert await store.redis.zcard(store.keys.leases("a1")) == 0
+
+
+async def test_an_ownerless_record_is_adopted_only_by_its_sandboxs_owner(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "a1")
+    await attach(store, "g1", client="globex")
+    legacy = store.keys.session("old", None)
+    await store.redis.hset(legacy, mapping={"sandbox": "a1", "tier": "a"})
+    assert await store.place(turn("old", "l1", client="globex"), grace_ms=GRACE_MS) == NoRecord()
+    assert await store.redis.exists(legacy)
+    adopted = await store.place(turn("old", "l2"), grace_ms=GRACE_MS)
+    assert isinstance(adopted, Leased)
+    assert adopted.sandbox_id == "a1"
+    assert not await store.redis.exists(legacy)
+    record = await store.session("old", "acme")
+    assert record is not None
+    assert (record.sandbox_id, record.client) == ("a1", "acme")
+
+
+async def test_a_recorded_sandbox_of_another_owner_now_must_move(store: AffinityStore) -> None:
+    await attach(store, "a1")
+    await record(store, "s", "a1")
+    await attach(store, "a1", client="globex", generation="g2")  # a new runtime, re-owned
+    assert await place(store, "s") == MustMove("a1", "not_owned")
+    assert await store.redis.zscore(store.keys.own_load("a", "acme"), "a1") is None
+    assert await store.redis.zscore(store.keys.own_load("a", "globex"), "a1") is not None
+
+
+async def test_expired_presence_leaves_its_owner_indexes_old_members_too(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "a1")
+    await attach(store, "a2")
+    # a2's expiry member as written before owners: "<tier>/<sandbox>".
+    score = await store.redis.zscore(store.keys.presence_expiry, "a/a2/acme")
+    assert score is not None
+    await store.redis.zrem(store.keys.presence_expiry, "a/a2/acme")
+    await store.redis.zadd(store.keys.presence_expiry, {"a/a2": score})
+    await store.redis.zadd(store.keys.load("a"), {"a2": 0})  # the tier index of then
+    store.clock.offset_ms += TTL_MS + 1
+    assert await place(store, "unknown") == NoRecord()  # any script prunes
+    assert await store.redis.zcard(store.keys.load("a")) == 0
+    # a1 left every index; a2's old member named no owner, so its entry stays ...
+    assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a2"]
+    assert await store.redis.zcard(store.keys.presence_expiry) == 0
+    # ... until a pick meets it and repairs it.
+    assert isinstance(await store.claim(turn("s", "l1")), Exhausted)
+    assert await store.redis.zcard(store.keys.own_load("a", "acme")) == 0
+
+
+async def test_a_presence_written_before_owners_leaves_its_old_indexes_on_attach(
+    store: AffinityStore,
+) -> None:
+    key = store.keys.presence("a1")
+    await store.redis.hset(
+        key, mapping={"owner": "o", "tier": "a", "capacity": 2, "labels": "{}", "expires": 1}
+    )
+    await store.redis.zadd(store.keys.load("a"), {"a1": 0})
+    await store.redis.zadd(store.keys.presence_expiry, {"a/a1": 1})
+    await attach(store, "a1")
+    assert await store.redis.zcard(store.keys.load("a")) == 0
+    assert await store.redis.zrange(store.keys.presence_expiry, 0, -1) == [b"a/a1/acme"]
+    assert await store.redis.zrange(store.keys.own_load("a", "acme"), 0, -1) == [b"a1"]
+
+
+async def test_a_recorded_sandbox_now_ownerless_must_move(store: AffinityStore) -> None:
+    await attach(store, "a1")
+    await record(store, "s", "a1")
+    await attach(store, "a1", client="", generation="g2")  # an old credential's runtime
+    assert await place(store, "s") == MustMove("a1", "not_owned")

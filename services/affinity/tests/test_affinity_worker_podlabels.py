@@ -23,6 +23,7 @@ from turnstile_affinity.worker.podlabels import (
     read_sandbox_id,
 )
 from turnstile_affinity.worker.settings import WorkerSettings
+from turnstile_platform.sandbox_credentials import PresenceClaims
 from turnstile_platform.tiers import TIER_LABEL
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ async def test_a_warm_pods_worker_waits_unattached_until_adoption_labels_it_then
         wait=False,
         sandbox_id_file=volume.labels_file,
         sandbox_id_poll_s=0.02,
-        credential_file=await credentials.file("sb-warm-1"),
+        credential_file=await credentials.file(
+            "sb-warm-1", PresenceClaims("acme", "container", 3, "")
+        ),
     )
     await asyncio.wait_for(handle.agent.waiting_for_sandbox.wait(), 10)
     assert await service.workers() == {}

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from turnstile_platform.errors import RichError
 from turnstile_platform.sandbox_credentials import (
     CredentialIssuer,
+    PresenceClaims,
     SigningKey,
     VerificationKeys,
     credential_key,
@@ -318,6 +319,8 @@ async def test_each_runtime_start_hands_its_process_a_private_credential_of_a_ne
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
             claims = keys.verify(seen, "sb-1")
             assert await redis.get(record) == claims.generation.encode()
+            # SPEC O3: what the substrate started (Direct assigns no endpoint).
+            assert claims.presence == PresenceClaims(spec().client_label or "", spec().tier, 1, "")
             saved = json.loads((state_dir / "sb-1" / "runtime.json").read_text())
             assert saved["generation"] == claims.generation
 
@@ -356,6 +359,7 @@ async def test_renewal_re_mints_credentials_past_half_their_ttl_unless_revoked(
         assert await substrate.renew_credentials(issuer) == 1
         renewed = keys.verify((state_dir / "sb-1" / "credential").read_text(), "sb-1")
         before = keys.verify(first["sb-1"], "sb-1")
+        assert renewed.presence == before.presence is not None  # re-attested from the record
         assert renewed.generation == before.generation
         assert renewed.expires_ms > before.expires_ms
         assert (state_dir / "sb-2" / "credential").read_text() == first["sb-2"]

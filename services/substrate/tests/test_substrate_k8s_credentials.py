@@ -31,6 +31,7 @@ from turnstile_platform.leader import LeaderElector
 from turnstile_platform.sandbox_credentials import (
     REVOKED,
     CredentialIssuer,
+    PresenceClaims,
     SandboxClaims,
     SigningKey,
     VerificationKeys,
@@ -54,6 +55,7 @@ from turnstile_substrate.runtime import (
     RuntimeSpec,
 )
 from turnstile_testing.kube_emulator import KubeEmulator
+from turnstile_testing.kube_emulator.kubelet import mark_running
 from turnstile_testing.plugin import CredentialKeyFiles
 
 if TYPE_CHECKING:
@@ -340,6 +342,27 @@ async def test_renewal_replaces_the_secret_before_expiry_and_binds_the_pod_uid(
         assert (result.renewed, result.revoked) == (0, 1)
         assert secret_of(kube, name) == before
         assert await redis.get(credential_key(redis_prefix, "sb-a")) == REVOKED.encode()
+
+
+async def test_the_credential_attests_owner_tier_capacity_and_the_renewal_binds_the_pod_ip(
+    kube: KubeEmulator,
+    substrate: StartSubstrate,
+    issuer: CredentialIssuer,
+    keys: VerificationKeys,
+) -> None:
+    async with substrate(kube, credentials=issuer, worker_capacity=3, worker_port=8080) as sub:
+        name = await cold(sub, "sb-a")
+        first = keys.verify(credential_in(secret_of(kube, name)), "sb-a").presence
+        # SPEC O3: what the substrate started; a cold pod has no IP yet, so no endpoint.
+        assert first == PresenceClaims("acme", "default", 3, "")
+        kube.mutate_pod(NS, name, mark_running)  # scheduled: it has an IP now
+        await sub.reflector.wait_until(lambda: bool(getattr(sub.index.pods.get(name), "ip", "")), 5)
+        ip = sub.index.pods[name].ip
+        assert (await sub.credentials.renew_pass()).renewed == 1  # type: ignore[union-attr]
+        bound = keys.verify(credential_in(secret_of(kube, name)), "sb-a").presence
+        assert bound == PresenceClaims("acme", "default", 3, f"{ip}:8080")
+        # Bound: nothing is due until half the ttl.
+        assert (await sub.credentials.renew_pass()).renewed == 0  # type: ignore[union-attr]
 
 
 async def test_orphaned_secrets_are_revoked_and_swept_after_the_grace(

@@ -78,6 +78,7 @@ class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
     def __init__(self) -> None:
         self.released = []
         self.traces: list[str] = []
+        self.clients: list[str] = []
 
     def _trace(self, context: Context) -> None:
         """The trace id the call came with (W3C ``traceparent``: version-trace-span-flags)."""
@@ -89,6 +90,7 @@ class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
         self, request: affinity_pb2.PlaceRequest, context: Context
     ) -> affinity_pb2.PlaceResponse:
         self._trace(context)
+        self.clients.append(request.client_id)
         if request.session_id.startswith("pending"):
             await abort(
                 context,
@@ -231,7 +233,7 @@ async def test_json_errors_carry_the_decoded_details_for_scripts(
         (["activate", "sb-1", "--client", "acme"], 0),
         (["activate", "down-1", "--client", "acme"], 4),
         (["activate", "bad-1", "--client", "acme"], 2),
-        (["place", "pending-1"], 4),
+        (["place", "pending-1", "--client", "acme"], 4),
         (["admit", "sb-1", "--client", "acme"], 3),
         (["usage", "--client", "acme"], 0),
     ],
@@ -250,7 +252,7 @@ async def test_an_unreachable_service_is_retryable_with_a_hint(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, _, err = await _cli_err(
-        capsys, {"affinity": "127.0.0.1:1"}, "place", "s1", "--timeout", "2"
+        capsys, {"affinity": "127.0.0.1:1"}, "place", "s1", "--client", "acme", "--timeout", "2"
     )
     assert code == 4
     assert "turnstilectl status" in err
@@ -259,7 +261,9 @@ async def test_an_unreachable_service_is_retryable_with_a_hint(
 async def test_a_workspace_reset_is_the_first_thing_printed(
     servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = await _cli(capsys, servers[0], "place", "moved-1", "--tier", "microvm")
+    code, out = await _cli(
+        capsys, servers[0], "place", "moved-1", "--client", "acme", "--tier", "microvm"
+    )
     assert code == 0
     first = out.lstrip().splitlines()[0]
     assert first.startswith("WARNING")
@@ -272,12 +276,15 @@ async def test_place_without_reset_prints_no_warning_and_release_returns_the_lea
     servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
 ) -> None:
     targets, affinity = servers
-    code, out = await _cli(capsys, targets, "place", "s-1", "--release", "--json")
+    code, out = await _cli(
+        capsys, targets, "place", "s-1", "--client", "acme", "--release", "--json"
+    )
     assert code == 0
     answer = json.loads(out)
     assert answer["lease_released"] is True
     assert "reset" not in answer
     assert affinity.released == ["lease-1"]
+    assert affinity.clients[-1] == "acme"  # the session's client (SPEC O2)
     # One command, one trace: Place and ReleaseLease both carry the printed trace id.
     assert affinity.traces[-2:] == [answer["trace_id"]] * 2
 
@@ -286,7 +293,9 @@ async def test_trace_prints_the_commands_trace_id_on_stderr(
     servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
 ) -> None:
     targets, affinity = servers
-    code, _, err = await _cli_err(capsys, targets, "place", "s-2", "--release", "--trace")
+    code, _, err = await _cli_err(
+        capsys, targets, "place", "s-2", "--client", "acme", "--release", "--trace"
+    )
     assert code == 0
     assert f"trace {affinity.traces[-1]}" in err
 

@@ -21,6 +21,7 @@ def _tiers(
     for name, value in (
         ("TURNSTILE_TIERS", case["tiers"]),
         ("TURNSTILE_DEFAULT_TIER", case["default_tier"]),
+        ("TURNSTILE_TIER_SETTINGS", case.get("tier_settings")),
     ):
         if value is None:
             monkeypatch.delenv(name, raising=False)

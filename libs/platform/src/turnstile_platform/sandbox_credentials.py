@@ -12,6 +12,18 @@ signing key's id (``kid``). The signature is Ed25519 over a fixed context
 string plus the payload bytes, so a signature made for anything else never
 verifies as a credential.
 
+**Attested presence (SPEC O3).** A credential also carries what the substrate
+started, so the relay never has to believe the worker's ``Hello`` about it:
+the sandbox's owner (``own``: its recorded client id, ``native``, or ``""`` for
+none), its tier (``tier``), the capacity it was started with (``cap``) and its
+endpoint (``ep``: on Direct the address the substrate assigned, ``""`` as it
+assigns none; on Kubernetes the pod IP and the declared worker port, bound by
+the renewal once the pod is scheduled, ``""`` before). The four are minted
+together (:class:`PresenceClaims`). A credential minted before them (no
+``cap``) still verifies: its :attr:`SandboxClaims.presence` is None, which the
+relay takes as *ownerless*, never a placement candidate for any client's
+session (docs/security.md, "Worker credentials").
+
 Why asymmetric: the substrate holds the only signing key; relays hold public
 keys, so a compromised relay replica cannot mint credentials. Why a key *set*:
 the relay accepts any key in its public-key file, so the signing key rotates by
@@ -84,6 +96,20 @@ class CredentialRefusedError(Exception):
 
 
 @dataclass(frozen=True)
+class PresenceClaims:
+    """What the substrate started, as the credential attests it (SPEC O3)."""
+
+    #: The sandbox's recorded client id, ``native``, or "" (no owner: unattributed).
+    owner: str
+    #: The tier the runtime was started in ("" with no tiers configured).
+    tier: str
+    #: The concurrent turns the runtime was started to serve.
+    capacity: int
+    #: Where the runtime serves ("" when the substrate assigned no address).
+    endpoint: str
+
+
+@dataclass(frozen=True)
 class SandboxClaims:
     """What a verified credential says."""
 
@@ -95,6 +121,8 @@ class SandboxClaims:
     issued_ms: int
     expires_ms: int
     key_id: str
+    #: The attested presence; None for a credential minted before it was carried.
+    presence: PresenceClaims | None = None
 
 
 def _b64encode(raw: bytes) -> str:
@@ -150,18 +178,29 @@ class SigningKey:
         ttl_ms: int,
         pod_uid: str = "",
         issued_ms: int | None = None,
+        presence: PresenceClaims | None = None,
     ) -> str:
-        """A credential for ``sandbox_id``'s runtime of ``generation``, valid ``ttl_ms``."""
+        """A credential for ``sandbox_id``'s runtime of ``generation``, valid ``ttl_ms``,
+        attesting ``presence`` (None: a credential without presence claims, as minted
+        before SPEC O3; tests use it to stand for an old credential)."""
         issued = now_ms() if issued_ms is None else issued_ms
+        fields: dict[str, object] = {
+            "sb": sandbox_id,
+            "uid": pod_uid,
+            "gen": generation,
+            "iat": issued,
+            "exp": issued + ttl_ms,
+            "kid": self.key_id,
+        }
+        if presence is not None:
+            fields.update(
+                own=presence.owner,
+                tier=presence.tier,
+                cap=presence.capacity,
+                ep=presence.endpoint,
+            )
         payload = json.dumps(
-            {
-                "sb": sandbox_id,
-                "uid": pod_uid,
-                "gen": generation,
-                "iat": issued,
-                "exp": issued + ttl_ms,
-                "kid": self.key_id,
-            },
+            fields,
             separators=(",", ":"),
             sort_keys=True,
         ).encode()
@@ -250,6 +289,7 @@ class VerificationKeys:
                 issued_ms=int(fields["iat"]),
                 expires_ms=int(fields["exp"]),
                 key_id=str(kid),
+                presence=_presence(fields),
             )
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise CredentialRefusedError("malformed", "the credential does not parse") from None
@@ -276,6 +316,24 @@ class VerificationKeys:
         if not claims.generation:
             raise CredentialRefusedError("malformed", "the credential names no generation")
         return claims
+
+
+def _presence(fields: dict[str, object]) -> PresenceClaims | None:
+    """The presence claims of a payload; None when it carries none (an old credential).
+    Claims of the wrong type raise ValueError (the credential is malformed)."""
+    if "cap" not in fields:
+        return None
+    owner, tier, capacity, endpoint = fields["own"], fields["tier"], fields["cap"], fields["ep"]
+    if not (
+        isinstance(owner, str)
+        and isinstance(tier, str)
+        and isinstance(endpoint, str)
+        and isinstance(capacity, int)
+        and not isinstance(capacity, bool)
+        and capacity >= 1
+    ):
+        raise ValueError("presence claims of the wrong type")
+    return PresenceClaims(owner, tier, capacity, endpoint)
 
 
 def generate_key_pair(private_path: Path, public_path: Path) -> bool:
@@ -363,7 +421,9 @@ class CredentialIssuer:
             read_script("turnstile_platform", "sandbox_credential_revoke.lua")
         )
 
-    def _mint(self, sandbox_id: str, generation: str, pod_uid: str) -> Issued:
+    def _mint(
+        self, sandbox_id: str, generation: str, pod_uid: str, presence: PresenceClaims | None
+    ) -> Issued:
         issued = now_ms()
         credential = self.signing_key.mint(
             sandbox_id,
@@ -371,11 +431,17 @@ class CredentialIssuer:
             ttl_ms=self.ttl_ms,
             pod_uid=pod_uid,
             issued_ms=issued,
+            presence=presence,
         )
         return Issued(credential, generation, issued, issued + self.ttl_ms)
 
     async def issue(
-        self, sandbox_id: str, *, pod_uid: str = "", generation: str | None = None
+        self,
+        sandbox_id: str,
+        *,
+        presence: PresenceClaims | None = None,
+        pod_uid: str = "",
+        generation: str | None = None,
     ) -> Issued:
         """A credential for a new runtime: a new generation, recorded first.
 
@@ -383,22 +449,31 @@ class CredentialIssuer:
         sandbox's previous runtime stops working at once. ``generation``: one the
         caller derived (Kubernetes derives it from the activation, so a retried
         create of the same pod records the same one); None draws a random one.
+        ``presence``: what the substrate started (SPEC O3).
         """
-        issued = self._mint(sandbox_id, generation or new_generation(), pod_uid)
+        issued = self._mint(sandbox_id, generation or new_generation(), pod_uid, presence)
         await self._redis.set(
             credential_key(self._prefix, sandbox_id), issued.generation, px=self.ttl_ms
         )
         return issued
 
-    async def renew(self, sandbox_id: str, generation: str, *, pod_uid: str = "") -> Issued | None:
+    async def renew(
+        self,
+        sandbox_id: str,
+        generation: str,
+        *,
+        presence: PresenceClaims | None = None,
+        pod_uid: str = "",
+    ) -> Issued | None:
         """A fresh credential for the same runtime, or None if it was revoked.
 
         The record is extended (or put back, if Redis lost it) only while it
         does not name another generation or ``revoked`` (one script), so a
         renewal racing a Deactivate never brings a revoked credential back, and
-        renewing twice is harmless.
+        renewing twice is harmless. ``presence`` is re-attested from the substrate's
+        record (Kubernetes binds the pod IP here, once it is known).
         """
-        issued = self._mint(sandbox_id, generation, pod_uid)
+        issued = self._mint(sandbox_id, generation, pod_uid, presence)
         kept = await self._renew(
             keys=[credential_key(self._prefix, sandbox_id)], args=[generation, self.ttl_ms]
         )

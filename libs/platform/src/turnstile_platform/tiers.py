@@ -15,12 +15,27 @@ of tier names (``container,microvm``), ``TURNSTILE_DEFAULT_TIER`` one of them.
   label), listed once; blanks around commas are ignored, empty entries are not.
 - The default tier, when unset or blank, is the first declared tier; otherwise
   it must be a declared tier.
+
+``TURNSTILE_TIER_SETTINGS`` (optional) is a JSON object of per-tier settings,
+``{"container": {"max_capacity": 8, "shared_pool": true}}``; the key ``"*"``
+gives every tier's defaults (and the settings when no tiers are declared):
+
+- ``max_capacity`` (1 to :data:`MAX_CAPACITY`, default :data:`MAX_CAPACITY`): the
+  most concurrent turns one sandbox of the tier is credited with, whatever its
+  credential or Hello claims (SPEC O3).
+- ``shared_pool`` (default false): sessions of the tier may be placed on the
+  platform's shared pool, the sandboxes owned by ``native``, besides their own
+  client's (SPEC O2).
+
+A key that is neither ``"*"`` nor a declared tier, an unknown setting or a value
+of the wrong type is refused, naming ``tier_settings``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Self
 
 from pydantic import model_validator
@@ -33,6 +48,12 @@ TIER_LABEL = "turnstile.dev/tier"
 
 #: More tiers than this is a configuration mistake, not a deployment.
 MAX_TIERS = 64
+
+#: The most concurrent turns a sandbox may serve (the Hello's bound, SPEC O3).
+MAX_CAPACITY = 1024
+
+#: The ``TURNSTILE_TIER_SETTINGS`` key of every tier's defaults.
+EVERY_TIER = "*"
 
 
 class TierConfigError(ValueError):
@@ -50,11 +71,31 @@ class UnknownTierError(ValueError):
 
 
 @dataclass(frozen=True)
+class TierSettings:
+    """What one tier allows (``TURNSTILE_TIER_SETTINGS``)."""
+
+    #: The capacity a sandbox of the tier is credited with at most (SPEC O3).
+    max_capacity: int = MAX_CAPACITY
+    #: Sessions of the tier may use the ``native`` shared pool (SPEC O2).
+    shared_pool: bool = False
+
+
+_DEFAULT_SETTINGS = TierSettings()
+
+
+@dataclass(frozen=True)
 class TierConfig:
     """Declared tiers and the default tier; no tiers means nothing is filtered."""
 
     declared: tuple[str, ...] = ()
     default: str | None = None
+    #: Per-tier settings by tier name, ``"*"`` for the defaults of every tier.
+    settings: Mapping[str, TierSettings] = field(default_factory=dict, hash=False)
+
+    def settings_for(self, tier: str) -> TierSettings:
+        """The tier's settings: its own entry, else the ``"*"`` entry, else the defaults."""
+        found = self.settings.get(tier) or self.settings.get(EVERY_TIER)
+        return found if found is not None else _DEFAULT_SETTINGS
 
     @property
     def enabled(self) -> bool:
@@ -84,8 +125,11 @@ class TierConfig:
         return requested
 
 
-def parse_tiers(tiers: str | None, default_tier: str | None = None) -> TierConfig:
-    """Parse ``TURNSTILE_TIERS`` and ``TURNSTILE_DEFAULT_TIER`` (``None`` = unset).
+def parse_tiers(
+    tiers: str | None, default_tier: str | None = None, tier_settings: str | None = None
+) -> TierConfig:
+    """Parse ``TURNSTILE_TIERS``, ``TURNSTILE_DEFAULT_TIER`` and
+    ``TURNSTILE_TIER_SETTINGS`` (``None`` = unset).
 
     Raises :class:`TierConfigError` naming the setting and the problem.
     """
@@ -93,16 +137,55 @@ def parse_tiers(tiers: str | None, default_tier: str | None = None) -> TierConfi
     if tiers is None or not tiers.strip():
         if default:
             raise TierConfigError("default_tier", f"{default!r} is set but no tiers are declared")
-        return TierConfig()
+        return TierConfig(settings=_settings(tier_settings, ()))
     declared = _declared(tiers.split(","))
+    settings = _settings(tier_settings, declared)
     if not default:
-        return TierConfig(declared, declared[0])
+        return TierConfig(declared, declared[0], settings)
     if default not in declared:
         raise TierConfigError(
             "default_tier",
             f"{default!r} is not a declared tier (declared: {', '.join(declared)})",
         )
-    return TierConfig(declared, default)
+    return TierConfig(declared, default, settings)
+
+
+def _settings(raw: str | None, declared: tuple[str, ...]) -> dict[str, TierSettings]:
+    """``TURNSTILE_TIER_SETTINGS``: a JSON object of tier name (or ``"*"``) → settings."""
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise TierConfigError("tier_settings", "is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise TierConfigError("tier_settings", "must be a JSON object of tier name to settings")
+    out: dict[str, TierSettings] = {}
+    for name, entry in doc.items():
+        if name != EVERY_TIER and name not in declared:
+            shown = name if len(name) <= 63 else f"{name[:60]}…"
+            raise TierConfigError("tier_settings", f"{shown!r} is not '*' or a declared tier")
+        if not isinstance(entry, dict):
+            raise TierConfigError("tier_settings", f"{name!r}: must be an object")
+        unknown = set(entry) - {"max_capacity", "shared_pool"}
+        if unknown:
+            raise TierConfigError(
+                "tier_settings", f"{name!r}: unknown setting {sorted(unknown)[0]!r}"
+            )
+        capacity = entry.get("max_capacity", MAX_CAPACITY)
+        if (
+            not isinstance(capacity, int)
+            or isinstance(capacity, bool)
+            or not 1 <= capacity <= MAX_CAPACITY
+        ):
+            raise TierConfigError(
+                "tier_settings", f"{name!r}: max_capacity must be an integer 1 to {MAX_CAPACITY}"
+            )
+        shared = entry.get("shared_pool", False)
+        if not isinstance(shared, bool):
+            raise TierConfigError("tier_settings", f"{name!r}: shared_pool must be true or false")
+        out[name] = TierSettings(capacity, shared)
+    return out
 
 
 def _declared(entries: Sequence[str]) -> tuple[str, ...]:
@@ -139,10 +222,15 @@ class TieredSettings(ServiceSettings):
     default_tier: str | None = None
     """The tier of a request that names none; unset means the first declared tier."""
 
+    tier_settings: str | None = None
+    """Per-tier settings as JSON (``{"container": {"max_capacity": 8, "shared_pool":
+    true}}``, ``"*"`` for every tier): the capacity bound of a sandbox (SPEC O3) and
+    whether sessions may use the ``native`` shared pool (SPEC O2)."""
+
     @model_validator(mode="after")
     def _valid_tiers(self) -> Self:
         try:
-            parse_tiers(self.tiers, self.default_tier)
+            parse_tiers(self.tiers, self.default_tier, self.tier_settings)
         except TierConfigError as error:
             raise ValueError(f"TURNSTILE_{error.field.upper()}: {error.detail}") from None
         return self
@@ -150,4 +238,4 @@ class TieredSettings(ServiceSettings):
     @property
     def tier_config(self) -> TierConfig:
         """The parsed tier configuration (validated at start-up)."""
-        return parse_tiers(self.tiers, self.default_tier)
+        return parse_tiers(self.tiers, self.default_tier, self.tier_settings)

@@ -61,7 +61,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         retry_after_s=settings.retry_after_s,
         filtered=tiers.enabled,
     )
-    placer = Placer(store, policy, waker)
+    placer = Placer(store, policy, waker, tiers)
     app.add_cleanup(placer.close)
     relay = Relay(
         store,

@@ -81,3 +81,10 @@ CREDENTIAL_REFUSALS = Counter(
     "not_yet_valid, revoked.",
     ["why"],
 )
+PRESENCE_OVERRIDES = Counter(
+    "turnstile_affinity_presence_overrides_total",
+    "Worker Hellos whose tier, capacity or endpoint contradicted the sandbox's credential "
+    "and were overridden, or whose capacity was above the tier's bound (SPEC O3), by why: "
+    "tier, capacity, endpoint, capacity_bound.",
+    ["why"],
+)

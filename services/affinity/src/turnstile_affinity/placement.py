@@ -1,4 +1,12 @@
-"""The affinity state machine of ``Place(session, tier)`` (SPEC T7).
+"""The affinity state machine of ``Place(session, tier)`` for a client (SPEC T7, O2).
+
+A session belongs to the client ``Place`` acts for: its record is that client's
+(``session:<client>/<id>``), so another client's session of the same id is another
+session, and a turn for it answers exactly as a missing one does. Every branch
+below — first turn, hit, busy, pending (and its wake), fallback — stays inside
+the client's own sandboxes, plus the ``native`` shared pool where the tier's
+settings allow it (``shared_pool``); a recorded sandbox that is no longer one of
+those is a fallback (``not_owned``).
 
 One call runs ``place.lua`` (the session's recorded sandbox: hit, busy, pending,
 or "must move"), and only when there is no usable record one more script:
@@ -46,6 +54,7 @@ from turnstile_affinity.store import (
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
 from turnstile_platform.errors import QuotaViolation, RichError, reason_name
+from turnstile_platform.tiers import TierConfig
 
 _UNAVAILABLE = reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE)
 
@@ -66,6 +75,7 @@ class Outcome(enum.Enum):
 class ResetReason(enum.Enum):
     GRACE_EXPIRED = "grace"
     RETIERED = "retiered"
+    NOT_OWNED = "not_owned"
 
 
 @dataclass(frozen=True)
@@ -106,21 +116,36 @@ class PlacementPolicy:
 class Placer:
     """Runs the state machine against the store; wakes absent sandboxes."""
 
-    def __init__(self, store: AffinityStore, policy: PlacementPolicy, waker: Waker | None) -> None:
+    def __init__(
+        self,
+        store: AffinityStore,
+        policy: PlacementPolicy,
+        waker: Waker | None,
+        tiers: TierConfig | None = None,
+    ) -> None:
         self._store = store
         self._policy = policy
         self._waker = waker
+        # Whether each tier's sessions may use the native shared pool, looked up once.
+        tiers = tiers or TierConfig()
+        self._shared = {tier: tiers.settings_for(tier).shared_pool for tier in tiers.declared}
+        self._shared_default = tiers.settings_for("").shared_pool
         self._returns: set[asyncio.Task[bool]] = set()
         self._background: set[asyncio.Task[None]] = set()
         # Stateless, so one serves every call instead of one made per call.
         self._reachable = store_reachable(policy.retry_after_s)
 
-    async def place(self, session_id: str, session_tier: str) -> Placement:
-        """Place the session's next turn in ``session_tier`` or raise a :class:`RichError`."""
+    async def place(self, session_id: str, session_tier: str, client: str) -> Placement:
+        """Place ``client``'s session's next turn in ``session_tier`` or raise a
+        :class:`RichError`."""
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(
-                {"turnstile.session_id": session_id, "turnstile.tier": session_tier}
+                {
+                    "turnstile.session_id": session_id,
+                    "turnstile.tier": session_tier,
+                    "turnstile.client_id": client,
+                }
             )
         policy = self._policy
         tier_label = session_tier if policy.filtered else "*"
@@ -133,6 +158,8 @@ class Placer:
             lease_id,
             policy.lease_ttl_ms,
             policy.record_ttl_ms,
+            client,
+            self._shared.get(session_tier, self._shared_default),
         )
         lease_in_doubt = False
         try:
@@ -181,9 +208,10 @@ class Placer:
             if lease_in_doubt:
                 await self._return_lease(lease_id)
 
-    async def release(self, sandbox_id: str, lease_id: str) -> bool:
-        """ReleaseLease: False when it was already released or expired."""
-        released = await self._store.release(lease_id, sandbox_id)
+    async def release(self, sandbox_id: str, lease_id: str, client: str = "") -> bool:
+        """ReleaseLease: False when it was already released or expired, or was placed
+        for another client than ``client`` ("": whoever it was placed for)."""
+        released = await self._store.release(lease_id, sandbox_id, client)
         if released:
             LEASES_RELEASED.inc()
         return released

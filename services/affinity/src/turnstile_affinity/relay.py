@@ -17,6 +17,9 @@ sandbox's credential record still names that generation, and here that the
 credential (or its latest renewal) has not expired: a deactivated sandbox's
 worker, or one that stopped being renewed, loses its stream within one
 heartbeat interval.
+
+The presence put is the credential's, not the Hello's (SPEC O3,
+:mod:`turnstile_affinity.attested_presence`): owner, tier, capacity and endpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar, cast
 
+from turnstile_affinity.attested_presence import PresenceAttestor
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, ATTACHES, EXCLUDED
 from turnstile_affinity.store import AffinityStore
@@ -60,6 +64,11 @@ class Attachment:
     tier: str
     capacity: int
     labels: Mapping[str, str]
+    #: The sandbox's owner (a client id, ``native``, or "" for none), as attested.
+    client: str = ""
+    #: The Hello's own labels and capacity (a renewal's claims are resolved against them).
+    declared_labels: Mapping[str, str] | None = None
+    declared_capacity: int = 0
     #: The credential's generation; "" when attestation is off.
     generation: str = ""
     #: When the credential (or its latest renewal) expires; 0 when attestation is off.
@@ -104,6 +113,7 @@ class Relay:
         self._presence_ttl_ms = presence_ttl_ms
         self._mark_ttl_ms = mark_ttl_ms
         self._excluded: OrderedDict[str, None] = OrderedDict()
+        self._attestor = PresenceAttestor(tiers)
         self._detaching: set[asyncio.Task[bool]] = set()
         self.draining = asyncio.Event()
 
@@ -121,12 +131,16 @@ class Relay:
         :class:`PresenceTakenError` when there is no credential and another
         stream's presence is live; neither writes anything.
         """
+        presence = self._attestor.resolve(sandbox_id, labels, capacity, claims)
         attachment = Attachment(
             sandbox_id=sandbox_id,
             owner=uuid.uuid4().hex,
-            tier=labels.get(TIER_LABEL, ""),
-            capacity=capacity,
-            labels=dict(labels),
+            tier=presence.tier,
+            capacity=presence.capacity,
+            labels=dict(presence.labels),
+            client=presence.client,
+            declared_labels=dict(labels),
+            declared_capacity=capacity,
             generation=claims.generation if claims else "",
             credential_expires_ms=claims.expires_ms if claims else 0,
         )
@@ -139,11 +153,39 @@ class Relay:
             extra={
                 "sandbox_id": sandbox_id,
                 "tier": attachment.tier,
-                "capacity": capacity,
+                "capacity": attachment.capacity,
+                "client": attachment.client,
                 "took_over": bool(previous),
             },
         )
         return attachment
+
+    async def renewed(self, attachment: Attachment, claims: SandboxClaims) -> None:
+        """A renewal was verified: the stream lives on under its new expiry, and if
+        the renewal attests another presence (Kubernetes binds the pod's IP on a
+        renewal) that presence is put."""
+        attachment.renewed(claims)
+        if claims.presence is None:
+            return
+        presence = self._attestor.resolve(
+            attachment.sandbox_id,
+            attachment.declared_labels or {},
+            attachment.declared_capacity,
+            claims,
+        )
+        if (presence.client, presence.tier, presence.capacity, presence.endpoint) == (
+            attachment.client,
+            attachment.tier,
+            attachment.capacity,
+            attachment.endpoint,
+        ):
+            return
+        attachment.client, attachment.tier = presence.client, presence.tier
+        attachment.capacity, attachment.labels = presence.capacity, dict(presence.labels)
+        try:
+            await self._put(attachment)
+        except PresenceTakenError:
+            raise SupersededError(attachment.sandbox_id) from None
 
     async def heartbeat(self, attachment: Attachment) -> None:
         """Extend presence; re-attach if it vanished; raise :class:`SupersededError`,
@@ -240,6 +282,9 @@ class Relay:
             status, owner = await self._store.attach(
                 sandbox_id=attachment.sandbox_id,
                 owner=attachment.owner,
+                client=attachment.client,
+                # The owner index placement reads: the tier's, or every tier's (SPEC O2).
+                scope=attachment.tier if self._tiers.enabled else "*",
                 tier=attachment.tier,
                 capacity=attachment.capacity,
                 labels=attachment.labels,

@@ -42,6 +42,7 @@ _OUTCOMES = {
 _REASONS = {
     ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,
     ResetReason.RETIERED: affinity_pb2.RESET_REASON_RETIERED,
+    ResetReason.NOT_OWNED: affinity_pb2.RESET_REASON_NOT_OWNED,
 }
 
 
@@ -94,6 +95,7 @@ def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionR
         sandbox_id=record.sandbox_id,
         tier=record.tier,
         expires_at=_timestamp(record.expires_ms),
+        client_id=record.client,
     )
     if record.reset_from and record.reset_to and record.reset_at_ms is not None:
         reason = ResetReason(record.reset_reason or ResetReason.GRACE_EXPIRED.value)
@@ -141,24 +143,27 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
     ) -> affinity_pb2.PlaceResponse:
         session_id = validation.session_id(request.session_id)
         tier = validation.session_tier(self._tiers, request.tier)
-        return _placement(await self._placer.place(session_id, tier))
+        client = validation.client_id(request.client_id)
+        return _placement(await self._placer.place(session_id, tier, client))
 
     async def ReleaseLease(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ReleaseLeaseRequest, context: Context
     ) -> affinity_pb2.ReleaseLeaseResponse:
         sandbox_id = validation.sandbox_id(request.sandbox_id)
         lease_id = validation.lease_id(request.lease_id)
+        client = validation.optional_client_id(request.client_id)
         trace.get_current_span().set_attribute("turnstile.sandbox_id", sandbox_id)
         with self._reachable:
-            released = await self._placer.release(sandbox_id, lease_id)
+            released = await self._placer.release(sandbox_id, lease_id, client)
         return _RELEASED if released else _NOT_RELEASED
 
     async def GetSession(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.GetSessionRequest, context: Context
     ) -> affinity_pb2.GetSessionResponse:
         session_id = validation.session_id(request.session_id)
+        client = validation.client_id(request.client_id)
         with store_reachable(self._retry_after_s):
-            record = await self._store.session(session_id)
+            record = await self._store.session(session_id, client)
         if record is None:
             raise RichError(
                 grpc.StatusCode.NOT_FOUND,
@@ -172,8 +177,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         self, request: affinity_pb2.ListWorkersRequest, context: Context
     ) -> affinity_pb2.ListWorkersResponse:
         tier = validation.list_tier(self._tiers, request.tier)
+        client = validation.optional_client_id(request.client_id) or None
         with store_reachable(self._retry_after_s):
-            workers = await self._store.workers(tier)
+            workers = await self._store.workers(tier, client)
         return affinity_pb2.ListWorkersResponse(
             workers=[
                 affinity_pb2.Worker(
@@ -182,6 +188,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                     capacity=w.capacity,
                     leases=w.leases,
                     labels=w.labels,
+                    client_id=w.client,
                 )
                 for w in workers
             ]
@@ -245,7 +252,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 elif kind == "renewal":
                     if not stream.renewal():
                         continue
-                    yield self._renew(attachment, message.renewal)
+                    yield await self._renew(attachment, message.renewal)
                 elif kind == "goodbye":
                     break
                 else:
@@ -283,14 +290,16 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
             else:
                 await self._relay.detach(attachment)
 
-    def _renew(
+    async def _renew(
         self, attachment: Attachment, renewal: affinity_pb2.CredentialRenewal
     ) -> affinity_pb2.AttachResponse:
-        """Verify a renewed credential for the stream's sandbox; the stream lives on."""
+        """Verify a renewed credential for the stream's sandbox; the stream lives on
+        (with the presence the renewal attests, SPEC O3)."""
         credential = validation.credential(renewal.credential, "renewal.credential")
         claims = self._attestation.check(attachment.sandbox_id, credential)
         accepted = affinity_pb2.CredentialAccepted()
         if claims is not None:
-            attachment.renewed(claims)
+            with store_reachable(self._retry_after_s):
+                await self._relay.renewed(attachment, claims)
             accepted.expires_at.CopyFrom(_timestamp(claims.expires_ms))
         return affinity_pb2.AttachResponse(credential_accepted=accepted)

@@ -5,8 +5,12 @@ Every operation is one Lua script (``scripts/*.lua``, each prefixed with
 decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``:
 
 ========================  =====================================================
-``session:<id>``          hash: sandbox, tier, last reset; expires after the TTL
-``presence:<sandbox>``    hash: owner stream, tier, capacity, labels, expiry
+``session:<client>/<id>`` hash: sandbox, tier, client, last reset; expires after
+                          the TTL. Per client (SPEC O2): another client's session
+                          of the same id is another key. ``session:<id>`` is a
+                          record written before owners, adopted by place.lua
+``presence:<sandbox>``    hash: owner stream, client (the sandbox's attested owner,
+                          SPEC O3), tier, capacity, labels, endpoint, expiry
 ``presence-expiry``       sorted set ``<tier>/<sandbox>`` by expiry (pruning)
 ``detached:<sandbox>``    detach mark: ms when it left (or was first seen gone)
 ``wake:<sandbox>``        marker: this absence's wake was sent
@@ -16,7 +20,9 @@ decision is atomic and one round trip. The layout, under ``<prefix>{affinity}:``
 ``lease-expiry``          sorted set of every lease id by expiry (pruning)
 ``lease-sandbox``         hash: lease id → sandbox
 ``load:all``              sorted set of present sandboxes by leases/capacity
-``load:tier:<tier>``      the same, per tier label value
+``load:own:<scope>:<c>``  the same, of the sandboxes client ``c`` owns in a tier, or
+                          all of them (scope ``*``) when tiers do not filter (SPEC O2)
+``load:tier:<tier>``      written before owners; emptied as presences attach again
 ========================  =====================================================
 
 Every script declares in ``KEYS`` the shared indexes (:meth:`Keys.shared`) and
@@ -77,8 +83,17 @@ class Keys:
     def base(self) -> str:
         return f"{self.prefix}{{affinity}}:"
 
-    def session(self, session_id: str) -> str:
-        return f"{self.base}session:{session_id}"
+    def session(self, session_id: str, client: str | None) -> str:
+        """Client ``client``'s session ``session_id``; None: the ownerless record of
+        the id (written before sessions had owners, SPEC O2). Session ids hold no
+        ``/``, so the two never meet."""
+        if client is None:
+            return f"{self.base}session:{session_id}"
+        return f"{self.base}session:{client}/{session_id}"
+
+    def own_load(self, scope: str, client: str) -> str:
+        """The load index of ``client``'s sandboxes in tier ``scope`` (``*``: all)."""
+        return f"{self.base}load:own:{scope}:{client}"
 
     def presence(self, sandbox_id: str) -> str:
         return f"{self.base}presence:{sandbox_id}"
@@ -96,6 +111,8 @@ class Keys:
         return f"{self.base}credential:{sandbox_id}"
 
     def load(self, tier: str | None = None) -> str:
+        """``load:all``; with a tier, the tier's index written before owners (SPEC O2
+        replaced it by :meth:`own_load`; only its emptying remains)."""
         return f"{self.base}load:all" if tier is None else f"{self.base}load:tier:{tier}"
 
     @property
@@ -126,6 +143,10 @@ class Keys:
         ]
 
 
+#: The owner of the platform's shared pool (SPEC O2).
+NATIVE = "native"
+
+
 class Turn(NamedTuple):
     """What every placement script is told about one Place call.
 
@@ -141,13 +162,26 @@ class Turn(NamedTuple):
     lease_id: str
     lease_ttl_ms: int
     record_ttl_ms: int
+    #: The client the session belongs to (SPEC O2).
+    client: str
+    #: Whether the tier lets the session use the native shared pool.
+    shared: bool
+
+    @property
+    def scope(self) -> str:
+        """The owner load indexes' tier: the session's, or ``*`` when unfiltered."""
+        return self.session_tier if self.filtered else "*"
 
     def keys(self, keys: Keys) -> list[str]:
-        """KEYS 5–6 of place.lua, claim.lua and replace.lua."""
-        return [keys.session(self.session_id), keys.load(self.session_tier)]
+        """KEYS 5–7 of place.lua, claim.lua and replace.lua."""
+        return [
+            keys.session(self.session_id, self.client),
+            keys.own_load(self.scope, self.client),
+            keys.own_load(self.scope, NATIVE),
+        ]
 
     def args(self) -> list[str | int]:
-        """ARGV 2–7 of place.lua, claim.lua and replace.lua."""
+        """ARGV 2–9 of place.lua, claim.lua and replace.lua."""
         return [
             self.session_id,
             self.session_tier,
@@ -155,6 +189,8 @@ class Turn(NamedTuple):
             self.lease_ttl_ms,
             self.lease_id,
             self.record_ttl_ms,
+            self.client,
+            "1" if self.shared else "0",
         ]
 
 
@@ -199,7 +235,8 @@ class Pending:
 
 @dataclass(frozen=True)
 class MustMove:
-    """The session's sandbox is gone past the grace (``grace``) or re-tiered."""
+    """The session's sandbox is gone past the grace (``grace``), re-tiered
+    (``retiered``) or no longer usable by the session's client (``not_owned``)."""
 
     sandbox_id: str
     reason: str
@@ -233,6 +270,8 @@ class SessionRecord:
     reset_to: str | None
     reset_at_ms: int | None
     reset_reason: str | None
+    #: The client the session belongs to ("" for an ownerless record).
+    client: str = ""
 
 
 @dataclass(frozen=True)
@@ -242,6 +281,8 @@ class WorkerView:
     capacity: int
     leases: int
     labels: dict[str, str]
+    #: The sandbox's attested owner ("" for none).
+    client: str = ""
 
 
 def _s(value: Any) -> str:
@@ -281,11 +322,23 @@ class AffinityStore:
         (0.85 against 0.33 µs, docs/performance.md; ``test_affinity_scripts.py``
         compares the two)."""
         base = self._base
-        session_id, session_tier, filtered, lease_id, lease_ttl_ms, record_ttl_ms = turn
+        (
+            session_id,
+            session_tier,
+            filtered,
+            lease_id,
+            lease_ttl_ms,
+            record_ttl_ms,
+            client,
+            shared,
+        ) = turn
+        scope = session_tier if filtered else "*"
         keys = [
             *self._shared,
+            f"{base}session:{client}/{session_id}",
+            f"{base}load:own:{scope}:{client}",
+            f"{base}load:own:{scope}:native",
             f"{base}session:{session_id}",
-            f"{base}load:tier:{session_tier}",
         ]
         args: list[str | int] = [
             self.clock.offset_ms,
@@ -295,6 +348,8 @@ class AffinityStore:
             lease_ttl_ms,
             lease_id,
             record_ttl_ms,
+            client,
+            "1" if shared else "0",
             grace_ms,
             record_ttl_ms,
         ]
@@ -336,11 +391,12 @@ class AffinityStore:
         )
         return _claim_result(reply)
 
-    async def release(self, lease_id: str, sandbox_id: str = "") -> bool:
-        """Return a lease; False if it was already gone (or held on another sandbox)."""
+    async def release(self, lease_id: str, sandbox_id: str = "", client: str = "") -> bool:
+        """Return a lease; False if it was already gone, held on another sandbox, or
+        placed for another client than ``client`` ("": whoever it was placed for)."""
         # KEYS are the shared indexes alone; written out, as every turn releases.
         reply = await self._release(
-            keys=self._shared, args=(self.clock.offset_ms, lease_id, sandbox_id)
+            keys=self._shared, args=(self.clock.offset_ms, lease_id, sandbox_id, client)
         )
         return int(reply) == 1
 
@@ -357,8 +413,12 @@ class AffinityStore:
         endpoint: str,
         presence_ttl_ms: int,
         generation: str,
+        client: str = "",
+        scope: str | None = None,
     ) -> tuple[str, str]:
-        """Clear the detach mark, then put presence.
+        """Clear the detach mark, then put presence (``client``: the sandbox's owner
+        as attested, "" for none; ``scope``: the owner index it joins, its tier when
+        tiers filter and ``*`` when they do not; None: its tier).
 
         Returns ``("ok", previous owner or "")``, ``("revoked", "")`` when the
         sandbox's credential record does not name ``generation``, or
@@ -367,7 +427,11 @@ class AffinityStore:
         """
         reply = await self._run(
             "attach",
-            [*self.keys.worker(sandbox_id), self.keys.load(tier), self.keys.leases(sandbox_id)],
+            [
+                *self.keys.worker(sandbox_id),
+                self.keys.own_load(tier if scope is None else scope, client),
+                self.keys.leases(sandbox_id),
+            ],
             sandbox_id,
             owner,
             tier,
@@ -376,6 +440,8 @@ class AffinityStore:
             endpoint,
             presence_ttl_ms,
             generation,
+            client,
+            tier if scope is None else scope,
         )
         return _s(reply[0]), _s(reply[1])
 
@@ -397,8 +463,9 @@ class AffinityStore:
 
     # Reads -----------------------------------------------------------------------
 
-    async def session(self, session_id: str) -> SessionRecord | None:
-        reply: Sequence[Any] = await self._run("session", [self.keys.session(session_id)])
+    async def session(self, session_id: str, client: str | None) -> SessionRecord | None:
+        """Client ``client``'s session record (None: the ownerless record of the id)."""
+        reply: Sequence[Any] = await self._run("session", [self.keys.session(session_id, client)])
         if not reply:
             return None
         now_ms, pttl = int(reply[0]), int(reply[1])
@@ -412,11 +479,15 @@ class AffinityStore:
             reset_to=fields.get("reset_to"),
             reset_at_ms=int(reset_at) if reset_at else None,
             reset_reason=fields.get("reset_reason"),
+            client=fields.get("client", ""),
         )
 
-    async def workers(self, tier: str | None) -> list[WorkerView]:
-        """Present workers, least loaded first; ``tier`` None for all of them."""
-        reply: Sequence[Any] = await self._run("workers", [self.keys.load(tier)])
+    async def workers(self, tier: str | None, client: str | None = None) -> list[WorkerView]:
+        """Present workers, least loaded first; ``tier`` None for all of them;
+        ``client`` None for every owner's, else only that client's sandboxes."""
+        reply: Sequence[Any] = await self._run(
+            "workers", [self.keys.load()], tier or "", "\0" if client is None else client
+        )
         return [
             WorkerView(
                 sandbox_id=_s(reply[i]),
@@ -424,8 +495,9 @@ class AffinityStore:
                 capacity=int(reply[i + 2]),
                 leases=int(reply[i + 3]),
                 labels=json.loads(_s(reply[i + 4])),
+                client=_s(reply[i + 5]),
             )
-            for i in range(0, len(reply), 5)
+            for i in range(0, len(reply), 6)
         ]
 
 

@@ -22,6 +22,12 @@ MAX_REMEMBERED = 4096
 # growing at MAX_REMEMBERED: later ones are validated every time.
 _sandboxes: set[str] = set()
 
+#: Client ids a request may name but never own a session: the reserved keys
+#: other than ``native`` (the platform's own sessions, placed on its shared pool).
+_NOT_OWNERS = frozenset({"unattributed", "shared"})
+# Valid client ids, remembered as valid sandbox ids are (every turn names one).
+_clients: set[str] = set()
+
 MAX_CAPACITY = 1024
 MAX_LABELS = 64
 MAX_LABEL_KEY = 253
@@ -42,6 +48,33 @@ def sandbox_id(value: str, field: str = "sandbox_id") -> str:
     if len(_sandboxes) < MAX_REMEMBERED:
         _sandboxes.add(value)
     return value
+
+
+def client_id(value: str, field: str = "client_id") -> str:
+    """The client a session belongs to (SPEC O2): required; a client id that is a
+    Kubernetes label value (what a sandbox's owner is recorded as, so the two can be
+    the same), or ``native``."""
+    if value in _clients:
+        return value
+    if not value:
+        raise bad_field(field, "required: the client the session belongs to (SPEC O2)")
+    if value in _NOT_OWNERS:
+        raise bad_field(field, f"{value!r} is reserved and owns no session")
+    if not is_label_value(value):
+        raise bad_field(
+            field,
+            "must be a client id of 1 to 63 characters of [A-Za-z0-9._-] (a Kubernetes "
+            "label value, as sandbox owners are recorded), or 'native'",
+        )
+    if len(_clients) < MAX_REMEMBERED:
+        _clients.add(value)
+    return value
+
+
+def optional_client_id(value: str, field: str = "client_id") -> str:
+    """A client filter: empty for every client (authorization lets only identities
+    allowed any client send none), else as :func:`client_id`."""
+    return client_id(value, field) if value else ""
 
 
 def session_tier(tiers: TierConfig, requested: str) -> str:

@@ -139,14 +139,17 @@ class Story:
         render_activate(self.console, response)
         return response
 
-    async def place(self, session_id: str, tier: str) -> affinity_pb2.PlaceResponse:
-        """One turn: Place, show it (reset warning first), release the lease."""
-        self.shell(f"turnstilectl place {session_id} --tier {tier} --release")
+    async def place(self, session_id: str, tier: str, client: str) -> affinity_pb2.PlaceResponse:
+        """One turn of ``client``'s session: Place, show it (reset warning first), release
+        the lease."""
+        self.shell(f"turnstilectl place {session_id} --client {client} --tier {tier} --release")
         async with self.ctx.affinity() as stub:
-            response = await stub.Place(affinity_pb2.PlaceRequest(session_id=session_id, tier=tier))
+            response = await stub.Place(
+                affinity_pb2.PlaceRequest(session_id=session_id, tier=tier, client_id=client)
+            )
             released = await stub.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(
-                    sandbox_id=response.sandbox_id, lease_id=response.lease_id
+                    sandbox_id=response.sandbox_id, lease_id=response.lease_id, client_id=client
                 )
             )
         if response.HasField("reset"):
@@ -310,8 +313,9 @@ class Story:
         async with self.step(
             4,
             "Sessions are placed in two tiers, and stay",
-            "A session's first turn goes to the least-loaded sandbox of its tier; later turns "
-            "go back to the same sandbox (its workspace is there).",
+            "A session belongs to its client: its first turn goes to the least-loaded of that "
+            "client's sandboxes in its tier (never another client's); later turns go back to "
+            "the same sandbox (its workspace is there).",
         ):
             for sandbox_id in (
                 container_box,
@@ -319,9 +323,9 @@ class Story:
                 self.sandbox("globex-2"),
             ):
                 await self.wait_for_worker(sandbox_id)
-            first_a = await self.place(chat_a, "container")
-            first_b = await self.place(chat_b, "microvm")
-            again = await self.place(chat_b, "microvm")
+            first_a = await self.place(chat_a, "container", self.acme)
+            first_b = await self.place(chat_b, "microvm", self.globex)
+            again = await self.place(chat_b, "microvm", self.globex)
             if again.sandbox_id != first_b.sandbox_id:
                 raise DemoError("the second turn did not stick to its sandbox")
             self.say(
@@ -368,13 +372,14 @@ class Story:
             f"{chat_b} waits out the grace, then falls back",
             "Each turn is answered 'pending' until the grace period ends; the wake was "
             "refused, so the sandbox does not come back. The session then moves to the "
-            "least-loaded sandbox of its tier, and the move is reported as a workspace reset.",
+            f"least-loaded of {self.globex}'s sandboxes in its tier (never another client's), "
+            "and the move is reported as a workspace reset.",
         ):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.max_wait_s
             while True:
                 try:
-                    response = await self.place(chat_b, "microvm")
+                    response = await self.place(chat_b, "microvm", self.globex)
                 except grpc.aio.AioRpcError as raw:
                     error = decode(raw)
                     if error.reason != "SANDBOX_PENDING" or loop.time() > deadline:
@@ -386,6 +391,8 @@ class Story:
                     if response.sandbox_id == killed:
                         raise DemoError(f"{killed} came back: the wake was not refused")
                     raise DemoError("the session moved without a workspace reset")
+                if response.sandbox_id not in {self.sandbox(f"globex-{n}") for n in range(1, 6)}:
+                    raise DemoError(f"{chat_b} moved to {response.sandbox_id}, not {self.globex}'s")
                 return
 
 
@@ -470,7 +477,8 @@ def _summary(console: Console, story: Story, failure: str | None) -> None:
         for line in (
             "turnstilectl sandboxes",
             "turnstilectl workers",
-            f"turnstilectl sessions {story.sandbox('chat-a')} {story.sandbox('chat-b')}",
+            f"turnstilectl sessions {story.sandbox('chat-a')} --client {story.acme}",
+            f"turnstilectl sessions {story.sandbox('chat-b')} --client {story.globex}",
             f"turnstilectl usage --client {story.acme}",
         ):
             console.print(f"  [cyan]{line}[/]")

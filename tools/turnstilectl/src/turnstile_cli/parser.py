@@ -155,6 +155,11 @@ def _affinity(sub: Subparsers) -> None:
         help="which sandbox serves this session's next turn (takes a lease)",
     )
     place.add_argument("session_id")
+    place.add_argument(
+        "--client",
+        required=True,
+        help="the client the session belongs to (SPEC O2): only its sandboxes serve it",
+    )
     place.add_argument("--tier", default="", help="the session's tier (default tier if empty)")
     place.add_argument(
         "--release", action="store_true", help="release the lease at once (just look)"
@@ -169,6 +174,9 @@ def _affinity(sub: Subparsers) -> None:
     )
     release.add_argument("sandbox_id")
     release.add_argument("lease_id")
+    release.add_argument(
+        "--client", default="", help="the client it was placed for (default: whoever)"
+    )
 
     sessions = command(
         sub,
@@ -178,6 +186,9 @@ def _affinity(sub: Subparsers) -> None:
         help="where sessions are placed",
     )
     sessions.add_argument("session_id", nargs="+")
+    sessions.add_argument(
+        "--client", required=True, help="the client the sessions belong to (SPEC O2)"
+    )
 
     workers = command(
         sub,
@@ -187,6 +198,7 @@ def _affinity(sub: Subparsers) -> None:
         help="workers present, with their load",
     )
     workers.add_argument("--tier", default="", help="only this tier's")
+    workers.add_argument("--client", default="", help="only the sandboxes this client owns")
 
 
 def _keys(sub: Subparsers) -> None:

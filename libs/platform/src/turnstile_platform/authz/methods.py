@@ -13,9 +13,13 @@ identity may act for; this table says which client a call acts for:
 ``ReleaseSandbox`` (admission)  the sandbox's recorded client; admission keeps no owner
                                 record, so only an identity allowed ``any`` client may call it
 ``ListSandboxes``               the request's ``client_id``; empty (every client) needs ``any``
+``Place``, ``GetSession``       the request's ``client_id``: the client the session belongs to
+                                (SPEC O2)
+``ReleaseLease``,               the request's ``client_id``; empty (whoever the lease was placed
+``ListWorkers``                 for, every client's sandboxes) needs ``any``
 ==============================  ===============================================================
 
-Every other method (holds, placement, the relay, counting) acts for no client:
+Every other method (holds, the relay, counting) acts for no client:
 the method grant alone decides. A sandbox-addressed call whose owner is unknown
 (no such sandbox, no recorded client, or a service without an owner lookup)
 acts for no client and is allowed only to an identity with ``any``.
@@ -86,6 +90,7 @@ def _name(descriptor: Any, service: str, method: str) -> str:
 
 _ADMISSION = admission_pb2.DESCRIPTOR
 _SUBSTRATE = substrate_pb2.DESCRIPTOR
+_AFFINITY = affinity_pb2.DESCRIPTOR
 
 CLIENT_SOURCES: dict[str, ClientSource] = {
     _name(_ADMISSION, "AdmissionService", "Admit"): FromActivationClient(
@@ -103,6 +108,10 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
     _name(_SUBSTRATE, "SubstrateService", "ListSandboxes"): FromRequest(
         lambda r: r.client_id or None
     ),
+    _name(_AFFINITY, "AffinityService", "Place"): FromRequest(lambda r: r.client_id or None),
+    _name(_AFFINITY, "AffinityService", "GetSession"): FromRequest(lambda r: r.client_id or None),
+    _name(_AFFINITY, "AffinityService", "ReleaseLease"): FromRequest(lambda r: r.client_id or None),
+    _name(_AFFINITY, "AffinityService", "ListWorkers"): FromRequest(lambda r: r.client_id or None),
 }
 
 

@@ -23,21 +23,24 @@
 -- KEYS: 5 presence:<sandbox>, 6 detached:<sandbox>, 7 wake:<sandbox>,
 -- 8 credential:<sandbox> (written by the substrate, turnstile_platform.sandbox_credentials:
 -- the generation of the sandbox's current runtime, or "revoked" once it ended),
--- 9 load:tier:<tier>, 10 leases:<sandbox>.
+-- 9 load:own:<scope>:<client> (the owner index it joins), 10 leases:<sandbox>.
 -- ARGV: 2 sandbox id, 3 owner (the relay stream's id), 4 tier label value ("" for
 -- none), 5 capacity, 6 labels as JSON, 7 endpoint, 8 presence ttl ms,
--- 9 the credential's generation ("" when attestation is off).
+-- 9 the credential's generation ("" when attestation is off), 10 the sandbox's
+-- owner as its credential attests it (SPEC O3: a client id, "native", or "" for
+-- none; tier, capacity and endpoint are the credential's too, resolved by the relay),
+-- 11 its owner index's scope (its tier when tiers filter, "*" when they do not).
 --
 -- Returns {"ok", previous owner or ""}, {"revoked", ""} (the credential record
 -- names another generation, or "revoked") or {"taken", owner} (no proof, and
 -- another stream's presence is live).
 local sb, owner, tier, capacity = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local labels, endpoint, ttl_ms = ARGV[6], ARGV[7], tonumber(ARGV[8])
-local generation = ARGV[9]
+local generation, client, scope = ARGV[9], ARGV[10] or "", ARGV[11] or tier
 
 local now = now_ms()
 local key = KEYS[5]
-local old = redis.call("HMGET", key, "owner", "tier", "expires")
+local old = redis.call("HMGET", key, "owner", "tier", "expires", "client", "scope")
 
 if generation ~= "" then
   local current = redis.call("GET", KEYS[8])
@@ -50,14 +53,22 @@ prune(now)
 
 redis.call("DEL", KEYS[6], KEYS[7])
 
-if old[2] and old[2] ~= tier then
-  redis.call("ZREM", k_load_tier(old[2]), sb)
-  redis.call("ZREM", K_PRESENCE_EXPIRY, old[2] .. "/" .. sb)
+-- A presence of another scope or owner (a new runtime, or one written before owners)
+-- leaves the indexes it was in.
+if old[2] then
+  local old_client, old_scope = old[4] or "", old[5] or old[2]
+  if not old[4] then
+    redis.call("ZREM", k_load_tier(old[2]), sb)
+    redis.call("ZREM", K_PRESENCE_EXPIRY, old[2] .. "/" .. sb)
+  elseif old_scope ~= scope or old_client ~= client then
+    if old_client ~= "" then redis.call("ZREM", k_load_own(old_scope, old_client), sb) end
+    redis.call("ZREM", K_PRESENCE_EXPIRY, expiry_member(old_scope, sb, old_client))
+  end
 end
 local expires = now + ttl_ms
-redis.call("HSET", key, "owner", owner, "tier", tier, "capacity", capacity,
-  "labels", labels, "endpoint", endpoint, "expires", expires)
+redis.call("HSET", key, "owner", owner, "client", client, "scope", scope, "tier", tier,
+  "capacity", capacity, "labels", labels, "endpoint", endpoint, "expires", expires)
 redis.call("PEXPIRE", key, ttl_ms)
-redis.call("ZADD", K_PRESENCE_EXPIRY, expires, tier .. "/" .. sb)
+redis.call("ZADD", K_PRESENCE_EXPIRY, expires, expiry_member(scope, sb, client))
 refresh_load(sb, now)
 return {"ok", old[1] or ""}

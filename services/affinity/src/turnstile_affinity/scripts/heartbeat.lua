@@ -21,11 +21,15 @@ local now = now_ms()
 prune(now)
 
 local key = KEYS[5]
-local p = redis.call("HMGET", key, "owner", "tier", "expires")
+local p = redis.call("HMGET", key, "owner", "tier", "expires", "client", "scope")
 if not p[1] or tonumber(p[3]) <= now then return "missing" end
 if p[1] ~= owner then return "superseded" end
 local expires = now + ttl_ms
 redis.call("HSET", key, "expires", expires)
 redis.call("PEXPIRE", key, ttl_ms)
-redis.call("ZADD", K_PRESENCE_EXPIRY, expires, p[2] .. "/" .. sb)
+if p[4] then
+  redis.call("ZADD", K_PRESENCE_EXPIRY, expires, expiry_member(p[5] or p[2], sb, p[4]))
+else  -- written before owners
+  redis.call("ZADD", K_PRESENCE_EXPIRY, expires, p[2] .. "/" .. sb)
+end
 return "ok"

@@ -35,7 +35,10 @@ credentials past half their ttl (the file's age says when it was written), for
 every runtime of this host, including those adopted after a restart. It is
 leader work, registered on the process's leadership (Direct: always the leader,
 one host, one process), and idempotent, so it would be safe on every replica too.
-Stopping a runtime revokes its credential first.
+Stopping a runtime revokes its credential first. Each credential attests the
+runtime's presence (SPEC O3): its owner (the record's client label), tier,
+capacity (``TURNSTILE_DIRECT_WORKER_CAPACITY``, else the worker's default 1) and
+endpoint — empty, as Direct assigns its runtimes no address.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import (
     CredentialIssuer,
     Issued,
+    PresenceClaims,
     write_private_file,
 )
 from turnstile_substrate.admission import dependency_unavailable
@@ -162,6 +166,8 @@ class DirectSubstrate:
         self.state_dir = settings.direct_state_dir.absolute()
         self.stop_grace_s = settings.direct_stop_grace_s
         self._worker_env = {ENV_AFFINITY_ADDR: settings.affinity_addr}
+        #: What each runtime's credential attests it serves (the worker's default is 1).
+        self._capacity = settings.direct_worker_capacity or 1
         if settings.direct_worker_capacity is not None:
             self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
         self._worker_env.update(_worker_transport(settings))
@@ -230,7 +236,9 @@ class DirectSubstrate:
         issued = None
         if self.credentials is not None:
             try:
-                issued = await self.credentials.issue(spec.sandbox_id)
+                issued = await self.credentials.issue(
+                    spec.sandbox_id, presence=self._presence(spec.client_label, spec.tier)
+                )
             except UNREACHABLE as error:
                 # Nothing started yet: a clean, retryable refusal.
                 raise dependency_unavailable("redis", self._retry_after_s) from error
@@ -364,7 +372,11 @@ class DirectSubstrate:
             with contextlib.suppress(FileNotFoundError):
                 if path.stat().st_mtime > due_before:
                     continue
-            issued = await credentials.renew(sandbox_id, record.generation)
+            issued = await credentials.renew(
+                sandbox_id,
+                record.generation,
+                presence=self._presence(record.client_label, record.tier),
+            )
             if issued is None:
                 log.warning(
                     "a running runtime's credential was revoked; not renewed",
@@ -376,6 +388,12 @@ class DirectSubstrate:
         if renewed:
             log.info("renewed sandbox credentials", extra={"renewed": renewed})
         return renewed
+
+    def _presence(self, client_label: str | None, tier: str) -> PresenceClaims:
+        """What a runtime's credential attests (SPEC O3); Direct assigns no endpoint."""
+        return PresenceClaims(
+            owner=client_label or "", tier=tier, capacity=self._capacity, endpoint=""
+        )
 
     def _read_record(self, sandbox_id: str) -> RuntimeRecord | None:
         try:

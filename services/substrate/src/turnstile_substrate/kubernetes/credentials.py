@@ -14,6 +14,15 @@ kubelet picks up on its next sync, up to a minute later), its first credential
 names the sandbox and the activation but no uid, and the first renewal binds the
 uid. The Secret's name ties it to that pod either way.
 
+**Presence (SPEC O3).** Each credential attests the sandbox's owner (its client-id
+label's value), tier, capacity (``TURNSTILE_K8S_WORKER_CAPACITY``) and endpoint. The
+endpoint is the pod's IP and the declared ``TURNSTILE_K8S_WORKER_PORT``; a pod has
+an IP only once scheduled, so, like the uid, it is bound by a renewal: a warm pod's
+first credential has it already, a cold pod's has an empty endpoint until the next
+renewal pass finds the pod's IP in the cache (the pass renews any credential whose
+bound endpoint differs from the pod's, annotation ``turnstile.dev/credential-endpoint``).
+Until then Place returns no endpoint for it, never one the worker chose.
+
 **Generation.** Derived from the pod name, the sandbox id and the activation's
 generation, so a retried create of the same activation (deterministic pod name)
 gets the same generation and its Secret, if already made, is kept as is. The
@@ -48,7 +57,12 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 
 from turnstile_platform.leader import LeaderTerm
-from turnstile_platform.sandbox_credentials import CredentialIssuer, Issued, now_ms
+from turnstile_platform.sandbox_credentials import (
+    CredentialIssuer,
+    Issued,
+    PresenceClaims,
+    now_ms,
+)
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, call_raw
 from turnstile_substrate.kubernetes.index import PodIndex
@@ -64,6 +78,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_POD = "turnstile.dev/pod"
 ANNOTATION_GENERATION = "turnstile.dev/credential-generation"
 ANNOTATION_EXPIRES = "turnstile.dev/credential-expires-ms"
+ANNOTATION_ENDPOINT = "turnstile.dev/credential-endpoint"
 
 SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT}"
 
@@ -166,7 +181,20 @@ class CredentialDelivery:
 
     # ------------------------------------------------------------------ delivery
 
-    async def deliver(self, pod_name: str, spec: RuntimeSpec, *, pod_uid: str = "") -> Issued:
+    def presence(self, client_label: str | None, tier: str, pod_ip: str) -> PresenceClaims:
+        """What a sandbox pod's credential attests (SPEC O3)."""
+        port = self._settings.worker_port
+        endpoint = f"{pod_ip}:{port}" if pod_ip and port else ""
+        return PresenceClaims(
+            owner=client_label or "",
+            tier=tier,
+            capacity=self._settings.worker_capacity,
+            endpoint=endpoint,
+        )
+
+    async def deliver(
+        self, pod_name: str, spec: RuntimeSpec, *, pod_uid: str = "", pod_ip: str = ""
+    ) -> Issued:
         """Record and write the credential of ``spec``'s runtime in ``pod_name``.
 
         Idempotent per activation: a Secret already there for the same sandbox and
@@ -174,8 +202,11 @@ class CredentialDelivery:
         name is held by another sandbox's Secret (a concurrent warm claim of the pod).
         """
         generation = activation_generation(pod_name, spec)
-        issued = await self.issuer.issue(spec.sandbox_id, pod_uid=pod_uid, generation=generation)
-        body = self._secret_body(pod_name, spec.sandbox_id, issued, pod_uid)
+        presence = self.presence(spec.client_label, spec.tier, pod_ip)
+        issued = await self.issuer.issue(
+            spec.sandbox_id, pod_uid=pod_uid, generation=generation, presence=presence
+        )
+        body = self._secret_body(pod_name, spec.sandbox_id, issued, pod_uid, presence.endpoint)
         try:
             await self.api.create(body)
         except KubeApiError as error:
@@ -215,7 +246,7 @@ class CredentialDelivery:
         return deleted
 
     def _secret_body(
-        self, pod_name: str, sandbox_id: str, issued: Issued, pod_uid: str
+        self, pod_name: str, sandbox_id: str, issued: Issued, pod_uid: str, endpoint: str
     ) -> dict[str, Any]:
         metadata: dict[str, Any] = {
             "name": template.credential_secret_name(pod_name),
@@ -229,6 +260,7 @@ class CredentialDelivery:
             "annotations": {
                 ANNOTATION_GENERATION: issued.generation,
                 ANNOTATION_EXPIRES: str(issued.expires_ms),
+                ANNOTATION_ENDPOINT: endpoint,
             },
         }
         if pod_uid:
@@ -300,14 +332,21 @@ class CredentialDelivery:
                         await self._pace(gap_s)
                     continue
                 expires = int(annotations.get(ANNOTATION_EXPIRES) or 0)
-                if expires > due_before and (pod.uid == "" or _bound_uid(meta) == pod.uid):
+                presence = self.presence(pod.client_label, pod.tier, pod.ip)
+                if (
+                    expires > due_before
+                    and (pod.uid == "" or _bound_uid(meta) == pod.uid)
+                    and annotations.get(ANNOTATION_ENDPOINT, "") == presence.endpoint
+                ):
                     continue
                 generation = annotations.get(ANNOTATION_GENERATION, "")
-                issued = await self.issuer.renew(sandbox_id, generation, pod_uid=pod.uid)
+                issued = await self.issuer.renew(
+                    sandbox_id, generation, pod_uid=pod.uid, presence=presence
+                )
                 if issued is None:
                     revoked += 1  # the runtime is ending; its Secret goes with it
                     continue
-                body = self._secret_body(pod_name, sandbox_id, issued, pod.uid)
+                body = self._secret_body(pod_name, sandbox_id, issued, pod.uid, presence.endpoint)
                 body["metadata"]["resourceVersion"] = meta.get("resourceVersion")
                 await self.api.replace(meta["name"], body)
                 metrics.CREDENTIAL_WRITES.labels(kind="renewed").inc()

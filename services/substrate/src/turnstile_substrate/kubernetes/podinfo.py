@@ -55,6 +55,9 @@ class PodInfo:
     #: ``turnstile.dev/template`` (warm pods): the hash of the template that made it; "" when
     #: absent.
     template: str = ""
+    #: ``status.podIP``; "" until the pod is scheduled and has one (its credential's
+    #: endpoint, SPEC O3).
+    ip: str = ""
 
     def age_s(self, now: datetime | None = None) -> float | None:
         """Seconds since the pod was created, or None when that is unknown."""
@@ -103,4 +106,5 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         node=_intern(spec.get("nodeName") or ""),
         created=meta.get("creationTimestamp") or "",
         template=_intern(labels.get(LABEL_TEMPLATE, "")),
+        ip=status.get("podIP") or "",
     )

@@ -125,7 +125,13 @@ class KubernetesSettings(BaseSettings):
     from another namespace, name the Service fully (``turnstile-affinity.turnstile.svc:50053``)."""
 
     worker_capacity: int = Field(default=1, ge=1, le=1024)
-    """Concurrent turns each sandbox's worker serves (``TURNSTILE_WORKER_CAPACITY``)."""
+    """Concurrent turns each sandbox's worker serves (``TURNSTILE_WORKER_CAPACITY``),
+    attested in its credential (SPEC O3)."""
+
+    worker_port: int | None = Field(default=None, ge=1, le=65535)
+    """The port each sandbox's worker serves turns on. With it, a sandbox's credential
+    attests the endpoint ``<pod IP>:<port>`` (SPEC O3), bound by the renewal once the pod
+    has an IP; unset, the endpoint is empty (Place returns none)."""
 
     worker_tls_secret: str = Field(default="", max_length=253)
     """A Secret (``tls.crt``, ``tls.key``, ``ca.crt``: cert-manager's layout) holding the

@@ -281,7 +281,7 @@ class KubernetesSubstrate:
                 raise
             if self.credentials is not None:
                 try:
-                    await self._deliver(pod.name, spec, pod_uid=pod.uid)
+                    await self._deliver(pod.name, spec, pod_uid=pod.uid, pod_ip=pod.ip)
                 except KubeApiError as error:
                     if error.conflict:
                         # Another claim is writing this pod's Secret: the pod is its, not ours.
@@ -394,12 +394,14 @@ class KubernetesSubstrate:
         except Exception as error:
             log.warning("cleaning up pod %s after a failed create failed: %s", name, error)
 
-    async def _deliver(self, pod_name: str, spec: RuntimeSpec, *, pod_uid: str = "") -> None:
+    async def _deliver(
+        self, pod_name: str, spec: RuntimeSpec, *, pod_uid: str = "", pod_ip: str = ""
+    ) -> None:
         """Write the pod's credential Secret; Redis unreachable is ``UNAVAILABLE`` (nothing
         was made: the record is written before the Secret)."""
         assert self.credentials is not None
         try:
-            await self.credentials.deliver(pod_name, spec, pod_uid=pod_uid)
+            await self.credentials.deliver(pod_name, spec, pod_uid=pod_uid, pod_ip=pod_ip)
         except UNREACHABLE as error:
             raise dependency_unavailable("redis", self._retry_after_s) from error
 

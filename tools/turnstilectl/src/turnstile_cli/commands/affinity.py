@@ -22,6 +22,7 @@ def reset_warning(reset: affinity_pb2.WorkspaceReset, session_id: str) -> str:
     why = {
         affinity_pb2.RESET_REASON_GRACE_EXPIRED: "its sandbox stayed away past the grace period",
         affinity_pb2.RESET_REASON_RETIERED: "its sandbox now serves another tier",
+        affinity_pb2.RESET_REASON_NOT_OWNED: "its sandbox is no longer its client's",
     }.get(reset.reason, "its sandbox is gone")
     return (
         f"workspace reset: session {session_id} moved from {reset.from_sandbox_id} to "
@@ -36,14 +37,18 @@ def warn_reset(out: Output, response: affinity_pb2.PlaceResponse, session_id: st
 
 
 async def _place(args: argparse.Namespace, ctx: Context) -> int:
-    request = affinity_pb2.PlaceRequest(session_id=args.session_id, tier=args.tier)
+    request = affinity_pb2.PlaceRequest(
+        session_id=args.session_id, tier=args.tier, client_id=args.client
+    )
     async with ctx.affinity() as stub:
         response = await stub.Place(request)
         released = None
         if args.release:
             done = await stub.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(
-                    sandbox_id=response.sandbox_id, lease_id=response.lease_id
+                    sandbox_id=response.sandbox_id,
+                    lease_id=response.lease_id,
+                    client_id=args.client,
                 )
             )
             released = done.released
@@ -91,7 +96,9 @@ def render_place(
 async def _release(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.affinity() as stub:
         response = await stub.ReleaseLease(
-            affinity_pb2.ReleaseLeaseRequest(sandbox_id=args.sandbox_id, lease_id=args.lease_id)
+            affinity_pb2.ReleaseLeaseRequest(
+                sandbox_id=args.sandbox_id, lease_id=args.lease_id, client_id=args.client
+            )
         )
     ctx.out.emit(
         proto_dict(response),
@@ -107,7 +114,9 @@ async def _sessions(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.affinity() as stub:
         for session_id in args.session_id:
             found.append(
-                await stub.GetSession(affinity_pb2.GetSessionRequest(session_id=session_id))
+                await stub.GetSession(
+                    affinity_pb2.GetSessionRequest(session_id=session_id, client_id=args.client)
+                )
             )
     for session in found:
         if session.HasField("last_reset"):
@@ -120,7 +129,7 @@ async def _sessions(args: argparse.Namespace, ctx: Context) -> int:
 
 def sessions_table(sessions: list[affinity_pb2.GetSessionResponse]) -> Table:
     table = Table(title=f"{len(sessions)} session(s)", title_justify="left")
-    for column in ("session", "sandbox", "tier", "record expires", "last reset"):
+    for column in ("session", "client", "sandbox", "tier", "record expires", "last reset"):
         table.add_column(column)
     for s in sessions:
         reset = (
@@ -129,25 +138,35 @@ def sessions_table(sessions: list[affinity_pb2.GetSessionResponse]) -> Table:
             if s.HasField("last_reset")
             else "-"
         )
-        table.add_row(s.session_id, s.sandbox_id, s.tier or "(none)", when(s.expires_at), reset)
+        table.add_row(
+            s.session_id,
+            s.client_id or "-",
+            s.sandbox_id,
+            s.tier or "(none)",
+            when(s.expires_at),
+            reset,
+        )
     return table
 
 
 async def _workers(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.affinity() as stub:
-        response = await stub.ListWorkers(affinity_pb2.ListWorkersRequest(tier=args.tier))
+        response = await stub.ListWorkers(
+            affinity_pb2.ListWorkersRequest(tier=args.tier, client_id=args.client)
+        )
     ctx.out.emit(proto_dict(response), lambda c: c.print(workers_table(list(response.workers))))
     return Exit.OK
 
 
 def workers_table(workers: list[affinity_pb2.Worker]) -> Table:
     table = Table(title=f"{len(workers)} worker(s) present", title_justify="left")
-    for column in ("sandbox", "tier", "load", "endpoint"):
+    for column in ("sandbox", "client", "tier", "load", "endpoint"):
         table.add_column(column)
     for w in sorted(workers, key=lambda w: (w.tier, w.sandbox_id)):
         load_style = "red" if w.leases >= w.capacity else "green"
         table.add_row(
             w.sandbox_id,
+            w.client_id or "-",
             w.tier or "(none)",
             f"[{load_style}]{w.leases}/{w.capacity}[/]",
             w.labels.get("endpoint", "-"),

@@ -38,7 +38,7 @@ async def _tiers(args: argparse.Namespace, ctx: Context) -> int:
         else:
             source = "environment (unset; no running local stack found)"
     try:
-        config = parse_tiers(tiers, default)
+        config = parse_tiers(tiers, default, os.environ.get("TURNSTILE_TIER_SETTINGS"))
     except TierConfigError as error:
         field = error.field
         message = str(error).removeprefix(f"{field}: ")

@@ -62,6 +62,10 @@ class _ResetReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResetReas
     """Its sandbox stayed absent past the grace period."""
     RESET_REASON_RETIERED: _ResetReason.ValueType  # 2
     """Its sandbox now serves another declared tier."""
+    RESET_REASON_NOT_OWNED: _ResetReason.ValueType  # 3
+    """Its sandbox is no longer one the session's owner may use (SPEC O2): it
+    belongs to another client now, or the tier no longer allows the shared pool.
+    """
 
 class ResetReason(_ResetReason, metaclass=_ResetReasonEnumTypeWrapper):
     """ResetReason says why a session moved to a fresh workspace."""
@@ -71,6 +75,10 @@ RESET_REASON_GRACE_EXPIRED: ResetReason.ValueType  # 1
 """Its sandbox stayed absent past the grace period."""
 RESET_REASON_RETIERED: ResetReason.ValueType  # 2
 """Its sandbox now serves another declared tier."""
+RESET_REASON_NOT_OWNED: ResetReason.ValueType  # 3
+"""Its sandbox is no longer one the session's owner may use (SPEC O2): it
+belongs to another client now, or the tier no longer allows the shared pool.
+"""
 Global___ResetReason: _TypeAlias = ResetReason  # noqa: Y015
 
 @_typing.final
@@ -110,21 +118,29 @@ class PlaceRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TIER_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """1 to 128 characters of [A-Za-z0-9._:-]."""
     tier: _builtins.str
     """A declared tier; empty means the default tier. With no tiers configured,
     any value is accepted and nothing is filtered.
     """
+    client_id: _builtins.str
+    """The client the session belongs to (SPEC O2): a client id that is a
+    Kubernetes label value, or `native` for the platform's own sessions.
+    Required. Sessions are per client: another client's session of the same id
+    is another session, never this one.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         tier: _builtins.str = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "session_id", b"session_id", "tier", b"tier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -149,7 +165,10 @@ class PlaceResponse(_message.Message):
     """
     outcome: Global___PlacementOutcome.ValueType
     endpoint: _builtins.str
-    """The address the worker advertised (its `endpoint` label); empty if none."""
+    """Where the sandbox serves, as its credential attests it (SPEC O3; the
+    worker's own `endpoint` label only for an old credential or with
+    attestation off); empty if none.
+    """
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -181,17 +200,24 @@ class ReleaseLeaseRequest(_message.Message):
 
     SANDBOX_ID_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     lease_id: _builtins.str
+    client_id: _builtins.str
+    """The client the lease was placed for (SPEC O2). Empty: the lease is released
+    whoever it was placed for, which only an identity allowed any client may ask.
+    A lease placed for another client answers `released = false`, as a missing one.
+    """
     def __init__(
         self,
         *,
         sandbox_id: _builtins.str = ...,
         lease_id: _builtins.str = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "sandbox_id", b"sandbox_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "lease_id", b"lease_id", "sandbox_id", b"sandbox_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -480,15 +506,21 @@ class GetSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    client_id: _builtins.str
+    """The client the session belongs to (SPEC O2); required. Another client's
+    session is NOT_FOUND, as a missing one.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -503,9 +535,12 @@ class GetSessionResponse(_message.Message):
     TIER_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     LAST_RESET_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     sandbox_id: _builtins.str
     tier: _builtins.str
+    client_id: _builtins.str
+    """The client the session belongs to."""
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the record expires unless renewed by a turn."""
@@ -522,10 +557,11 @@ class GetSessionResponse(_message.Message):
         tier: _builtins.str = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         last_reset: Global___WorkspaceReset | None = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "last_reset", b"last_reset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "last_reset", b"last_reset", "sandbox_id", b"sandbox_id", "session_id", b"session_id", "tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "expires_at", b"expires_at", "last_reset", b"last_reset", "sandbox_id", b"sandbox_id", "session_id", b"session_id", "tier", b"tier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -536,16 +572,22 @@ class ListWorkersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TIER_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     tier: _builtins.str
     """Only workers in this tier; empty for all."""
+    client_id: _builtins.str
+    """Only the sandboxes this client owns (SPEC O2); empty for every sandbox,
+    which only an identity allowed any client may ask.
+    """
     def __init__(
         self,
         *,
         tier: _builtins.str = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "tier", b"tier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -582,11 +624,16 @@ class Worker(_message.Message):
     CAPACITY_FIELD_NUMBER: _builtins.int
     LEASES_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     tier: _builtins.str
     capacity: _builtins.int
     leases: _builtins.int
     """Unexpired leases held on it."""
+    client_id: _builtins.str
+    """The sandbox's owner as its credential attests it: a client id, `native`,
+    or empty (none: no session is placed on it).
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -597,10 +644,11 @@ class Worker(_message.Message):
         capacity: _builtins.int = ...,
         leases: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        client_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "labels", b"labels", "leases", b"leases", "sandbox_id", b"sandbox_id", "tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "client_id", b"client_id", "labels", b"labels", "leases", b"leases", "sandbox_id", b"sandbox_id", "tier", b"tier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

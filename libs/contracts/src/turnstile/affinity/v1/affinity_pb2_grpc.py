@@ -71,7 +71,9 @@ class AffinityServiceServicer:
     def Place(self, request, context):
         """Place picks the sandbox for a session's next turn and takes a lease on it.
         Busy and pending are UNAVAILABLE with RetryInfo; a tier with no capacity at
-        all is RESOURCE_EXHAUSTED.
+        all is RESOURCE_EXHAUSTED. It acts for `client_id` (SPEC O2): the session is
+        that client's, and only that client's sandboxes (and the `native` shared pool
+        where the tier allows it) are candidates.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,7 +38,9 @@ class AffinityServiceStub:
     Place: _grpc.UnaryUnaryMultiCallable[_affinity_pb2.PlaceRequest, _affinity_pb2.PlaceResponse]
     """Place picks the sandbox for a session's next turn and takes a lease on it.
     Busy and pending are UNAVAILABLE with RetryInfo; a tier with no capacity at
-    all is RESOURCE_EXHAUSTED.
+    all is RESOURCE_EXHAUSTED. It acts for `client_id` (SPEC O2): the session is
+    that client's, and only that client's sandboxes (and the `native` shared pool
+    where the tier allows it) are candidates.
     """
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_affinity_pb2.ReleaseLeaseRequest, _affinity_pb2.ReleaseLeaseResponse]
     """ReleaseLease returns a lease taken by Place. Idempotent."""
@@ -61,7 +63,9 @@ class AffinityServiceAsyncStub(AffinityServiceStub):
     Place: _aio.UnaryUnaryMultiCallable[_affinity_pb2.PlaceRequest, _affinity_pb2.PlaceResponse]  # type: ignore[assignment]
     """Place picks the sandbox for a session's next turn and takes a lease on it.
     Busy and pending are UNAVAILABLE with RetryInfo; a tier with no capacity at
-    all is RESOURCE_EXHAUSTED.
+    all is RESOURCE_EXHAUSTED. It acts for `client_id` (SPEC O2): the session is
+    that client's, and only that client's sandboxes (and the `native` shared pool
+    where the tier allows it) are candidates.
     """
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_affinity_pb2.ReleaseLeaseRequest, _affinity_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     """ReleaseLease returns a lease taken by Place. Idempotent."""
@@ -87,7 +91,9 @@ class AffinityServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_affinity_pb2.PlaceResponse, _abc.Awaitable[_affinity_pb2.PlaceResponse]]:
         """Place picks the sandbox for a session's next turn and takes a lease on it.
         Busy and pending are UNAVAILABLE with RetryInfo; a tier with no capacity at
-        all is RESOURCE_EXHAUSTED.
+        all is RESOURCE_EXHAUSTED. It acts for `client_id` (SPEC O2): the session is
+        that client's, and only that client's sandboxes (and the `native` shared pool
+        where the tier allows it) are candidates.
         """
 
     @_abc_1.abstractmethod
