@@ -30,6 +30,8 @@ SERVICE = "turnstile.affinity.v1.AffinityService"
 TD = "spiffe://turnstile.test"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/gateway"]
 methods = [
