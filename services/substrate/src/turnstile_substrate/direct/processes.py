@@ -14,6 +14,7 @@ everything it started too: no orphans.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,13 +74,23 @@ def sweep_orphans(pid: int) -> None:
 
 
 def spawn(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    log_path: Path,
+    user: int | None = None,
+    group: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session and process group.
 
-    Blocking (fork/exec): call it from a thread. Output goes to ``log_path``.
+    Blocking (fork/exec): call it from a thread. Output goes to ``log_path``
+    (opened here, by the substrate: created 0600). With ``user``/``group`` the
+    process runs as them, with no supplementary groups (subprocess changes them
+    in the child after ``cwd``, before exec).
     """
-    with log_path.open("ab") as log:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log:
         return subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -89,7 +100,59 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            user=user,
+            group=group,
+            extra_groups=[] if user is not None else None,
         )
+
+
+def _uids(pid: str) -> set[int] | None:
+    """The real, effective, saved and filesystem uids of a live process, or None
+    (gone, a zombie, or not readable)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    uids: set[int] | None = None
+    for line in status.splitlines():
+        if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+            return None
+        if line.startswith("Uid:"):
+            uids = {int(field) for field in line.split()[1:]}
+    return uids
+
+
+def live_uids() -> set[int]:
+    """Every uid some live process of this host runs as (blocking: reads /proc)."""
+    held: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            held |= _uids(entry.name) or set()
+    return held
+
+
+def kill_user(uid: int, *, rounds: int = 20) -> int:
+    """SIGKILL every live process running as ``uid``; how many were signalled.
+
+    For a uid that belongs to one runtime alone: it sweeps what escaped the
+    runtime's process group (a double fork, ``setsid``) as well. Repeated until no
+    process holds the uid, since one may fork while it is being killed (bounded
+    by ``rounds``). Blocking: reads /proc.
+    """
+    signalled = 0
+    for _ in range(rounds):
+        pids = [
+            int(entry.name)
+            for entry in os.scandir("/proc")
+            if entry.name.isdigit() and uid in (_uids(entry.name) or ())
+        ]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                signalled += 1
+    return signalled
 
 
 def _pidfd(pid: int) -> int | None:
