@@ -254,7 +254,8 @@ def _become(uid: object, gid: object) -> None:
     """
     if uid is None:
         return
-    assert isinstance(uid, int) and isinstance(gid, int)
+    assert isinstance(uid, int)
+    assert isinstance(gid, int)
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)

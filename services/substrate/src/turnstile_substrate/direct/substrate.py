@@ -178,7 +178,7 @@ def _share_worker_tls(sources: tuple[Path, Path, Path], directory: Path, group: 
     same is left alone, a changed one (rotated) replaced atomically. Blocking."""
     directory.mkdir(mode=0o750, exist_ok=True)
     os.chown(directory, -1, group)
-    os.chmod(directory, 0o750)
+    os.chmod(directory, 0o750)  # noqa: S103 - the runtimes' group reads the sandbox-class files
     for source, name in zip(sources, _WORKER_TLS_FILES, strict=True):
         data = source.read_bytes()
         target = directory / name
