@@ -390,9 +390,13 @@ async def test_a_runtime_forked_by_the_preloaded_launcher_finds_no_secret(
     assert driver not in launchers
     # The launcher itself (which every forked runtime's /proc/self/environ shows)
     # started with the allowlist, not the substrate's environment.
-    launcher_environ = await asyncio.to_thread(Path(f"/proc/{launchers.pop()}/environ").read_bytes)
+    launcher = launchers.pop()
+    launcher_environ = await asyncio.to_thread(Path(f"/proc/{launcher}/environ").read_bytes)
+    # Its argv, which anyone on the host may read, names no secret either.
+    launcher_argv = await asyncio.to_thread(Path(f"/proc/{launcher}/cmdline").read_bytes)
     for secret in SECRETS.values():
         assert secret.encode() not in launcher_environ
+        assert secret.encode() not in launcher_argv
     for sandbox_id, report in by_sandbox.items():
         assert_holds_no_secret(host, report, driver, sandbox_id)
         assert str(host.credential("sb-2" if sandbox_id == "sb-1" else "sb-1")) in report.denied
