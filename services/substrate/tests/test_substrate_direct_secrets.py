@@ -349,6 +349,9 @@ def assert_holds_no_secret(host: Host, report: Report, driver_pid: int, sandbox_
     # Its own credential and the sandbox-class TLS key it attaches with: readable.
     assert str(host.credential(sandbox_id)) in report.read
     assert str(host.state_dir / "worker-tls" / "tls.key") in report.read
+    assert report.env["TURNSTILE_WORKER_TLS_KEY_FILE"] == str(
+        host.state_dir / "worker-tls" / "tls.key"
+    )
     # No secret anywhere in what it saw (its own /proc/self/environ included).
     for secret in host.secret_values():
         assert secret not in report.everything
