@@ -26,14 +26,20 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from turnstile_platform.pki import ensure_local_pki
-from turnstile_platform.sandbox_credentials import generate_key_pair
+from turnstile_platform.sandbox_credentials import (
+    CredentialIssuer,
+    SigningKey,
+    generate_key_pair,
+)
 from turnstile_substrate.direct import processes
 from turnstile_substrate.direct.environment import (
     BASE_ALLOWLIST,
@@ -453,6 +459,70 @@ async def test_stopping_a_runtime_kills_what_escaped_its_process_group(
     assert await substrate.stop() == ["sb-1"]
     assert not processes.is_alive(report.escaped, escaped_ticks)
     assert report.uid not in processes.live_uids()
+
+
+@AS_ROOT
+async def test_a_renewed_credential_stays_its_runtimes_alone_and_a_restore_keeps_its_uid(
+    host: Host, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """In-process: renewal rewrites the file as the runtime's uid's, 0600; a restored
+    sandbox gets its workspace's uid back when that uid is free, and another uid (its
+    workspace given to it) when not."""
+    signing = SigningKey.from_file(host.signing_key)
+    issuer = CredentialIssuer(signing, redis, redis_prefix, ttl_s=3600)
+    substrate = DirectSubstrate(
+        SubstrateSettings(
+            direct_state_dir=host.state_dir,
+            direct_runtime_command="/bin/sleep infinity",
+            direct_runtime_uids=UIDS,
+            affinity_addr="127.0.0.1:50999",
+            plaintext=True,
+        ),
+        issuer,
+    )
+    await substrate.start()
+    path = host.credential("sb-1")
+
+    def record_uid(sandbox_id: str) -> int:
+        record = json.loads((host.state_dir / sandbox_id / "runtime.json").read_text())
+        uid: int = record["uid"]
+        return uid
+
+    try:
+        spec = RuntimeSpec(sandbox_id="sb-1", tier="", client_label="acme")
+        await substrate.ensure_runtime(spec, substrate.plan(spec), no_gate)
+        uid = record_uid("sb-1")
+        before = path.read_text()
+        aged = time.time() - 1900  # past half of the 3600 s ttl
+        os.utime(path, (aged, aged))
+        assert await substrate.renew_credentials(issuer) == 1
+        assert path.read_text() != before
+        info = path.stat()
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o600, uid)
+
+        # Its workspace keeps a file of its own; another sandbox takes its uid meanwhile.
+        kept = host.state_dir / "sb-1" / "workspace" / "notes.txt"
+        kept.write_text("kept")
+        os.chown(kept, uid, parse_range(UIDS).start)
+        assert await substrate.stop_runtime("sb-1")
+        other = RuntimeSpec(sandbox_id="sb-2", tier="", client_label="acme")
+        await substrate.ensure_runtime(other, substrate.plan(other), no_gate)
+        assert record_uid("sb-2") == uid  # free again once sb-1's processes were gone
+        # Restored while its uid is held: another uid, and the workspace is given to it.
+        restore = RuntimeSpec(sandbox_id="sb-1", tier="", client_label="acme", restore=True)
+        await substrate.ensure_runtime(restore, substrate.plan(restore), no_gate)
+        moved = record_uid("sb-1")
+        assert moved != uid
+        assert kept.stat().st_uid == kept.parent.stat().st_uid == moved
+        # Restored while its own uid is free: it gets that one back, not the first free.
+        assert await substrate.stop_runtime("sb-1")
+        assert await substrate.stop_runtime("sb-2")
+        await substrate.ensure_runtime(restore, substrate.plan(restore), no_gate)
+        assert record_uid("sb-1") == moved
+    finally:
+        for sandbox_id in ("sb-1", "sb-2"):
+            await substrate.stop_runtime(sandbox_id)
+        await substrate.close()
 
 
 @AS_ROOT
