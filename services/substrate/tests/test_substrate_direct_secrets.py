@@ -251,7 +251,7 @@ def host() -> Iterator[Host]:
     try:
         yield Host(root, keys / "signing-key.pem", tls_dir, password_file)
     finally:
-        for uid in processes.live_uids() & set(parse_range(UIDS)):
+        for uid in processes.live_uids(parse_range(UIDS)):
             processes.kill_user(uid)
         shutil.rmtree(root, ignore_errors=True)
 
@@ -459,6 +459,7 @@ async def test_stopping_a_runtime_kills_what_escaped_its_process_group(
     assert await substrate.stop() == ["sb-1"]
     assert not processes.is_alive(report.escaped, escaped_ticks)
     assert report.uid not in processes.live_uids()
+    assert report.uid not in processes.live_uids(parse_range(UIDS))
 
 
 @AS_ROOT
@@ -553,7 +554,7 @@ async def test_a_state_dir_other_uids_cannot_reach_is_refused(tmp_path: Path) ->
 @AS_ROOT
 def test_uids_are_handed_out_one_per_runtime_and_never_one_a_process_holds() -> None:
     held = {2700000, 2700002}
-    users = RuntimeUsers(uids=range(2700000, 2700004), live_uids=lambda: held)
+    users = RuntimeUsers(uids=range(2700000, 2700004), live_uids=lambda among: held)
     first, second = users.acquire(), users.acquire(preferred=2700002)
     assert first is not None
     assert second is not None
@@ -650,6 +651,7 @@ def test_kill_user_sweeps_every_process_of_a_uid() -> None:
     sleeper = subprocess.Popen(["/bin/sleep", "infinity"], user=uid, group=uid, extra_groups=[])
     try:
         assert uid in processes.live_uids()
+        assert processes.live_uids(range(uid, uid + 1)) == {uid}  # the filtered scan sees it
         assert processes.kill_user(uid) >= 1
         sleeper.wait(timeout=10)
         assert sleeper.returncode == -signal.SIGKILL

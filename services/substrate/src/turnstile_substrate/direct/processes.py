@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 
 _POLL_INTERVAL_S = 0.02
@@ -122,13 +122,37 @@ def _uids(pid: str) -> set[int] | None:
     return uids
 
 
-def live_uids() -> set[int]:
-    """Every uid some live process of this host runs as (blocking: reads /proc)."""
+def _may_run_as(entry: os.DirEntry[str], uid: int) -> bool:
+    """Whether the process of ``/proc/<pid>`` may run as ``uid``: its directory is
+    owned by that uid or by root (see :func:`live_uids`); a cheap filter."""
+    try:
+        return entry.stat().st_uid in (0, uid)
+    except OSError:
+        return False
+
+
+def live_uids(among: Container[int] | None = None) -> set[int]:
+    """Every uid some live process of this host runs as, or only those ``among``
+    (blocking: reads /proc).
+
+    With ``among``, a process's status (what costs: ~50 µs each) is read only when
+    its ``/proc/<pid>`` is owned by one of them or by root: the directory belongs to
+    the process's effective uid, or to root when it is not dumpable (after a uid
+    change without exec, or by its own choice), so no process of those uids is missed.
+    """
     held: set[int] = set()
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            held |= _uids(entry.name) or set()
-    return held
+        if not entry.name.isdigit():
+            continue
+        if among is not None:
+            try:
+                owner = entry.stat().st_uid
+            except OSError:
+                continue
+            if owner != 0 and owner not in among:
+                continue
+        held |= _uids(entry.name) or set()
+    return held if among is None else {uid for uid in held if uid in among}
 
 
 def kill_user(uid: int, *, rounds: int = 20) -> int:
@@ -144,7 +168,7 @@ def kill_user(uid: int, *, rounds: int = 20) -> int:
         pids = [
             int(entry.name)
             for entry in os.scandir("/proc")
-            if entry.name.isdigit() and uid in (_uids(entry.name) or ())
+            if entry.name.isdigit() and _may_run_as(entry, uid) and uid in (_uids(entry.name) or ())
         ]
         if not pids:
             break

@@ -94,11 +94,11 @@ class RuntimeUsers:
         *,
         shared: Identity | None = None,
         uids: range | None = None,
-        live_uids: Callable[[], Set[int]] | None = None,
+        live_uids: Callable[[range], Set[int]] | None = None,
     ) -> None:
         """``shared``: every runtime's identity; ``uids``: a uid per runtime (gid: the
-        range's first number); neither: the substrate's own. ``live_uids``: the uids of
-        the host's live processes (a uid some process still holds is not handed out)."""
+        range's first number); neither: the substrate's own. ``live_uids(uids)``: those of
+        ``uids`` some live process of the host holds (such a uid is not handed out)."""
         assert shared is None or uids is None
         self.shared = shared
         self.uids = uids
@@ -107,7 +107,9 @@ class RuntimeUsers:
         self._reserved: set[int] = set()
 
     @classmethod
-    def from_settings(cls, user: str, uids: str, live_uids: Callable[[], Set[int]]) -> RuntimeUsers:
+    def from_settings(
+        cls, user: str, uids: str, live_uids: Callable[[range], Set[int]]
+    ) -> RuntimeUsers:
         """The mode the two settings name, checked against who this process is."""
         if user.strip() and uids.strip():
             raise ValueError(
@@ -157,7 +159,7 @@ class RuntimeUsers:
             return self.shared
         assert self._live_uids is not None
         with self._lock:
-            held = self._live_uids() | self._reserved
+            held = set(self._live_uids(self.uids)) | self._reserved
             if preferred is not None and preferred in self.uids and preferred not in held:
                 uid = preferred
             else:
