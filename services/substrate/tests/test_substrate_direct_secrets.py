@@ -527,6 +527,42 @@ async def test_a_renewed_credential_stays_its_runtimes_alone_and_a_restore_keeps
 
 
 @AS_ROOT
+async def test_a_runtime_that_died_takes_what_escaped_its_group_with_it(
+    host: Host, reports: Reports, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process: its leader killed outside the substrate, the runtime is found not
+    running, and the process that left its group (same uid) is killed then."""
+    monkeypatch.setenv("PRY_PORT", str(reports.port))
+    monkeypatch.setenv("PRY_TARGETS", "")
+    monkeypatch.setenv("PRY_ESCAPE", "1")
+    substrate = DirectSubstrate(
+        SubstrateSettings(
+            direct_state_dir=host.state_dir,
+            direct_runtime_command=SHELL_COMMAND,
+            direct_runtime_uids=UIDS,
+            direct_runtime_env_allow="PRY_PORT,PRY_TARGETS,PRY_ESCAPE",
+            affinity_addr="127.0.0.1:50999",
+            plaintext=True,
+        )
+    )
+    await substrate.start()
+    try:
+        spec = RuntimeSpec(sandbox_id="sb-1", tier="", client_label="acme")
+        await substrate.ensure_runtime(spec, substrate.plan(spec), no_gate)
+        report = await reports.next()
+        record = json.loads((host.state_dir / "sb-1" / "runtime.json").read_text())
+        escaped_ticks = processes.start_ticks(report.escaped)
+        assert escaped_ticks is not None
+        os.kill(record["pid"], signal.SIGKILL)
+        assert await processes.wait_exit(record["pid"], record["start_ticks"], 10)
+        assert await substrate.find_running("sb-1") is None
+        assert not processes.is_alive(report.escaped, escaped_ticks)
+        assert report.uid not in processes.live_uids(parse_range(UIDS))
+    finally:
+        await substrate.close()
+
+
+@AS_ROOT
 def test_a_root_substrate_names_who_its_runtimes_run_as(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TURNSTILE_DIRECT_RUNTIME_UIDS"):
         DirectSubstrate(SubstrateSettings(direct_state_dir=tmp_path / "direct"))

@@ -467,8 +467,11 @@ class DirectSubstrate:
         if processes.is_alive(record.pid, record.start_ticks):
             return record
         # The leader died (or its pid was reused): forget it, and sweep what it
-        # left in its group.
+        # left in its group, and under a uid of its own whatever else runs as it.
         processes.sweep_orphans(record.pid)
+        if self.users.exclusive(record.uid):
+            assert record.uid is not None
+            processes.kill_user(record.uid)
         self._drop_record(sandbox_id)
         return None
 
