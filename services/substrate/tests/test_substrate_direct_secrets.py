@@ -563,6 +563,42 @@ async def test_a_runtime_that_died_takes_what_escaped_its_group_with_it(
 
 
 @AS_ROOT
+async def test_runtimes_started_side_by_side_each_get_a_uid_of_their_own(host: Host) -> None:
+    """Starts run in threads at once: the reservation keeps two of them off one uid,
+    and the sandbox-class copy is written by one at a time."""
+    substrate = DirectSubstrate(
+        SubstrateSettings(
+            direct_state_dir=host.state_dir,
+            direct_runtime_command="/bin/sleep infinity",
+            direct_runtime_uids=UIDS,
+            affinity_addr="127.0.0.1:50999",
+            plaintext=False,
+            tls_ca_file=host.tls_dir / "ca.crt",
+            direct_worker_tls_cert_file=host.tls_dir / "worker.crt",
+            direct_worker_tls_key_file=host.tls_dir / "worker.key",
+        )
+    )
+    await substrate.start()
+    sandboxes = [f"sb-{n}" for n in range(8)]
+    try:
+        specs = [RuntimeSpec(sandbox_id=sb, tier="", client_label="acme") for sb in sandboxes]
+        starts = (substrate.ensure_runtime(s, substrate.plan(s), no_gate) for s in specs)
+        await asyncio.gather(*starts)
+        uids = [
+            json.loads((host.state_dir / sb / "runtime.json").read_text())["uid"]
+            for sb in sandboxes
+        ]
+        assert len(set(uids)) == len(sandboxes)
+        assert set(uids) <= processes.live_uids(parse_range(UIDS))
+        copy = host.state_dir / "worker-tls" / "tls.key"
+        assert copy.read_bytes() == (host.tls_dir / "worker.key").read_bytes()
+        assert not list(copy.parent.glob(".*.tmp"))
+    finally:
+        await asyncio.gather(*(substrate.stop_runtime(sb) for sb in sandboxes))
+        await substrate.close()
+
+
+@AS_ROOT
 def test_a_root_substrate_names_who_its_runtimes_run_as(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TURNSTILE_DIRECT_RUNTIME_UIDS"):
         DirectSubstrate(SubstrateSettings(direct_state_dir=tmp_path / "direct"))

@@ -68,10 +68,12 @@ import functools
 import json
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
@@ -185,8 +187,7 @@ def _share_worker_tls(sources: tuple[Path, Path, Path], directory: Path, group: 
         with contextlib.suppress(FileNotFoundError):
             if target.read_bytes() == data:
                 continue
-        temporary = directory / f".{name}.tmp"
-        temporary.unlink(missing_ok=True)
+        temporary = directory / f".{name}.{secrets.token_hex(4)}.tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as file:
             os.fchown(file.fileno(), -1, group)
@@ -231,6 +232,7 @@ class DirectSubstrate:
         if settings.direct_worker_capacity is not None:
             self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
         self._worker_tls = _worker_tls_sources(settings)
+        self._tls_lock = threading.Lock()
         if self._worker_tls is None:
             self._worker_env["TURNSTILE_WORKER_PLAINTEXT"] = "true"
         elif self.users.group is not None:  # the runtimes' readable copy
@@ -389,7 +391,9 @@ class DirectSubstrate:
 
     def _refresh_worker_tls(self) -> None:
         if self._worker_tls is not None and self.users.group is not None:
-            _share_worker_tls(self._worker_tls, self.state_dir / WORKER_TLS_DIR, self.users.group)
+            with self._tls_lock:  # starts run in threads, side by side
+                directory = self.state_dir / WORKER_TLS_DIR
+                _share_worker_tls(self._worker_tls, directory, self.users.group)
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.state_dir / sandbox_id
