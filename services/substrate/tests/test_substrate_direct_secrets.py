@@ -46,7 +46,7 @@ from turnstile_substrate.direct.environment import (
     parse_names,
     runtime_environment,
 )
-from turnstile_substrate.direct.runtime_users import RuntimeUsers, parse_range
+from turnstile_substrate.direct.runtime_users import Identity, RuntimeUsers, parse_range
 from turnstile_substrate.direct.substrate import DirectSubstrate
 from turnstile_substrate.runtime import RuntimeSpec
 from turnstile_substrate.settings import SubstrateSettings
@@ -623,21 +623,31 @@ async def test_a_state_dir_other_uids_cannot_reach_is_refused(tmp_path: Path) ->
         await substrate.start()
 
 
-@AS_ROOT
-def test_uids_are_handed_out_one_per_runtime_and_never_one_a_process_holds() -> None:
-    held = {2700000, 2700002}
-    users = RuntimeUsers(uids=range(2700000, 2700004), live_uids=lambda among: held)
+def test_uids_are_handed_out_one_per_runtime_and_cleared_first() -> None:
+    cleared: list[int] = []
+    users = RuntimeUsers(uids=range(2700000, 2700004), clear=lambda uid, gid: cleared.append(uid))
+    users.adopt("running", 2700002)  # found running after a restart
     first, second = users.acquire(), users.acquire(preferred=2700002)
     assert first is not None
     assert second is not None
-    assert (first.uid, second.uid) == (2700001, 2700003)  # 2700002 is held: not preferred
+    assert (first.uid, second.uid) == (2700000, 2700001)  # 2700002 is held: not preferred
     assert first.gid == second.gid == 2700000
+    assert cleared == [2700000, 2700001]  # no process of an earlier runtime survives
+    users.bind("sb-1", first)
+    users.release(second)  # its start failed
+    third = users.acquire()
+    assert third is not None
+    assert third.uid == 2700001
+    users.bind("sb-3", third)
+    last = users.acquire()
+    assert last == Identity(2700003, 2700000)
     with pytest.raises(RuntimeError, match="every uid"):
         users.acquire()
-    users.release(first)
-    again = users.acquire(preferred=2700001)
+    users.unbind("sb-1")  # its runtime ended
+    users.release(last)
+    again = users.acquire(preferred=2700000)
     assert again is not None
-    assert again.uid == 2700001
+    assert again.uid == 2700000
 
 
 # -- the allowlist, as any user --------------------------------------------------

@@ -9,8 +9,9 @@ kernel lets only the same uid (or root) read another process's environment.
 Three modes, from ``TURNSTILE_DIRECT_RUNTIME_UIDS`` and ``TURNSTILE_DIRECT_RUNTIME_USER``:
 
 - **a uid per runtime** (``TURNSTILE_DIRECT_RUNTIME_UIDS=first-last``): each
-  running runtime gets a uid of the range no live process holds, so runtimes cannot
-  read each other's credential or workspace either. The uids need no
+  running runtime gets a uid of the range no other running runtime holds, cleared of
+  any process before it is handed out, so runtimes cannot read each other's
+  credential or workspace either. The uids need no
   ``/etc/passwd`` entry. All of them share one group, the number ``first``, which
   only lets them read the sandbox-class TLS files (below). The strongest mode.
 - **one shared user** (``TURNSTILE_DIRECT_RUNTIME_USER=name`` or a number): every
@@ -36,7 +37,7 @@ import os
 import pwd
 import re
 import threading
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _RANGE = re.compile(r"(\d+)-(\d+)")
@@ -94,22 +95,23 @@ class RuntimeUsers:
         *,
         shared: Identity | None = None,
         uids: range | None = None,
-        live_uids: Callable[[range], Set[int]] | None = None,
+        clear: Callable[[int, int], None] | None = None,
     ) -> None:
         """``shared``: every runtime's identity; ``uids``: a uid per runtime (gid: the
-        range's first number); neither: the substrate's own. ``live_uids(uids)``: those of
-        ``uids`` some live process of the host holds (such a uid is not handed out)."""
+        range's first number); neither: the substrate's own. ``clear(uid, gid)`` kills
+        every process of a uid of the range before it is handed out (nothing of an
+        earlier runtime may outlive it into the next one's)."""
         assert shared is None or uids is None
         self.shared = shared
         self.uids = uids
-        self._live_uids = live_uids
+        self._clear = clear
         self._lock = threading.Lock()
+        #: Uids being started with, and uids of running runtimes (by sandbox id).
         self._reserved: set[int] = set()
+        self._bound: dict[str, int] = {}
 
     @classmethod
-    def from_settings(
-        cls, user: str, uids: str, live_uids: Callable[[range], Set[int]]
-    ) -> RuntimeUsers:
+    def from_settings(cls, user: str, uids: str, clear: Callable[[int, int], None]) -> RuntimeUsers:
         """The mode the two settings name, checked against who this process is."""
         if user.strip() and uids.strip():
             raise ValueError(
@@ -119,7 +121,7 @@ class RuntimeUsers:
         if uids.strip():
             if own != 0:
                 raise ValueError("TURNSTILE_DIRECT_RUNTIME_UIDS needs the substrate to run as root")
-            return cls(uids=parse_range(uids), live_uids=live_uids)
+            return cls(uids=parse_range(uids), clear=clear)
         if user.strip():
             identity = parse_user(user)
             if identity.uid == own:
@@ -147,19 +149,27 @@ class RuntimeUsers:
             return self.uids.start
         return self.shared.gid if self.shared is not None else None
 
+    def adopt(self, sandbox_id: str, uid: int | None) -> None:
+        """A runtime found running (after a restart) holds its uid."""
+        if self.exclusive(uid):
+            assert uid is not None
+            with self._lock:
+                self._bound[sandbox_id] = uid
+
     def acquire(self, preferred: int | None = None) -> Identity | None:
         """The identity of a runtime about to start (None: the substrate's own).
 
         Per-runtime uids: ``preferred`` (the owner of a restored workspace) when it
-        is in the range and free, else the first free one; reserved until
-        :meth:`release`, so concurrent starts never share one. RuntimeError when
-        every uid of the range is held.
+        is in the range and free, else the first free one — free meaning neither
+        reserved by a start in progress nor bound to a running runtime. Reserved
+        until :meth:`bind` or :meth:`release`, so concurrent starts never share one,
+        and cleared of any process before it is returned. RuntimeError when every
+        uid of the range is held.
         """
         if self.uids is None:
             return self.shared
-        assert self._live_uids is not None
         with self._lock:
-            held = set(self._live_uids(self.uids)) | self._reserved
+            held = self._reserved | set(self._bound.values())
             if preferred is not None and preferred in self.uids and preferred not in held:
                 uid = preferred
             else:
@@ -169,13 +179,32 @@ class RuntimeUsers:
                         "every uid of TURNSTILE_DIRECT_RUNTIME_UIDS is held by a running runtime"
                     )
             self._reserved.add(uid)
-        return Identity(uid, self.uids.start)
+        identity = Identity(uid, self.uids.start)
+        if self._clear is not None:
+            try:
+                self._clear(identity.uid, identity.gid)
+            except BaseException:
+                self.release(identity)
+                raise
+        return identity
 
-    def release(self, identity: Identity | None) -> None:
-        """End a reservation: the runtime's process now holds the uid (or it failed)."""
+    def bind(self, sandbox_id: str, identity: Identity | None) -> None:
+        """The runtime started: its uid is held until :meth:`unbind`."""
         if identity is not None and self.uids is not None:
             with self._lock:
                 self._reserved.discard(identity.uid)
+                self._bound[sandbox_id] = identity.uid
+
+    def release(self, identity: Identity | None) -> None:
+        """End a reservation whose runtime did not start."""
+        if identity is not None and self.uids is not None:
+            with self._lock:
+                self._reserved.discard(identity.uid)
+
+    def unbind(self, sandbox_id: str) -> None:
+        """The sandbox's runtime has ended (and its uid's processes were killed)."""
+        with self._lock:
+            self._bound.pop(sandbox_id, None)
 
     def exclusive(self, uid: int | None) -> bool:
         """Whether ``uid`` belongs to one runtime alone (so all its processes are that

@@ -225,8 +225,12 @@ class DirectSubstrate:
         self.stop_grace_s = settings.direct_stop_grace_s
         self._env_allow = parse_names(settings.direct_runtime_env_allow)
         #: Who runtimes run as (SPEC O4); refuses a root substrate with no setting.
+        # A uid is cleared before it is handed out: one round (normally nothing runs
+        # as it; stopping a runtime already swept its uid, two rounds).
         self.users = RuntimeUsers.from_settings(
-            settings.direct_runtime_user, settings.direct_runtime_uids, processes.live_uids
+            settings.direct_runtime_user,
+            settings.direct_runtime_uids,
+            functools.partial(processes.kill_as, rounds=1),
         )
         self._worker_env = {ENV_AFFINITY_ADDR: settings.affinity_addr}
         if settings.direct_worker_capacity is not None:
@@ -347,11 +351,7 @@ class DirectSubstrate:
         stopped = False
         if record is not None:
             stopped = await processes.stop_group(record.pid, record.start_ticks, self.stop_grace_s)
-            if self.users.exclusive(record.uid):
-                # The uid is this runtime's alone: whatever still runs as it escaped
-                # the process group, and goes too (the uid is then free for another).
-                assert record.uid is not None
-                await asyncio.to_thread(processes.kill_user, record.uid)
+            await asyncio.to_thread(self._end_uid, sandbox_id, record)
             self._reaper.reap()
             self._drop_record(sandbox_id)
             if stopped:
@@ -379,6 +379,7 @@ class DirectSubstrate:
         another uid, which must reach their own files in it; else private."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o711 if self.users.switching else 0o700)
+        self._adopt_uids()
         if self.users.switching:
             for parent in self.state_dir.parents:
                 if not parent.stat().st_mode & 0o001:
@@ -473,11 +474,26 @@ class DirectSubstrate:
         # The leader died (or its pid was reused): forget it, and sweep what it
         # left in its group, and under a uid of its own whatever else runs as it.
         processes.sweep_orphans(record.pid)
-        if self.users.exclusive(record.uid):
-            assert record.uid is not None
-            processes.kill_user(record.uid)
+        self._end_uid(sandbox_id, record)
         self._drop_record(sandbox_id)
         return None
+
+    def _end_uid(self, sandbox_id: str, record: RuntimeRecord) -> None:
+        """A runtime of a uid of its own has ended: whatever still runs as that uid
+        escaped its process group (``setsid``, a double fork) and goes too, and the
+        uid is free for another runtime. Blocking."""
+        if self.users.exclusive(record.uid):
+            assert record.uid is not None
+            assert record.gid is not None
+            processes.kill_as(record.uid, record.gid)
+            self.users.unbind(sandbox_id)
+
+    def _adopt_uids(self) -> None:
+        """After a restart: the runtimes still running hold their uids. Blocking."""
+        for directory in _sandbox_dirs(self.state_dir):
+            record = self._read_record(directory.name)
+            if record is not None and processes.is_alive(record.pid, record.start_ticks):
+                self.users.adopt(directory.name, record.uid)
 
     def _drop_record(self, sandbox_id: str) -> None:
         self._record_path(sandbox_id).unlink(missing_ok=True)
@@ -527,8 +543,9 @@ class DirectSubstrate:
         identity = self.users.acquire(preferred)
         try:
             pid, child = self._spawn(spec, kind, issued, identity)
-        finally:
-            self.users.release(identity)  # its process holds the uid now (or none does)
+        except BaseException:
+            self.users.release(identity)
+            raise
         try:
             ticks = processes.start_ticks(pid)
             if ticks is None:
@@ -551,7 +568,9 @@ class DirectSubstrate:
             processes.signal_group(pid, signal.SIGKILL)
             if child is not None:
                 child.wait()
+            self.users.release(identity)
             raise
+        self.users.bind(spec.sandbox_id, identity)
         return record, child
 
     def _spawn(
