@@ -19,6 +19,7 @@ import asyncio
 import base64
 import json
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -595,6 +596,45 @@ async def test_runtimes_started_side_by_side_each_get_a_uid_of_their_own(host: H
         assert not list(copy.parent.glob(".*.tmp"))
     finally:
         await asyncio.gather(*(substrate.stop_runtime(sb) for sb in sandboxes))
+        await substrate.close()
+
+
+@AS_ROOT
+async def test_one_shared_runtime_user_is_kept_from_the_substrates_files(
+    host: Host, reports: Reports, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TURNSTILE_DIRECT_RUNTIME_USER=nobody``: the keys stay unreadable; runtimes share
+    the user (the residual risk docs/security.md names), and the substrate does not
+    sweep a shared uid's processes when one runtime stops."""
+    nobody = pwd.getpwnam("nobody")
+    targets = [*map(str, host.key_files.values()), f"/proc/{os.getpid()}/environ"]
+    monkeypatch.setenv("PRY_PORT", str(reports.port))
+    monkeypatch.setenv("PRY_TARGETS", ":".join(targets))
+    substrate = DirectSubstrate(
+        SubstrateSettings(
+            direct_state_dir=host.state_dir,
+            direct_runtime_command=SHELL_COMMAND,
+            direct_runtime_user="nobody",
+            direct_runtime_env_allow="PRY_PORT,PRY_TARGETS",
+            affinity_addr="127.0.0.1:50999",
+            plaintext=True,
+        )
+    )
+    await substrate.start()
+    try:
+        for sandbox_id in ("sb-1", "sb-2"):
+            spec = RuntimeSpec(sandbox_id=sandbox_id, tier="", client_label="acme")
+            await substrate.ensure_runtime(spec, substrate.plan(spec), no_gate)
+        reported = [await reports.next(), await reports.next()]
+        assert {(r.uid, r.euid) for r in reported} == {(nobody.pw_uid, nobody.pw_uid)}
+        for report in reported:
+            assert set(targets) <= report.denied
+        second = json.loads((host.state_dir / "sb-2" / "runtime.json").read_text())
+        assert await substrate.stop_runtime("sb-1")
+        assert processes.is_alive(second["pid"], second["start_ticks"])  # not swept
+    finally:
+        for sandbox_id in ("sb-1", "sb-2"):
+            await substrate.stop_runtime(sandbox_id)
         await substrate.close()
 
 
