@@ -17,16 +17,17 @@ and process group, the working directory, stdin from ``/dev/null``, stdout and
 stderr to the log, its uid and gid with no supplementary groups, only the given
 environment), then calls ``FUNCTION()`` and exits with its status.
 
+The answer comes only once the child is set up (or failed to be), so the
+runtime's process group exists when the substrate learns its pid. The launcher never runs an event loop or a thread,
+so forking it is safe; children are reaped by the kernel (``SIGCHLD``
+ignored), and their exits are seen through pidfds like any runtime's. It exits
+when the substrate closes its end.
+
 The launcher itself runs as the substrate's user (it must, to give each runtime
 its uid) but with the runtimes' allowlisted environment, never the substrate's
 (SPEC O4): a forked child's ``/proc/<pid>/environ`` is the launcher's, whatever
 it later puts in ``os.environ``. It holds no secret in memory either: it imports
-the runtime's module and nothing of the substrate's. The answer comes only once the child
-is set up (or failed to be), so the runtime's process group exists when the
-substrate learns its pid. The launcher never runs an event loop or a thread,
-so forking it is safe; children are reaped by the kernel (``SIGCHLD``
-ignored), and their exits are seen through pidfds like any runtime's. It exits
-when the substrate closes its end.
+the runtime's module and nothing of the substrate's.
 
 This module imports only the standard library, so the substrate side
 (:class:`Launcher`) costs nothing to load.
