@@ -18,10 +18,10 @@ stderr to the log, its uid and gid with no supplementary groups, only the given
 environment), then calls ``FUNCTION()`` and exits with its status.
 
 The answer comes only once the child is set up (or failed to be), so the
-runtime's process group exists when the substrate learns its pid. The launcher never runs an event loop or a thread,
-so forking it is safe; children are reaped by the kernel (``SIGCHLD``
-ignored), and their exits are seen through pidfds like any runtime's. It exits
-when the substrate closes its end.
+runtime's process group exists when the substrate learns its pid. The launcher
+never runs an event loop or a thread, so forking it is safe; children are
+reaped by the kernel (``SIGCHLD`` ignored), and their exits are seen through
+pidfds like any runtime's. It exits when the substrate closes its end.
 
 The launcher itself runs as the substrate's user (it must, to give each runtime
 its uid) but with the runtimes' allowlisted environment, never the substrate's
