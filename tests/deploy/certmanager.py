@@ -93,6 +93,7 @@ def _schema(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 SCHEMAS = {
     "Certificate": _schema("Certificate", _CERTIFICATE_SPEC),
     "Issuer": _schema("Issuer", _ISSUER_SPEC),
+    "ClusterIssuer": _schema("ClusterIssuer", _ISSUER_SPEC),
 }
 
 

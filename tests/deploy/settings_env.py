@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import base64
 import importlib
+import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import AliasChoices, BaseModel
 from pydantic_settings import BaseSettings
 
 from .manifests import Obj, of_kind
+
+_S = TypeVar("_S", bound=BaseSettings)
 
 #: Modules defining the settings of every process the deployment runs.
 SETTINGS_MODULES = (
@@ -124,3 +127,18 @@ def _value(var: Mapping[str, Any], workload: Obj, secrets: dict[str, Obj]) -> st
 
 def turnstile_names(env: Mapping[str, str]) -> Iterator[str]:
     return (name for name in env if name.startswith("TURNSTILE_"))
+
+
+def build_settings(cls: type[_S], env: Mapping[str, str]) -> _S:
+    """``cls`` as a process whose TURNSTILE_* environment is exactly ``env`` builds it
+    (the test process's own TURNSTILE_* variables are set aside meanwhile)."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("TURNSTILE_")}
+    try:
+        for name in saved:
+            del os.environ[name]
+        os.environ.update({k: v for k, v in env.items() if k.startswith("TURNSTILE_")})
+        return cls()
+    finally:
+        for name in [k for k in os.environ if k.startswith("TURNSTILE_")]:
+            del os.environ[name]
+        os.environ.update(saved)

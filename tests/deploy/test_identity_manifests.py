@@ -96,11 +96,15 @@ def test_the_ca_chain_issues_every_leaf(built: Built) -> None:
     objects = built("production")
     ca = named(objects, "Certificate", "turnstile-ca")["spec"]
     assert ca["isCA"] is True
-    issuer = named(objects, "Issuer", "turnstile-ca-issuer")["spec"]
+    # A ClusterIssuer reads its CA Secret from cert-manager's namespace (SPEC O4).
+    issuer = named(objects, "ClusterIssuer", "turnstile-ca-issuer")["spec"]
     assert issuer["ca"]["secretName"] == ca["secretName"]
     for cert in of_kind(objects, "Certificate"):
         if cert["metadata"]["name"] != "turnstile-ca":
-            assert cert["spec"]["issuerRef"]["name"] == "turnstile-ca-issuer"
+            assert cert["spec"]["issuerRef"] == {
+                "name": "turnstile-ca-issuer",
+                "kind": "ClusterIssuer",
+            }
             assert len(cert["spec"]["uris"]) == 1, "an X.509-SVID has one URI SAN"
             if not cert["spec"]["uris"][0].startswith(f"{TD}/service/"):
                 # Only services may serve: no other certificate is a server's (SPEC O5).

@@ -90,7 +90,8 @@ def _validate(obj: Obj, version: str) -> None:
 def test_kustomization_builds(built: Built, name: str) -> None:
     objects = built(name)
     assert objects
-    assert {o["metadata"].get("namespace", "turnstile") for o in objects} == {"turnstile"}
+    namespaces = {o["metadata"].get("namespace", "turnstile") for o in objects}
+    assert namespaces == {"turnstile", "turnstile-sandboxes", "cert-manager"}
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -253,15 +254,19 @@ def test_replicas_spread_across_nodes_and_zones(built: Built, name: str) -> None
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
-def test_substrate_may_only_manage_pods_and_its_lease_in_its_namespace(
+def test_substrate_may_only_manage_sandbox_pods_their_secrets_and_its_lease(
     built: Built, name: str
 ) -> None:
+    """Pods and Secrets in the sandboxes' namespace alone, its Lease in its own
+    (SPEC O4): no Secret right in Turnstile's namespace, none cluster-wide."""
     objects = built(name)
     assert not of_kind(objects, "ClusterRole")
     assert not of_kind(objects, "ClusterRoleBinding")
-    (role,) = of_kind(objects, "Role")
-    assert role["metadata"]["name"] == "turnstile-substrate"
-    rule, secret_rule, lease_rule = role["rules"]
+    roles = {r["metadata"]["name"]: r for r in of_kind(objects, "Role")}
+    assert set(roles) == {"turnstile-substrate", "turnstile-substrate-leader"}
+    sandboxes, leader = roles["turnstile-substrate"], roles["turnstile-substrate-leader"]
+    assert sandboxes["metadata"]["namespace"] == "turnstile-sandboxes"
+    rule, secret_rule = sandboxes["rules"]
     assert rule["apiGroups"] == [""]
     assert rule["resources"] == ["pods"], "no subresources (exec, log, status), no other kinds"
     assert set(rule["verbs"]) == SUBSTRATE_POD_VERBS
@@ -269,29 +274,37 @@ def test_substrate_may_only_manage_pods_and_its_lease_in_its_namespace(
     assert secret_rule["apiGroups"] == [""]
     assert secret_rule["resources"] == ["secrets"]
     assert set(secret_rule["verbs"]) == SUBSTRATE_SECRET_VERBS
-    # Leader election: read, create and renew (an optimistic update) the Lease; no delete.
+    # Leader election, in its own namespace: read, create and renew (an optimistic
+    # update) the Lease; no delete.
+    assert leader["metadata"]["namespace"] == "turnstile"
+    (lease_rule,) = leader["rules"]
     assert lease_rule["apiGroups"] == ["coordination.k8s.io"]
     assert lease_rule["resources"] == ["leases"]
     assert set(lease_rule["verbs"]) == {"get", "create", "update"}
 
-    (binding,) = of_kind(objects, "RoleBinding")
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": "turnstile-substrate",
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "turnstile-substrate", "namespace": "turnstile"}
-    ]
+    bindings = {b["metadata"]["name"]: b for b in of_kind(objects, "RoleBinding")}
+    assert set(bindings) == set(roles)
+    for role_name, binding in bindings.items():
+        assert binding["metadata"]["namespace"] == roles[role_name]["metadata"]["namespace"]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role_name,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "turnstile-substrate", "namespace": "turnstile"}
+        ]
     for workload, template in workloads(objects):
         pod = template["spec"]
         if workload["metadata"]["name"] == "turnstile-substrate":
             assert pod["serviceAccountName"] == "turnstile-substrate"
             assert pod["automountServiceAccountToken"] is True
-            namespace_env = next(
-                e for e in pod["containers"][0]["env"] if e["name"] == "TURNSTILE_K8S_NAMESPACE"
+            lease_env = next(
+                e
+                for e in pod["containers"][0]["env"]
+                if e["name"] == "TURNSTILE_K8S_LEADER_LEASE_NAMESPACE"
             )
-            assert namespace_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+            assert lease_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
         else:
             where = workload["metadata"]["name"]
             assert pod.get("serviceAccountName") != "turnstile-substrate", where

@@ -20,8 +20,19 @@ from .netpol import Endpoint, allowed, selecting
 
 Built = Callable[[str], list[Obj]]
 
-WORKER = Endpoint("worker", {"app.kubernetes.io/name": "turnstile-worker"})
-"""A sandbox pod as substrate labels it (the label the services must honour)."""
+WORKER = Endpoint(
+    "worker", {"app.kubernetes.io/name": "turnstile-worker"}, namespace="turnstile-sandboxes"
+)
+"""A sandbox pod as substrate labels it (the label the services must honour), in the
+sandboxes' namespace (SPEC O4)."""
+
+IMPOSTOR = Endpoint(
+    "impostor", {"app.kubernetes.io/name": "turnstile-worker"}, namespace="platform"
+)
+"""A pod labelled like a sandbox pod in another namespace: the label alone opens nothing."""
+
+SANDBOX_NEIGHBOUR = Endpoint("sandbox-neighbour", {"app": "x"}, namespace="turnstile-sandboxes")
+"""An unlabelled pod in the sandboxes' namespace."""
 
 API_SERVER = Endpoint("kube-apiserver", pod=False)
 KUBE_DNS = Endpoint("kube-dns", {"k8s-app": "kube-dns"}, namespace="kube-system")
@@ -88,6 +99,10 @@ DENIED = [
     ("neighbour", "postgres", 5432),
     ("neighbour", "worker", 8080),
     ("affinity", "worker", 8080),
+    ("impostor", "affinity", 50053),
+    ("sandbox-neighbour", "affinity", 50053),
+    ("sandbox-neighbour", "worker", 8080),
+    ("worker", "sandbox-neighbour", 8080),
     ("prometheus", "substrate", 50052),
     ("api-client", "substrate", 9092),
 ]
@@ -96,7 +111,17 @@ DENIED = [
 def _endpoints(objects: list[Obj], collector: Endpoint) -> dict[str, Endpoint]:
     endpoints = {
         e.name: e
-        for e in (WORKER, API_SERVER, KUBE_DNS, PROMETHEUS, API_CLIENT, STRANGER, NEIGHBOUR)
+        for e in (
+            WORKER,
+            IMPOSTOR,
+            SANDBOX_NEIGHBOUR,
+            API_SERVER,
+            KUBE_DNS,
+            PROMETHEUS,
+            API_CLIENT,
+            STRANGER,
+            NEIGHBOUR,
+        )
     }
     endpoints |= {"redis": REDIS, "postgres": POSTGRES, "otel-collector": collector}
     for workload, template in workloads(objects):

@@ -158,7 +158,10 @@ def test_each_containers_environment_builds_its_processes_settings(built: Built,
     substrate = _build(SubstrateSettings, _workload_env(objects, "turnstile-substrate"))
     assert substrate.substrate_kind == "kubernetes"
     k8s = _deployed_k8s(objects)
-    assert k8s.namespace == "turnstile", "sandbox pods go where substrate's Role applies"
+    assert k8s.namespace == "turnstile-sandboxes", "sandbox pods go where substrate's Role applies"
+    roles = {r["metadata"]["name"]: r["metadata"]["namespace"] for r in of_kind(objects, "Role")}
+    assert roles["turnstile-substrate"] == k8s.namespace
+    assert k8s.leader_lease_namespace == roles["turnstile-substrate-leader"] == "turnstile"
     assert k8s.image.rpartition("/")[2].startswith("turnstile-worker")
     assert sum(runtime.warm_pool_size for runtime in k8s.tier_runtimes.values()) >= 1
 
@@ -213,7 +216,7 @@ def test_sandbox_pods_meet_the_namespaces_restricted_pod_security_standard(
     built: Built, name: str
 ) -> None:
     objects = built(name)
-    namespace = named(objects, "Namespace", "turnstile")
+    namespace = named(objects, "Namespace", "turnstile-sandboxes")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     for kind, pod in _sandbox_pods(objects).items():
         spec = pod["spec"]
@@ -252,7 +255,9 @@ def test_sandbox_pods_workers_reach_the_relay_and_nothing_else_of_turnstile(
         for other, port in (("substrate", 50052), ("admission", 50051))
     ]
     for kind, pod in _sandbox_pods(objects).items():
-        worker = Endpoint(f"{kind} sandbox pod", pod["metadata"]["labels"])
+        worker = Endpoint(
+            f"{kind} sandbox pod", pod["metadata"]["labels"], pod["metadata"]["namespace"]
+        )
         assert selecting(policies, worker.labels), f"{kind}: no policy isolates sandbox pods"
         assert allowed(policies, worker, relay, grpc["port"]), kind
         for other, port in others:

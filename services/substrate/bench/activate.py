@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import sys
@@ -128,6 +129,7 @@ def bench_settings(url: str, admission_port: int, state: Path) -> SubstrateSetti
             "database_pool_max": 32,
             "admission_addr": f"127.0.0.1:{admission_port}",
             "direct_runtime_command": IDLE_RUNTIME,
+            "direct_runtime_user": str(os.getuid()),
             "direct_state_dir": state,
             "log_level": "WARNING",
             "shutdown_grace_s": 1,

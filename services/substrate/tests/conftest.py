@@ -274,6 +274,7 @@ def substrate_settings(
         "redis_prefix": redis_prefix,
         "substrate_kind": "direct",
         "direct_runtime_command": IDLE_RUNTIME,
+        "direct_runtime_user": str(os.getuid()),
         "direct_state_dir": state_dir,
         "direct_stop_grace_s": 5.0,
         "shutdown_grace_s": 1.0,

@@ -42,6 +42,8 @@ def settings(state_dir: Path, command: str = IDLE, **extra: object) -> Substrate
     return SubstrateSettings(
         direct_state_dir=state_dir,
         direct_runtime_command=command,
+        # These tests are about processes, not uids (test_substrate_direct_secrets.py).
+        direct_runtime_user=str(os.getuid()),
         affinity_addr="127.0.0.1:50999",
         **extra,  # type: ignore[arg-type]
     )

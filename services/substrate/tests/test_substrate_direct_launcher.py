@@ -69,6 +69,9 @@ def direct(state_dir: Path, preload: str) -> DirectSubstrate:
             direct_state_dir=state_dir,
             direct_runtime_command=IDLE,
             direct_runtime_preload=preload,
+            direct_runtime_user=str(os.getuid()),
+            # The reporting runtime's one setting (runtimes get an allowlist, SPEC O4).
+            direct_runtime_env_allow="RENDEZVOUS_PORT",
             affinity_addr="127.0.0.1:50999",
         )
     )

@@ -4,13 +4,14 @@ processes it starts, or plaintext when it runs plaintext itself."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from turnstile_substrate.direct.substrate import _worker_transport
+from turnstile_substrate.direct.substrate import DirectSubstrate, _worker_tls_sources
 from turnstile_substrate.kubernetes import KubernetesSettings
 from turnstile_substrate.kubernetes.template import WORKER_TLS_DIR, sandbox_pod, warm_pod
 from turnstile_substrate.runtime import RuntimeSpec
@@ -56,14 +57,28 @@ def test_the_direct_substrate_passes_the_worker_certificate(tmp_path: Path) -> N
         tls_ca_file=files["ca.crt"],
         direct_worker_tls_cert_file=files["worker.crt"],
         direct_worker_tls_key_file=files["worker.key"],
+        # Its own uid: the files themselves (another uid gets the copy it can read,
+        # test_substrate_direct_secrets.py).
+        direct_runtime_user=str(os.getuid()),
+        direct_state_dir=tmp_path / "direct",
     )
-    assert _worker_transport(settings) == {
+    assert _worker_tls_sources(settings) == (
+        files["worker.crt"],
+        files["worker.key"],
+        files["ca.crt"],
+    )
+    env = DirectSubstrate(settings)._environment(SPEC, None)
+    assert {name: env[name] for name in env if name.startswith("TURNSTILE_WORKER_TLS_")} == {
         "TURNSTILE_WORKER_TLS_CERT_FILE": str(files["worker.crt"]),
         "TURNSTILE_WORKER_TLS_KEY_FILE": str(files["worker.key"]),
         "TURNSTILE_WORKER_TLS_CA_FILE": str(files["ca.crt"]),
     }
-    assert _worker_transport(SubstrateSettings(plaintext=True)) == {
-        "TURNSTILE_WORKER_PLAINTEXT": "true"
-    }
+    assert _worker_tls_sources(SubstrateSettings(plaintext=True)) is None
+    plaintext = SubstrateSettings(
+        plaintext=True, direct_runtime_user=str(os.getuid()), direct_state_dir=tmp_path / "d"
+    )
+    assert (
+        DirectSubstrate(plaintext)._environment(SPEC, None)["TURNSTILE_WORKER_PLAINTEXT"] == "true"
+    )
     with pytest.raises(ValueError, match="DIRECT_WORKER_TLS_CERT_FILE"):
-        _worker_transport(SubstrateSettings(plaintext=False, tls_ca_file=files["ca.crt"]))
+        _worker_tls_sources(SubstrateSettings(plaintext=False, tls_ca_file=files["ca.crt"]))

@@ -179,6 +179,9 @@ def _write_atomic(path: Path, data: bytes, *, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as out:
+        # A temporary file left by a crash keeps its old mode through O_CREAT: set it
+        # before the key is written (SPEC O4: keys are 0600, the owner's alone).
+        os.fchmod(out.fileno(), mode)
         out.write(data)
     os.replace(tmp, path)
 

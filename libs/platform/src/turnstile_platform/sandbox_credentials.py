@@ -360,16 +360,21 @@ def generate_key_pair(private_path: Path, public_path: Path) -> bool:
     return True
 
 
-def write_private_file(path: Path, data: bytes) -> None:
+def write_private_file(path: Path, data: bytes, owner: tuple[int, int] | None = None) -> None:
     """Replace ``path`` atomically with ``data``, readable by its owner only (0600).
 
     A reader sees the old file or the new one, never half of one: the worker
-    agent re-reads its credential file while the substrate renews it.
+    agent re-reads its credential file while the substrate renews it. ``owner``
+    (uid, gid): the file is given to them before it is renamed into place (a
+    runtime running as its own uid reads its credential, and no one else can;
+    SPEC O4), so it is never readable by anyone else, even for an instant.
     """
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as file:
+            if owner is not None:
+                os.fchown(file.fileno(), *owner)
             file.write(data)
         os.replace(temporary, path)
     except BaseException:

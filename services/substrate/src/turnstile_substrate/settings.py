@@ -111,6 +111,29 @@ class SubstrateSettings(TieredSettings):
     unavailable. ``turnstilectl up`` sets ``turnstile_affinity.worker.__main__:main``
     (the worker agent). Empty: every runtime starts from the command."""
 
+    direct_runtime_env_allow: str = Field(default="", pattern=r"^[A-Za-z0-9_, ]*$")
+    """Direct substrate: comma-separated names of more variables of this process's
+    environment to pass to runtimes, beyond the allowlist (``PATH``, ``LANG``,
+    ``LANGUAGE``, ``LC_*``, ``TZ``, ``TERM``, ``TURNSTILE_LOG_LEVEL``,
+    ``TURNSTILE_LOG_FORMAT``; ``HOME`` is the runtime's workspace). Exact names, no
+    patterns, none by default: a runtime runs untrusted code, so never name a secret
+    (SPEC O4, docs/security.md)."""
+
+    direct_runtime_uids: str = Field(default="", pattern=r"^(\d+-\d+)?$")
+    """Direct substrate: ``first-last``, a range of uids to run runtimes as, one per
+    running runtime (no ``/etc/passwd`` entries needed), all in the group numbered
+    ``first``. The substrate must run as root. Runtimes then cannot read the
+    substrate's keys, its environment, nor each other's credential and workspace
+    (SPEC O4). Set this or ``direct_runtime_user`` when running as root."""
+
+    direct_runtime_user: str = Field(default="", max_length=64)
+    """Direct substrate: a user (name or uid) every runtime runs as, e.g.
+    ``turnstile-runtime`` or ``nobody``: runtimes cannot read the substrate's keys or
+    environment, but can read each other's files (prefer ``direct_runtime_uids``).
+    The substrate's own user (or unset on a non-root substrate) runs runtimes as
+    itself: only the environment is then isolated. A root substrate with neither
+    setting refuses to start."""
+
     direct_state_dir: Path = Path(".run/direct")
     """Direct substrate: one directory per sandbox holds its workspace (the
     runtime's working directory, kept across stop and restore), its runtime

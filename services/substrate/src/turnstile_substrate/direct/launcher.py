@@ -9,17 +9,25 @@ a new runtime in milliseconds.
 The launcher is a child of the substrate (``python -m
 turnstile_substrate.direct.launcher MODULE:FUNCTION FD``), talking over one
 end of a socket pair: a request is one line of JSON (environment, working
-directory, log file, ``argv[0]``), the answer one line with the new runtime's
-pid, or an error. It forks, and the child sets itself up as a runtime started
-by :func:`~turnstile_substrate.direct.processes.spawn` would be (its own
-session and process group, the working directory, stdin from ``/dev/null``,
-stdout and stderr to the log, only the given environment), then calls
-``FUNCTION()`` and exits with its status. The answer comes only once the child
-is set up (or failed to be), so the runtime's process group exists when the
-substrate learns its pid. The launcher never runs an event loop or a thread,
-so forking it is safe; children are reaped by the kernel (``SIGCHLD``
-ignored), and their exits are seen through pidfds like any runtime's. It exits
-when the substrate closes its end.
+directory, log file, ``argv[0]``, the uid and gid to run as), the answer one
+line with the new runtime's pid, or an error. It forks, and the child sets
+itself up as a runtime started by
+:func:`~turnstile_substrate.direct.processes.spawn` would be (its own session
+and process group, the working directory, stdin from ``/dev/null``, stdout and
+stderr to the log, its uid and gid with no supplementary groups, only the given
+environment), then calls ``FUNCTION()`` and exits with its status.
+
+The answer comes only once the child is set up (or failed to be), so the
+runtime's process group exists when the substrate learns its pid. The launcher
+never runs an event loop or a thread, so forking it is safe; children are
+reaped by the kernel (``SIGCHLD`` ignored), and their exits are seen through
+pidfds like any runtime's. It exits when the substrate closes its end.
+
+The launcher itself runs as the substrate's user (it must, to give each runtime
+its uid) but with the runtimes' allowlisted environment, never the substrate's
+(SPEC O4): a forked child's ``/proc/<pid>/environ`` is the launcher's, whatever
+it later puts in ``os.environ``. It holds no secret in memory either: it imports
+the runtime's module and nothing of the substrate's.
 
 This module imports only the standard library, so the substrate side
 (:class:`Launcher`) costs nothing to load.
@@ -65,12 +73,14 @@ class Launcher:
         self._socket: socket.socket | None = None
         self._reader: BinaryIO | None = None
 
-    def start(self) -> None:
-        """Start the launcher process; it imports the target in the background."""
+    def start(self, env: Mapping[str, str]) -> None:
+        """Start the launcher process with ``env`` (the runtimes' allowlisted base,
+        never the substrate's environment); it imports the target in the background."""
         ours, theirs = socket.socketpair()
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", __name__, self.target, str(theirs.fileno())],
+                env=dict(env),
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 close_fds=True,
@@ -85,12 +95,28 @@ class Launcher:
         self._socket = ours
         self._reader = ours.makefile("rb")
 
-    def spawn(self, env: Mapping[str, str], cwd: Path, log_path: Path, argv0: str) -> int | None:
-        """Fork a runtime; its pid, or None when the launcher cannot (see the class)."""
+    def spawn(
+        self,
+        env: Mapping[str, str],
+        cwd: Path,
+        log_path: Path,
+        argv0: str,
+        user: int | None = None,
+        group: int | None = None,
+    ) -> int | None:
+        """Fork a runtime (as ``user``/``group`` when given); its pid, or None when
+        the launcher cannot (see the class)."""
         with self._lock:
             if self._socket is None or self._reader is None:
                 return None
-            request = {"env": dict(env), "cwd": str(cwd), "log": str(log_path), "argv0": argv0}
+            request = {
+                "env": dict(env),
+                "cwd": str(cwd),
+                "log": str(log_path),
+                "argv0": argv0,
+                "uid": user,
+                "gid": group,
+            }
             try:
                 self._socket.sendall(json.dumps(request).encode() + b"\n")
                 line = self._reader.readline()
@@ -182,8 +208,9 @@ def _run_child(entry: Callable[[], object], request: dict[str, object], ready_w:
         try:
             os.setsid()
             os.chdir(str(request["cwd"]))
-            out = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            out = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             null = os.open(os.devnull, os.O_RDONLY)
+            _become(request.get("uid"), request.get("gid"))
         except OSError as error:
             os.write(ready_w, str(error).encode())
             os._exit(1)
@@ -214,6 +241,27 @@ def _run_child(entry: Callable[[], object], request: dict[str, object], ready_w:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def _become(uid: object, gid: object) -> None:
+    """Drop to the runtime's uid and gid, with no supplementary groups.
+
+    What ``subprocess.Popen(user=, group=, extra_groups=[])`` does in its child
+    before exec, in the same order (groups, gid, then uid: after the uid no other
+    change is allowed); a forked child has no exec to do it for it. Set-up
+    (working directory, log) is done before, as the substrate's user, like
+    subprocess does. An error fails the set-up: the runtime never runs as the
+    launcher's uid by accident.
+    """
+    if uid is None:
+        return
+    assert isinstance(uid, int)
+    assert isinstance(gid, int)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:  # belt and braces: never stay privileged
+        raise PermissionError(f"could not become uid {uid}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,31 @@ Stopping a runtime revokes its credential first. Each credential attests the
 runtime's presence (SPEC O3): its owner (the record's client label), tier,
 capacity (``TURNSTILE_DIRECT_WORKER_CAPACITY``, else the worker's default 1) and
 endpoint — empty, as Direct assigns its runtimes no address.
+
+Runtimes hold no secrets (SPEC O4): each starts with an allowlisted
+environment (:mod:`.environment`), never this process's, and, when this
+process runs as root, as another uid (:mod:`.runtime_users`), so it can read
+neither the substrate's key and password files (0600, the substrate's) nor
+its ``/proc/<pid>/environ``. With a uid per runtime, the state directory is
+laid out so that a runtime reaches only its own files:
+
+=================================  =========================  =====
+``<state_dir>/``                   the substrate              0711
+``<state_dir>/worker-tls/``        the substrate, runtimes'   0750
+                                   group
+``  tls.crt, tls.key, ca.crt``     the same                   0640
+``<state_dir>/<id>/``              the substrate              0711
+``  runtime.json, runtime.log``    the substrate              0600
+``  credential``                   the runtime's uid          0600
+``  workspace/`` (its ``HOME``)    the runtime's uid          0700
+=================================  =========================  =====
+
+The sandbox-class key in ``worker-tls`` is the one key every runtime holds (it
+proves only "a sandbox runtime", which may call ``Attach`` alone; the
+per-sandbox proof is the credential): a copy of
+``direct_worker_tls_key_file`` that the runtimes' group may read, refreshed
+from it at each start and renewal pass, so the original stays 0600.
+Without uid switching everything is 0700/0600 and the substrate's own.
 """
 
 from __future__ import annotations
@@ -49,10 +74,12 @@ import functools
 import json
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
@@ -71,8 +98,14 @@ from turnstile_platform.sandbox_credentials import (
 )
 from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
+from turnstile_substrate.direct.environment import (
+    base_environment,
+    parse_names,
+    runtime_environment,
+)
 from turnstile_substrate.direct.launcher import Launcher
 from turnstile_substrate.direct.live_counts import DirectLiveCounts, declare_unsupported
+from turnstile_substrate.direct.runtime_users import Identity, RuntimeUsers
 from turnstile_substrate.runtime import (
     CapGate,
     CountUnknown,
@@ -93,12 +126,11 @@ ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
 ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
 ENV_CREDENTIAL_FILE = "TURNSTILE_WORKER_CREDENTIAL_FILE"
 
-#: The substrate's own ``TURNSTILE_*`` settings are not passed on (a runtime
-#: must not pick up the substrate's port or database), except these.
-_PASSED_SETTINGS = frozenset({"TURNSTILE_LOG_LEVEL", "TURNSTILE_LOG_FORMAT"})
-
 RECORD_FILE = "runtime.json"
 CREDENTIAL_FILE = "credential"
+#: The runtimes' copy of the sandbox-class TLS files, under the state directory.
+WORKER_TLS_DIR = "worker-tls"
+_WORKER_TLS_FILES = ("tls.crt", "tls.key", "ca.crt")
 
 
 @dataclass(frozen=True)
@@ -114,6 +146,9 @@ class RuntimeRecord:
     started_at: str
     #: The generation of the runtime's sandbox credential ("" without credentials).
     generation: str = ""
+    #: The uid and gid it runs as (None: the substrate's own).
+    uid: int | None = None
+    gid: int | None = None
 
     def runtime(self, sandbox_id: str) -> Runtime:
         return Runtime(
@@ -125,11 +160,18 @@ class RuntimeRecord:
         )
 
 
-def _worker_transport(settings: SubstrateSettings) -> dict[str, str]:
-    """How runtimes reach the relay: the sandbox-class certificate, or plaintext
-    when this process itself runs plaintext (loopback development)."""
+_TLS_ENV = (
+    "TURNSTILE_WORKER_TLS_CERT_FILE",
+    "TURNSTILE_WORKER_TLS_KEY_FILE",
+    "TURNSTILE_WORKER_TLS_CA_FILE",
+)
+
+
+def _worker_tls_sources(settings: SubstrateSettings) -> tuple[Path, Path, Path] | None:
+    """The sandbox-class certificate, key and CA bundle runtimes attach with, or
+    None when this process itself runs plaintext (loopback development)."""
     if settings.plaintext:
-        return {"TURNSTILE_WORKER_PLAINTEXT": "true"}
+        return None
     cert, key = settings.direct_worker_tls_cert_file, settings.direct_worker_tls_key_file
     if cert is None or key is None or settings.tls_ca_file is None:
         raise ValueError(
@@ -137,11 +179,37 @@ def _worker_transport(settings: SubstrateSettings) -> dict[str, str]:
             "TURNSTILE_DIRECT_WORKER_TLS_KEY_FILE (the sandbox-class certificate its "
             "runtimes attach with)"
         )
-    return {
-        "TURNSTILE_WORKER_TLS_CERT_FILE": str(cert.absolute()),
-        "TURNSTILE_WORKER_TLS_KEY_FILE": str(key.absolute()),
-        "TURNSTILE_WORKER_TLS_CA_FILE": str(settings.tls_ca_file.absolute()),
-    }
+    return cert.absolute(), key.absolute(), settings.tls_ca_file.absolute()
+
+
+def _share_worker_tls(sources: tuple[Path, Path, Path], directory: Path, group: int) -> None:
+    """Copy the sandbox-class TLS files where the runtimes' group may read them
+    (0640 in a 0750 directory, owned by this process's user); a file already the
+    same is left alone, a changed one (rotated) replaced atomically. Blocking."""
+    directory.mkdir(mode=0o750, exist_ok=True)
+    os.chown(directory, -1, group)
+    os.chmod(directory, 0o750)  # noqa: S103 - the runtimes' group reads the sandbox-class files
+    for source, name in zip(sources, _WORKER_TLS_FILES, strict=True):
+        data = source.read_bytes()
+        target = directory / name
+        with contextlib.suppress(FileNotFoundError):
+            if target.read_bytes() == data:
+                continue
+        temporary = directory / f".{name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            os.fchown(file.fileno(), -1, group)
+            os.fchmod(file.fileno(), 0o640)
+            file.write(data)
+        os.replace(temporary, target)
+
+
+def _chown_tree(root: Path, identity: Identity) -> None:
+    """Give a restored workspace to the uid its new runtime runs as (blocking)."""
+    os.chown(root, identity.uid, identity.gid)
+    for directory, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(directory, name), identity.uid, identity.gid)
 
 
 class DirectSubstrate:
@@ -165,12 +233,29 @@ class DirectSubstrate:
             raise ValueError("TURNSTILE_DIRECT_RUNTIME_COMMAND must not be empty")
         self.state_dir = settings.direct_state_dir.absolute()
         self.stop_grace_s = settings.direct_stop_grace_s
+        self._env_allow = parse_names(settings.direct_runtime_env_allow)
+        #: Who runtimes run as (SPEC O4); refuses a root substrate with no setting.
+        # A uid is cleared before it is handed out: one round (normally nothing runs
+        # as it; stopping a runtime already swept its uid, two rounds).
+        self.users = RuntimeUsers.from_settings(
+            settings.direct_runtime_user,
+            settings.direct_runtime_uids,
+            functools.partial(processes.kill_as, rounds=1),
+        )
         self._worker_env = {ENV_AFFINITY_ADDR: settings.affinity_addr}
         #: What each runtime's credential attests it serves (the worker's default is 1).
         self._capacity = settings.direct_worker_capacity or 1
         if settings.direct_worker_capacity is not None:
             self._worker_env[ENV_CAPACITY] = str(settings.direct_worker_capacity)
-        self._worker_env.update(_worker_transport(settings))
+        self._worker_tls = _worker_tls_sources(settings)
+        self._tls_lock = threading.Lock()
+        if self._worker_tls is None:
+            self._worker_env["TURNSTILE_WORKER_PLAINTEXT"] = "true"
+        elif self.users.group is not None:  # the runtimes' readable copy
+            copies = (self.state_dir / WORKER_TLS_DIR / name for name in _WORKER_TLS_FILES)
+            self._worker_env.update(zip(_TLS_ENV, map(str, copies), strict=True))
+        else:
+            self._worker_env.update(zip(_TLS_ENV, map(str, self._worker_tls), strict=True))
         self._reaper = processes.Reaper()
         #: Forks runtimes from a process that imported them already (fast wakes).
         self._launcher = (
@@ -193,9 +278,11 @@ class DirectSubstrate:
             leadership.add_work("sandbox-credential-renewal", self._renew_as_leader)
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.state_dir.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(self._prepare_state_dir)
         if self._launcher is not None:
-            await asyncio.to_thread(self._launcher.start)
+            await asyncio.to_thread(
+                self._launcher.start, base_environment(os.environ, self._env_allow)
+            )
         self._started = True
         if self.credentials is not None and self._leadership is None:
             self._renewing = asyncio.create_task(self._renew_forever(self.credentials))
@@ -286,6 +373,7 @@ class DirectSubstrate:
         stopped = False
         if record is not None:
             stopped = await processes.stop_group(record.pid, record.start_ticks, self.stop_grace_s)
+            await asyncio.to_thread(self._end_uid, sandbox_id, record)
             self._reaper.reap()
             self._drop_record(sandbox_id)
             self._live_changed()
@@ -331,6 +419,28 @@ class DirectSubstrate:
 
     # -- the state directory -------------------------------------------------
 
+    def _prepare_state_dir(self) -> None:
+        """Create the state directory: traversable (not listable) by runtimes of
+        another uid, which must reach their own files in it; else private."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o711 if self.users.switching else 0o700)
+        self._adopt_uids()
+        if self.users.switching:
+            for parent in self.state_dir.parents:
+                if not parent.stat().st_mode & 0o001:
+                    raise ValueError(
+                        f"runtimes run as another uid and cannot reach the state directory: "
+                        f"{parent} is not searchable by others (chmod o+x, or move "
+                        "TURNSTILE_DIRECT_STATE_DIR)"
+                    )
+        self._refresh_worker_tls()
+
+    def _refresh_worker_tls(self) -> None:
+        if self._worker_tls is not None and self.users.group is not None:
+            with self._tls_lock:  # starts run in threads, side by side
+                directory = self.state_dir / WORKER_TLS_DIR
+                _share_worker_tls(self._worker_tls, directory, self.users.group)
+
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.state_dir / sandbox_id
 
@@ -363,6 +473,7 @@ class DirectSubstrate:
         half their ttl; returns how many were renewed. Idempotent."""
         due_before = time.time() - credentials.ttl_ms / 2000
         renewed = 0
+        await asyncio.to_thread(self._refresh_worker_tls)  # a rotated sandbox-class cert
         for directory in await asyncio.to_thread(_sandbox_dirs, self.state_dir):
             sandbox_id = directory.name
             record = self._running_record(sandbox_id)
@@ -383,7 +494,7 @@ class DirectSubstrate:
                     extra={"sandbox_id": sandbox_id},
                 )
                 continue
-            write_private_file(path, issued.credential.encode())
+            write_private_file(path, issued.credential.encode(), _owner(record.uid, record.gid))
             renewed += 1
         if renewed:
             log.info("renewed sandbox credentials", extra={"renewed": renewed})
@@ -416,35 +527,61 @@ class DirectSubstrate:
         if processes.is_alive(record.pid, record.start_ticks):
             return record
         # The leader died (or its pid was reused): forget it, and sweep what it
-        # left in its group.
+        # left in its group, and under a uid of its own whatever else runs as it.
         processes.sweep_orphans(record.pid)
+        self._end_uid(sandbox_id, record)
         self._drop_record(sandbox_id)
         return None
+
+    def _end_uid(self, sandbox_id: str, record: RuntimeRecord) -> None:
+        """A runtime of a uid of its own has ended: whatever still runs as that uid
+        escaped its process group (``setsid``, a double fork) and goes too, and the
+        uid is free for another runtime. Blocking."""
+        if self.users.exclusive(record.uid):
+            assert record.uid is not None
+            assert record.gid is not None
+            processes.kill_as(record.uid, record.gid)
+            self.users.unbind(sandbox_id)
+
+    def _adopt_uids(self) -> None:
+        """After a restart: the runtimes still running hold their uids. Blocking."""
+        for directory in _sandbox_dirs(self.state_dir):
+            record = self._read_record(directory.name)
+            if record is not None and processes.is_alive(record.pid, record.start_ticks):
+                self.users.adopt(directory.name, record.uid)
 
     def _drop_record(self, sandbox_id: str) -> None:
         self._record_path(sandbox_id).unlink(missing_ok=True)
 
     def _write_record(self, sandbox_id: str, record: RuntimeRecord) -> None:
-        path = self._record_path(sandbox_id)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(asdict(record)))
-        os.replace(temporary, path)
+        write_private_file(self._record_path(sandbox_id), json.dumps(asdict(record)).encode())
 
     def _environment(self, spec: RuntimeSpec, issued: Issued | None) -> Mapping[str, str]:
-        env = {
-            name: value
-            for name, value in os.environ.items()
-            if not name.startswith("TURNSTILE_") or name in _PASSED_SETTINGS
-        }
-        env.update(self._worker_env)
-        env[ENV_SANDBOX_ID] = spec.sandbox_id
+        """The runtime's whole environment: the allowlist and its worker settings."""
+        worker = dict(self._worker_env)
+        worker[ENV_SANDBOX_ID] = spec.sandbox_id
         # Always set: the sandbox's tier as Activate resolved it (an empty request
         # is the default tier; with no tiers configured it stays empty and the worker
         # sends no label, SPEC T1/T6), never the worker kind's own default.
-        env[ENV_TIER] = spec.tier
+        worker[ENV_TIER] = spec.tier
         if issued is not None:
-            env[ENV_CREDENTIAL_FILE] = str(self._credential_path(spec.sandbox_id))
-        return env
+            worker[ENV_CREDENTIAL_FILE] = str(self._credential_path(spec.sandbox_id))
+        home = str(self.workspace(spec.sandbox_id))
+        return runtime_environment(os.environ, self._env_allow, home, worker)
+
+    def _make_dirs(self, spec: RuntimeSpec, kind: CreateKind, identity: Identity | None) -> None:
+        """The sandbox directory (the substrate's) and its workspace (the runtime's
+        uid's, 0700; a restored one is given to the new uid if it changed)."""
+        directory = self.sandbox_dir(spec.sandbox_id)
+        workspace = self.workspace(spec.sandbox_id)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o711 if identity is not None else 0o700)
+        if kind is not CreateKind.RESTORE and workspace.exists():
+            shutil.rmtree(workspace)  # a cold start begins from nothing
+        workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(workspace, 0o700)
+        if identity is not None and workspace.stat().st_uid != identity.uid:
+            _chown_tree(workspace, identity)
 
     def _start(
         self, spec: RuntimeSpec, kind: CreateKind, issued: Issued | None
@@ -454,22 +591,16 @@ class DirectSubstrate:
         The runtime is forked by the launcher when there is one that works, or
         else started from the command (then it is our child, returned for reaping).
         """
-        directory = self.sandbox_dir(spec.sandbox_id)
         workspace = self.workspace(spec.sandbox_id)
-        if kind is not CreateKind.RESTORE and workspace.exists():
-            shutil.rmtree(workspace)  # a cold start begins from nothing
-        workspace.mkdir(parents=True, exist_ok=True)
-        if issued is not None:
-            write_private_file(self._credential_path(spec.sandbox_id), issued.credential.encode())
-        env = self._environment(spec, issued)
-        log_path = directory / "runtime.log"
-        child: subprocess.Popen[bytes] | None = None
-        pid = None
-        if self._launcher is not None:
-            pid = self._launcher.spawn(env, workspace, log_path, self.command[0])
-        if pid is None:
-            child = processes.spawn(self.command, env=env, cwd=workspace, log_path=log_path)
-            pid = child.pid
+        preferred = None
+        with contextlib.suppress(FileNotFoundError):
+            preferred = workspace.stat().st_uid  # a restore keeps its uid when it can
+        identity = self.users.acquire(preferred)
+        try:
+            pid, child = self._spawn(spec, kind, issued, identity)
+        except BaseException:
+            self.users.release(identity)
+            raise
         try:
             ticks = processes.start_ticks(pid)
             if ticks is None:
@@ -484,14 +615,45 @@ class DirectSubstrate:
                 tier=spec.tier,
                 started_at=datetime.now(UTC).isoformat(),
                 generation=issued.generation if issued is not None else "",
+                uid=identity.uid if identity is not None else None,
+                gid=identity.gid if identity is not None else None,
             )
             self._write_record(spec.sandbox_id, record)
         except BaseException:
             processes.signal_group(pid, signal.SIGKILL)
             if child is not None:
                 child.wait()
+            self.users.release(identity)
             raise
+        self.users.bind(spec.sandbox_id, identity)
         return record, child
+
+    def _spawn(
+        self, spec: RuntimeSpec, kind: CreateKind, issued: Issued | None, identity: Identity | None
+    ) -> tuple[int, subprocess.Popen[bytes] | None]:
+        """Lay out the files, then fork (launcher) or exec (command) the runtime."""
+        self._make_dirs(spec, kind, identity)
+        self._refresh_worker_tls()
+        owner = (identity.uid, identity.gid) if identity is not None else None
+        if issued is not None:
+            path = self._credential_path(spec.sandbox_id)
+            write_private_file(path, issued.credential.encode(), owner)
+        env = self._environment(spec, issued)
+        workspace = self.workspace(spec.sandbox_id)
+        log_path = self.sandbox_dir(spec.sandbox_id) / "runtime.log"
+        uid, gid = owner if owner is not None else (None, None)
+        if self._launcher is not None:
+            pid = self._launcher.spawn(env, workspace, log_path, self.command[0], uid, gid)
+            if pid is not None:
+                return pid, None
+        child = processes.spawn(
+            self.command, env=env, cwd=workspace, log_path=log_path, user=uid, group=gid
+        )
+        return child.pid, child
+
+
+def _owner(uid: int | None, gid: int | None) -> tuple[int, int] | None:
+    return (uid, gid) if uid is not None and gid is not None else None
 
 
 def _sandbox_dirs(state_dir: Path) -> list[Path]:

@@ -52,6 +52,7 @@ from turnstile_cli.stack.preflight import (
     migrate,
     redacted,
 )
+from turnstile_cli.stack.runtime_user import runtime_user_env
 from turnstile_cli.stack.terminal import DetachingOutput
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
@@ -112,6 +113,8 @@ class Stack:
         self.running: dict[str, Running] = {}
         self.prometheus: prometheus.LocalPrometheus | None = None
         self.prometheus_note = "not installed (Debian's prometheus package)"
+        #: Who the substrate's runtimes run as (SPEC O4), chosen at preflight.
+        self.runtime_user_env: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         self.printer.line("stack", text)
@@ -199,6 +202,11 @@ class Stack:
         check_tiers(self.config)
         check_commands(self.config)
         check_ports(self.config)
+        self.runtime_user_env, note = await asyncio.to_thread(
+            runtime_user_env, self.config.state_dir, {**os.environ, **self.config.extra_env}
+        )
+        if note is not None:
+            self.say(note)
         if generate_key_pair(self.config.signing_key_file, self.config.public_keys_file):
             self.say(f"generated a sandbox-credential key pair in {self.config.credentials_dir}")
         await check_redis(self.config.redis_url)
@@ -213,7 +221,10 @@ class Stack:
             assert command is not None
             proc = await asyncio.create_subprocess_exec(
                 command,
-                env=self.config.environment(spec),
+                env={
+                    **self.config.environment(spec),
+                    **(self.runtime_user_env if spec.name == "substrate" else {}),
+                },
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,

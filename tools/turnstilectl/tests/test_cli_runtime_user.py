@@ -1,0 +1,43 @@
+"""Who the local stack's sandbox runtimes run as (SPEC O4)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from turnstile_cli.stack.runtime_user import RUNTIME_UIDS, probe, runtime_user_env
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="the stack picks runtime uids as root only")
+
+
+def test_a_runtime_user_you_set_wins(tmp_path: Path) -> None:
+    environ = {"TURNSTILE_DIRECT_RUNTIME_USER": "nobody"}
+    assert runtime_user_env(tmp_path / "direct", environ) == ({}, None)
+
+
+@AS_ROOT
+def test_a_state_dir_other_uids_cannot_reach_runs_runtimes_as_root_and_says_why(
+    tmp_path: Path,
+) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    env, note = runtime_user_env(private / "direct", {})
+    assert env == {"TURNSTILE_DIRECT_RUNTIME_USER": "root"}
+    assert note is not None
+    assert "ROOT" in note
+    assert str(private) in note or str(tmp_path) in note
+
+
+@AS_ROOT
+def test_as_root_runtimes_get_a_uid_each_when_such_a_uid_can_run_the_worker() -> None:
+    state_dir = Path("/tmp") / "turnstile-stack-probe" / "direct"
+    env, note = runtime_user_env(state_dir, {})
+    reason = probe(int(RUNTIME_UIDS.split("-")[0]))
+    if reason is None:
+        assert env == {"TURNSTILE_DIRECT_RUNTIME_UIDS": RUNTIME_UIDS}
+    else:  # this interpreter is root's alone (a pyenv under /root, say)
+        assert env == {"TURNSTILE_DIRECT_RUNTIME_USER": "root"}
+        assert note is not None
+        assert reason in note
