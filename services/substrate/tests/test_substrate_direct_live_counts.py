@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -65,6 +66,7 @@ async def counting(
     settings = SubstrateSettings(
         direct_state_dir=tmp_path / "direct",
         direct_runtime_command=IDLE,
+        direct_runtime_user=str(os.getuid()),  # about counts, not uids
         affinity_addr="127.0.0.1:50999",
         direct_live_counts="count",
     )
@@ -122,7 +124,9 @@ async def test_a_stopped_runtime_leaves_its_keys_live_set(
 
 
 def test_unsupported_stays_the_default_and_answers_unknown(tmp_path: Path) -> None:
-    settings = SubstrateSettings(direct_state_dir=tmp_path, direct_runtime_command=IDLE)
+    settings = SubstrateSettings(
+        direct_state_dir=tmp_path, direct_runtime_command=IDLE, direct_runtime_user=str(os.getuid())
+    )
     assert settings.direct_live_counts == "unsupported"
     count = DirectSubstrate(settings).count_live("acme", None, [])
     assert isinstance(count, CountUnknown)
@@ -132,7 +136,9 @@ def test_unsupported_stays_the_default_and_answers_unknown(tmp_path: Path) -> No
 async def test_unsupported_declares_so_in_the_store(
     tmp_path: Path, redis: aioredis.Redis, redis_prefix: str
 ) -> None:
-    settings = SubstrateSettings(direct_state_dir=tmp_path, direct_runtime_command=IDLE)
+    settings = SubstrateSettings(
+        direct_state_dir=tmp_path, direct_runtime_command=IDLE, direct_runtime_user=str(os.getuid())
+    )
     store = LiveStore(redis, redis_prefix, state_ttl_s=30)
     work = asyncio.ensure_future(
         DirectSubstrate(settings).live_counts_work(store, 10)(LeaderTerm("me", 1))
@@ -147,7 +153,10 @@ async def test_unsupported_declares_so_in_the_store(
 
 def test_counting_without_the_resolver_is_refused(tmp_path: Path) -> None:
     settings = SubstrateSettings(
-        direct_state_dir=tmp_path, direct_runtime_command=IDLE, direct_live_counts="count"
+        direct_state_dir=tmp_path,
+        direct_runtime_command=IDLE,
+        direct_runtime_user=str(os.getuid()),
+        direct_live_counts="count",
     )
     with pytest.raises(ValueError, match="resolver"):
         DirectSubstrate(settings)
