@@ -31,7 +31,7 @@ from turnstile_platform.server import GrpcService
 from turnstile_substrate.app import create_app as create_substrate
 from turnstile_substrate.db.migrate import apply_migrations
 from turnstile_substrate.settings import SubstrateSettings
-from turnstile_testing.authz import postgres_snapshot, redis_snapshot
+from turnstile_testing.authz import RedisState, postgres_snapshot, redis_state
 from turnstile_testing.pki import Identity, Pki
 
 IDLE_RUNTIME = f"{sys.executable} -m turnstile_substrate.direct.idle_runtime"
@@ -70,9 +70,25 @@ INHERIT = common_pb2.ActivationClient(inherit=common_pb2.ActivationClient.Inheri
 
 @dataclass(frozen=True)
 class Snapshot:
-    redis: dict[bytes, bytes | None]
+    redis: RedisState
     postgres: dict[str, list[tuple[Any, ...]]]
     running: frozenset[str]
+
+    def changes_since(self, before: Snapshot) -> dict[str, object]:
+        """What changed since ``before`` (empty: nothing); Redis keys that expired on
+        their own are no change."""
+        changes: dict[str, object] = {}
+        if redis := self.redis.changes_since(before.redis):
+            changes["redis"] = redis
+        if self.postgres != before.postgres:
+            changes["postgres"] = {
+                table: rows
+                for table, rows in self.postgres.items()
+                if rows != before.postgres.get(table)
+            }
+        if self.running != before.running:
+            changes["running"] = self.running ^ before.running
+        return changes
 
 
 @dataclass
@@ -124,10 +140,10 @@ class Tenants:
         await self.call(who, SUBSTRATE, "Deactivate", request)
 
     async def snapshot(self) -> Snapshot:
-        """Everything a call could change: every Redis key under the prefix (DUMP),
-        every PostgreSQL row, and which runtimes run (by sandbox id)."""
+        """Everything a call could change: every Redis key under the prefix (DUMP and
+        expiry), every PostgreSQL row, and which runtimes run (by sandbox id)."""
         return Snapshot(
-            await redis_snapshot(self.redis, self.redis_prefix),
+            await redis_state(self.redis, self.redis_prefix),
             await postgres_snapshot(self.database_url),
             frozenset(runtime_ids(self.state_dir)),
         )
