@@ -230,3 +230,17 @@ async def test_a_tenant_creates_and_lists_only_in_its_own_namespace(tenants: Ten
     assert platform.charged_client_id == "globex"
     taken_over = await tenants.activate("ops", "globex--running", client("acme"))
     assert taken_over.outcome == substrate_pb2.OUTCOME_ALREADY_RUNNING
+
+
+async def test_a_tenants_usage_shows_its_own_key_and_nothing_summed_over_tenants(
+    tenants: Tenants,
+) -> None:
+    await _world(tenants)
+    request = admission_pb2.GetUsageRequest(client=client("acme"))
+    own = await tenants.call("acme", ADMISSION, "GetUsage", request)
+    assert own.key.key == "acme"
+    assert own.client_capacity > 0
+    # The cluster bucket and the node slots count every tenant's activations.
+    assert (own.cluster_tokens, own.cluster_capacity, dict(own.node_slots_held)) == (0, 0, {})
+    platform = await tenants.call("ops", ADMISSION, "GetUsage", request)
+    assert platform.cluster_capacity > 0
