@@ -150,7 +150,7 @@ async def redis_state(client: aioredis.Redis, prefix: str) -> RedisState:
     out: dict[bytes, tuple[bytes | None, int]] = {}
     for key in sorted(keys):
         value = await client.dump(key)
-        expires = int(await client.execute_command("PEXPIRETIME", key))
+        expires = int(await client.pexpiretime(key))
         if value is not None and expires != -2:  # -2: it expired between the two reads
             out[key] = (value, expires)
     seconds, micros = await client.time()

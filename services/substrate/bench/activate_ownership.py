@@ -8,7 +8,7 @@ the authorization policy, called in interleaved rounds by
 * ``self+lookup`` — the same identity on old ids of no namespace recorded to it:
   the authorizer looks the owner up (one PostgreSQL read) before the handler.
 
-    uv run python services/substrate/bench/ownership.py [--database-url URL]
+    uv run python services/substrate/bench/activate_ownership.py [--database-url URL]
 
 The figures are Activate of running sandboxes (``ALREADY_RUNNING``, the hot path),
 64 in flight, in short blocks taken in turn (any, self, self+lookup, any, …), as
