@@ -210,7 +210,8 @@ class Activator:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
         A ``scope`` (a caller not allowed every client) must own the sandbox: checked
-        on each record read here, before anything is claimed or made."""
+        on each record read here (the already-running path, then under the claim),
+        before anything is made or admitted."""
         started = time.perf_counter()
         result = "error"
         try:

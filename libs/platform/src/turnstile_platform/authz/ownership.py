@@ -21,7 +21,6 @@ caller sent, never the owner.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -31,8 +30,6 @@ import grpc
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.policy import Decision
 from turnstile_platform.errors import RichError
-
-log = logging.getLogger(__name__)
 
 #: Between a client id and the rest of a sandbox id in that client's namespace.
 NAMESPACE_SEPARATOR = "--"
