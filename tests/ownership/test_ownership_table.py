@@ -244,3 +244,38 @@ async def test_a_tenants_usage_shows_its_own_key_and_nothing_summed_over_tenants
     assert (own.cluster_tokens, own.cluster_capacity, dict(own.node_slots_held)) == (0, 0, {})
     platform = await tenants.call("ops", ADMISSION, "GetUsage", request)
     assert platform.cluster_capacity > 0
+
+
+async def test_a_sandbox_re_recorded_after_the_authorizers_read_is_still_refused(
+    tenants: Tenants,
+) -> None:
+    """The authorizer reads the owner, the handler reads the record: between the two an
+    ``any`` caller may re-record the sandbox. Played here by an owner lookup that still
+    answers the old owner (acme) for sandboxes now recorded to globex: the handlers'
+    own check refuses them alike and nothing changes."""
+    await _world(tenants)
+    assert tenants.substrate.authorizer is not None
+
+    async def stale(sandbox_id: str) -> str | None:
+        return "acme"
+
+    tenants.substrate.authorizer.set_owner_lookup(stale)
+    before = await tenants.snapshot()
+    answers = set()
+    targets = ("globex--running", "globex--stopped", "legacy-running", "legacy-stopped")
+    for sandbox in (*targets, "globex--missing"):
+        for method, request in (
+            ("GetSandbox", substrate_pb2.GetSandboxRequest(sandbox_id=sandbox)),
+            ("Deactivate", substrate_pb2.DeactivateRequest(sandbox_id=sandbox)),
+            ("Activate", substrate_pb2.ActivateRequest(sandbox_id=sandbox, client=INHERIT)),
+            ("Activate", substrate_pb2.ActivateRequest(sandbox_id=sandbox, client=client("acme"))),
+        ):
+            error = await _refused(tenants, SUBSTRATE, method, request)
+            answer = _answer(error, sandbox)
+            assert answer[0] == grpc.StatusCode.PERMISSION_DENIED, (method, sandbox, answer)
+            assert "globex" not in repr(answer)
+            assert answer[1] == f"identity may not act for sandbox <id>: /{SUBSTRATE}/{method}"
+            answers.add(answer)
+    assert len(answers) == 3  # one per method, as the authorizer's own refusals
+    after = await tenants.snapshot()
+    assert after.changes_since(before) == {}
