@@ -99,8 +99,10 @@ _SCOPE: ContextVar[CallerScope | None] = ContextVar("turnstile_caller_scope", de
 
 
 def current_scope() -> CallerScope | None:
-    """The scope of the call being served; None when the caller may act for any client
-    (or the server runs no authorization: loopback plaintext)."""
+    """The scope of the call being served, set for the methods that act for a client
+    (``methods.CLIENT_SOURCES``); None when the caller may act for any client, or the
+    server runs no authorization (loopback plaintext). A handler of another method
+    must not read None here as "any client": it is not set there."""
     return _SCOPE.get()
 
 
