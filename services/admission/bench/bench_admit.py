@@ -441,12 +441,13 @@ Make = Callable[[], admission_pb2.AdmitRequest]
 
 
 def request_makers() -> dict[str, Make]:
-    """The two Admit shapes, each call a new sandbox id: ``cold`` and ``resume``."""
+    """The two Admit shapes, each call a new sandbox id: ``cold`` and ``resume``. The ids
+    are in acme's namespace (``acme--…``), which a ``self``-scoped Admit needs (SPEC O1)."""
     sequence = iter(range(10**9))
 
     def cold() -> admission_pb2.AdmitRequest:
         return admission_pb2.AdmitRequest(
-            sandbox_id=f"sb-{next(sequence)}",
+            sandbox_id=f"acme--sb-{next(sequence)}",
             client=common_pb2.ActivationClient(client_id="acme"),
             kind=common_pb2.ACTIVATION_KIND_COLD_CREATE,
             candidate_nodes=["node-a", "node-b", "node-c"],
@@ -1045,7 +1046,7 @@ async def authorization_check_cost(repeat: int = 5000) -> dict[str, float]:
         policy.write_text(POLICY.read_text() + SELF_RULE)
         checker = Authorizer(PolicyWatcher(policy, poll_interval_s=60))
         request = admission_pb2.AdmitRequest(
-            sandbox_id="sb", client=common_pb2.ActivationClient(client_id="acme")
+            sandbox_id="acme--sb", client=common_pb2.ActivationClient(client_id="acme")
         )
 
         async def timed(payload: bytes, context: Any) -> bytes:

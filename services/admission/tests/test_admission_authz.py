@@ -106,12 +106,16 @@ async def test_self_scoped_clients_act_only_for_themselves(
 ) -> None:
     address = secured.app.address
     async with pki.identity("client/acme").channel(address) as acme:
-        assert await outcome(acme, unary(f"/{SERVICE}/Admit", _admit("acme"))) == (
+        # Its own client, an id in its own namespace (SPEC O1).
+        assert await outcome(acme, unary(f"/{SERVICE}/Admit", _admit("acme", "acme--sb-1"))) == (
             grpc.StatusCode.OK
         )
         before = await redis_snapshot(redis, secured.settings.redis_prefix)
         for invoke in (
             unary(f"/{SERVICE}/Admit", _admit("globex", "sb-2")),
+            # Admission keeps no owner record: a scoped Admit names ids of its namespace.
+            unary(f"/{SERVICE}/Admit", _admit("acme", "globex--sb-1")),
+            unary(f"/{SERVICE}/Admit", _admit("acme", "sb-1")),
             unary(f"/{SERVICE}/GetUsage", admission_pb2.GetUsageRequest(client=_client("globex"))),
             # Admission keeps no sandbox owner: a scoped identity cannot prove it owns one.
             unary(

@@ -1,10 +1,12 @@
 """Helpers of the authorization tests: call every RPC as some identity, classify the
-outcome, and snapshot Redis and PostgreSQL to prove a refused call changed nothing."""
+outcome, and snapshot Redis and PostgreSQL to prove a refused call changed nothing
+(:class:`RedisState` also tells a key that expired from one that was written)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -115,6 +117,44 @@ async def redis_snapshot(client: aioredis.Redis, prefix: str) -> dict[bytes, byt
     """Every key under ``prefix`` and its serialized value (DUMP)."""
     keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
     return {key: await client.dump(key) for key in sorted(keys)}
+
+
+@dataclass(frozen=True)
+class RedisState:
+    """Every key under a prefix: its serialized value (DUMP) and absolute expiry in ms
+    (PEXPIRETIME: -1 for none), read at ``now_ms`` (the server's clock)."""
+
+    keys: dict[bytes, tuple[bytes | None, int]]
+    now_ms: int
+
+    def changes_since(self, before: RedisState) -> dict[bytes, str]:
+        """What was written between ``before`` and this state, by key: a key created,
+        rewritten, given another expiry, or gone before its expiry. A key that merely
+        expired (its expiry passed by now) is no change: nobody wrote it."""
+        changes: dict[bytes, str] = {}
+        for key, (value, expires) in before.keys.items():
+            now = self.keys.get(key)
+            if now is None:
+                if not 0 <= expires <= self.now_ms:
+                    changes[key] = "deleted"
+            elif now != (value, expires):
+                changes[key] = "rewritten" if now[0] != value else "expiry changed"
+        for key in self.keys.keys() - before.keys.keys():
+            changes[key] = "created"
+        return changes
+
+
+async def redis_state(client: aioredis.Redis, prefix: str) -> RedisState:
+    """:class:`RedisState` of every key under ``prefix``."""
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+    out: dict[bytes, tuple[bytes | None, int]] = {}
+    for key in sorted(keys):
+        value = await client.dump(key)
+        expires = int(await client.pexpiretime(key))
+        if value is not None and expires != -2:  # -2: it expired between the two reads
+            out[key] = (value, expires)
+    seconds, micros = await client.time()
+    return RedisState(out, int(seconds) * 1000 + int(micros) // 1000)
 
 
 async def postgres_snapshot(database_url: str) -> dict[str, list[tuple[Any, ...]]]:

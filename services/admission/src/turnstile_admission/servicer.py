@@ -14,6 +14,7 @@ from turnstile_admission.responses import AdmitResponses
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
+from turnstile_platform.authz.ownership import current_scope
 from turnstile_platform.bounded import OverloadedError
 from turnstile_platform.errors import RichError, reason_name, replica_overloaded
 from turnstile_platform.redis_client import UNREACHABLE
@@ -77,6 +78,12 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         )
         if usage.live is not None:
             response.live = usage.live
+        if current_scope() is not None:
+            # A caller scoped to some clients sees its key alone: the cluster bucket
+            # and the node slots sum every tenant's activations (SPEC O1).
+            response.ClearField("cluster_tokens")
+            response.ClearField("cluster_capacity")
+            response.ClearField("node_slots_held")
         return response
 
 

@@ -42,6 +42,7 @@ from prometheus_client import Counter, Histogram
 
 from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
+from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
@@ -146,6 +147,26 @@ def charged_client(client: Client, record: SandboxRecord | None) -> Client:
     return client
 
 
+def check_owner(
+    scope: CallerScope | None,
+    sandbox_id: str,
+    record: SandboxRecord | None,
+    runtime: Runtime | None,
+    *,
+    recorded_only: bool,
+) -> None:
+    """Refuse a scoped caller a sandbox recorded to a client it may not act for (SPEC O1),
+    with the authorizer's answer for one that does not exist. The owner is the record's
+    client, or the running runtime's label when the record names none (or is unreadable)."""
+    if scope is None:
+        return
+    recorded = record.activating_client_id if record is not None else None
+    if recorded is None and runtime is not None:
+        recorded = runtime.client_label
+    if not scope.owns(sandbox_id, recorded, recorded_only=recorded_only):
+        raise scope.refusal(sandbox_id)
+
+
 def records_runtime(record: SandboxRecord | None, runtime: Runtime) -> bool:
     """Whether the record's active execution is this runtime."""
     return (
@@ -183,12 +204,18 @@ class Activator:
 
     # -- Activate ------------------------------------------------------------
 
-    async def activate(self, sandbox_id: str, client: Client, tier: str) -> Activation:
-        """Make the sandbox's runtime exist, charged to ``client`` (see module doc)."""
+    async def activate(
+        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None = None
+    ) -> Activation:
+        """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
+
+        A ``scope`` (a caller not allowed every client) must own the sandbox: checked
+        on each record read here (the already-running path, then under the claim),
+        before anything is made or admitted."""
         started = time.perf_counter()
         result = "error"
         try:
-            activation = await self._guard(self._activate(sandbox_id, client, tier))
+            activation = await self._guard(self._activate(sandbox_id, client, tier, scope))
             result = activation.outcome.value
             return activation
         except RichError as error:
@@ -198,7 +225,10 @@ class Activator:
             _activations(self.substrate.name, result).inc()
             _activation_seconds(self.substrate.name, result).observe(time.perf_counter() - started)
 
-    async def _activate(self, sandbox_id: str, client: Client, tier: str) -> Activation:
+    async def _activate(
+        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None
+    ) -> Activation:
+        inherit = client.form is ClientForm.INHERIT
         runtime = await self.substrate.find_running(sandbox_id)
         if runtime is not None:
             try:
@@ -209,12 +239,15 @@ class Activator:
                 # Never refused (S5), not even by a PostgreSQL outage: the
                 # runtime's own label says who it is charged to.
                 log.warning("answering from the runtime: PostgreSQL unavailable")
+                check_owner(scope, sandbox_id, None, runtime, recorded_only=inherit)
                 return Activation(None, runtime, Outcome.ALREADY_RUNNING)
+            check_owner(scope, sandbox_id, record, runtime, recorded_only=inherit)
             if records_runtime(record, runtime):
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
         async with self._locked(sandbox_id) as claim:
             record, generation = await self._db(lambda conn: _read_for_activation(conn, sandbox_id))
             runtime = await self.substrate.find_running(sandbox_id)
+            check_owner(scope, sandbox_id, record, runtime, recorded_only=inherit)
             if runtime is not None:
                 if not records_runtime(record, runtime):
                     # Its activation died between creating and recording it.
@@ -308,15 +341,19 @@ class Activator:
 
     # -- Deactivate ----------------------------------------------------------
 
-    async def deactivate(self, sandbox_id: str) -> bool:
+    async def deactivate(self, sandbox_id: str, scope: CallerScope | None = None) -> bool:
         """Stop the runtime, end its execution, free its admission slot. Idempotent.
 
         The admission release runs under the sandbox lock, so it cannot free the
-        slot of an activation of the same sandbox that starts right after.
+        slot of an activation of the same sandbox that starts right after. A
+        ``scope`` must own the sandbox, checked under that lock.
         """
 
         async def run() -> bool:
             async with self._locked(sandbox_id) as claim:
+                if scope is not None:
+                    record = await self._read(sandbox_id)
+                    check_owner(scope, sandbox_id, record, None, recorded_only=True)
                 stopped = await self.substrate.stop_runtime(sandbox_id)
                 await self._db(
                     lambda conn: records.end_execution(
@@ -330,12 +367,13 @@ class Activator:
 
     # -- reads ---------------------------------------------------------------
 
-    async def get(self, sandbox_id: str) -> SandboxView:
-        """The sandbox's record and, if it runs, its runtime."""
+    async def get(self, sandbox_id: str, scope: CallerScope | None = None) -> SandboxView:
+        """The sandbox's record and, if it runs, its runtime (a ``scope`` must own it)."""
 
         async def run() -> SandboxView:
             record = await self._read(sandbox_id)
             runtime = await self.substrate.find_running(sandbox_id)
+            check_owner(scope, sandbox_id, record, runtime, recorded_only=True)
             return SandboxView(record, runtime)
 
         return await self._guard(run())

@@ -8,6 +8,7 @@ import grpc.aio
 
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform.authz.ownership import current_scope
 from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
@@ -18,7 +19,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
     """Each RPC validates its request (INVALID_ARGUMENT names the field and changes
     nothing), calls the :class:`Activator`, and maps the result to the contract.
-    Errors are raised as ``RichError``; the platform interceptor sends them."""
+    Errors are raised as ``RichError``; the platform interceptor sends them.
+    Sandbox-addressed calls pass the caller's scope (SPEC O1) to the domain, which
+    checks the records it reads against it."""
 
     def __init__(self, activator: Activator, resolver: Resolver, tiers: TierConfig) -> None:
         self._activator = activator
@@ -30,14 +33,14 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.ActivateRequest, context: Context
     ) -> substrate_pb2.ActivateResponse:
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
-        activation = await self._activator.activate(sandbox_id, client, tier)
+        activation = await self._activator.activate(sandbox_id, client, tier, current_scope())
         return contract.activate_response(activation, self._substrate.name)
 
     async def Deactivate(  # noqa: N802 - gRPC method names
         self, request: substrate_pb2.DeactivateRequest, context: Context
     ) -> substrate_pb2.DeactivateResponse:
         sandbox_id = contract.sandbox_id(request.sandbox_id)
-        stopped = await self._activator.deactivate(sandbox_id)
+        stopped = await self._activator.deactivate(sandbox_id, current_scope())
         return substrate_pb2.DeactivateResponse(stopped=stopped)
 
     async def CountLiveSandboxes(  # noqa: N802 - gRPC method names
@@ -52,7 +55,7 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.GetSandboxRequest, context: Context
     ) -> substrate_pb2.GetSandboxResponse:
         sandbox_id = contract.sandbox_id(request.sandbox_id)
-        found = await self._activator.get(sandbox_id)
+        found = await self._activator.get(sandbox_id, current_scope())
         if found.record is None and found.runtime is None:
             raise contract.not_found(sandbox_id)
         return substrate_pb2.GetSandboxResponse(

@@ -7,8 +7,11 @@ and reflection (open to any caller with an identity):
    (:func:`turnstile_platform.identity.peer_identity`); none → UNAUTHENTICATED;
 2. the policy's decision for (identity, method); not allowed → PERMISSION_DENIED;
 3. for a method that acts for a client (:data:`~turnstile_platform.authz.methods.CLIENT_SOURCES`),
-   unless the identity may act for any client: the client the call acts for, which
-   must be one the decision allows → PERMISSION_DENIED otherwise.
+   unless the identity may act for any client: every client the call acts for
+   (the named one, the sandbox's owner), which must be ones the decision allows →
+   PERMISSION_DENIED otherwise; a call let through gets its
+   :class:`~turnstile_platform.authz.ownership.CallerScope`, so the handler can
+   check the record it reads against the same decision (SPEC O1).
 
 Refusals carry ``ErrorInfo`` (reason ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``,
 metadata ``identity`` and ``method``), are counted per identity label and logged:
@@ -31,7 +34,8 @@ import grpc
 from prometheus_client import Counter
 
 from turnstile_contracts import common_pb2
-from turnstile_platform.authz.methods import CLIENT_SOURCES, OwnerLookup, client_of
+from turnstile_platform.authz.methods import CLIENT_SOURCES, OwnerLookup, refusal
+from turnstile_platform.authz.ownership import PERMISSION_DENIED_REASON, CallerScope, enter_scope
 from turnstile_platform.authz.policy import Decision, Policy
 from turnstile_platform.decoding import Undecodable
 from turnstile_platform.errors import RichError, abort
@@ -54,9 +58,7 @@ REFUSAL_LOG = LogThrottle(log)
 _UNAUTHENTICATED = common_pb2.ErrorReason.Name(
     common_pb2.ERROR_REASON_UNAUTHENTICATED
 ).removeprefix("ERROR_REASON_")
-_PERMISSION_DENIED = common_pb2.ErrorReason.Name(
-    common_pb2.ERROR_REASON_PERMISSION_DENIED
-).removeprefix("ERROR_REASON_")
+_PERMISSION_DENIED = PERMISSION_DENIED_REASON
 
 
 class PolicySource(Protocol):
@@ -119,6 +121,24 @@ class Authorizer:
             ),
         )
 
+    def _scope(self, identity: str, method: str, decision: Decision) -> CallerScope:
+        """The scope a handler checks its records against; a refusal it makes is
+        counted and logged like this authorizer's own."""
+
+        def report(why: str) -> None:
+            self._count(decision.label, "denied")
+            log.warning(
+                "call refused",
+                extra={
+                    "identity": identity,
+                    "rpc": method,
+                    "reason": _PERMISSION_DENIED,
+                    "why": why,
+                },
+            )
+
+        return CallerScope(identity, method, decision, report)
+
     async def check_call(self, context: Any, method: str, reflection: bool) -> Decision | None:
         """The decision if the caller may call ``method`` at all (aborts otherwise)."""
         identity = peer_identity(context)
@@ -140,15 +160,16 @@ class Authorizer:
     ) -> None:
         if decision is None or decision.any_client:
             if decision is not None:
+                enter_scope(None)
                 self._count(decision.label, "allowed")
             return
         source = CLIENT_SOURCES.get(method)
         if source is not None and not isinstance(request, Undecodable):
             # (An undecodable request names no client; the platform interceptor
             # answers it INVALID_ARGUMENT next, before any handler runs.)
-            client = await client_of(source, request, self.owner)
-            if not decision.allows_client(client):
-                identity = peer_identity(context) or ""
-                why = f"identity may not act for client {client or '(none)'!r}"
+            identity = peer_identity(context) or ""
+            why = await refusal(source, request, decision, self.owner)
+            if why is not None:
                 await self._refuse(context, identity, method, decision.label, why)
+            enter_scope(self._scope(identity, method, decision))
         self._count(decision.label, "allowed")

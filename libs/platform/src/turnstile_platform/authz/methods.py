@@ -1,14 +1,20 @@
 """For each method that acts for a client, where that client comes from — in one place.
 
 The policy (:mod:`turnstile_platform.authz.policy`) says which clients an
-identity may act for; this table says which client a call acts for:
+identity may act for; this table says which clients a call acts for (all of them
+must be allowed). A sandbox's owner is its recorded client; an id ``<client>--…``
+lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC O1):
 
 ==============================  ===============================================================
-``Admit``, ``GetUsage``         the request's ``client``: a client id, or the reserved keys
+``GetUsage``                    the request's ``client``: a client id, or the reserved keys
                                 ``native`` / ``unattributed``
-``Activate``                    the request's ``client``; ``inherit`` acts for the sandbox's
-                                recorded client (the substrate's record), so an identity
-                                scoped to ``self`` or a list may wake only its own sandboxes
+``Activate``                    the request's ``client`` *and* the sandbox's owner (with none
+                                recorded: its namespace's client), so a ``self``- or
+                                list-scoped identity can neither take over nor restore another
+                                tenant's sandbox, nor create an id outside its namespace;
+                                ``inherit`` acts for the recorded client alone
+``Admit``                       the request's ``client`` and the sandbox id's namespace
+                                client: admission keeps no owner record
 ``Deactivate``, ``GetSandbox``  the sandbox's recorded client (substrate record)
 ``ReleaseSandbox`` (admission)  the sandbox's recorded client; admission keeps no owner
                                 record, so only an identity allowed ``any`` client may call it
@@ -22,7 +28,8 @@ identity may act for; this table says which client a call acts for:
 Every other method (holds, the relay, counting) acts for no client:
 the method grant alone decides. A sandbox-addressed call whose owner is unknown
 (no such sandbox, no recorded client, or a service without an owner lookup)
-acts for no client and is allowed only to an identity with ``any``.
+acts for no client and is allowed only to an identity with ``any`` — except that
+an id in the caller's own namespace may be activated (created) by it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from turnstile_contracts import (
     common_pb2,
     substrate_pb2,
 )
+from turnstile_platform.authz.ownership import client_why, namespace_of, sandbox_why
+from turnstile_platform.authz.policy import Decision
 
 #: Resolves a sandbox id to its recorded client id (None: unknown).
 OwnerLookup = Callable[[str], Awaitable[str | None]]
@@ -58,10 +67,12 @@ class FromSandbox:
 
 @dataclass(frozen=True)
 class FromActivationClient:
-    """``client`` in the request, with ``inherit`` meaning the sandbox's owner."""
+    """``client`` in the request, with ``inherit`` meaning the sandbox's owner; a
+    client named explicitly acts for the sandbox's owner too (None: the request
+    names no sandbox)."""
 
     client: Callable[[Any], common_pb2.ActivationClient]
-    sandbox_id: Callable[[Any], str]
+    sandbox_id: Callable[[Any], str] | None
 
 
 ClientSource = FromRequest | FromSandbox | FromActivationClient
@@ -97,7 +108,7 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
         lambda r: r.client, lambda r: r.sandbox_id
     ),
     _name(_ADMISSION, "AdmissionService", "GetUsage"): FromActivationClient(
-        lambda r: r.client, lambda r: ""
+        lambda r: r.client, None
     ),
     _name(_ADMISSION, "AdmissionService", "ReleaseSandbox"): FromSandbox(lambda r: r.sandbox_id),
     _name(_SUBSTRATE, "SubstrateService", "Activate"): FromActivationClient(
@@ -124,14 +135,33 @@ def all_methods() -> frozenset[str]:
     return frozenset(out)
 
 
-async def client_of(source: ClientSource, request: Any, owner: OwnerLookup | None) -> str | None:
-    """The client the call acts for (None: none can be determined)."""
+async def refusal(
+    source: ClientSource, request: Any, decision: Decision, owner: OwnerLookup | None
+) -> str | None:
+    """Why the call acts for a client ``decision`` does not allow, or None if it may
+    go on. A refusal about a sandbox never says whether, or to whom, it is recorded.
+
+    An explicit-client call on an id in the caller's own namespace needs no owner
+    lookup here: the handler checks the record it reads (``ownership.current_scope``)."""
+    allows = decision.allows_client
     if isinstance(source, FromRequest):
-        return source.client(request)
+        client = source.client(request)
+        return None if allows(client) else client_why(client)
     if isinstance(source, FromSandbox):
-        return await owner(source.sandbox_id(request)) if owner is not None else None
-    named = activation_client(source.client(request))
-    if named is INHERIT:
         sandbox_id = source.sandbox_id(request)
-        return await owner(sandbox_id) if owner is not None and sandbox_id else None
-    return named if isinstance(named, str) else None
+        recorded = await owner(sandbox_id) if owner is not None else None
+        return None if allows(recorded) else sandbox_why(sandbox_id)
+    named = activation_client(source.client(request))
+    sandbox_id = source.sandbox_id(request) if source.sandbox_id is not None else ""
+    if named is INHERIT:
+        if not sandbox_id:
+            return client_why(None)
+        recorded = await owner(sandbox_id) if owner is not None else None
+        return None if allows(recorded) else sandbox_why(sandbox_id)
+    client = named if isinstance(named, str) else None
+    if not allows(client):
+        return client_why(client)
+    if source.sandbox_id is None or allows(namespace_of(sandbox_id)):
+        return None
+    recorded = await owner(sandbox_id) if owner is not None else None
+    return None if allows(recorded) else sandbox_why(sandbox_id)

@@ -96,6 +96,14 @@ async def fetch_sandbox(conn: Connection, sandbox_id: str) -> SandboxRecord | No
     return _record(row) if row is not None else None
 
 
+async def fetch_owner(conn: Connection, sandbox_id: str) -> str | None:
+    """The client the sandbox is recorded to (None: no record, or none recorded)."""
+    owner: str | None = await conn.fetchval(
+        "SELECT activating_client_id FROM sandboxes WHERE id = $1", sandbox_id
+    )
+    return owner
+
+
 async def activation_generation(conn: Connection, sandbox_id: str) -> int:
     """How many executions the sandbox has had: the number of its next activation.
 

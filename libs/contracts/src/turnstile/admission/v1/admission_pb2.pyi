@@ -489,7 +489,9 @@ class GetUsageResponse(_message.Message):
     """Tokens in the key's bucket now, and its capacity."""
     client_capacity: _builtins.float
     cluster_tokens: _builtins.float
-    """Tokens in the cluster bucket now, and its capacity."""
+    """Tokens in the cluster bucket now, and its capacity. Left out (with node_slots_held)
+    for a caller scoped to some clients: they sum every tenant's activity.
+    """
     cluster_capacity: _builtins.float
     in_flight: _builtins.int
     """Activations in flight for the key, and its concurrency limit."""
@@ -504,7 +506,7 @@ class GetUsageResponse(_message.Message):
     def key(self) -> _common_pb2.BoundedKey: ...
     @_builtins.property
     def node_slots_held(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """Node slots held, per node."""
+        """Node slots held, per node (every client's)."""
 
     def __init__(
         self,
