@@ -110,10 +110,16 @@ async def test_start_runs_the_command_in_the_workspace_with_the_worker_settings(
         body = (
             "report = '|'.join([os.getcwd(), os.environ['TURNSTILE_WORKER_SANDBOX_ID'],"
             " repr(os.environ['TURNSTILE_WORKER_TIER']), os.environ['TURNSTILE_WORKER_CAPACITY'],"
-            " os.environ['TURNSTILE_AFFINITY_ADDR'], str(os.getpgid(0) == os.getpid())])"
+            " os.environ['TURNSTILE_AFFINITY_ADDR'], os.environ['TURNSTILE_AFFINITY_SPIFFE_ID'],"
+            " str(os.getpgid(0) == os.getpid())])"
         )
         substrate = DirectSubstrate(
-            settings(state_dir, rendezvous.command(body), direct_worker_capacity=3)
+            settings(
+                state_dir,
+                rendezvous.command(body),
+                direct_worker_capacity=3,
+                affinity_spiffe_id="spiffe://example.test/service/relay",
+            )
         )
         await substrate.start()
         try:
@@ -123,7 +129,15 @@ async def test_start_runs_the_command_in_the_workspace_with_the_worker_settings(
             await substrate.close()
 
     workspace = state_dir / "sb-1" / "workspace"
-    assert report.split("|") == [str(workspace), "sb-1", "''", "3", "127.0.0.1:50999", "True"]
+    assert report.split("|") == [
+        str(workspace),
+        "sb-1",
+        "''",
+        "3",
+        "127.0.0.1:50999",
+        "spiffe://example.test/service/relay",  # the relay it must find (SPEC O5)
+        "True",
+    ]
     assert runtime.kind is CreateKind.COLD
     assert runtime.client_label == "acme"
 

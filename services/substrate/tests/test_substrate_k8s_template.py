@@ -51,9 +51,12 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_worker_gets_the_relay_its_tier_capacity_and_the_labels_file_not_a_sandbox_id() -> None:
-    pod = sandbox_pod(settings(worker_capacity=4), SPEC)
+    pod = sandbox_pod(
+        settings(worker_capacity=4, affinity_spiffe_id="spiffe://example.test/service/relay"), SPEC
+    )
     assert env_of(pod) == {
         "TURNSTILE_AFFINITY_ADDR": "turnstile-affinity:50053",
+        "TURNSTILE_AFFINITY_SPIFFE_ID": "spiffe://example.test/service/relay",  # SPEC O5
         "TURNSTILE_WORKER_SANDBOX_ID_FILE": "/etc/turnstile/podinfo/labels",
         "TURNSTILE_WORKER_TIER": "container",
         "TURNSTILE_WORKER_CAPACITY": "4",

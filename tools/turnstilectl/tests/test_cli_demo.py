@@ -13,7 +13,7 @@ import pytest
 from turnstile_testing.stack import run_stack
 
 
-# About 30 s (a whole stack, six steps, a grace period): in the default run, because
+# About 30 s (a whole stack, seven steps, a grace period): in the default run, because
 # "the demo runs to its end" is what a new user is promised.
 @pytest.mark.timeout(120)
 async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
@@ -39,13 +39,15 @@ async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
         assert human.returncode == 0, human.stdout + human.stderr
         out = human.stdout
         for beat in (
-            "1/6",
+            "1/7",
             "✗ refused",  # the in-flight cap
             "RATE_LIMITED",
             "(first)",
             "(hit)",
             "SANDBOX_PENDING",
             "(fallback)",
+            "may not act for sandbox",  # a tenant refused another's sandbox
+            "the same PERMISSION_DENIED for both",  # ... and a missing one, alike
             "The end.",
         ):
             assert beat in out, f"{beat!r} missing from:\n{out}"
@@ -55,5 +57,5 @@ async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
 
         summary = out.split("Traces of each step", 1)[1]
         trace_ids = re.findall(r"^\s+([0-9a-f]{32})\s+\d\. ", summary, flags=re.MULTILINE)
-        assert len(set(trace_ids)) == 6, summary
+        assert len(set(trace_ids)) == 7, summary
         assert await asyncio.to_thread(stack.interrupt) == 0, stack.output()

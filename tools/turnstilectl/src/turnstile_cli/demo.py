@@ -6,7 +6,9 @@
 4. sessions are placed in two tiers, and stick to their sandbox;
 5. a worker is killed: its session is "pending" during the grace period (the
    wake affinity sends on the client's behalf is refused: it is out of tokens);
-6. the session falls back to another sandbox of its tier, with a workspace reset.
+6. the session falls back to another sandbox of its tier, with a workspace reset;
+7. acme, with a tenant's own certificate, tries globex's sandbox: refused with the
+   answer a sandbox that does not exist gets, and globex's record is untouched.
 
 Each step runs under a root span of its own, so its trace id (printed) finds
 the whole path in Jaeger when ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at it.
@@ -26,13 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
 import signal
 import sys
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +51,7 @@ from rich.rule import Rule
 from turnstile_cli.commands.admission import render_admit
 from turnstile_cli.commands.affinity import render_place, reset_warning
 from turnstile_cli.commands.substrate import render_activate
-from turnstile_cli.context import Context
+from turnstile_cli.context import ClientTls, Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import render_error
 from turnstile_clientkeys import KeySetStore
@@ -60,12 +64,13 @@ from turnstile_contracts import (
 )
 from turnstile_platform import tracing
 from turnstile_platform.errors import RichError, decode
+from turnstile_platform.pki import CertificateAuthority
 from turnstile_platform.redis_client import create_redis
 from turnstile_platform.settings import ServiceSettings
 
 T = TypeVar("T")
 
-STEPS = 6
+STEPS = 7
 
 
 class DemoError(Exception):
@@ -216,6 +221,7 @@ class Story:
         microvm_session = await self.two_tiers(container)
         killed = await self.kill_worker(microvm_session)
         await self.fallback(microvm_session, killed)
+        await self.cross_tenant()
 
     async def activations(self) -> str:
         acme_box = self.sandbox("acme-1")
@@ -394,6 +400,78 @@ class Story:
                 if response.sandbox_id not in {self.sandbox(f"globex-{n}") for n in range(1, 6)}:
                     raise DemoError(f"{chat_b} moved to {response.sandbox_id}, not {self.globex}'s")
                 return
+
+    async def cross_tenant(self) -> None:
+        theirs, missing = self.sandbox("globex-2"), self.sandbox("globex-9")
+        async with self.step(
+            7,
+            f"{self.acme} cannot touch {self.globex}'s sandboxes",
+            f"Now as a tenant: a certificate of {self.acme}'s own "
+            f"(spiffe://turnstile.local/client/{self.acme}), which may act for {self.acme} "
+            f"only. It asks for {theirs} (running, {self.globex}'s) charged to itself, and "
+            f"for {missing}, which does not exist: one answer for both, so it learns "
+            f"nothing, and {self.globex}'s record stays as it was.",
+        ):
+            before = await self._record(theirs)
+            with tenant_tls(self.ctx, f"client/{self.acme}") as tls:
+                tenant = dataclasses.replace(self.ctx, tls=tls)
+                answers = []
+                for sandbox_id in (theirs, missing):
+                    self.shell(
+                        f"turnstilectl --cert {self.acme}.crt --key {self.acme}.key activate "
+                        f"{sandbox_id} --client {self.acme} --tier microvm"
+                    )
+                    answers.append(await self._refused_activate(tenant, sandbox_id))
+            shapes = {
+                (a.code, a.reason, a.message.replace(s, "<id>"))
+                for a, s in zip(answers, (theirs, missing), strict=True)
+            }
+            if len(shapes) != 1:
+                raise DemoError(f"{theirs} and {missing} were answered differently: {shapes}")
+            after = await self._record(theirs)
+            if after != before:
+                raise DemoError(f"{theirs}'s record changed: {before} → {after}")
+            self.say(
+                f"the same {answers[0].code.name} for both; {theirs} is still charged to "
+                f"{after[0]} and {after[1].lower()}"
+            )
+
+    async def _refused_activate(self, tenant: Context, sandbox_id: str) -> RichError:
+        async with tenant.substrate() as stub:
+            try:
+                await stub.Activate(
+                    substrate_pb2.ActivateRequest(
+                        sandbox_id=sandbox_id,
+                        client=common_pb2.ActivationClient(client_id=self.acme),
+                        tier="microvm",
+                    )
+                )
+            except grpc.aio.AioRpcError as raw:
+                error = decode(raw)
+                self.refused(error, "activate")
+                return error
+        raise DemoError(f"{self.acme} activated {sandbox_id}: ownership was not enforced")
+
+    async def _record(self, sandbox_id: str) -> tuple[str, str]:
+        """Who ``sandbox_id`` is charged to and its state, as the operator sees it."""
+        async with self.ctx.substrate() as stub:
+            found = await stub.GetSandbox(substrate_pb2.GetSandboxRequest(sandbox_id=sandbox_id))
+        state = substrate_pb2.SandboxState.Name(found.sandbox.state).removeprefix("SANDBOX_STATE_")
+        return found.sandbox.activating_client_id, state
+
+
+@contextlib.contextmanager
+def tenant_tls(ctx: Context, path: str) -> Iterator[ClientTls]:
+    """A client certificate for ``spiffe://turnstile.local/<path>`` from the local
+    stack's CA (beside its ``ca.crt``), in a private temporary directory."""
+    ca_cert = ctx.tls.ca
+    if ca_cert is None or not (ca_cert.parent / "ca.key").is_file():
+        raise DemoError("a tenant's certificate needs the local stack's CA (.run/tls/ca.key)")
+    authority = CertificateAuthority.load(ca_cert, ca_cert.parent / "ca.key")
+    with tempfile.TemporaryDirectory(prefix="turnstile-demo-") as directory:
+        cert, key = Path(directory) / "tenant.crt", Path(directory) / "tenant.key"
+        authority.issue(f"spiffe://turnstile.local/{path}", days=1).write(cert, key)
+        yield ClientTls(cert=cert, key=key, ca=ca_cert)
 
 
 def _runtime_pid(sandbox: substrate_pb2.Sandbox) -> int:

@@ -124,6 +124,7 @@ ENV_SANDBOX_ID = "TURNSTILE_WORKER_SANDBOX_ID"
 ENV_TIER = "TURNSTILE_WORKER_TIER"
 ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
 ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
+ENV_AFFINITY_SPIFFE_ID = "TURNSTILE_AFFINITY_SPIFFE_ID"
 ENV_CREDENTIAL_FILE = "TURNSTILE_WORKER_CREDENTIAL_FILE"
 
 RECORD_FILE = "runtime.json"
@@ -242,7 +243,11 @@ class DirectSubstrate:
             settings.direct_runtime_uids,
             functools.partial(processes.kill_as, rounds=1),
         )
-        self._worker_env = {ENV_AFFINITY_ADDR: settings.affinity_addr}
+        self._worker_env = {
+            ENV_AFFINITY_ADDR: settings.affinity_addr,
+            # The relay's identity the worker must find before it attaches (SPEC O5).
+            ENV_AFFINITY_SPIFFE_ID: settings.affinity_spiffe_id,
+        }
         #: What each runtime's credential attests it serves (the worker's default is 1).
         self._capacity = settings.direct_worker_capacity or 1
         if settings.direct_worker_capacity is not None:

@@ -124,6 +124,16 @@ class KubernetesSettings(BaseSettings):
     ``TURNSTILE_AFFINITY_ADDR``, right when sandbox pods share the services' namespace;
     from another namespace, name the Service fully (``turnstile-affinity.turnstile.svc:50053``)."""
 
+    affinity_spiffe_id: str = Field(
+        default="spiffe://turnstile.local/service/affinity",
+        validation_alias=AliasChoices(
+            "TURNSTILE_K8S_AFFINITY_SPIFFE_ID", "TURNSTILE_AFFINITY_SPIFFE_ID", "affinity_spiffe_id"
+        ),
+    )
+    """The SPIFFE ID the worker in a sandbox pod requires of the relay's certificate
+    (``TURNSTILE_AFFINITY_SPIFFE_ID`` of the runtime container, SPEC O5). Unset: the
+    substrate's own ``TURNSTILE_AFFINITY_SPIFFE_ID``."""
+
     worker_capacity: int = Field(default=1, ge=1, le=1024)
     """Concurrent turns each sandbox's worker serves (``TURNSTILE_WORKER_CAPACITY``),
     attested in its credential (SPEC O3)."""

@@ -86,6 +86,7 @@ CREDENTIAL_SECRET_SUFFIX = "-credential"  # noqa: S105 - a name suffix, not a se
 
 #: Worker-agent variables the template sets (turnstile_affinity.worker.settings).
 ENV_AFFINITY_ADDR = "TURNSTILE_AFFINITY_ADDR"
+ENV_AFFINITY_SPIFFE_ID = "TURNSTILE_AFFINITY_SPIFFE_ID"
 ENV_SANDBOX_ID_FILE = "TURNSTILE_WORKER_SANDBOX_ID_FILE"
 ENV_TIER = "TURNSTILE_WORKER_TIER"
 ENV_CAPACITY = "TURNSTILE_WORKER_CAPACITY"
@@ -212,6 +213,7 @@ def worker_env(
     """
     env = {
         ENV_AFFINITY_ADDR: settings.affinity_addr,
+        ENV_AFFINITY_SPIFFE_ID: settings.affinity_spiffe_id,
         ENV_SANDBOX_ID_FILE: LABELS_FILE,
         ENV_TIER: tier,
         ENV_CAPACITY: str(settings.worker_capacity),
