@@ -10,7 +10,7 @@ started (:class:`turnstile_platform.sandbox_credentials.PresenceClaims`):
   ``endpoint`` label) is **overridden**, not refused: the worker is the
   sandbox's real runtime (its credential says so), and refusing would only
   keep a misconfigured one out of placement. Each override is one throttled
-  warning per sandbox and reason (:class:`~turnstile_affinity.throttled_log.ThrottledLog`);
+  warning per sandbox and reason (:class:`~turnstile_platform.log_throttle.LogThrottle`);
 - the capacity is bounded by the tier's ``max_capacity``
   (``TURNSTILE_TIER_SETTINGS``), whatever the credential says;
 - a credential minted before presence claims existed (``presence`` None) is
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from turnstile_affinity.labels import ENDPOINT_LABEL, OWNER_LABEL
 from turnstile_affinity.metrics import PRESENCE_OVERRIDES
-from turnstile_affinity.throttled_log import ThrottledLog
+from turnstile_platform.log_throttle import LogThrottle
 from turnstile_platform.sandbox_credentials import SandboxClaims
 from turnstile_platform.tiers import TIER_LABEL, TierConfig
 
@@ -59,7 +59,7 @@ class PresenceAttestor:
 
     def __init__(self, tiers: TierConfig, *, log_interval_s: float = 60.0) -> None:
         self._tiers = tiers
-        self._warnings = ThrottledLog(log, log_interval_s)
+        self._warnings = LogThrottle(log, interval_s=log_interval_s)
 
     def resolve(
         self,
@@ -104,7 +104,7 @@ class PresenceAttestor:
 
     def _override(self, sandbox_id: str, reason: str, said: str, truth: str) -> None:
         PRESENCE_OVERRIDES.labels(reason).inc()
-        self._warnings.warn(
+        self._warnings.warning(
             (sandbox_id, reason),
             "worker's Hello contradicts what the substrate started; overridden"
             if reason != "capacity_bound"
