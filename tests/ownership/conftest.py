@@ -40,6 +40,8 @@ ADMISSION = "turnstile.admission.v1.AdmissionService"
 SUBSTRATE = "turnstile.substrate.v1.SubstrateService"
 
 POLICY = f"""
+self = "{TD}/client/{{client}}"
+
 [[allow]]
 identities = ["{TD}/service/substrate"]
 methods = ["{ADMISSION}/*"]
@@ -210,6 +212,7 @@ async def tenants(
         "redis_prefix": redis_prefix,
         "substrate_kind": "direct",
         "direct_runtime_command": IDLE_RUNTIME,
+        "direct_runtime_user": str(os.getuid()),  # about owners, not uids (SPEC O4)
         "direct_state_dir": state_dir,
         "direct_stop_grace_s": 5.0,
         "direct_worker_tls_cert_file": worker.cert_file,
