@@ -334,7 +334,14 @@ def allowed_name(name: str) -> bool:
     return (
         name in BASE_ALLOWLIST
         or name.startswith("LC_")
-        or name in {"HOME", "PRY_PORT", "PRY_TARGETS", "TURNSTILE_AFFINITY_ADDR"}
+        or name
+        in {
+            "HOME",
+            "PRY_PORT",
+            "PRY_TARGETS",
+            "TURNSTILE_AFFINITY_ADDR",
+            "TURNSTILE_AFFINITY_SPIFFE_ID",
+        }
         or name.startswith("TURNSTILE_WORKER_")
         or name in SHELL_ADDS
     )

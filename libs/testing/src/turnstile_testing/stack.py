@@ -74,7 +74,9 @@ class RunningStack:
         services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
         # The certificates exist once the runner's preflight has issued them.
         for _ in range(int(timeout_s / 0.05)):
-            if (self.tls_dir / "cli.key").exists() or self.proc.poll() is not None:
+            # Each file is written on its own (atomically): wait for all three.
+            issued = all((self.tls_dir / f).exists() for f in ("ca.crt", "cli.crt", "cli.key"))
+            if issued or self.proc.poll() is not None:
                 break
             await asyncio.sleep(0.05)
         credentials = self.credentials()
