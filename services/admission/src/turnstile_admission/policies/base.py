@@ -156,17 +156,11 @@ class Policy:
         reason = "off" if self.mode is Mode.OFF else self.skip_reason(activation) or ""
         return PolicyVerdict(self.name, self.mode, Verdict.SKIPPED, detail=reason)
 
-    def verdict(self, activation: Activation, raw: RawResult) -> PolicyVerdict:
-        """The verdict of the script's raw answer."""
-        if not self.evaluated(activation) or raw.code == RawResult.NOT_EVALUATED:
-            return self.skipped(activation)
-        return self.evaluated_verdict(raw)
-
     def evaluated_verdict(self, raw: RawResult) -> PolicyVerdict:
         """The verdict of an evaluated policy's raw answer (the script evaluated it:
         its code is not NOT_EVALUATED). The decision path knows which policies
-        apply from the activation's shape, so it asks this without :meth:`verdict`'s
-        per-call applicability test."""
+        apply from the activation's shape (its plan), so there is no per-call
+        applicability test here."""
         if raw.code == RawResult.UNKNOWN:
             return PolicyVerdict(
                 self.name, self.mode, Verdict.UNKNOWN, raw.limit, raw.current, raw.detail
