@@ -8,6 +8,7 @@ Afterwards globex still owns and reaches all of its sandboxes."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
@@ -279,3 +280,21 @@ async def test_a_sandbox_re_recorded_after_the_authorizers_read_is_still_refused
     assert len(answers) == 3  # one per method, as the authorizer's own refusals
     after = await tenants.snapshot()
     assert after.changes_since(before) == {}
+
+
+async def test_refusals_the_handlers_make_are_logged_throttled_like_the_authorizers(
+    tenants: Tenants, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An id in acme's namespace the platform recorded to globex: the authorizer lets
+    acme's explicit Activate through (its namespace needs no lookup) and the handler
+    refuses it. A tenant can repeat that at its call rate, so the handler's refusal
+    lines are throttled per identity, method and reason as the authorizer's are
+    (SPEC O6): one line a minute with a count of the rest, not one per call."""
+    await tenants.activate("ops", "acme--theirs", client("globex"))
+    request = substrate_pb2.ActivateRequest(sandbox_id="acme--theirs", client=client("acme"))
+    caplog.set_level(logging.WARNING, logger="turnstile_platform.authz.authorizer")
+    for _ in range(50):
+        error = await _refused(tenants, SUBSTRATE, "Activate", request)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    lines = [r for r in caplog.records if r.getMessage().startswith("call refused")]
+    assert len(lines) <= 1, len(lines)
