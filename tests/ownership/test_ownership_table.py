@@ -8,6 +8,7 @@ Afterwards globex still owns and reaches all of its sandboxes."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
@@ -279,3 +280,43 @@ async def test_a_sandbox_re_recorded_after_the_authorizers_read_is_still_refused
     assert len(answers) == 3  # one per method, as the authorizer's own refusals
     after = await tenants.snapshot()
     assert after.changes_since(before) == {}
+
+
+async def test_refusals_the_handlers_make_are_logged_throttled_like_the_authorizers(
+    tenants: Tenants, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An id in acme's namespace the platform recorded to globex: the authorizer lets
+    acme's explicit Activate through (its namespace needs no lookup) and the handler
+    refuses it. A tenant can repeat that at its call rate, so the handler's refusal
+    lines are throttled per identity, method and reason as the authorizer's are
+    (SPEC O6): one line a minute with a count of the rest, not one per call."""
+    await tenants.activate("ops", "acme--theirs", client("globex"))
+    request = substrate_pb2.ActivateRequest(sandbox_id="acme--theirs", client=client("acme"))
+    caplog.set_level(logging.WARNING, logger="turnstile_platform.authz.authorizer")
+    for _ in range(50):
+        error = await _refused(tenants, SUBSTRATE, "Activate", request)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    lines = [r for r in caplog.records if r.getMessage().startswith("call refused")]
+    assert len(lines) <= 1, len(lines)
+
+
+async def test_a_refusal_echoes_a_bounded_part_of_an_oversized_id(
+    tenants: Tenants, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Authorization runs before validation, so a refusal echoes an id nobody checked
+    the length of: a 200 KB one is cut, in the status and in the log line (a log line
+    that long stalled the local stack's substrate once its log reader gave up)."""
+    huge = "globex--" + "x" * 200_000
+    caplog.set_level(logging.WARNING, logger="turnstile_platform.authz.authorizer")
+    for method, request in (
+        ("GetSandbox", substrate_pb2.GetSandboxRequest(sandbox_id=huge)),
+        ("Deactivate", substrate_pb2.DeactivateRequest(sandbox_id=huge)),
+        ("Activate", substrate_pb2.ActivateRequest(sandbox_id=huge, client=client("acme"))),
+        ("Activate", substrate_pb2.ActivateRequest(sandbox_id="acme--a", client=client(huge))),
+    ):
+        error = await _refused(tenants, SUBSTRATE, method, request)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert len(error.details()) < 300, (method, len(error.details()))
+        assert "... (200008 characters)" in error.details()
+    for record in caplog.records:  # the lines the throttle let through
+        assert len(str(record.__dict__.get("why", ""))) < 300

@@ -35,6 +35,8 @@ FALLBACK = affinity_pb2.PLACEMENT_OUTCOME_FALLBACK
 GRACE_S = 30.0
 #: How long an exactly-once check waits for a second event that must not come.
 NO_MORE_WINDOW_S = 1.0
+#: The client the fixtures' sandboxes and sessions belong to (conftest's TENANT).
+TENANT = "acme"
 
 
 async def tier_a(
@@ -301,12 +303,33 @@ def _refusals() -> float:
 
 
 class CountingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
-    """A real SubstrateService server that records Activate calls."""
+    """A real SubstrateService server that records Activate calls and answers
+    GetSandbox with each sandbox's recorded owner (``owners``, else the fixtures'
+    tenant), as the wake reads it first (SPEC O2)."""
 
     def __init__(self) -> None:
         self.calls: list[substrate_pb2.ActivateRequest] = []
         self.metadata: list[dict[str, str | bytes]] = []
+        self.owners: dict[str, str] = {}
+        self.reads: list[str] = []
         self.changed = asyncio.Condition()
+
+    async def GetSandbox(
+        self,
+        request: substrate_pb2.GetSandboxRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> substrate_pb2.GetSandboxResponse:
+        async with self.changed:
+            self.reads.append(request.sandbox_id)
+            self.changed.notify_all()
+        owner = self.owners.get(request.sandbox_id, TENANT)
+        return substrate_pb2.GetSandboxResponse(
+            sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id, activating_client_id=owner)
+        )
+
+    async def wait_for_reads(self, count: int) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(lambda: len(self.reads) >= count), 10)
 
     async def Activate(
         self,
@@ -378,3 +401,41 @@ async def test_an_absence_wakes_its_sandbox_exactly_once_through_substrate_with_
     await asyncio.gather(*(two.refused("chat", "a") for _ in range(5)))
     await counting.wait_for_calls(2)
     assert [c.sandbox_id for c in counting.calls] == ["a1", "a1"]
+
+
+async def test_a_wake_never_starts_a_sandbox_since_recorded_to_another_client(
+    affinity: StartAffinity,
+    worker: StartWorker,
+    substrate: tuple[CountingSubstrate, str],
+) -> None:
+    """A session's record names a sandbox id; an operator then re-created that id for
+    another client. The wake of this tenant's pending turn must not start it (an
+    ``inherit`` Activate would, charged to the other client): placement would refuse
+    the turn there anyway (SPEC O2)."""
+    counting, address = substrate
+    one, workers = await tier_a(affinity, worker, wake_enabled=True, substrate_addr=address)
+    await session_on_a1(one)
+    await workers["a1"].stop()
+    counting.owners["a1"] = "globex"
+    not_owned = _wakes("not_owned")
+
+    refusal = await one.refused("chat", "a")
+    assert refusal.reason == "SANDBOX_PENDING"
+    await counting.wait_for_reads(1)
+    await counting.no_call_beyond(0, NO_MORE_WINDOW_S)
+    assert counting.reads == ["a1"]
+    assert _wakes("not_owned") == not_owned + 1
+
+    # The tenant's own sandbox again: the next absence is woken as before.
+    counting.owners["a1"] = TENANT
+    back = await worker(one.address, "a1", "a", capacity=16)
+    assert (await one.place("chat", "a")).outcome == HIT
+    await back.stop()
+    await one.refused("chat", "a")
+    await counting.wait_for_calls(1)
+    assert [c.sandbox_id for c in counting.calls] == ["a1"]
+
+
+def _wakes(result: str) -> float:
+    value = REGISTRY.get_sample_value("turnstile_affinity_wakes_total", {"result": result})
+    return value or 0.0

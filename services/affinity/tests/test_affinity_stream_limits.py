@@ -154,6 +154,34 @@ async def test_streams_without_a_hello_are_closed_at_the_deadline_and_attached_o
         call.cancel()
 
 
+async def test_one_credential_replayed_on_many_streams_keeps_one_slot_and_no_worker_out(
+    affinity: StartAffinity, credentials: Credentials
+) -> None:
+    """Each accepted Hello of a sandbox takes its presence over; the streams it took it
+    from, silent, would hold their slots until their idle timeout, so one credential
+    replayed fast could fill the stream limit. A newer stream of the same sandbox on
+    this replica ends the older one at once (``ABORTED``), its slot given back."""
+    service = await affinity(max_concurrent_streams=3, presence_ttl_s=120.0)
+    credential = (await credentials.issue("copied")).credential
+    streams: list[Call] = []
+    for _ in range(8):  # more than the limit, one after another, none ever heartbeats
+        call: Call = service.stub.Attach(None)
+        await call.write(_hello("copied", credential))
+        first = await call.read()
+        assert isinstance(first, affinity_pb2.AttachResponse), first
+        assert first.HasField("welcome"), first
+        streams.append(call)
+    for older in streams[:-1]:
+        refusal = await _closed(older)
+        assert refusal.code == grpc.StatusCode.ABORTED
+        assert refusal.metadata == {"sandbox_id": "copied"}
+    # Two other sandboxes' workers attach: the replayed credential holds one slot.
+    others = [await _welcomed(service, credentials, sandbox) for sandbox in ("w1", "w2")]
+    assert set(await service.workers()) == {"copied", "w1", "w2"}
+    for call in (*streams, *others):
+        call.cancel()
+
+
 async def test_a_slot_taken_at_hello_is_given_back_by_every_stream_that_ends(
     affinity: StartAffinity, credentials: Credentials
 ) -> None:

@@ -340,7 +340,7 @@ def allowed_name(name: str) -> bool:
             "PRY_PORT",
             "PRY_TARGETS",
             "TURNSTILE_AFFINITY_ADDR",
-            "TURNSTILE_AFFINITY_SPIFFE_ID",
+            "TURNSTILE_AFFINITY_SPIFFE_ID",  # whom the worker expects to dial (SPEC O5)
         }
         or name.startswith("TURNSTILE_WORKER_")
         or name in SHELL_ADDS
@@ -530,6 +530,74 @@ async def test_a_renewed_credential_stays_its_runtimes_alone_and_a_restore_keeps
         assert record_uid("sb-1") == moved
     finally:
         for sandbox_id in ("sb-1", "sb-2"):
+            await substrate.stop_runtime(sandbox_id)
+        await substrate.close()
+
+
+def read_as(uid: int, path: Path) -> subprocess.CompletedProcess[bytes]:
+    """``cat path`` as a process of ``uid`` in the runtimes' group, as a runtime runs."""
+    return subprocess.run(
+        ["/bin/cat", str(path)],
+        user=uid,
+        group=parse_range(UIDS).start,
+        extra_groups=[],
+        capture_output=True,
+        check=False,
+    )
+
+
+@AS_ROOT
+async def test_the_next_runtime_of_a_stopped_sandboxs_uid_cannot_reach_its_workspace(
+    host: Host, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A stopped sandbox's workspace keeps its last uid's ownership, and that uid goes
+    to the next runtime (another tenant's sandbox): its directory is closed (0700)
+    before the uid is free, and opened again only once a restore has given the
+    workspace to its new runtime's uid."""
+    substrate = DirectSubstrate(
+        SubstrateSettings(
+            direct_state_dir=host.state_dir,
+            direct_runtime_command="/bin/sleep infinity",
+            direct_runtime_uids=UIDS,
+            affinity_addr="127.0.0.1:50999",
+            plaintext=True,
+        ),
+        CredentialIssuer(SigningKey.from_file(host.signing_key), redis, redis_prefix, ttl_s=3600),
+    )
+    await substrate.start()
+
+    def record_uid(sandbox_id: str) -> int:
+        record = json.loads((host.state_dir / sandbox_id / "runtime.json").read_text())
+        uid: int = record["uid"]
+        return uid
+
+    try:
+        globex = RuntimeSpec(sandbox_id="globex--a", tier="", client_label="globex")
+        await substrate.ensure_runtime(globex, substrate.plan(globex), no_gate)
+        uid = record_uid("globex--a")
+        secret = host.state_dir / "globex--a" / "workspace" / "notes.txt"
+        secret.write_text("globex's")
+        os.chown(secret, uid, parse_range(UIDS).start)
+        assert read_as(uid, secret).stdout == b"globex's"  # its own runtime reads it
+        assert await substrate.stop_runtime("globex--a")
+
+        acme = RuntimeSpec(sandbox_id="acme--b", tier="", client_label="acme")
+        await substrate.ensure_runtime(acme, substrate.plan(acme), no_gate)
+        assert record_uid("acme--b") == uid  # the stopped sandbox's uid, free again
+        denied = read_as(uid, secret)
+        assert denied.returncode != 0
+        assert b"Permission denied" in denied.stderr
+        assert secret.stat().st_uid == uid  # closed by its directory, not by moving files
+
+        # Restored while acme--b holds the uid: the workspace is its new uid's, reachable.
+        restore = RuntimeSpec(sandbox_id="globex--a", tier="", client_label="globex", restore=True)
+        await substrate.ensure_runtime(restore, substrate.plan(restore), no_gate)
+        moved = record_uid("globex--a")
+        assert moved != uid
+        assert read_as(moved, secret).stdout == b"globex's"
+        assert read_as(uid, secret).returncode != 0
+    finally:
+        for sandbox_id in ("globex--a", "acme--b"):
             await substrate.stop_runtime(sandbox_id)
         await substrate.close()
 

@@ -24,7 +24,8 @@ RESETS = Counter(
 WAKES = Counter(
     "turnstile_affinity_wakes_total",
     "Wakes of absent sandboxes through substrate Activate, by result "
-    "(activated, already_running, refused, failed).",
+    "(activated, already_running, refused, failed, not_owned: the sandbox is "
+    "recorded to another client than the session's).",
     ["result"],
 )
 LEASES = Counter(

@@ -177,7 +177,10 @@ class Placer:
                         placements(tier_label, "pending").inc()
                         if found.woke and self._waker is not None:
                             self._waker.wake(
-                                found.sandbox_id, session_tier if policy.filtered else ""
+                                found.sandbox_id,
+                                session_tier if policy.filtered else "",
+                                client,
+                                turn.shared,
                             )
                         raise self._pending(session_id, found)
                     lease_in_doubt = True

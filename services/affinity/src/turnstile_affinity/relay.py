@@ -331,6 +331,8 @@ class StreamEnd(Enum):
     #: The stream reached its maximum age: the worker should attach again, over a
     #: new connection (its old one got GOAWAY), perhaps to another replica.
     AGED = "aged"
+    #: A newer stream of the same sandbox was accepted on this replica.
+    SUPERSEDED = "superseded"
 
 
 class IdleStreamError(Exception):
@@ -350,6 +352,8 @@ class StreamWatch:
     stop: asyncio.Event
     idle_s: float
     max_age_s: float | None = None
+    #: Set when a newer stream of the same sandbox was accepted on this replica.
+    superseded: asyncio.Event | None = None
     ended: StreamEnd = StreamEnd.WORKER
 
     async def messages(self, messages: AsyncIterator[T]) -> AsyncIterator[T]:
@@ -357,6 +361,11 @@ class StreamWatch:
         loop = asyncio.get_running_loop()
         ends_at = loop.time() + self.max_age_s if self.max_age_s is not None else None
         stopper = asyncio.ensure_future(self.stop.wait())
+        waits: set[asyncio.Future[Any]] = {stopper}
+        superseder = None
+        if self.superseded is not None:
+            superseder = asyncio.ensure_future(self.superseded.wait())
+            waits.add(superseder)
         following: asyncio.Future[T | object] | None = None
         try:
             while True:
@@ -365,12 +374,14 @@ class StreamWatch:
                     timeout = min(timeout, max(0.0, ends_at - loop.time()))
                 following = asyncio.ensure_future(_next(messages))
                 await asyncio.wait(
-                    {following, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    {following, *waits}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not following.done():
                     following.cancel()
                     following.add_done_callback(_discard_outcome)
-                    if stopper.done():
+                    if superseder is not None and superseder.done():
+                        self.ended = StreamEnd.SUPERSEDED
+                    elif stopper.done():
                         self.ended = StreamEnd.DRAINING
                     elif ends_at is not None and loop.time() >= ends_at:
                         self.ended = StreamEnd.AGED
@@ -383,6 +394,8 @@ class StreamWatch:
                 yield cast(T, message)
         finally:
             stopper.cancel()
+            if superseder is not None:
+                superseder.cancel()
             if following is not None and not following.done():
                 # The read may still end (the stream closing) after we stopped
                 # waiting for it: retrieve its outcome so nothing logs it as lost.

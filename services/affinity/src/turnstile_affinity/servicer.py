@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -131,6 +132,10 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         self._streams = streams
         self._attestation = attestation
         self._presence_ttl_s = presence_ttl_ms / 1000
+        # The stream each sandbox is attached through on this replica: a newer one
+        # ends it at once, so one credential cannot keep many superseded streams
+        # (each holding a stream slot until its idle timeout) open (SPEC O6).
+        self._attached: dict[str, asyncio.Event] = {}
         self._store = store
         self._tiers = tiers
         self._welcome = affinity_pb2.Welcome(
@@ -233,11 +238,17 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 metadata={"sandbox_id": hello.sandbox_id, "why": "presence_taken"},
                 retry_after_s=self._presence_ttl_s,
             ) from None
+        superseded = asyncio.Event()
+        previous = self._attached.get(attachment.sandbox_id)
+        if previous is not None:
+            previous.set()
+        self._attached[attachment.sandbox_id] = superseded
         # Silent for as long as presence lasts: the worker is gone (SPEC F6).
         watch = StreamWatch(
             self._relay.draining,
             idle_s=self._presence_ttl_s,
             max_age_s=stream_max_age_s(self._max_connection_age_s),
+            superseded=superseded,
         )
         drained = False
         try:
@@ -257,6 +268,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                     break
                 else:
                     raise bad_field("hello", "only the stream's first message may be a Hello")
+            if watch.ended is StreamEnd.SUPERSEDED:
+                raise SupersededError(attachment.sandbox_id)
             if watch.ended is not StreamEnd.WORKER:
                 # Presence stays: the worker takes it over from its next stream.
                 drained = True
@@ -285,6 +298,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         except CredentialRefusedError as error:
             raise refusal(attachment.sandbox_id, error) from None
         finally:
+            if self._attached.get(attachment.sandbox_id) is superseded:
+                del self._attached[attachment.sandbox_id]
             if drained:
                 self._relay.let_go(attachment, watch.ended.value)
             else:

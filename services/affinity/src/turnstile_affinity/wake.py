@@ -6,6 +6,16 @@ runs in the background: Place answers "pending" at once and the session's
 client retries; the wake only has to bring the worker back within the grace.
 Which call wakes is decided in Redis (``place.lua``'s wake marker), so one
 absence is woken once across every replica.
+
+A wake acts for the session's client, not only for the sandbox (SPEC O2): the
+session's record names a sandbox id, and that id may since have been recorded to
+another client (an operator re-created it for someone else). ``inherit`` would
+start that client's sandbox, charged to it, on this tenant's turn, although
+placement would then refuse the turn there ("not_owned"). So the wake first reads
+the sandbox's record (``GetSandbox``) and sends the ``Activate`` only when its owner
+is the session's client, or the native pool where the tier shares it: what
+placement would accept. A record re-written between the read and the ``Activate``
+is not seen (only an ``any`` caller can re-record a sandbox).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import grpc
 import grpc.aio
 
 from turnstile_affinity.metrics import WAKES
+from turnstile_clientkeys import NATIVE
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
 from turnstile_platform.errors import decode
 
@@ -35,13 +46,44 @@ class Waker:
         self._timeout_s = timeout_s
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def wake(self, sandbox_id: str, tier: str) -> None:
-        """Start waking ``sandbox_id``; the span context of the caller is kept."""
-        task = asyncio.create_task(self._activate(sandbox_id, tier), name=f"wake {sandbox_id}")
+    def wake(self, sandbox_id: str, tier: str, client: str, shared: bool) -> None:
+        """Start waking ``sandbox_id`` for a session of ``client`` (``shared``: the
+        tier lets it use the native pool); the span context of the caller is kept."""
+        task = asyncio.create_task(
+            self._activate(sandbox_id, tier, client, shared), name=f"wake {sandbox_id}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _activate(self, sandbox_id: str, tier: str) -> None:
+    async def _owned(self, sandbox_id: str, client: str, shared: bool) -> bool:
+        """Whether ``sandbox_id`` is recorded to ``client`` (or to the native pool,
+        when ``shared``): the sandboxes a session of ``client`` may be placed on."""
+        try:
+            response = await self._substrate.GetSandbox(
+                substrate_pb2.GetSandboxRequest(sandbox_id=sandbox_id), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as raw:
+            error = decode(raw)
+            WAKES.labels("failed").inc()
+            log.warning(
+                "wake of an absent sandbox could not read its owner; not woken",
+                extra={"sandbox_id": sandbox_id, "code": error.code.name, "reason": error.reason},
+            )
+            return False
+        sandbox = response.sandbox
+        owner = sandbox.activating_client_id if sandbox.HasField("activating_client_id") else ""
+        if owner and (owner == client or (shared and owner == NATIVE)):
+            return True
+        WAKES.labels("not_owned").inc()
+        log.warning(
+            "wake of an absent sandbox not sent: it is not the session's client's",
+            extra={"sandbox_id": sandbox_id, "client": client},
+        )
+        return False
+
+    async def _activate(self, sandbox_id: str, tier: str, client: str, shared: bool) -> None:
+        if not await self._owned(sandbox_id, client, shared):
+            return
         request = substrate_pb2.ActivateRequest(
             sandbox_id=sandbox_id,
             client=common_pb2.ActivationClient(inherit=common_pb2.ActivationClient.Inherit()),

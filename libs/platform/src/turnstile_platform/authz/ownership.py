@@ -45,15 +45,29 @@ def namespace_of(sandbox_id: str) -> str | None:
     return client if separator and client and name else None
 
 
+#: How much of a caller-sent id a refusal echoes. Authorization runs before
+#: validation, so the id may be anything up to the message size limit; every valid
+#: sandbox or client id is shorter (63 characters).
+ECHO_CHARS = 64
+
+
+def _echo(value: str) -> str:
+    """``value`` as a refusal echoes it: quoted, and cut after :data:`ECHO_CHARS`
+    (a megabyte-long id would otherwise be a megabyte-long status and log line)."""
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    return f"{value[:ECHO_CHARS]!r}... ({len(value)} characters)"
+
+
 def client_why(client: str | None) -> str:
     """Why a call naming ``client`` is refused (the caller named it: it may be echoed)."""
-    return f"identity may not act for client {client or '(none)'!r}"
+    return f"identity may not act for client {_echo(client) if client else repr('(none)')}"
 
 
 def sandbox_why(sandbox_id: str) -> str:
     """Why a call on ``sandbox_id`` is refused: the same words whether the sandbox is
     another client's, in another's namespace, or does not exist."""
-    return f"identity may not act for sandbox {sandbox_id!r}"
+    return f"identity may not act for sandbox {_echo(sandbox_id)}"
 
 
 def denied(identity: str, method: str, why: str) -> RichError:

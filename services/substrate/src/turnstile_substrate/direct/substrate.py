@@ -546,7 +546,16 @@ class DirectSubstrate:
             assert record.uid is not None
             assert record.gid is not None
             processes.kill_as(record.uid, record.gid)
+            self._close_sandbox_dir(sandbox_id)
             self.users.unbind(sandbox_id)
+
+    def _close_sandbox_dir(self, sandbox_id: str) -> None:
+        """Make a stopped sandbox's directory the substrate's alone (0700), before its
+        uid is free: the workspace keeps that uid's ownership, and the next runtime
+        handed the uid (another tenant's sandbox) must not reach it. A start opens the
+        directory again (0711) once the workspace is its runtime's. Blocking."""
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(self.sandbox_dir(sandbox_id), 0o700)
 
     def _adopt_uids(self) -> None:
         """After a restart: the runtimes still running hold their uids. Blocking."""
@@ -554,6 +563,8 @@ class DirectSubstrate:
             record = self._read_record(directory.name)
             if record is not None and processes.is_alive(record.pid, record.start_ticks):
                 self.users.adopt(directory.name, record.uid)
+            elif self.users.uids is not None:
+                self._close_sandbox_dir(directory.name)  # stopped before this start
 
     def _drop_record(self, sandbox_id: str) -> None:
         self._record_path(sandbox_id).unlink(missing_ok=True)
@@ -580,13 +591,16 @@ class DirectSubstrate:
         directory = self.sandbox_dir(spec.sandbox_id)
         workspace = self.workspace(spec.sandbox_id)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(directory, 0o711 if identity is not None else 0o700)
+        # Closed while the workspace changes hands: no other uid reaches it meanwhile.
+        os.chmod(directory, 0o700)
         if kind is not CreateKind.RESTORE and workspace.exists():
             shutil.rmtree(workspace)  # a cold start begins from nothing
         workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(workspace, 0o700)
         if identity is not None and workspace.stat().st_uid != identity.uid:
             _chown_tree(workspace, identity)
+        if identity is not None:
+            os.chmod(directory, 0o711)  # noqa: S103 - its runtime traverses to its own files
 
     def _start(
         self, spec: RuntimeSpec, kind: CreateKind, issued: Issued | None

@@ -31,9 +31,17 @@ class LogPrinter:
         self.console.print(prefix + Text(text, style=style), soft_wrap=True, highlight=False)
 
     async def pump(self, source: str, stream: asyncio.StreamReader) -> None:
-        """Print every line of ``stream`` until it closes."""
+        """Print every line of ``stream`` until it closes.
+
+        A line longer than the reader's limit (64 KiB) is dropped with a note, and
+        the pump goes on: if it stopped, nobody would drain the service's pipe, and
+        the service would block at its next log write and serve nothing more."""
         while True:
-            raw = await stream.readline()
+            try:
+                raw = await stream.readline()
+            except ValueError:  # readline has discarded what it buffered of the line
+                self.line(source, "(a log line longer than 64 KiB was dropped here)")
+                continue
             if not raw:
                 return
             self.line(source, raw.decode(errors="replace").rstrip())
