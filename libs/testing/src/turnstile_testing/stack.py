@@ -31,6 +31,8 @@ class RunningStack:
     log: Path
     tls_dir: Path
     tee: subprocess.Popen[bytes] | None = None
+    #: Where the stack writes its per-user description (``XDG_STATE_HOME``).
+    state_home: Path | None = None
 
     def tls_env(self) -> dict[str, str]:
         """The stack's CLI certificate (``turnstilectl up`` issues it on start)."""
@@ -67,6 +69,7 @@ class RunningStack:
             "TURNSTILE_AFFINITY_ADDR": affinity,
             "TURNSTILE_REDIS_URL": self.redis_url,
             "TURNSTILE_REDIS_PREFIX": self.redis_prefix,
+            **({"XDG_STATE_HOME": str(self.state_home)} if self.state_home else {}),
             **self.tls_env(),
         }
 
@@ -136,7 +139,15 @@ def run_stack(
         for key, value in os.environ.items()
         if not key.startswith(("TURNSTILE_", "OTEL_"))
     }
-    env.update({"TURNSTILE_SHUTDOWN_GRACE_S": "3", **(extra_env or {})})
+    # The stack's per-user description (turnstilectl's stack.json) goes under the
+    # test's own directory, never the user's.
+    env.update(
+        {
+            "TURNSTILE_SHUTDOWN_GRACE_S": "3",
+            "XDG_STATE_HOME": str(tmp_path / "xdg-state"),
+            **(extra_env or {}),
+        }
+    )
     tee = (
         subprocess.Popen(
             ["tee", str(log)],
@@ -184,7 +195,9 @@ def run_stack(
         )
     if tee is not None and tee.stdin is not None:
         tee.stdin.close()  # the runner holds the pipe's only write end
-    stack = RunningStack(proc, ports, redis_url, redis_prefix, log, tmp_path / "tls", tee)
+    stack = RunningStack(
+        proc, ports, redis_url, redis_prefix, log, tmp_path / "tls", tee, tmp_path / "xdg-state"
+    )
     try:
         yield stack
     finally:

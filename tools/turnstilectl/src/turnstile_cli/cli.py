@@ -41,18 +41,21 @@ def run(argv: list[str] | None = None) -> int:
         parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
     import asyncio
 
-    from turnstile_cli.context import ClientTls, Context, Targets
+    from turnstile_cli.context import ClientTls, Context, LocalStack, Targets
     from turnstile_cli.output import Output
 
     color = {"always": True, "never": False}.get(args.color)
     if color is None and os.environ.get("NO_COLOR"):
         color = False
     out = Output(json_mode=args.json, color=color)
-    targets = Targets.resolve(args.admission, args.substrate, args.affinity)
+    stack = LocalStack.find()
+    targets = Targets.resolve(args.admission, args.substrate, args.affinity, stack=stack)
     if getattr(args, "service", None) and getattr(args, "target", None):
         targets = replace(targets, **{args.service: args.target})
-    tls = ClientTls.resolve(args.cert, args.key, args.ca)
-    ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls)
+    tls = ClientTls.resolve(
+        args.cert, args.key, args.ca, stack=stack if targets.reach(stack) else None
+    )
+    ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls, stack=stack)
     try:
         return asyncio.run(_dispatch(args, ctx))
     except KeyboardInterrupt:

@@ -66,7 +66,6 @@ from turnstile_platform import tracing
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.pki import CertificateAuthority
 from turnstile_platform.redis_client import create_redis
-from turnstile_platform.settings import ServiceSettings
 
 T = TypeVar("T")
 
@@ -490,7 +489,7 @@ def _runtime_pid(sandbox: substrate_pb2.Sandbox) -> int:
 
 
 async def _demo(args: argparse.Namespace, ctx: Context) -> int:
-    defaults = ServiceSettings()
+    redis_url, redis_prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
     provider = tracing.create_tracer_provider("turnstilectl-demo")
     story = Story(
         ctx=Context(
@@ -499,11 +498,12 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
             timeout_s=ctx.timeout_s,
             tracer_provider=provider,
             tls=ctx.tls,
+            stack=ctx.stack,
         ),
         console=ctx.out.console if not ctx.out.json_mode else Console(quiet=True),
         tracer=provider.get_tracer("turnstile_cli.demo"),
-        redis_url=args.redis_url or str(defaults.redis_url),
-        redis_prefix=args.redis_prefix or defaults.redis_prefix,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
         max_wait_s=args.max_wait,
     )
     code: int = Exit.OK

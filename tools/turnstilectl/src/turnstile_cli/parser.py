@@ -309,7 +309,13 @@ def _stack(sub: Subparsers) -> None:
     )
     env = os.environ.get
     up.add_argument("--redis-url", default=env("TURNSTILE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    up.add_argument("--redis-prefix", default=env("TURNSTILE_REDIS_PREFIX", "turnstile:"))
+    up.add_argument(
+        "--redis-prefix",
+        default=env("TURNSTILE_REDIS_PREFIX"),
+        help="the stack's key prefix (default: $TURNSTILE_REDIS_PREFIX, else one of this "
+        "checkout's own, turnstile:<hash of its path>:, so two checkouts on one Redis "
+        "never share keys)",
+    )
     up.add_argument(
         "--database-url",
         default=env("TURNSTILE_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/turnstile"),
