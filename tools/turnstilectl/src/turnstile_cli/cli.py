@@ -6,10 +6,11 @@ That keeps ``--help`` and usage errors instant and a command's start-up to what
 it uses (``tools/turnstilectl/bench/cli_startup.py`` measures both).
 
 One rule for every command: usage errors exit 2 with the message on stderr,
-refusals 3, retryable failures 4 (:mod:`turnstile_cli.exits`). Every command is
-one trace: a root span around the whole command, so its RPCs (``place
---release`` makes two) are children of it; ``--trace`` prints its id on stderr
-and ``--json`` payloads carry it as ``trace_id``.
+refusals 3, retryable failures 4, certificate problems 5
+(:mod:`turnstile_cli.exits`). Every command is one trace: a root span around
+the whole command, so its RPCs (``place --release`` makes two) are children of
+it; ``--trace`` prints its id on stderr and ``--json`` payloads carry it as
+``trace_id``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.timeout <= 120:
         parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
+    if args.action != "up":  # the services ``up`` starts keep their gRPC log
+        # gRPC core logs a failed handshake on stderr (ssl_transport_security.cc …);
+        # the CLI explains it in one line instead (turnstile_cli.transport). Read
+        # when grpc is first imported, which is below.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import asyncio
 
     from turnstile_cli.context import ClientTls, Context, LocalStack, Targets
@@ -102,6 +108,13 @@ async def _handle(args: argparse.Namespace, ctx: Context) -> int:
         code: int = await handler(args, ctx)
     except grpc.aio.AioRpcError as error:
         rich = decode(error)
+        if error.code() == grpc.StatusCode.UNAVAILABLE and not rich.reason:
+            from turnstile_cli.transport import explain
+
+            problem = explain(error.details() or "", ctx.tls, ctx.targets)
+            if problem is not None:
+                ctx.out.failure(problem.text, code="UNAVAILABLE", reason=problem.kind)
+                return Exit.TRANSPORT
         ctx.out.rpc_error(rich, action=args.action)
         return exits.for_error(rich)
     except exits.UsageError as error:

@@ -197,10 +197,17 @@ class Targets:
         )
 
     def reach(self, stack: LocalStack | None) -> bool:
-        """Whether every address is ``stack``'s own (its transport then applies)."""
-        return stack is not None and all(
-            getattr(self, name) == stack.addresses.get(name) for name in SERVICES
-        )
+        """Whether these targets are the local stack's side of the machine: every
+        address loopback (the stack's own, or one a flag names there), so the
+        stack's transport applies; a remote target needs its own settings."""
+        if stack is None:
+            return False
+        return all(_loopback(getattr(self, name)) for name in SERVICES)
+
+
+def _loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 @dataclass(frozen=True)

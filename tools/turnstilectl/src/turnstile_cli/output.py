@@ -146,11 +146,11 @@ class Output:
         if not self.json_mode:
             self.err.print(f"[dim]{escape(text)}[/]")
 
-    def failure(self, text: str) -> None:
-        """A failure that is not an RPC error (bad config, nothing listening); on
-        stderr for people, so stdout holds only a command's answer."""
+    def failure(self, text: str, *, code: str = "", reason: str = "") -> None:
+        """A failure that is not an RPC error (bad config, a certificate problem);
+        on stderr for people, so stdout holds only a command's answer."""
         if self.json_mode:
-            self.print_json({"error": {"code": "", "reason": "", "message": text}})
+            self.print_json({"error": {"code": code, "reason": reason, "message": text}})
         else:
             self.err.print(f"[bold red]error:[/] {escape(text)}")
 
