@@ -111,7 +111,9 @@ async def _handle(args: argparse.Namespace, ctx: Context) -> int:
         if error.code() == grpc.StatusCode.UNAVAILABLE and not rich.reason:
             from turnstile_cli.transport import explain
 
-            problem = explain(error.details() or "", ctx.tls, ctx.targets)
+            problem = explain(
+                error.details() or "", ctx.tls, ctx.targets, service=getattr(args, "service", None)
+            )
             if problem is not None:
                 ctx.out.failure(problem.text, code="UNAVAILABLE", reason=problem.kind)
                 return Exit.TRANSPORT

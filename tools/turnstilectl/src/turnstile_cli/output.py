@@ -152,7 +152,8 @@ class Output:
         if self.json_mode:
             self.print_json({"error": {"code": code, "reason": reason, "message": text}})
         else:
-            self.err.print(f"[bold red]error:[/] {escape(text)}")
+            # One line, however long: the terminal wraps it, a pipe keeps it whole.
+            self.err.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
 
     def rpc_error(self, error: RichError, *, action: str) -> None:
         """A decoded RPC error: reason, limit, current value and when to retry."""

@@ -50,17 +50,21 @@ class Problem:
     text: str
 
 
-def explain(details: str, tls: ClientTls, targets: Targets) -> Problem | None:
+def explain(
+    details: str, tls: ClientTls, targets: Targets, *, service: str | None = None
+) -> Problem | None:
     """The plain-words cause of an UNAVAILABLE call's ``details``, or None when it
-    looks like a server that is down or busy (the usual hint then applies)."""
+    looks like a server that is down or busy (the usual hint then applies).
+    ``service``: the service called, when known (several may share an address)."""
     target = _target(details)
     where = f"the server at {target}" if target else "the server"
     if any(sign in details for sign in WRONG_SERVER_SIGNS):
-        expected = _expected_id(target, targets)
+        expected = getattr(targets, f"{service}_id") if service else _expected_id(target, targets)
         return Problem(
             "wrong-identity",
-            f"{where} is not {expected}: its certificate holds another identity or is no "
-            "server certificate (TURNSTILE_<SERVICE>_SPIFFE_ID names whom to expect)",
+            f"{where} is not the Turnstile service expected ({expected}): its certificate "
+            "holds another SPIFFE ID or is no server certificate "
+            "(TURNSTILE_<SERVICE>_SPIFFE_ID names whom to expect)",
         )
     if tls.plaintext:
         if any(sign in details for sign in CLOSED_SIGNS):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from rich.markup import escape
 from rich.table import Table
 
 from turnstile_cli.context import SERVICES, Context
@@ -28,8 +27,6 @@ async def health(ctx: Context, name: str) -> tuple[str, Problem | None]:
     import grpc.aio
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from turnstile_platform import peers
-
     target = getattr(ctx.targets, name)
     credentials, options = ctx.credentials(target, getattr(ctx.targets, f"{name}_id"))
     channel = (
@@ -37,15 +34,14 @@ async def health(ctx: Context, name: str) -> tuple[str, Problem | None]:
         if credentials is not None
         else grpc.aio.insecure_channel(target)
     )
-    service = {"admission": peers.ADMISSION, "substrate": peers.SUBSTRATE}.get(name, peers.AFFINITY)
     async with channel:
         try:
             response = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=min(ctx.timeout_s, 2.0)
+                health_pb2.HealthCheckRequest(), timeout=min(ctx.timeout_s, 2.0)
             )
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
-                problem = explain(error.details() or "", ctx.tls, ctx.targets)
+                problem = explain(error.details() or "", ctx.tls, ctx.targets, service=name)
                 if problem is not None:
                     kind = "WRONG_IDENTITY" if problem.kind == "wrong-identity" else TLS_PROBLEM
                     return kind, problem
@@ -73,7 +69,7 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
         if ctx.stack is not None and ctx.targets.reach(ctx.stack):
             ctx.out.note(f"the local stack ({ctx.stack.mode}), described in {ctx.stack.path}")
         for text in dict.fromkeys(p.text for p in problems.values()):
-            ctx.out.err.print(f"[bold red]error:[/] {escape(text)}")
+            ctx.out.failure(text)
 
     payload: dict[str, dict[str, str]] = {
         name: {"address": targets[name], "health": status} for name, status in statuses.items()
