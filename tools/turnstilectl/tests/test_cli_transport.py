@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from turnstile_cli.cli import run
 from turnstile_cli.exits import Exit
@@ -172,3 +173,22 @@ async def test_no_grpc_core_log_line_reaches_the_terminal(admission_server: str,
     assert "does not belong to the certificate" in lines[0]
     for sign in ("ssl_transport_security", "Invalid private key", "handshaker"):
         assert sign not in done.stderr
+
+
+async def test_the_demo_changes_nothing_against_a_stack_it_cannot_talk_to(
+    admission_server: str,
+    redis_url: str,
+    redis_prefix: str,
+    redis: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Plaintext against the mTLS stack: it says why before touching the key set."""
+    monkeypatch.setenv("TURNSTILE_PLAINTEXT", "true")
+    addresses = [f"--{s}={admission_server}" for s in ("admission", "substrate", "affinity")]
+    argv = [*addresses, "demo", "--redis-url", redis_url, "--redis-prefix", redis_prefix]
+    code = await asyncio.to_thread(run, argv)
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == Exit.TRANSPORT
+    assert "it expects TLS" in err
+    assert [key async for key in redis.scan_iter(match=f"{redis_prefix}*")] == []
