@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -163,10 +163,40 @@ class Output:
         self.err.print(render_error(error, action=action))
 
 
+class TrimmedLines:
+    """A stream's stand-in that drops the spaces rich pads each line with to the
+    console's width: a table piped to a file or ``grep`` ends its lines where
+    their text does. A line is written once whole; ``flush`` writes the rest."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            self.file.write("".join(line.rstrip(" ") + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.file.write(self._pending)
+            self._pending = ""
+        self.file.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+
 def _console(file: IO[str], *, no_color: bool, force: bool | None) -> Console:
     console = Console(file=file, no_color=no_color, force_terminal=force, highlight=False)
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console.width = PIPED_WIDTH
+    if not console.is_terminal:
+        if not os.environ.get("COLUMNS"):
+            console.width = PIPED_WIDTH
+        console.file = cast("IO[str]", TrimmedLines(file))
     return console
 
 
@@ -180,11 +210,14 @@ def render_error(error: RichError, *, action: str) -> Table:
         Exit.RETRYABLE: ("not yet", "bold yellow"),
         Exit.USAGE: ("invalid", "bold red"),
     }.get(exit_code, ("failed", "bold red"))
-    headline = (
-        f"[{style}]✗ {action} {label}[/]: "
-        + escape(error.reason or error.code.name)
-        + f" [dim]({error.code.name})[/]"
-    )
+    if exit_code == Exit.RETRYABLE and not error.reason and error.retry_after_s is None:
+        # A bare UNAVAILABLE or deadline: nothing says it will be "soon".
+        label = "failed"
+    # The reason, then the status code when it says more: never the code twice.
+    name = error.reason or error.code.name
+    headline = f"[{style}]✗ {action} {label}[/]: " + escape(name)
+    if name != error.code.name:
+        headline += f" [dim]({error.code.name})[/]"
     rows: dict[str, object] = {}
     # An INVALID_ARGUMENT's message is its field violations joined, and its
     # metadata names the first field: show each violation once, not three times.

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
+from typing import NoReturn
 
 from turnstile_cli.clients import add_client_options
 from turnstile_cli.commands.base import Subparsers, command, common_options
@@ -32,8 +34,41 @@ DEMO_DESCRIPTION = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" for a mistyped command or choice (every
+    subcommand's parser is one too: argparse makes them of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        found = _INVALID_CHOICE.search(message)
+        if found is not None:
+            import difflib
+
+            typed, choices = found.group(1), _CHOICE.findall(found.group(2))
+            close = difflib.get_close_matches(typed, choices, n=3, cutoff=0.6)
+            if close:
+                # "… invalid choice: 'activte'" without the long list, and the guess.
+                message = message[: found.end(1) + 1]
+                message += " — did you mean " + " or ".join(repr(c) for c in close) + "?"
+        super().error(message)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+_CHOICE = re.compile(r"'([^']*)'")
+
+
+def non_negative(text: str) -> int:
+    """An ``int`` of at least 0 (``--limit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (0 means all)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="turnstilectl",
         description="Turnstile's command line: admit, activate, place, and see what is where.",
         epilog=EPILOG,
@@ -142,7 +177,13 @@ def _substrate(sub: Subparsers) -> None:
     sandboxes.add_argument("sandbox_id", nargs="?", help="show this sandbox only")
     sandboxes.add_argument("--client", metavar="ID", default="", help="only this client's")
     sandboxes.add_argument(
-        "--limit", type=int, default=100, help="at most this many (default 100; 0 for all)"
+        "--limit", type=non_negative, default=100, help="at most this many (default 100; 0 for all)"
+    )
+    sandboxes.add_argument(
+        "--page-token",
+        default="",
+        metavar="TOKEN",
+        help="go on from where a listing stopped (its next_page_token)",
     )
 
 

@@ -1,0 +1,205 @@
+"""The small things a new user trips on: "did you mean", a partial answer for
+several ids, a clear "no such sandbox", argument checks, paging, one status code
+per headline, tables without trailing spaces in a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from turnstile_cli.cli import run
+from turnstile_cli.exits import Exit
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    affinity_pb2,
+    affinity_pb2_grpc,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    """Knows ``idle`` (stopped) and lists two pages of sandboxes."""
+
+    def __init__(self) -> None:
+        self.page_tokens: list[str] = []
+
+    async def Deactivate(
+        self, request: substrate_pb2.DeactivateRequest, context: Context
+    ) -> substrate_pb2.DeactivateResponse:
+        return substrate_pb2.DeactivateResponse(stopped=False)
+
+    async def GetSandbox(
+        self, request: substrate_pb2.GetSandboxRequest, context: Context
+    ) -> substrate_pb2.GetSandboxResponse:
+        if request.sandbox_id != "idle":
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no sandbox {request.sandbox_id}")
+        return substrate_pb2.GetSandboxResponse(
+            sandbox=substrate_pb2.Sandbox(
+                sandbox_id="idle", state=substrate_pb2.SANDBOX_STATE_STOPPED
+            )
+        )
+
+    async def ListSandboxes(
+        self, request: substrate_pb2.ListSandboxesRequest, context: Context
+    ) -> substrate_pb2.ListSandboxesResponse:
+        self.page_tokens.append(request.page_token)
+        start = int(request.page_token or "0")
+        ids = [f"sb-{i}" for i in range(start, min(start + request.page_size, 5))]
+        following = start + len(ids)
+        return substrate_pb2.ListSandboxesResponse(
+            sandboxes=[substrate_pb2.Sandbox(sandbox_id=i) for i in ids],
+            next_page_token=str(following) if following < 5 else "",
+        )
+
+
+class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
+    async def GetSession(
+        self, request: affinity_pb2.GetSessionRequest, context: Context
+    ) -> affinity_pb2.GetSessionResponse:
+        if request.session_id == "nope":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such session")
+        return affinity_pb2.GetSessionResponse(
+            session_id=request.session_id, client_id=request.client_id, sandbox_id="sb-1"
+        )
+
+
+class Admission(admission_pb2_grpc.AdmissionServiceServicer):
+    async def GetUsage(
+        self, request: admission_pb2.GetUsageRequest, context: Context
+    ) -> admission_pb2.GetUsageResponse:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not allowed for this client")
+        raise AssertionError("unreachable")
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[list[str], Substrate]]:
+    server = grpc.aio.server()
+    substrate = Substrate()  # type: ignore[abstract]
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(substrate, server)
+    affinity_pb2_grpc.add_AffinityServiceServicer_to_server(Affinity(), server)  # type: ignore[abstract]
+    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(Admission(), server)  # type: ignore[abstract]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        yield [f"--{s}={address}" for s in ("admission", "substrate", "affinity")], substrate
+    finally:
+        await server.stop(None)
+
+
+async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(run, ["--color", "never", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, " ".join(captured.err.split())
+
+
+def test_a_mistyped_command_gets_a_did_you_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run(["activte", "sb-1"])
+    err = capsys.readouterr().err
+    assert exited.value.code == Exit.USAGE
+    assert "invalid choice: 'activte' — did you mean 'activate'" in err
+    assert "choose from" not in err
+
+
+def test_a_mistyped_verb_gets_one_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run(["keys", "alow", "acme"])
+    assert "did you mean 'allow'?" in capsys.readouterr().err
+
+
+def test_nothing_close_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run(["zzzz"])
+    assert "choose from 'admit'" in capsys.readouterr().err
+
+
+def test_a_negative_limit_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run(["sandboxes", "--limit", "-5"])
+    assert exited.value.code == Exit.USAGE
+    assert "argument --limit: -5 is negative" in capsys.readouterr().err
+
+
+async def test_sessions_shows_those_found_and_reports_the_missing_one(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, _ = servers
+    code, out, err = await _cli(capsys, *flags, "sessions", "a", "b", "nope", "--client", "acme")
+    assert code == Exit.ERROR
+    assert "2 session(s)" in out
+    assert "no session nope of client acme" in err
+    code, out, _ = await _cli(capsys, *flags, "--json", "sessions", "a", "nope", "--client", "acme")
+    answer = json.loads(out)
+    assert [s["session_id"] for s in answer["sessions"]] == ["a"]
+    assert answer["missing"] == ["nope"]
+
+
+async def test_deactivating_a_sandbox_that_does_not_exist_fails_clearly(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, _ = servers
+    code, _, err = await _cli(capsys, *flags, "deactivate", "does-not-exist")
+    assert code == Exit.ERROR
+    assert "no sandbox does-not-exist: nothing to stop" in err
+    code, out, _ = await _cli(capsys, *flags, "deactivate", "idle")
+    assert code == Exit.OK
+    assert "idle had no running runtime" in out
+
+
+async def test_a_listing_goes_on_from_its_next_page_token(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, substrate = servers
+    code, out, _ = await _cli(capsys, *flags, "--json", "sandboxes", "--limit", "2")
+    first = json.loads(out)
+    assert code == Exit.OK
+    assert [s["sandbox_id"] for s in first["sandboxes"]] == ["sb-0", "sb-1"]
+    token = first["next_page_token"]
+    assert token
+    code, out, _ = await _cli(
+        capsys, *flags, "--json", "sandboxes", "--limit", "2", "--page-token", token
+    )
+    assert [s["sandbox_id"] for s in json.loads(out)["sandboxes"]] == ["sb-2", "sb-3"]
+    assert substrate.page_tokens[-1] == token
+
+
+async def test_a_status_code_without_a_reason_is_printed_once(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, _ = servers
+    code, _, err = await _cli(capsys, *flags, "usage", "--client", "acme")
+    assert code == Exit.ERROR
+    assert "✗ usage failed: PERMISSION_DENIED" in err
+    assert err.count("PERMISSION_DENIED") == 1
+
+
+async def test_an_unreachable_service_is_not_said_to_be_coming_soon(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = await _cli(capsys, "--admission=127.0.0.1:1", "usage", "--client", "acme")
+    assert code == Exit.RETRYABLE
+    assert "✗ usage failed: UNAVAILABLE" in err
+    assert "not yet" not in err
+    assert "(UNAVAILABLE)" not in err
+
+
+async def test_piped_tables_end_their_lines_where_the_text_does(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, _ = servers
+    code, out, _ = await _cli(capsys, *flags, "sandboxes")
+    assert code == Exit.OK
+    lines = out.splitlines()
+    assert any("sb-4" in line for line in lines)
+    assert [line for line in lines if line != line.rstrip()] == []
