@@ -12,9 +12,11 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+import yaml
 
 from turnstile_cli.cli import run
 from turnstile_cli.exits import Exit
+from turnstile_cli.output import to_yaml
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -203,3 +205,57 @@ async def test_piped_tables_end_their_lines_where_the_text_does(
     lines = out.splitlines()
     assert any("sb-4" in line for line in lines)
     assert [line for line in lines if line != line.rstrip()] == []
+
+
+async def test_output_name_prints_the_ids_one_a_line(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, _ = servers
+    code, out, _ = await _cli(capsys, *flags, "sandboxes", "-o", "name")
+    assert code == Exit.OK
+    assert out == "".join(f"sb-{i}\n" for i in range(5))
+    code, out, _ = await _cli(capsys, *flags, "-o", "name", "sessions", "s1", "--client", "acme")
+    assert out == "s1\n"
+
+
+async def test_output_yaml_reads_back_as_the_json_payload(
+    servers: tuple[list[str], Substrate], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags, _ = servers
+    _, as_json, _ = await _cli(capsys, *flags, "--json", "sessions", "a", "nope", "--client", "x")
+    code, as_yaml, _ = await _cli(
+        capsys, *flags, "-o", "yaml", "sessions", "a", "nope", "--client", "x"
+    )
+    assert code == Exit.ERROR
+    expected, parsed = json.loads(as_json), yaml.safe_load(as_yaml)
+    expected.pop("trace_id")
+    parsed.pop("trace_id")
+    assert parsed == expected
+
+
+def test_yaml_quotes_what_would_read_back_otherwise() -> None:
+    data: dict[str, Any] = {
+        "a": "yes",
+        "b": "1.5",
+        "c": "",
+        "d": "x: y",
+        "e": [],
+        "f": {},
+        "g": [[1, "on"]],
+        "h": None,
+    }
+    assert yaml.safe_load(to_yaml(data)) == data
+
+
+async def test_output_wide_never_cuts_a_table(
+    servers: tuple[list[str], Substrate],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    flags, _ = servers
+    monkeypatch.setenv("COLUMNS", "30")
+    _, narrow, _ = await _cli(capsys, *flags, "sandboxes")
+    _, wide, _ = await _cli(capsys, *flags, "sandboxes", "-o", "wide")
+    assert "node/endpoint" not in narrow
+    assert "node/endpoint" in wide
+    assert max(map(len, wide.splitlines())) > 30

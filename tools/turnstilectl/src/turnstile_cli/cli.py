@@ -53,7 +53,7 @@ def run(argv: list[str] | None = None) -> int:
     color = {"always": True, "never": False}.get(args.color)
     if color is None and os.environ.get("NO_COLOR"):
         color = False
-    out = Output(json_mode=args.json, color=color)
+    out = Output(output=args.output or ("json" if args.json else None), color=color)
     stack = LocalStack.find()
     targets = Targets.resolve(args.admission, args.substrate, args.affinity, stack=stack)
     if getattr(args, "service", None) and getattr(args, "target", None):
