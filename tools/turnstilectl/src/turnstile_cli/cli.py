@@ -40,6 +40,11 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.timeout <= 120:
         parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
+    if args.action == "completion":  # no RPC, no output machinery: a script on stdout
+        from turnstile_cli.completion import script
+
+        sys.stdout.write(script(args.shell, parser))
+        return Exit.OK
     if args.action != "up":  # the services ``up`` starts keep their gRPC log
         # gRPC core logs a failed handshake on stderr (ssl_transport_security.cc …);
         # the CLI explains it in one line instead (turnstile_cli.transport). Read

@@ -86,9 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
         _status,
         _stack,
         _demo,
+        _completion,
     ):
         declare(sub)
     return parser
+
+
+def _completion(sub: Subparsers) -> None:
+    completion = command(
+        sub,
+        "completion",
+        "turnstile_cli.completion:script",
+        help="print a shell completion script (bash or zsh)",
+        description='Print a completion script made from this parser: eval "$(turnstilectl '
+        'completion bash)" in ~/.bashrc, or eval "$(turnstilectl completion zsh)" in '
+        "~/.zshrc after compinit.",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
 
 
 def _triple(text: str) -> tuple[int, int, int]:
