@@ -192,3 +192,26 @@ async def test_the_demo_changes_nothing_against_a_stack_it_cannot_talk_to(
     assert code == Exit.TRANSPORT
     assert "it expects TLS" in err
     assert [key async for key in redis.scan_iter(match=f"{redis_prefix}*")] == []
+
+
+@pytest.fixture
+async def plaintext_server() -> AsyncIterator[str]:
+    app = GrpcService("probe", settings(plaintext=True), service_names=[])
+    await app.start()
+    try:
+        yield app.address
+    finally:
+        await app.stop()
+
+
+async def test_tls_against_a_plaintext_server_says_it_serves_plaintext(
+    plaintext_server: str,
+    pki: Pki,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("TURNSTILE_PLAINTEXT", raising=False)
+    me = pki.identity("operator/cli")
+    code, err = await _usage(_argv(plaintext_server, me.cert_file, me.key_file, me.ca_file), capsys)
+    assert code == Exit.TRANSPORT
+    assert f"the server at {plaintext_server} does not speak TLS: it serves plaintext" in err

@@ -21,7 +21,8 @@ from turnstile_cli.stack.config import LOCAL_GRACE_S, LOCAL_TIERS
 
 EPILOG = """\
 exit codes: 0 ok · 1 error · 2 usage or invalid request · 3 refused by a limit ·
-4 retryable (pending, busy, unavailable). See docs/cli.md.
+4 retryable (pending, busy, unavailable) · 5 a certificate or TLS problem.
+Shell completion: eval "$(turnstilectl completion bash)" (or zsh). See docs/cli.md.
 """
 
 #: ``admit --kind`` values (mapped to ``ActivationKind`` by the command).
