@@ -16,7 +16,7 @@ import yaml
 
 from turnstile_cli.cli import run
 from turnstile_cli.exits import Exit
-from turnstile_cli.output import to_yaml
+from turnstile_cli.output import names, to_yaml
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -259,3 +259,14 @@ async def test_output_wide_never_cuts_a_table(
     assert "node/endpoint" not in narrow
     assert "node/endpoint" in wide
     assert max(map(len, wide.splitlines())) > 30
+
+
+def test_name_of_one_object_is_its_own_id_not_its_clients() -> None:
+    activated = {
+        "sandbox": {"sandbox_id": "sb-1", "tier": "container"},
+        "charged_client_id": "acme",
+        "key": {"key": "acme", "kind": "KEY_KIND_OWN"},
+    }
+    assert names(activated) == ["sb-1"]
+    assert names({"hold_id": "h-1", "key": {"key": "acme"}}) == ["h-1"]
+    assert names({"key": {"key": "acme"}, "live": 1}) == ["acme"]

@@ -44,31 +44,39 @@ NAME_FIELDS = ("session_id", "sandbox_id", "hold_id", "client_id", "key")
 
 
 def names(payload: Mapping[str, Any]) -> list[str]:
-    """The ids a payload names (``-o name``): each listed object's, or the one
-    object's (a sandbox, a session, a hold)."""
+    """The ids a payload names (``-o name``): each listed object's, or else the
+    one object's (an activated sandbox, a session, a hold), looked for field by
+    field in :data:`NAME_FIELDS` order in the payload and the objects it holds."""
     found: list[str] = []
     for name, value in sorted(payload.items()):
         if name in ("trace_id", "error"):
             continue
         if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
             found += [n for n in (_name_of(v) for v in value) if n]
-    if not found:
-        for value in (payload, *(v for v in payload.values() if isinstance(v, Mapping))):
-            one = _name_of(value)
+    if found:
+        return found
+    objects = [payload, *(v for v in payload.values() if isinstance(v, Mapping))]
+    for field in NAME_FIELDS:
+        for value in objects:
+            one = _field(value, field)
             if one:
                 return [one]
-    return found
+    return []
 
 
 def _name_of(value: Mapping[str, Any]) -> str | None:
     for field in NAME_FIELDS:
-        if isinstance(value.get(field), str) and value[field]:
-            return str(value[field])
-        if isinstance(value.get(field), Mapping):  # a BoundedKey: {"key": …}
-            inner = value[field].get("key")
-            if isinstance(inner, str) and inner:
-                return inner
+        one = _field(value, field)
+        if one:
+            return one
     return None
+
+
+def _field(value: Mapping[str, Any], field: str) -> str | None:
+    found = value.get(field)
+    if isinstance(found, Mapping):  # a BoundedKey: {"key": …}
+        found = found.get("key")
+    return found if isinstance(found, str) and found else None
 
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./@-]*")
