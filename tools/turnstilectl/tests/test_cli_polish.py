@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -270,3 +272,41 @@ def test_name_of_one_object_is_its_own_id_not_its_clients() -> None:
     assert names(activated) == ["sb-1"]
     assert names({"hold_id": "h-1", "key": {"key": "acme"}}) == ["h-1"]
     assert names({"key": {"key": "acme"}, "live": 1}) == ["acme"]
+
+
+async def test_watch_shows_a_listing_again_until_ctrl_c(
+    servers: tuple[list[str], Substrate],
+) -> None:
+    """A real process: two rounds (one JSON object a line), then Ctrl-C ends it, exit 0."""
+    flags, substrate = servers
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnstile_cli",
+        *flags,
+        "--json",
+        "sandboxes",
+        "--limit",
+        "2",
+        "--watch",
+        "0.2",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        rounds = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(2)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(proc.wait(), 20)
+    assert [[s["sandbox_id"] for s in r["sandboxes"]] for r in rounds] == [["sb-0", "sb-1"]] * 2
+    assert rounds[0]["trace_id"] != rounds[1]["trace_id"]  # each round is its own trace
+    assert code == 0
+    assert substrate.page_tokens.count("") >= 2
+
+
+def test_watch_takes_a_sane_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run(["workers", "--watch", "0"])
+    assert exited.value.code == Exit.USAGE
+    assert "not between 0.1 and 3600 seconds" in capsys.readouterr().err

@@ -67,10 +67,29 @@ def run(argv: list[str] | None = None) -> int:
         args.cert, args.key, args.ca, stack=stack if targets.reach(stack) else None
     )
     ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls, stack=stack)
+    watch = getattr(args, "watch", None)
     try:
-        return asyncio.run(_dispatch(args, ctx))
+        return asyncio.run(_watch(args, ctx, watch) if watch else _dispatch(args, ctx))
     except KeyboardInterrupt:
-        return 130
+        return Exit.OK if watch else 130  # Ctrl-C is how a watch ends
+
+
+async def _watch(args: argparse.Namespace, ctx: Context, every_s: float) -> int:
+    """Run the command again every ``every_s`` until Ctrl-C, as ``watch`` does: a
+    person sees the screen redrawn under a header, a script one JSON object a
+    line. A failed round is shown and the next one runs all the same."""
+    import asyncio
+    import time
+
+    while True:
+        if not ctx.out.json_mode:
+            ctx.out.console.clear()
+            ctx.out.console.print(
+                f"[dim]every {every_s:g} s: turnstilectl {args.action} · "
+                f"{time.strftime('%H:%M:%S')} · Ctrl-C stops[/]"
+            )
+        await _dispatch(args, ctx)
+        await asyncio.sleep(every_s)
 
 
 async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:

@@ -57,6 +57,30 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 _CHOICE = re.compile(r"'([^']*)'")
 
 
+def add_watch(parser: argparse.ArgumentParser) -> None:
+    """``--watch [SECONDS]`` on a listing: show it again every SECONDS until Ctrl-C."""
+    parser.add_argument(
+        "-w",
+        "--watch",
+        nargs="?",
+        type=_interval,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="show it again every SECONDS (default 2) until Ctrl-C; with --json, one object a line",
+    )
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value:g} is not between 0.1 and 3600 seconds")
+    return value
+
+
 def non_negative(text: str) -> int:
     """An ``int`` of at least 0 (``--limit``)."""
     try:
@@ -194,6 +218,7 @@ def _substrate(sub: Subparsers) -> None:
     sandboxes.add_argument(
         "--limit", type=non_negative, default=100, help="at most this many (default 100; 0 for all)"
     )
+    add_watch(sandboxes)
     sandboxes.add_argument(
         "--page-token",
         default="",
@@ -245,6 +270,7 @@ def _affinity(sub: Subparsers) -> None:
     sessions.add_argument(
         "--client", required=True, help="the client the sessions belong to (SPEC O2)"
     )
+    add_watch(sessions)
 
     workers = command(
         sub,
@@ -255,6 +281,7 @@ def _affinity(sub: Subparsers) -> None:
     )
     workers.add_argument("--tier", default="", help="only this tier's")
     workers.add_argument("--client", default="", help="only the sandboxes this client owns")
+    add_watch(workers)
 
 
 def _keys(sub: Subparsers) -> None:
@@ -344,12 +371,13 @@ def _tiers(sub: Subparsers) -> None:
 
 
 def _status(sub: Subparsers) -> None:
-    command(
+    status = command(
         sub,
         "status",
         "turnstile_cli.commands.status:_status",
         help="health of the three services (exit 4 if any is down)",
     )
+    add_watch(status)
 
 
 def _stack(sub: Subparsers) -> None:
