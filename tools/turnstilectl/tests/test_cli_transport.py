@@ -135,7 +135,7 @@ async def test_plaintext_against_a_tls_server_says_it_expects_tls(
     )
     error = json.loads(capsys.readouterr().out)["error"]
     assert code == Exit.TRANSPORT
-    assert error["reason"] == "plaintext-to-tls"
+    assert error["reason"] == "PLAINTEXT_TO_TLS"
     assert "it expects TLS" in error["message"]
 
 
@@ -150,7 +150,7 @@ async def test_status_shows_a_tls_problem_apart_from_unreachable(
     answer = json.loads(capsys.readouterr().out)
     assert code == Exit.TRANSPORT
     assert answer["admission"]["health"] == "TLS PROBLEM"
-    assert answer["admission"]["problem"] == "key-mismatch"
+    assert answer["admission"]["problem"] == "KEY_MISMATCH"
     assert answer["substrate"]["health"] == "UNREACHABLE"
 
 

@@ -46,7 +46,11 @@ _ADDRESS = re.compile(r"ipv[46]:(\S+?):? ")
 class Problem:
     """A transport failure explained: which kind, in one line."""
 
-    kind: str  # wrong-identity | untrusted-server | key-mismatch | bad-client-cert | …
+    #: UPPER_SNAKE like an ErrorInfo reason (``--json``'s ``error.reason``):
+    #: WRONG_IDENTITY, UNTRUSTED_SERVER, KEY_MISMATCH, BAD_CLIENT_CERT,
+    #: CERTIFICATE_EXPIRED, UNTRUSTED_CLIENT, PLAINTEXT_TO_TLS, TLS_TO_PLAINTEXT,
+    #: HANDSHAKE_REFUSED.
+    kind: str
     text: str
 
 
@@ -61,7 +65,7 @@ def explain(
     if any(sign in details for sign in WRONG_SERVER_SIGNS):
         expected = getattr(targets, f"{service}_id") if service else _expected_id(target, targets)
         return Problem(
-            "wrong-identity",
+            "WRONG_IDENTITY",
             f"{where} is not the Turnstile service expected ({expected}): its certificate "
             "holds another SPIFFE ID or is no server certificate "
             "(TURNSTILE_<SERVICE>_SPIFFE_ID names whom to expect)",
@@ -69,26 +73,26 @@ def explain(
     if tls.plaintext:
         if any(sign in details for sign in CLOSED_SIGNS):
             return Problem(
-                "plaintext-to-tls",
+                "PLAINTEXT_TO_TLS",
                 f"{where} closed the connection: it expects TLS, and this CLI talks "
                 "plaintext (TURNSTILE_PLAINTEXT); give it certificates instead",
             )
         return None
     if any(sign in details for sign in BAD_CLIENT_SIGNS):
         return _client_files(tls) or Problem(
-            "bad-client-cert",
+            "BAD_CLIENT_CERT",
             f"the client certificate {tls.cert} or its key {tls.key} cannot be used",
         )
     if any(sign in details for sign in UNTRUSTED_SIGNS):
         reason = details.rsplit("CERTIFICATE_VERIFY_FAILED:", 1)[-1].strip().removesuffix(": OK")
         return Problem(
-            "untrusted-server",
+            "UNTRUSTED_SERVER",
             f"{where} has a certificate not issued by the CA in {tls.ca} "
             f"(a self-signed certificate, or another CA's: {reason or 'verify failed'})",
         )
     if any(sign in details for sign in PLAINTEXT_SERVER_SIGNS):
         return Problem(
-            "tls-to-plaintext",
+            "TLS_TO_PLAINTEXT",
             f"{where} does not speak TLS: it serves plaintext (a stack started with "
             "--plaintext?); TURNSTILE_PLAINTEXT=true talks to it",
         )
@@ -97,7 +101,7 @@ def explain(
         if local is not None:
             return Problem(local.kind, f"{where} refused the connection: {local.text}")
         return Problem(
-            "handshake-refused",
+            "HANDSHAKE_REFUSED",
             f"{where} closed the connection during the TLS handshake: it refused the client "
             f"certificate {tls.cert} (issued for another deployment?), or it is not TLS",
         )
@@ -130,7 +134,7 @@ def _client_files(tls: ClientTls) -> Problem | None:
         key = serialization.load_pem_private_key(Path(tls.key).read_bytes(), password=None)
         cas = x509.load_pem_x509_certificates(Path(tls.ca).read_bytes())
     except (OSError, ValueError, TypeError) as error:
-        return Problem("bad-client-cert", f"cannot read the certificate files: {error}")
+        return Problem("BAD_CLIENT_CERT", f"cannot read the certificate files: {error}")
     leaf = chain[0]
     public = serialization.PublicFormat.SubjectPublicKeyInfo
     encoding = serialization.Encoding.DER
@@ -138,25 +142,25 @@ def _client_files(tls: ClientTls) -> Problem | None:
         encoding, public
     ):
         return Problem(
-            "key-mismatch",
+            "KEY_MISMATCH",
             f"the private key {tls.key} does not belong to the certificate {tls.cert}",
         )
     now = datetime.now(UTC)
     if leaf.not_valid_after_utc < now:
         return Problem(
-            "expired",
+            "CERTIFICATE_EXPIRED",
             f"the client certificate {tls.cert} expired on {leaf.not_valid_after_utc:%Y-%m-%d}",
         )
     if leaf.not_valid_before_utc > now:
         return Problem(
-            "expired",
+            "CERTIFICATE_EXPIRED",
             f"the client certificate {tls.cert} is valid only from "
             f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC",
         )
     if not any(_issued_by(cert, ca) for cert in chain for ca in cas):
         self_signed = leaf.issuer == leaf.subject
         return Problem(
-            "untrusted-client",
+            "UNTRUSTED_CLIENT",
             f"the client certificate {tls.cert} is "
             + ("self-signed" if self_signed else "issued by another CA")
             + f", not by the CA in {tls.ca}",

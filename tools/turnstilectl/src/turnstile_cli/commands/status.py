@@ -43,7 +43,7 @@ async def health(ctx: Context, name: str) -> tuple[str, Problem | None]:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 problem = explain(error.details() or "", ctx.tls, ctx.targets, service=name)
                 if problem is not None:
-                    kind = "WRONG_IDENTITY" if problem.kind == "wrong-identity" else TLS_PROBLEM
+                    kind = "WRONG_IDENTITY" if problem.kind == "WRONG_IDENTITY" else TLS_PROBLEM
                     return kind, problem
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return "UNREACHABLE", None
