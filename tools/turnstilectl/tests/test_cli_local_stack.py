@@ -156,7 +156,9 @@ def test_flags_and_variables_still_win_over_the_stack_file(
     assert ctx.redis_target("redis://x:1/0", "flag:") == ("redis://x:1/0", "flag:")
 
 
-def test_a_stack_file_whose_runner_is_gone_describes_nothing(tmp_path: Path) -> None:
+def test_a_stack_file_whose_runner_is_gone_describes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A runner killed outright leaves its file behind: its addresses and
     certificates describe nothing (the next ``up`` removes it)."""
     done = subprocess.run(
@@ -178,7 +180,10 @@ def test_a_stack_file_whose_runner_is_gone_describes_nothing(tmp_path: Path) -> 
             }
         )
     )
+    monkeypatch.chdir(tmp_path)  # no .run/ in this directory or its parents
+    monkeypatch.delenv("TURNSTILE_STACK_FILE", raising=False)
     assert state.find_running() is None
+    assert state.find() is None  # nor do ``tiers`` take a dead stack's tiers from it
     assert LocalStack.find() is None
 
 

@@ -381,6 +381,7 @@ class Stack:
             if config.tls_dir is None
             else {
                 "mode": "mtls",
+                "dir": str(config.tls_dir.absolute()),
                 "cert": config.tls_file("cli.crt"),
                 "key": config.tls_file("cli.key"),
                 "ca": config.tls_file("ca.crt"),

@@ -121,12 +121,22 @@ def _candidates() -> list[Path]:
 
 
 def find() -> tuple[Path, dict[str, Any]] | None:
-    """The stack's file and description, or None when there is none."""
+    """The stack's file and description, or None when there is none. The user's
+    copy counts only while its runner runs: it stands for no checkout of its own."""
+    mine = user_file()
     for candidate in _candidates():
         data = read(candidate)
-        if data is not None:
-            return candidate, data
+        if data is None:
+            continue
+        if candidate == mine and not _running(data):
+            continue
+        return candidate, data
     return None
+
+
+def _running(description: dict[str, Any]) -> bool:
+    runner = recorded_runner(description)
+    return runner is not None and procs.alive(runner)
 
 
 def find_running() -> tuple[Path, dict[str, Any]] | None:
@@ -135,10 +145,7 @@ def find_running() -> tuple[Path, dict[str, Any]] | None:
     then describe nothing (the next ``up`` removes it)."""
     for candidate in _candidates():
         data = read(candidate)
-        if data is None:
-            continue
-        runner = recorded_runner(data)
-        if runner is not None and procs.alive(runner):
+        if data is not None and _running(data):
             return candidate, data
     return None
 
