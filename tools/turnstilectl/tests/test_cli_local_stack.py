@@ -201,3 +201,30 @@ def test_up_without_a_prefix_takes_its_checkouts(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("TURNSTILE_REDIS_PREFIX", raising=False)
     args = build_parser().parse_args(["up"])
     assert args.redis_prefix is None  # the command then takes checkout_prefix(state dir)
+
+
+async def test_a_real_plaintext_stack_after_an_mtls_start_needs_no_setting(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """``./scripts/up --plaintext`` after a TLS start: the old certificates lie in
+    ``.run/tls`` of the checkout, no TURNSTILE_PLAINTEXT is set, and ``status``
+    from the checkout and from elsewhere talks plaintext to it."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".run" / "tls").mkdir(parents=True)
+    for name in ("cli.crt", "cli.key", "ca.crt"):
+        (checkout / ".run" / "tls" / name).write_text("left by an mTLS start")
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        plaintext=True,
+    ) as stack:
+        await stack.wait_serving()
+        assert stack.state_home is not None
+        env = _bare_env(stack.state_home)
+        for where in (checkout, tmp_path):
+            status = await asyncio.to_thread(_cli, ["--json", "status"], cwd=where, env=env)
+            assert status.returncode == 0, status.stderr
+            health = json.loads(status.stdout)
+            assert health["admission"]["health"] == "SERVING"

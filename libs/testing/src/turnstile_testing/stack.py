@@ -33,6 +33,8 @@ class RunningStack:
     tee: subprocess.Popen[bytes] | None = None
     #: Where the stack writes its per-user description (``XDG_STATE_HOME``).
     state_home: Path | None = None
+    #: Started with ``--plaintext``: no certificates, no authorization.
+    plaintext: bool = False
 
     def tls_env(self) -> dict[str, str]:
         """The stack's CLI certificate (``turnstilectl up`` issues it on start)."""
@@ -77,10 +79,14 @@ class RunningStack:
         services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
         # The certificates exist once the runner's preflight has issued them.
         for _ in range(int(timeout_s / 0.05)):
-            if (self.tls_dir / "cli.key").exists() or self.proc.poll() is not None:
+            if (
+                self.plaintext
+                or (self.tls_dir / "cli.key").exists()
+                or self.proc.poll() is not None
+            ):
                 break
             await asyncio.sleep(0.05)
-        credentials = self.credentials()
+        credentials = None if self.plaintext else self.credentials()
         results = await asyncio.gather(
             *(
                 wait_serving(a, timeout_s=timeout_s, service=s, credentials=credentials)
@@ -126,12 +132,13 @@ def run_stack(
     metrics_ports: tuple[int, int, int] = (0, 0, 0),
     prometheus_port: int = 0,
     through_tee: bool = False,
+    plaintext: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
     Prometheus stay off unless ports are given for them. ``through_tee`` pipes
     the runner's output through a real ``tee`` (``./scripts/up | tee up.log``):
     :meth:`RunningStack.ctrl_c_through_tee` then stops both as a terminal's
-    Ctrl-C does."""
+    Ctrl-C does. ``plaintext`` starts it with ``--plaintext``."""
     ports = (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -187,6 +194,7 @@ def run_stack(
                 str(grace_s),
                 "--stop-grace",
                 "10",
+                *(["--plaintext"] if plaintext else []),
             ],
             stdout=out if tee is None else tee.stdin,
             stderr=subprocess.STDOUT,
@@ -196,7 +204,15 @@ def run_stack(
     if tee is not None and tee.stdin is not None:
         tee.stdin.close()  # the runner holds the pipe's only write end
     stack = RunningStack(
-        proc, ports, redis_url, redis_prefix, log, tmp_path / "tls", tee, tmp_path / "xdg-state"
+        proc,
+        ports,
+        redis_url,
+        redis_prefix,
+        log,
+        tmp_path / "tls",
+        tee,
+        tmp_path / "xdg-state",
+        plaintext,
     )
     try:
         yield stack
