@@ -76,17 +76,23 @@ class RunningStack:
         }
 
     async def wait_serving(self, timeout_s: float = 45.0) -> None:
+        if self.plaintext:  # no certificates to wait for
+            return await self._wait_answering(None, timeout_s)
         services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
         # The certificates exist once the runner's preflight has issued them.
         for _ in range(int(timeout_s / 0.05)):
-            if (
-                self.plaintext
-                or (self.tls_dir / "cli.key").exists()
-                or self.proc.poll() is not None
-            ):
+            if (self.tls_dir / "cli.key").exists() or self.proc.poll() is not None:
                 break
             await asyncio.sleep(0.05)
-        credentials = None if self.plaintext else self.credentials()
+        credentials = self.credentials()
+        await self._wait_answering(credentials, timeout_s, services)
+
+    async def _wait_answering(
+        self,
+        credentials: grpc.ChannelCredentials | None,
+        timeout_s: float,
+        services: tuple[str, str, str] = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY),
+    ) -> None:
         results = await asyncio.gather(
             *(
                 wait_serving(a, timeout_s=timeout_s, service=s, credentials=credentials)
