@@ -77,7 +77,8 @@ class RunningStack:
 
     async def wait_serving(self, timeout_s: float = 45.0) -> None:
         if self.plaintext:  # no certificates to wait for
-            return await self._wait_answering(None, timeout_s)
+            await self._wait_answering(None, timeout_s)
+            return
         services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
         # The certificates exist once the runner's preflight has issued them.
         for _ in range(int(timeout_s / 0.05)):
