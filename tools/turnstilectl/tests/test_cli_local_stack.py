@@ -228,3 +228,34 @@ async def test_a_real_plaintext_stack_after_an_mtls_start_needs_no_setting(
             assert status.returncode == 0, status.stderr
             health = json.loads(status.stdout)
             assert health["admission"]["health"] == "SERVING"
+
+
+def test_when_the_current_stack_stops_another_running_one_becomes_current(
+    tmp_path: Path,
+) -> None:
+    """Two checkouts' stacks: the later is current; once it stops, the earlier,
+    still running, is found again (not "no stack")."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for pid, port in ((other.pid, 1), (os.getpid(), 2)):
+            record = state.process_record(pid)
+            assert record is not None
+            state.publish(
+                {
+                    "pid": pid,
+                    "runner": record,
+                    "addresses": {"admission": f"127.0.0.1:{port}"},
+                    "transport": {"mode": "plaintext"},
+                }
+            )
+        assert (state.read(state.user_file()) or {}).get("pid") == os.getpid()
+        state.retire(os.getpid())
+        assert (state.read(state.user_file()) or {}).get("pid") == other.pid
+        other.kill()
+        other.wait()
+        state.retire(other.pid)
+        assert not state.user_file().exists()
+        assert list(state.user_file().parent.glob("stacks/*.json")) == []
+    finally:
+        other.kill()
+        other.wait()

@@ -366,7 +366,7 @@ class Stack:
         description = self.description()
         state.write(state.path_for(config.state_dir), description)
         try:
-            state.write(state.user_file(), description)
+            state.publish(description)
         except OSError as error:  # a read-only home: commands then need flags or variables
             self.say(f"could not write {state.user_file()} ({error.strerror})")
 
@@ -433,7 +433,7 @@ class Stack:
         path.unlink(missing_ok=True)
         if isinstance(last.get("pid"), int):
             with contextlib.suppress(OSError):
-                state.remove_if_ours(state.user_file(), last["pid"])
+                state.retire(last["pid"])
 
     async def stop_processes(self, left: list[procs.Proc]) -> None:
         """SIGTERM each process's group, SIGKILL what is still there after 5 s."""
@@ -462,7 +462,7 @@ class Stack:
         with contextlib.suppress(OSError):
             state.path_for(self.config.state_dir).unlink()
         with contextlib.suppress(OSError):
-            state.remove_if_ours(state.user_file(), os.getpid())
+            state.retire(os.getpid())
         self.say("stopped")
 
     async def terminate(self, names: list[str]) -> None:

@@ -4,7 +4,7 @@
 by default) while it runs and removes it when it stops, and a copy for the user
 (:func:`user_file`, ``$XDG_STATE_HOME/turnstile/stack.json``): the addresses, the
 transport (plaintext or mTLS, and then the CLI's certificate files), the Redis URL
-and prefix, the tiers. Every command reads it (:func:`find_running`) for what
+and prefix, the tiers (:func:`publish`, :func:`retire`). Every command reads it (:func:`find_running`) for what
 neither a flag nor a ``TURNSTILE_*`` variable says, so ``turnstilectl status``
 works from ``~`` or ``docs/`` and knows a ``--plaintext`` stack without being told.
 
@@ -104,12 +104,38 @@ def write(path: Path, description: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def remove_if_ours(path: Path, pid: int) -> None:
-    """Remove ``path`` when the stack it describes is the one run by ``pid`` (a
-    later stack of another checkout may have taken the user's file over)."""
-    described = read(path)
-    if described is not None and described.get("pid") == pid:
-        path.unlink(missing_ok=True)
+def publish(description: dict[str, Any]) -> None:
+    """Make ``description`` the user's current stack (:func:`user_file`), and keep
+    it among the running ones (``stacks/<pid>.json`` beside it): when another
+    checkout's stack, started later, stops, this one becomes current again."""
+    write(_registered(int(description["pid"])), description)
+    write(user_file(), description)
+
+
+def retire(pid: int) -> None:
+    """The stack run by ``pid`` stopped (or died): drop its entry, and if it was
+    the user's current stack, make the newest one still running current, or
+    remove the file when none runs."""
+    _registered(pid).unlink(missing_ok=True)
+    current = read(user_file())
+    if current is not None and current.get("pid") != pid:
+        return  # another checkout's stack is current
+    others = sorted(
+        (e for e in user_file().parent.glob("stacks/*.json") if e.is_file()),
+        key=lambda e: e.stat().st_mtime,
+        reverse=True,
+    )
+    for entry in others:
+        data = read(entry)
+        if data is not None and _running(data):
+            write(user_file(), data)
+            return
+        entry.unlink(missing_ok=True)  # left by a runner killed outright
+    user_file().unlink(missing_ok=True)
+
+
+def _registered(pid: int) -> Path:
+    return user_file().parent / "stacks" / f"{pid}.json"
 
 
 def _candidates() -> list[Path]:
