@@ -4,9 +4,10 @@
 by default) while it runs and removes it when it stops, and a copy for the user
 (:func:`user_file`, ``$XDG_STATE_HOME/turnstile/stack.json``): the addresses, the
 transport (plaintext or mTLS, and then the CLI's certificate files), the Redis URL
-and prefix, the tiers (:func:`publish`, :func:`retire`). Every command reads it (:func:`find_running`) for what
-neither a flag nor a ``TURNSTILE_*`` variable says, so ``turnstilectl status``
-works from ``~`` or ``docs/`` and knows a ``--plaintext`` stack without being told.
+and prefix, the tiers (:func:`publish`, :func:`retire`). Every command reads it
+(:func:`find_running`) for what neither a flag nor a ``TURNSTILE_*`` variable
+says, so ``turnstilectl status`` works from ``~`` or ``docs/`` and knows a
+``--plaintext`` stack without being told.
 
 ``TURNSTILE_STACK_FILE`` points elsewhere; without it the file is looked for in
 ``.run/`` of the working directory and of each of its parents, then the user's.
