@@ -259,3 +259,19 @@ def test_when_the_current_stack_stops_another_running_one_becomes_current(
     finally:
         other.kill()
         other.wait()
+
+
+def test_with_no_stack_running_keys_go_to_the_checkouts_prefix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``keys allow`` before ``./scripts/up``: the prefix that stack will read."""
+    (tmp_path / "checkout" / ".run").mkdir(parents=True)
+    (tmp_path / "checkout" / "docs").mkdir()
+    monkeypatch.chdir(tmp_path / "checkout" / "docs")
+    monkeypatch.delenv("TURNSTILE_REDIS_PREFIX", raising=False)
+    monkeypatch.delenv("TURNSTILE_STACK_FILE", raising=False)
+    ctx = Context(out=Output())
+    _, prefix = ctx.redis_target(None, None)
+    assert prefix == checkout_prefix(tmp_path / "checkout" / ".run" / "direct")
+    monkeypatch.chdir(tmp_path)
+    assert ctx.redis_target(None, None)[1] == "turnstile:"

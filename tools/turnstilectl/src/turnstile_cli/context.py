@@ -205,6 +205,19 @@ class Targets:
         return all(_loopback(getattr(self, name)) for name in SERVICES)
 
 
+def _checkout_prefix() -> str | None:
+    """The prefix ``turnstilectl up`` gives the checkout this command runs in (the
+    nearest directory holding ``.run/``), for a change made while its stack is
+    down: ``keys allow`` before ``./scripts/up`` lands where that stack reads."""
+    from turnstile_cli.stack.config import checkout_prefix
+
+    here = Path.cwd()
+    for directory in (here, *here.parents):
+        if (directory / ".run").is_dir():
+            return checkout_prefix(directory / ".run" / "direct")
+    return None
+
+
 def _loopback(address: str) -> bool:
     host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
     return host in ("localhost", "::1") or host.startswith("127.")
@@ -241,8 +254,8 @@ class Context:
     def redis_target(self, url: str | None, prefix: str | None) -> tuple[str, str]:
         """The Redis URL and key prefix of ``keys``, ``limits`` and ``demo``: the
         flag, else ``TURNSTILE_REDIS_URL`` / ``_PREFIX``, else the running local
-        stack's (found from any directory, whatever the targets), else the
-        services' defaults."""
+        stack's (found from any directory, whatever the targets), else (the
+        prefix) the one ``up`` gives this checkout, else the services' defaults."""
         from turnstile_platform.settings import ServiceSettings
 
         defaults = ServiceSettings()
@@ -254,10 +267,12 @@ class Context:
             else:
                 url = described.redis_url
         if not prefix:
-            if env.get("TURNSTILE_REDIS_PREFIX") or described is None or not described.redis_prefix:
+            if env.get("TURNSTILE_REDIS_PREFIX"):
                 prefix = defaults.redis_prefix
-            else:
+            elif described is not None and described.redis_prefix:
                 prefix = described.redis_prefix
+            else:
+                prefix = _checkout_prefix() or defaults.redis_prefix
         return url, prefix
 
     def settings(self) -> PeerSettings:
