@@ -31,6 +31,10 @@ class RunningStack:
     log: Path
     tls_dir: Path
     tee: subprocess.Popen[bytes] | None = None
+    #: Where the stack writes its per-user description (``XDG_STATE_HOME``).
+    state_home: Path | None = None
+    #: Started with ``--plaintext``: no certificates, no authorization.
+    plaintext: bool = False
 
     def tls_env(self) -> dict[str, str]:
         """The stack's CLI certificate (``turnstilectl up`` issues it on start)."""
@@ -67,10 +71,14 @@ class RunningStack:
             "TURNSTILE_AFFINITY_ADDR": affinity,
             "TURNSTILE_REDIS_URL": self.redis_url,
             "TURNSTILE_REDIS_PREFIX": self.redis_prefix,
+            **({"XDG_STATE_HOME": str(self.state_home)} if self.state_home else {}),
             **self.tls_env(),
         }
 
     async def wait_serving(self, timeout_s: float = 45.0) -> None:
+        if self.plaintext:  # no certificates to wait for
+            await self._wait_answering(None, timeout_s)
+            return
         services = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY)
         # The certificates exist once the runner's preflight has issued them.
         for _ in range(int(timeout_s / 0.05)):
@@ -80,6 +88,14 @@ class RunningStack:
                 break
             await asyncio.sleep(0.05)
         credentials = self.credentials()
+        await self._wait_answering(credentials, timeout_s, services)
+
+    async def _wait_answering(
+        self,
+        credentials: grpc.ChannelCredentials | None,
+        timeout_s: float,
+        services: tuple[str, str, str] = (peers.ADMISSION, peers.SUBSTRATE, peers.AFFINITY),
+    ) -> None:
         results = await asyncio.gather(
             *(
                 wait_serving(a, timeout_s=timeout_s, service=s, credentials=credentials)
@@ -125,12 +141,13 @@ def run_stack(
     metrics_ports: tuple[int, int, int] = (0, 0, 0),
     prometheus_port: int = 0,
     through_tee: bool = False,
+    plaintext: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
     Prometheus stay off unless ports are given for them. ``through_tee`` pipes
     the runner's output through a real ``tee`` (``./scripts/up | tee up.log``):
     :meth:`RunningStack.ctrl_c_through_tee` then stops both as a terminal's
-    Ctrl-C does."""
+    Ctrl-C does. ``plaintext`` starts it with ``--plaintext``."""
     ports = (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -138,7 +155,15 @@ def run_stack(
         for key, value in os.environ.items()
         if not key.startswith(("TURNSTILE_", "OTEL_"))
     }
-    env.update({"TURNSTILE_SHUTDOWN_GRACE_S": "3", **(extra_env or {})})
+    # The stack's per-user description (turnstilectl's stack.json) goes under the
+    # test's own directory, never the user's.
+    env.update(
+        {
+            "TURNSTILE_SHUTDOWN_GRACE_S": "3",
+            "XDG_STATE_HOME": str(tmp_path / "xdg-state"),
+            **(extra_env or {}),
+        }
+    )
     tee = (
         subprocess.Popen(
             ["tee", str(log)],
@@ -178,6 +203,7 @@ def run_stack(
                 str(grace_s),
                 "--stop-grace",
                 "10",
+                *(["--plaintext"] if plaintext else []),
             ],
             stdout=out if tee is None else tee.stdin,
             stderr=subprocess.STDOUT,
@@ -186,7 +212,17 @@ def run_stack(
         )
     if tee is not None and tee.stdin is not None:
         tee.stdin.close()  # the runner holds the pipe's only write end
-    stack = RunningStack(proc, ports, redis_url, redis_prefix, log, tmp_path / "tls", tee)
+    stack = RunningStack(
+        proc,
+        ports,
+        redis_url,
+        redis_prefix,
+        log,
+        tmp_path / "tls",
+        tee,
+        tmp_path / "xdg-state",
+        plaintext,
+    )
     try:
         yield stack
     finally:

@@ -6,10 +6,11 @@ That keeps ``--help`` and usage errors instant and a command's start-up to what
 it uses (``tools/turnstilectl/bench/cli_startup.py`` measures both).
 
 One rule for every command: usage errors exit 2 with the message on stderr,
-refusals 3, retryable failures 4 (:mod:`turnstile_cli.exits`). Every command is
-one trace: a root span around the whole command, so its RPCs (``place
---release`` makes two) are children of it; ``--trace`` prints its id on stderr
-and ``--json`` payloads carry it as ``trace_id``.
+refusals 3, retryable failures 4, certificate problems 5
+(:mod:`turnstile_cli.exits`). Every command is one trace: a root span around
+the whole command, so its RPCs (``place --release`` makes two) are children of
+it; ``--trace`` prints its id on stderr and ``--json`` payloads carry it as
+``trace_id``.
 """
 
 from __future__ import annotations
@@ -39,24 +40,56 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.timeout <= 120:
         parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
+    if args.action == "completion":  # no RPC, no output machinery: a script on stdout
+        from turnstile_cli.completion import script
+
+        sys.stdout.write(script(args.shell, parser))
+        return Exit.OK
+    if args.action != "up":  # the services ``up`` starts keep their gRPC log
+        # gRPC core logs a failed handshake on stderr (ssl_transport_security.cc …);
+        # the CLI explains it in one line instead (turnstile_cli.transport). Read
+        # when grpc is first imported, which is below.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import asyncio
 
-    from turnstile_cli.context import ClientTls, Context, Targets
+    from turnstile_cli.context import ClientTls, Context, LocalStack, Targets
     from turnstile_cli.output import Output
 
     color = {"always": True, "never": False}.get(args.color)
     if color is None and os.environ.get("NO_COLOR"):
         color = False
-    out = Output(json_mode=args.json, color=color)
-    targets = Targets.resolve(args.admission, args.substrate, args.affinity)
+    out = Output(output=args.output or ("json" if args.json else None), color=color)
+    stack = LocalStack.find()
+    targets = Targets.resolve(args.admission, args.substrate, args.affinity, stack=stack)
     if getattr(args, "service", None) and getattr(args, "target", None):
         targets = replace(targets, **{args.service: args.target})
-    tls = ClientTls.resolve(args.cert, args.key, args.ca)
-    ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls)
+    tls = ClientTls.resolve(
+        args.cert, args.key, args.ca, stack=stack if targets.reach(stack) else None
+    )
+    ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls, stack=stack)
+    watch = getattr(args, "watch", None)
     try:
-        return asyncio.run(_dispatch(args, ctx))
+        return asyncio.run(_watch(args, ctx, watch) if watch else _dispatch(args, ctx))
     except KeyboardInterrupt:
-        return 130
+        return Exit.OK if watch else 130  # Ctrl-C is how a watch ends
+
+
+async def _watch(args: argparse.Namespace, ctx: Context, every_s: float) -> int:
+    """Run the command again every ``every_s`` until Ctrl-C, as ``watch`` does: a
+    person sees the screen redrawn under a header, a script one JSON object a
+    line. A failed round is shown and the next one runs all the same."""
+    import asyncio
+    import time
+
+    while True:
+        if not ctx.out.json_mode:
+            ctx.out.console.clear()
+            ctx.out.console.print(
+                f"[dim]every {every_s:g} s: turnstilectl {args.action} · "
+                f"{time.strftime('%H:%M:%S')} · Ctrl-C stops[/]"
+            )
+        await _dispatch(args, ctx)
+        await asyncio.sleep(every_s)
 
 
 async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:
@@ -99,6 +132,15 @@ async def _handle(args: argparse.Namespace, ctx: Context) -> int:
         code: int = await handler(args, ctx)
     except grpc.aio.AioRpcError as error:
         rich = decode(error)
+        if error.code() == grpc.StatusCode.UNAVAILABLE and not rich.reason:
+            from turnstile_cli.transport import explain
+
+            problem = explain(
+                error.details() or "", ctx.tls, ctx.targets, service=getattr(args, "service", None)
+            )
+            if problem is not None:
+                ctx.out.failure(problem.text, code="UNAVAILABLE", reason=problem.kind)
+                return Exit.TRANSPORT
         ctx.out.rpc_error(rich, action=args.action)
         return exits.for_error(rich)
     except exits.UsageError as error:

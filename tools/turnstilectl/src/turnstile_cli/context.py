@@ -2,18 +2,21 @@
 
 Addresses come from, in order: ``--target`` (the one service a command talks
 to), ``--admission``/``--substrate``/``--affinity``, the ``TURNSTILE_*_ADDR``
-variables the services themselves read, and the local stack's ports. Against a
-cluster, port-forward the three services and point these at the forwards.
+variables the services themselves read, the running local stack's description
+(:mod:`turnstile_cli.stack.state`, found from any directory), and the local
+stack's default ports. Against a cluster, port-forward the three services and
+point these at the forwards.
 
 Each service must present the SPIFFE ID the CLI expects of it (SPEC O5):
 ``TURNSTILE_ADMISSION_SPIFFE_ID`` / ``_SUBSTRATE_`` / ``_AFFINITY_``, by default the
 local stack's (``spiffe://turnstile.local/service/admission`` …); a server with
 any other certificate fails the handshake.
 
-The mTLS client certificate comes from ``--cert/--key/--ca``, then the
-``TURNSTILE_TLS_*_FILE`` variables, then the local stack's CLI certificate in
-``.run/tls`` (which ``./scripts/up`` issues on first start). With
-``TURNSTILE_PLAINTEXT=true`` and loopback targets, no certificate is needed.
+The transport comes from ``--cert/--key/--ca`` and the ``TURNSTILE_TLS_*_FILE`` /
+``TURNSTILE_PLAINTEXT`` variables first; what they leave unsaid comes from the
+running local stack's description when the CLI talks to that stack's own
+addresses (plaintext for a ``--plaintext`` stack, else its CLI certificate), and
+last from ``.run/tls`` of the working directory.
 """
 
 from __future__ import annotations
@@ -49,6 +52,66 @@ LOCAL_TLS_DIR = Path(".run/tls")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
+SERVICES = ("admission", "substrate", "affinity")
+
+
+@dataclass(frozen=True)
+class LocalStack:
+    """What the running local stack's ``stack.json`` says about reaching it."""
+
+    path: Path
+    addresses: dict[str, str]
+    plaintext: bool
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    server_ids: dict[str, str] = field(default_factory=dict)
+    redis_url: str | None = None
+    redis_prefix: str | None = None
+
+    @classmethod
+    def find(cls) -> LocalStack | None:
+        """The running local stack, or None (none runs, or its file is unreadable)."""
+        from turnstile_cli.stack import state
+
+        found = state.find_running()
+        if found is None:
+            return None
+        path, data = found
+
+        def text(value: object) -> str | None:
+            return value if isinstance(value, str) and value else None
+
+        addresses = data.get("addresses")
+        transport = data.get("transport")
+        if not isinstance(addresses, dict) or not isinstance(transport, dict):
+            return None  # written by an older ``up``: no transport recorded
+        ids = transport.get("server_ids")
+
+        def file(name: str) -> Path | None:
+            value = text(transport.get(name))
+            return Path(value) if value else None
+
+        return cls(
+            path=path,
+            addresses={k: v for k, v in addresses.items() if isinstance(v, str)},
+            plaintext=transport.get("mode") == "plaintext",
+            cert=file("cert"),
+            key=file("key"),
+            ca=file("ca"),
+            server_ids=(
+                {k: v for k, v in ids.items() if isinstance(v, str)}
+                if isinstance(ids, dict)
+                else {}
+            ),
+            redis_url=text(data.get("redis_url")),
+            redis_prefix=text(data.get("redis_prefix")),
+        )
+
+    @property
+    def mode(self) -> str:
+        return "plaintext" if self.plaintext else "mutual TLS"
+
 
 @dataclass(frozen=True)
 class ClientTls:
@@ -62,23 +125,35 @@ class ClientTls:
 
     @classmethod
     def resolve(
-        cls, cert: str | None = None, key: str | None = None, ca: str | None = None
+        cls,
+        cert: str | None = None,
+        key: str | None = None,
+        ca: str | None = None,
+        *,
+        stack: LocalStack | None = None,
     ) -> ClientTls:
+        """``stack``: the running local stack, when the CLI talks to its addresses."""
         env = os.environ
 
-        def pick(flag: str | None, variable: str, local: str) -> Path | None:
+        def pick(
+            flag: str | None, variable: str, local: str, described: Path | None
+        ) -> Path | None:
             if flag:
                 return Path(flag)
             if env.get(variable):
                 return Path(env[variable])
+            if described is not None:
+                return described
             candidate = LOCAL_TLS_DIR / local
             return candidate if candidate.is_file() else None
 
+        explicit = env.get("TURNSTILE_PLAINTEXT", "").strip()
+        plaintext = explicit.lower() in _TRUE if explicit else stack is not None and stack.plaintext
         return cls(
-            cert=pick(cert, "TURNSTILE_TLS_CERT_FILE", "cli.crt"),
-            key=pick(key, "TURNSTILE_TLS_KEY_FILE", "cli.key"),
-            ca=pick(ca, "TURNSTILE_TLS_CA_FILE", "ca.crt"),
-            plaintext=env.get("TURNSTILE_PLAINTEXT", "").strip().lower() in _TRUE,
+            cert=pick(cert, "TURNSTILE_TLS_CERT_FILE", "cli.crt", stack.cert if stack else None),
+            key=pick(key, "TURNSTILE_TLS_KEY_FILE", "cli.key", stack.key if stack else None),
+            ca=pick(ca, "TURNSTILE_TLS_CA_FILE", "ca.crt", stack.ca if stack else None),
+            plaintext=plaintext,
         )
 
 
@@ -97,16 +172,55 @@ class Targets:
         admission: str | None = None,
         substrate: str | None = None,
         affinity: str | None = None,
+        *,
+        stack: LocalStack | None = None,
     ) -> Targets:
         env = os.environ
+        where = stack.addresses if stack is not None else {}
+        ids = stack.server_ids if stack is not None else {}
         return cls(
-            admission=admission or env.get("TURNSTILE_ADMISSION_ADDR") or LOCAL_ADMISSION,
-            substrate=substrate or env.get("TURNSTILE_SUBSTRATE_ADDR") or LOCAL_SUBSTRATE,
-            affinity=affinity or env.get("TURNSTILE_AFFINITY_ADDR") or LOCAL_AFFINITY,
-            admission_id=env.get("TURNSTILE_ADMISSION_SPIFFE_ID") or LOCAL_ADMISSION_ID,
-            substrate_id=env.get("TURNSTILE_SUBSTRATE_SPIFFE_ID") or LOCAL_SUBSTRATE_ID,
-            affinity_id=env.get("TURNSTILE_AFFINITY_SPIFFE_ID") or LOCAL_AFFINITY_ID,
+            admission=admission
+            or env.get("TURNSTILE_ADMISSION_ADDR")
+            or where.get("admission", LOCAL_ADMISSION),
+            substrate=substrate
+            or env.get("TURNSTILE_SUBSTRATE_ADDR")
+            or where.get("substrate", LOCAL_SUBSTRATE),
+            affinity=affinity
+            or env.get("TURNSTILE_AFFINITY_ADDR")
+            or where.get("affinity", LOCAL_AFFINITY),
+            admission_id=env.get("TURNSTILE_ADMISSION_SPIFFE_ID")
+            or ids.get("admission", LOCAL_ADMISSION_ID),
+            substrate_id=env.get("TURNSTILE_SUBSTRATE_SPIFFE_ID")
+            or ids.get("substrate", LOCAL_SUBSTRATE_ID),
+            affinity_id=env.get("TURNSTILE_AFFINITY_SPIFFE_ID")
+            or ids.get("affinity", LOCAL_AFFINITY_ID),
         )
+
+    def reach(self, stack: LocalStack | None) -> bool:
+        """Whether these targets are the local stack's side of the machine: every
+        address loopback (the stack's own, or one a flag names there), so the
+        stack's transport applies; a remote target needs its own settings."""
+        if stack is None:
+            return False
+        return all(_loopback(getattr(self, name)) for name in SERVICES)
+
+
+def _checkout_prefix() -> str | None:
+    """The prefix ``turnstilectl up`` gives the checkout this command runs in (the
+    nearest directory holding ``.run/``), for a change made while its stack is
+    down: ``keys allow`` before ``./scripts/up`` lands where that stack reads."""
+    from turnstile_cli.stack.config import checkout_prefix
+
+    here = Path.cwd()
+    for directory in (here, *here.parents):
+        if (directory / ".run").is_dir():
+            return checkout_prefix(directory / ".run" / "direct")
+    return None
+
+
+def _loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -134,6 +248,32 @@ class Context:
     timeout_s: float = DEFAULT_TIMEOUT_S
     tracer_provider: trace.TracerProvider | None = None
     tls: ClientTls = field(default_factory=ClientTls)
+    #: The running local stack, if any (its ``stack.json`` names it).
+    stack: LocalStack | None = None
+
+    def redis_target(self, url: str | None, prefix: str | None) -> tuple[str, str]:
+        """The Redis URL and key prefix of ``keys``, ``limits`` and ``demo``: the
+        flag, else ``TURNSTILE_REDIS_URL`` / ``_PREFIX``, else the running local
+        stack's (found from any directory, whatever the targets), else (the
+        prefix) the one ``up`` gives this checkout, else the services' defaults."""
+        from turnstile_platform.settings import ServiceSettings
+
+        defaults = ServiceSettings()
+        env = os.environ
+        described = self.stack
+        if not url:
+            if env.get("TURNSTILE_REDIS_URL") or described is None or not described.redis_url:
+                url = str(defaults.redis_url)
+            else:
+                url = described.redis_url
+        if not prefix:
+            if env.get("TURNSTILE_REDIS_PREFIX"):
+                prefix = defaults.redis_prefix
+            elif described is not None and described.redis_prefix:
+                prefix = described.redis_prefix
+            else:
+                prefix = _checkout_prefix() or defaults.redis_prefix
+        return url, prefix
 
     def settings(self) -> PeerSettings:
         """Channel settings for :mod:`turnstile_platform.peers` (deadline, addresses).

@@ -66,7 +66,6 @@ from turnstile_platform import tracing
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.pki import CertificateAuthority
 from turnstile_platform.redis_client import create_redis
-from turnstile_platform.settings import ServiceSettings
 
 T = TypeVar("T")
 
@@ -489,8 +488,37 @@ def _runtime_pid(sandbox: substrate_pb2.Sandbox) -> int:
     raise DemoError(f"process {pid} is not {sandbox.sandbox_id}'s worker on this host")
 
 
+async def _reachable(ctx: Context) -> int:
+    """Check every service answers SERVING before the story changes anything (the
+    key set, limits): a demo against a stack it cannot talk to stops here,
+    saying why, instead of after its first change."""
+    from turnstile_cli.commands.status import health
+    from turnstile_cli.context import SERVICES
+
+    results = await asyncio.gather(*(health(ctx, name) for name in SERVICES))
+    problems = [p for _, p in results if p is not None]
+    for text in dict.fromkeys(p.text for p in problems):
+        ctx.out.failure(text)
+    down = [
+        f"{name} ({getattr(ctx.targets, name)}: {status})"
+        for name, (status, _) in zip(SERVICES, results, strict=True)
+        if status != "SERVING"
+    ]
+    if problems:
+        return Exit.TRANSPORT
+    if down:
+        ctx.out.failure(
+            "the stack does not answer: " + ", ".join(down) + "; is `turnstilectl up` running?"
+        )
+        return Exit.RETRYABLE
+    return Exit.OK
+
+
 async def _demo(args: argparse.Namespace, ctx: Context) -> int:
-    defaults = ServiceSettings()
+    unready = await _reachable(ctx)
+    if unready != Exit.OK:
+        return unready
+    redis_url, redis_prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
     provider = tracing.create_tracer_provider("turnstilectl-demo")
     story = Story(
         ctx=Context(
@@ -499,11 +527,12 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
             timeout_s=ctx.timeout_s,
             tracer_provider=provider,
             tls=ctx.tls,
+            stack=ctx.stack,
         ),
         console=ctx.out.console if not ctx.out.json_mode else Console(quiet=True),
         tracer=provider.get_tracer("turnstile_cli.demo"),
-        redis_url=args.redis_url or str(defaults.redis_url),
-        redis_prefix=args.redis_prefix or defaults.redis_prefix,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
         max_wait_s=args.max_wait,
     )
     code: int = Exit.OK

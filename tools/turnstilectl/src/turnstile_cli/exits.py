@@ -8,6 +8,9 @@ code   name        when
 2      USAGE       the command line or the request was invalid (INVALID_ARGUMENT)
 3      REFUSED     a limit said no: cap, rate, concurrency, node slots, tier full
 4      RETRYABLE   try again soon: pending, busy, a service or dependency unavailable
+5      TRANSPORT   the connection's security failed: a certificate problem (wrong CA,
+                   a key not the certificate's, a wrong server identity) or plaintext
+                   against TLS; retrying will not help (:mod:`turnstile_cli.transport`)
 =====  ==========  ==============================================================
 
 A refusal may carry a retry hint too (a rate refusal says when tokens return);
@@ -30,6 +33,7 @@ class Exit(enum.IntEnum):
     USAGE = 2
     REFUSED = 3
     RETRYABLE = 4
+    TRANSPORT = 5
 
 
 #: ErrorInfo reasons that are a policy's refusal, whatever the status code.

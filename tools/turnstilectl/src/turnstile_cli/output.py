@@ -1,10 +1,12 @@
 """Where a command's answer goes: rich tables for people, JSON for scripts.
 
 Every command builds one JSON-able payload and, for people, a renderer. In
-``--json`` mode only the payload is printed (one object on stdout, errors too,
-so a script reads one stream and the exit code); otherwise the renderer draws
-on a rich console. Warnings a person must not miss (a workspace reset) are
-printed before anything else.
+``--json`` mode (``-o json``) only the payload is printed (one object on stdout,
+errors too, so a script reads one stream and the exit code); ``-o yaml`` prints
+the same payload as YAML, ``-o name`` only the ids it names (one a line, errors
+on stderr); otherwise the renderer draws on a rich console (``-o wide``: never
+cut to the terminal's width). Warnings a person must not miss (a workspace
+reset) are printed before anything else.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -31,7 +34,102 @@ if TYPE_CHECKING:
 #: at 80 columns; ``COLUMNS`` still wins when set.
 PIPED_WIDTH = 200
 
+#: Width of ``-o wide`` output: as wide as the content, whatever the terminal.
+WIDE_WIDTH = 10_000
+
 Renderer = Callable[[Console], None]
+
+#: The fields that name what a payload shows, in the order ``-o name`` looks.
+NAME_FIELDS = ("session_id", "sandbox_id", "hold_id", "client_id", "key")
+
+
+def names(payload: Mapping[str, Any]) -> list[str]:
+    """The ids a payload names (``-o name``): each listed object's, or else the
+    one object's (an activated sandbox, a session, a hold), looked for field by
+    field in :data:`NAME_FIELDS` order in the payload and the objects it holds."""
+    found: list[str] = []
+    for name, value in sorted(payload.items()):
+        if name in ("trace_id", "error"):
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            found += [n for n in (_name_of(v) for v in value) if n]
+    if found:
+        return found
+    objects = [payload, *(v for v in payload.values() if isinstance(v, Mapping))]
+    for field in NAME_FIELDS:
+        for value in objects:
+            one = _field(value, field)
+            if one:
+                return [one]
+    return []
+
+
+def _name_of(value: Mapping[str, Any]) -> str | None:
+    for field in NAME_FIELDS:
+        one = _field(value, field)
+        if one:
+            return one
+    return None
+
+
+def _field(value: Mapping[str, Any], field: str) -> str | None:
+    found = value.get(field)
+    if isinstance(found, Mapping):  # a BoundedKey: {"key": …}
+        found = found.get("key")
+    return found if isinstance(found, str) and found else None
+
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./@-]*")
+_RESERVED = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"})
+
+
+def to_yaml(data: Any, indent: int = 0) -> str:
+    """JSON-able data as block-style YAML (``-o yaml``): strings quoted unless
+    plainly safe, so every value reads back as the JSON payload's."""
+    pad = "  " * indent
+    if isinstance(data, Mapping):
+        if not data:
+            return pad + "{}\n"
+        out = []
+        for key, value in sorted(data.items()):
+            head = f"{pad}{_scalar(str(key))}:"
+            if isinstance(value, (Mapping, list)) and value:
+                out.append(head + "\n" + to_yaml(value, indent + 1))
+            else:
+                out.append(f"{head} {_inline(value)}\n")
+        return "".join(out)
+    if isinstance(data, list):
+        if not data:
+            return pad + "[]\n"
+        out = []
+        for item in data:
+            if isinstance(item, (Mapping, list)) and item:
+                nested = to_yaml(item, indent + 1)
+                out.append(f"{pad}- " + nested[len(pad) + 2 :])
+            else:
+                out.append(f"{pad}- {_inline(item)}\n")
+        return "".join(out)
+    return pad + _inline(data) + "\n"
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    return _scalar(str(value))
+
+
+def _scalar(text: str) -> str:
+    if _PLAIN.fullmatch(text) and text.lower() not in _RESERVED:
+        return text
+    return json.dumps(text)  # a JSON string is a YAML double-quoted scalar
 
 
 def proto_dict(msg: message.Message) -> dict[str, Any]:
@@ -111,11 +209,15 @@ class Output:
         self,
         *,
         json_mode: bool = False,
+        output: str | None = None,
         color: bool | None = None,
         stdout: IO[str] | None = None,
         stderr: IO[str] | None = None,
     ) -> None:
-        self.json_mode = json_mode
+        #: ``json``, ``yaml``, ``name`` (machine output), ``wide`` or None (people).
+        self.format = output or ("json" if json_mode else None)
+        #: Machine output: one payload on stdout, no warnings or progress for people.
+        self.json_mode = self.format in ("json", "yaml", "name")
         #: The command's trace id, added to every JSON payload when set.
         self.trace_id: str | None = None
         self._stdout = stdout or sys.stdout
@@ -123,6 +225,8 @@ class Output:
         force = color is True or None
         self.console = _console(self._stdout, no_color=no_color, force=force)
         self.err = _console(stderr or sys.stderr, no_color=no_color, force=force)
+        if self.format == "wide":
+            self.console.width = WIDE_WIDTH
 
     def emit(self, payload: Mapping[str, Any], human: Renderer) -> None:
         if self.json_mode:
@@ -131,9 +235,20 @@ class Output:
             human(self.console)
 
     def print_json(self, payload: Mapping[str, Any]) -> None:
+        """The payload in the machine format asked for (JSON unless ``-o``)."""
         if self.trace_id is not None and "trace_id" not in payload:
             payload = {**payload, "trace_id": self.trace_id}
-        self._stdout.write(json.dumps(payload, sort_keys=True, default=str) + "\n")
+        if self.format == "name":
+            error = payload.get("error")
+            if isinstance(error, Mapping):
+                self.err.print(f"[bold red]error:[/] {escape(str(error.get('message')))}")
+            text = "".join(f"{name}\n" for name in names(payload))
+        elif self.format == "yaml":
+            plain = json.loads(json.dumps(payload, default=str))
+            text = to_yaml(plain)
+        else:
+            text = json.dumps(payload, sort_keys=True, default=str) + "\n"
+        self._stdout.write(text)
         self._stdout.flush()
 
     def warning(self, text: str) -> None:
@@ -146,13 +261,14 @@ class Output:
         if not self.json_mode:
             self.err.print(f"[dim]{escape(text)}[/]")
 
-    def failure(self, text: str) -> None:
-        """A failure that is not an RPC error (bad config, nothing listening); on
-        stderr for people, so stdout holds only a command's answer."""
+    def failure(self, text: str, *, code: str = "", reason: str = "") -> None:
+        """A failure that is not an RPC error (bad config, a certificate problem);
+        on stderr for people, so stdout holds only a command's answer."""
         if self.json_mode:
-            self.print_json({"error": {"code": "", "reason": "", "message": text}})
+            self.print_json({"error": {"code": code, "reason": reason, "message": text}})
         else:
-            self.err.print(f"[bold red]error:[/] {escape(text)}")
+            # One line, however long: the terminal wraps it, a pipe keeps it whole.
+            self.err.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
 
     def rpc_error(self, error: RichError, *, action: str) -> None:
         """A decoded RPC error: reason, limit, current value and when to retry."""
@@ -162,10 +278,40 @@ class Output:
         self.err.print(render_error(error, action=action))
 
 
+class TrimmedLines:
+    """A stream's stand-in that drops the spaces rich pads each line with to the
+    console's width: a table piped to a file or ``grep`` ends its lines where
+    their text does. A line is written once whole; ``flush`` writes the rest."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            self.file.write("".join(line.rstrip(" ") + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.file.write(self._pending)
+            self._pending = ""
+        self.file.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+
 def _console(file: IO[str], *, no_color: bool, force: bool | None) -> Console:
     console = Console(file=file, no_color=no_color, force_terminal=force, highlight=False)
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console.width = PIPED_WIDTH
+    if not console.is_terminal:
+        if not os.environ.get("COLUMNS"):
+            console.width = PIPED_WIDTH
+        console.file = cast("IO[str]", TrimmedLines(file))
     return console
 
 
@@ -179,11 +325,14 @@ def render_error(error: RichError, *, action: str) -> Table:
         Exit.RETRYABLE: ("not yet", "bold yellow"),
         Exit.USAGE: ("invalid", "bold red"),
     }.get(exit_code, ("failed", "bold red"))
-    headline = (
-        f"[{style}]✗ {action} {label}[/]: "
-        + escape(error.reason or error.code.name)
-        + f" [dim]({error.code.name})[/]"
-    )
+    if exit_code == Exit.RETRYABLE and not error.reason and error.retry_after_s is None:
+        # A bare UNAVAILABLE or deadline: nothing says it will be "soon".
+        label = "failed"
+    # The reason, then the status code when it says more: never the code twice.
+    name = error.reason or error.code.name
+    headline = f"[{style}]✗ {action} {label}[/]: " + escape(name)
+    if name != error.code.name:
+        headline += f" [dim]({error.code.name})[/]"
     rows: dict[str, object] = {}
     # An INVALID_ARGUMENT's message is its field violations joined, and its
     # metadata names the first field: show each violation once, not three times.

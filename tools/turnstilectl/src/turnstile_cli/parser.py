@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
+from typing import NoReturn
 
 from turnstile_cli.clients import add_client_options
 from turnstile_cli.commands.base import Subparsers, command, common_options
@@ -19,7 +21,8 @@ from turnstile_cli.stack.config import LOCAL_GRACE_S, LOCAL_TIERS
 
 EPILOG = """\
 exit codes: 0 ok · 1 error · 2 usage or invalid request · 3 refused by a limit ·
-4 retryable (pending, busy, unavailable). See docs/cli.md.
+4 retryable (pending, busy, unavailable) · 5 a certificate or TLS problem.
+Shell completion: eval "$(turnstilectl completion bash)" (or zsh). See docs/cli.md.
 """
 
 #: ``admit --kind`` values (mapped to ``ActivationKind`` by the command).
@@ -32,8 +35,65 @@ DEMO_DESCRIPTION = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" for a mistyped command or choice (every
+    subcommand's parser is one too: argparse makes them of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        found = _INVALID_CHOICE.search(message)
+        if found is not None:
+            import difflib
+
+            typed, choices = found.group(1), _CHOICE.findall(found.group(2))
+            close = difflib.get_close_matches(typed, choices, n=3, cutoff=0.6)
+            if close:
+                # "… invalid choice: 'activte'" without the long list, and the guess.
+                message = message[: found.end(1) + 1]
+                message += " — did you mean " + " or ".join(repr(c) for c in close) + "?"
+        super().error(message)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+_CHOICE = re.compile(r"'([^']*)'")
+
+
+def add_watch(parser: argparse.ArgumentParser) -> None:
+    """``--watch [SECONDS]`` on a listing: show it again every SECONDS until Ctrl-C."""
+    parser.add_argument(
+        "-w",
+        "--watch",
+        nargs="?",
+        type=_interval,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="show it again every SECONDS (default 2) until Ctrl-C; with --json, one object a line",
+    )
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value:g} is not between 0.1 and 3600 seconds")
+    return value
+
+
+def non_negative(text: str) -> int:
+    """An ``int`` of at least 0 (``--limit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (0 means all)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="turnstilectl",
         description="Turnstile's command line: admit, activate, place, and see what is where.",
         epilog=EPILOG,
@@ -51,9 +111,23 @@ def build_parser() -> argparse.ArgumentParser:
         _status,
         _stack,
         _demo,
+        _completion,
     ):
         declare(sub)
     return parser
+
+
+def _completion(sub: Subparsers) -> None:
+    completion = command(
+        sub,
+        "completion",
+        "turnstile_cli.completion:script",
+        help="print a shell completion script (bash or zsh)",
+        description='Print a completion script made from this parser: eval "$(turnstilectl '
+        'completion bash)" in ~/.bashrc, or eval "$(turnstilectl completion zsh)" in '
+        "~/.zshrc after compinit.",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
 
 
 def _triple(text: str) -> tuple[int, int, int]:
@@ -142,7 +216,14 @@ def _substrate(sub: Subparsers) -> None:
     sandboxes.add_argument("sandbox_id", nargs="?", help="show this sandbox only")
     sandboxes.add_argument("--client", metavar="ID", default="", help="only this client's")
     sandboxes.add_argument(
-        "--limit", type=int, default=100, help="at most this many (default 100; 0 for all)"
+        "--limit", type=non_negative, default=100, help="at most this many (default 100; 0 for all)"
+    )
+    add_watch(sandboxes)
+    sandboxes.add_argument(
+        "--page-token",
+        default="",
+        metavar="TOKEN",
+        help="go on from where a listing stopped (its next_page_token)",
     )
 
 
@@ -189,6 +270,7 @@ def _affinity(sub: Subparsers) -> None:
     sessions.add_argument(
         "--client", required=True, help="the client the sessions belong to (SPEC O2)"
     )
+    add_watch(sessions)
 
     workers = command(
         sub,
@@ -199,6 +281,7 @@ def _affinity(sub: Subparsers) -> None:
     )
     workers.add_argument("--tier", default="", help="only this tier's")
     workers.add_argument("--client", default="", help="only the sandboxes this client owns")
+    add_watch(workers)
 
 
 def _keys(sub: Subparsers) -> None:
@@ -288,12 +371,13 @@ def _tiers(sub: Subparsers) -> None:
 
 
 def _status(sub: Subparsers) -> None:
-    command(
+    status = command(
         sub,
         "status",
         "turnstile_cli.commands.status:_status",
         help="health of the three services (exit 4 if any is down)",
     )
+    add_watch(status)
 
 
 def _stack(sub: Subparsers) -> None:
@@ -309,7 +393,13 @@ def _stack(sub: Subparsers) -> None:
     )
     env = os.environ.get
     up.add_argument("--redis-url", default=env("TURNSTILE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    up.add_argument("--redis-prefix", default=env("TURNSTILE_REDIS_PREFIX", "turnstile:"))
+    up.add_argument(
+        "--redis-prefix",
+        default=env("TURNSTILE_REDIS_PREFIX"),
+        help="the stack's key prefix (default: $TURNSTILE_REDIS_PREFIX, else one of this "
+        "checkout's own, turnstile:<hash of its path>:, so two checkouts on one Redis "
+        "never share keys)",
+    )
     up.add_argument(
         "--database-url",
         default=env("TURNSTILE_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/turnstile"),

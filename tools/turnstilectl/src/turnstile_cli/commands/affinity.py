@@ -110,21 +110,36 @@ async def _release(args: argparse.Namespace, ctx: Context) -> int:
 
 
 async def _sessions(args: argparse.Namespace, ctx: Context) -> int:
+    """Each session asked for: those found in the table, those not reported by id
+    (exit 1 when any is missing), as ``kubectl get a b c`` does."""
+    import grpc
+
     found: list[affinity_pb2.GetSessionResponse] = []
+    missing: list[str] = []
     async with ctx.affinity() as stub:
         for session_id in args.session_id:
-            found.append(
-                await stub.GetSession(
-                    affinity_pb2.GetSessionRequest(session_id=session_id, client_id=args.client)
+            try:
+                found.append(
+                    await stub.GetSession(
+                        affinity_pb2.GetSessionRequest(session_id=session_id, client_id=args.client)
+                    )
                 )
-            )
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                missing.append(session_id)
     for session in found:
         if session.HasField("last_reset"):
             ctx.out.warning(reset_warning(session.last_reset, session.session_id))
-    ctx.out.emit(
-        {"sessions": [proto_dict(s) for s in found]}, lambda c: c.print(sessions_table(found))
-    )
-    return Exit.OK
+
+    def show(console: Console) -> None:
+        if found:
+            console.print(sessions_table(found))
+        for session_id in missing:
+            ctx.out.failure(f"no session {session_id} of client {args.client}")
+
+    ctx.out.emit({"sessions": [proto_dict(s) for s in found], "missing": missing}, show)
+    return Exit.ERROR if missing else Exit.OK
 
 
 def sessions_table(sessions: list[affinity_pb2.GetSessionResponse]) -> Table:

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     from turnstile_cli.context import Context
 
+#: ``-o`` formats (``json`` is ``--json``).
+OUTPUT_FORMATS = ("json", "yaml", "wide", "name")
+
 Handler = Callable[[argparse.Namespace, "Context"], Awaitable[int]]
 Subparsers = Any  # argparse's _SubParsersAction is private
 
@@ -28,6 +31,14 @@ def common_options(*, suppress: bool) -> argparse.ArgumentParser:
         action="store_true",
         default=default if suppress else False,
         help="print one JSON object on stdout (errors too), for scripts",
+    )
+    group.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default if suppress else None,
+        help="json (as --json), yaml, wide (tables never cut to the terminal's width) "
+        "or name (the ids of what a command shows, one a line)",
     )
     group.add_argument(
         "--color",

@@ -28,16 +28,13 @@ from turnstile_clientkeys import (
 )
 from turnstile_clientkeys.keyset import KNOWN_FLAGS
 from turnstile_platform.redis_client import create_redis
-from turnstile_platform.settings import ServiceSettings
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
 
 async def _keys(args: argparse.Namespace, ctx: Context) -> int:
-    defaults = ServiceSettings()
-    url = args.redis_url or str(defaults.redis_url)
-    prefix = args.redis_prefix or defaults.redis_prefix
+    url, prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
     try:
         changes = _changes(args)
     except KeySetError as error:

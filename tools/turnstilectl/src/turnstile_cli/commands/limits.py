@@ -22,13 +22,10 @@ from turnstile_cli.exits import Exit
 from turnstile_clientkeys import RESERVED_IDS, KeySetStore, Resolver
 from turnstile_clientkeys.limits import CLUSTER, DEFAULT, LimitsError, LimitsStore, merge_patch
 from turnstile_platform.redis_client import create_redis
-from turnstile_platform.settings import ServiceSettings
 
 
 async def _limits(args: argparse.Namespace, ctx: Context) -> int:
-    defaults = ServiceSettings()
-    url = args.redis_url or str(defaults.redis_url)
-    prefix = args.redis_prefix or defaults.redis_prefix
+    url, prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
     redis = create_redis(url, timeout_s=min(ctx.timeout_s, 5.0))
     try:
         store = LimitsStore(redis, prefix)

@@ -1,4 +1,9 @@
-"""``status``: is each service up (gRPC health), and where is it."""
+"""``status``: is each service up (gRPC health), and where is it.
+
+A service that cannot be reached for a certificate problem is not "down": its
+row says ``TLS PROBLEM`` and a line under the table says what is wrong
+(:mod:`turnstile_cli.transport`), and the command exits 5, not 4.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +12,51 @@ import asyncio
 
 from rich.table import Table
 
-from turnstile_cli.context import Context
+from turnstile_cli.context import SERVICES, Context
 from turnstile_cli.exits import Exit
-from turnstile_platform.health_check import check
+from turnstile_cli.transport import Problem, explain
+
+#: The health column of a service whose handshake failed for a transport problem.
+TLS_PROBLEM = "TLS PROBLEM"
+
+
+async def health(ctx: Context, name: str) -> tuple[str, Problem | None]:
+    """One service's health status name (``SERVING`` …, ``UNREACHABLE``,
+    ``WRONG_IDENTITY``, or :data:`TLS_PROBLEM` with its explanation)."""
+    import grpc
+    import grpc.aio
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    target = getattr(ctx.targets, name)
+    credentials, options = ctx.credentials(target, getattr(ctx.targets, f"{name}_id"))
+    channel = (
+        grpc.aio.secure_channel(target, credentials, options=options)
+        if credentials is not None
+        else grpc.aio.insecure_channel(target)
+    )
+    async with channel:
+        try:
+            response = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=min(ctx.timeout_s, 2.0)
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                problem = explain(error.details() or "", ctx.tls, ctx.targets, service=name)
+                if problem is not None:
+                    kind = "WRONG_IDENTITY" if problem.kind == "WRONG_IDENTITY" else TLS_PROBLEM
+                    return kind, problem
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return "UNREACHABLE", None
+            return error.code().name, None
+    status: str = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    return status, None
 
 
 async def _status(args: argparse.Namespace, ctx: Context) -> int:
-    targets = {
-        "admission": ctx.targets.admission,
-        "substrate": ctx.targets.substrate,
-        "affinity": ctx.targets.affinity,
-    }
-    identities = {
-        "admission": ctx.targets.admission_id,
-        "substrate": ctx.targets.substrate_id,
-        "affinity": ctx.targets.affinity_id,
-    }
-
-    async def one(name: str) -> str:
-        credentials, options = ctx.credentials(targets[name], identities[name])
-        return await check(
-            targets[name],
-            timeout_s=min(ctx.timeout_s, 2.0),
-            credentials=credentials,
-            options=options,
-        )
-
-    results = await asyncio.gather(*(one(name) for name in targets))
-    statuses = dict(zip(targets, results, strict=True))
+    targets = {name: getattr(ctx.targets, name) for name in SERVICES}
+    results = await asyncio.gather(*(health(ctx, name) for name in SERVICES))
+    statuses = {name: status for name, (status, _) in zip(SERVICES, results, strict=True)}
+    problems = {name: p for name, (_, p) in zip(SERVICES, results, strict=True) if p is not None}
 
     def show(console: object) -> None:
         table = Table(title="turnstile services", title_justify="left")
@@ -44,8 +66,17 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
             style = "green" if status == "SERVING" else "red"
             table.add_row(name, targets[name], f"[{style}]{status}[/]")
         ctx.out.console.print(table)
+        if ctx.stack is not None and ctx.targets.reach(ctx.stack):
+            ctx.out.note(f"the local stack ({ctx.stack.mode}), described in {ctx.stack.path}")
+        for text in dict.fromkeys(p.text for p in problems.values()):
+            ctx.out.failure(text)
 
-    ctx.out.emit(
-        {name: {"address": targets[name], "health": s} for name, s in statuses.items()}, show
-    )
-    return Exit.OK if all(s == "SERVING" for s in results) else Exit.RETRYABLE
+    payload: dict[str, dict[str, str]] = {
+        name: {"address": targets[name], "health": status} for name, status in statuses.items()
+    }
+    for name, problem in problems.items():
+        payload[name].update(problem=problem.kind, why=problem.text)
+    ctx.out.emit(payload, show)
+    if problems:
+        return Exit.TRANSPORT
+    return Exit.OK if all(s == "SERVING" for s in statuses.values()) else Exit.RETRYABLE

@@ -61,10 +61,22 @@ def render_activate(console: Console, response: substrate_pb2.ActivateResponse) 
 
 
 async def _deactivate(args: argparse.Namespace, ctx: Context) -> int:
+    import grpc
+
     async with ctx.substrate() as stub:
         response = await stub.Deactivate(
             substrate_pb2.DeactivateRequest(sandbox_id=args.sandbox_id)
         )
+        if not response.stopped:
+            # Deactivate is idempotent: "nothing was running" is also its answer for
+            # a sandbox that does not exist, which a person mistyped.
+            try:
+                await stub.GetSandbox(substrate_pb2.GetSandboxRequest(sandbox_id=args.sandbox_id))
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                ctx.out.failure(f"no sandbox {args.sandbox_id}: nothing to stop", code="NOT_FOUND")
+                return Exit.ERROR
     ctx.out.emit(
         proto_dict(response),
         lambda c: c.print(
@@ -86,7 +98,7 @@ async def _sandboxes(args: argparse.Namespace, ctx: Context) -> int:
             )
             return Exit.OK
         found: list[substrate_pb2.Sandbox] = []
-        token = ""
+        token = args.page_token
         while True:
             want = 1000 if args.limit <= 0 else min(1000, args.limit - len(found))
             page = await stub.ListSandboxes(

@@ -6,14 +6,14 @@ import argparse
 
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
-from turnstile_cli.stack.config import StackConfig
+from turnstile_cli.stack.config import StackConfig, checkout_prefix
 from turnstile_cli.stack.runner import Stack
 
 
 async def _up(args: argparse.Namespace, ctx: Context) -> int:
     config = StackConfig(
         redis_url=args.redis_url,
-        redis_prefix=args.redis_prefix,
+        redis_prefix=args.redis_prefix or checkout_prefix(args.state_dir),
         database_url=args.database_url,
         ports=args.grpc_ports,
         metrics_ports=args.metrics_ports,

@@ -180,6 +180,17 @@ class StackConfig:
 WORKER_PRELOAD = "turnstile_affinity.worker.__main__:main"
 
 
+def checkout_prefix(state_dir: Path) -> str:
+    """The Redis prefix of the local stack whose state lives in ``state_dir``:
+    ``turnstile:<8 hex digits of the checkout's path>:``, the checkout being the
+    directory holding ``.run/`` (two checkouts sharing one Redis would otherwise
+    share one key set, limits and live counts). Stable across restarts."""
+    import hashlib
+
+    checkout = state_dir.absolute().parent.parent
+    return f"turnstile:{hashlib.sha256(str(checkout).encode()).hexdigest()[:8]}:"
+
+
 def bin_dir() -> Path:
     """The directory of this interpreter's console scripts (the uv workspace's)."""
     return Path(sys.executable).parent

@@ -357,26 +357,52 @@ class Stack:
         return next(exits[task] for task in done if task in exits)
 
     def describe(self) -> None:
-        """Write ``stack.json`` for commands run in other shells (``tiers``), and
-        for the next ``up``: the runner and every process it started, by pid and
-        start time, so a runner killed outright leaves a list of what to stop."""
+        """Write ``stack.json`` for commands run in other shells, and for the next
+        ``up``: the runner and every process it started, by pid and start time, so
+        a runner killed outright leaves a list of what to stop; and the user's copy
+        (:func:`state.user_file`), so the CLI finds this stack from any directory,
+        with its transport and Redis prefix."""
+        config = self.config
+        description = self.description()
+        state.write(state.path_for(config.state_dir), description)
+        try:
+            state.publish(description)
+        except OSError as error:  # a read-only home: commands then need flags or variables
+            self.say(f"could not write {state.user_file()} ({error.strerror})")
+
+    def description(self) -> dict[str, object]:
         config = self.config
         a, s, f = config.addresses
         pids = [r.proc.pid for r in self.running.values()]
         if self.prometheus is not None and self.prometheus.proc is not None:
             pids.append(self.prometheus.proc.pid)
-        state.write(
-            state.path_for(config.state_dir),
-            {
-                "pid": os.getpid(),
-                "runner": state.process_record(os.getpid()),
-                "processes": [r for r in map(state.process_record, pids) if r is not None],
-                "tiers": config.tiers,
-                "default_tier": config.default_tier,
-                "addresses": {"admission": a, "substrate": s, "affinity": f},
-                "redis_prefix": config.redis_prefix,
-            },
+        transport: dict[str, object] = (
+            {"mode": "plaintext"}
+            if config.tls_dir is None
+            else {
+                "mode": "mtls",
+                "dir": str(config.tls_dir.absolute()),
+                "cert": config.tls_file("cli.crt"),
+                "key": config.tls_file("cli.key"),
+                "ca": config.tls_file("ca.crt"),
+                "server_ids": {
+                    name: f"spiffe://{TRUST_DOMAIN}/{HOLDERS[name]}" for name in SERVICE_NAMES
+                },
+            }
         )
+        return {
+            "format": state.FORMAT,
+            "pid": os.getpid(),
+            "runner": state.process_record(os.getpid()),
+            "processes": [r for r in map(state.process_record, pids) if r is not None],
+            "state_dir": str(config.state_dir.absolute()),
+            "tiers": config.tiers,
+            "default_tier": config.default_tier,
+            "addresses": {"admission": a, "substrate": s, "affinity": f},
+            "transport": transport,
+            "redis_url": config.redis_url,
+            "redis_prefix": config.redis_prefix,
+        }
 
     async def stop_leftovers(self) -> None:
         """Stop what an earlier stack on this state directory left running.
@@ -405,6 +431,9 @@ class Stack:
             )
             await self.stop_processes(left)
         path.unlink(missing_ok=True)
+        if isinstance(last.get("pid"), int):
+            with contextlib.suppress(OSError):
+                state.retire(last["pid"])
 
     async def stop_processes(self, left: list[procs.Proc]) -> None:
         """SIGTERM each process's group, SIGKILL what is still there after 5 s."""
@@ -432,6 +461,8 @@ class Stack:
         # Last: until everything is stopped, the next ``up`` can still find it here.
         with contextlib.suppress(OSError):
             state.path_for(self.config.state_dir).unlink()
+        with contextlib.suppress(OSError):
+            state.retire(os.getpid())
         self.say("stopped")
 
     async def terminate(self, names: list[str]) -> None:

@@ -1,11 +1,16 @@
 """The running local stack's description, for commands run in another shell.
 
 ``turnstilectl up`` writes ``stack.json`` next to its state directory (``.run/``
-by default) while it runs and removes it when it stops; ``turnstilectl tiers``
-reads the tiers from it when neither ``--tiers`` nor ``TURNSTILE_TIERS`` says
-otherwise, so a new shell sees the two tiers the stack runs, not "no tiers".
+by default) while it runs and removes it when it stops, and a copy for the user
+(:func:`user_file`, ``$XDG_STATE_HOME/turnstile/stack.json``): the addresses, the
+transport (plaintext or mTLS, and then the CLI's certificate files), the Redis URL
+and prefix, the tiers (:func:`publish`, :func:`retire`). Every command reads it
+(:func:`find_running`) for what neither a flag nor a ``TURNSTILE_*`` variable
+says, so ``turnstilectl status`` works from ``~`` or ``docs/`` and knows a
+``--plaintext`` stack without being told.
+
 ``TURNSTILE_STACK_FILE`` points elsewhere; without it the file is looked for in
-``.run/`` of the working directory and of each of its parents.
+``.run/`` of the working directory and of each of its parents, then the user's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any
 from turnstile_cli.stack import procs
 
 FILE_NAME = "stack.json"
+#: What a description's ``format`` says: readers ignore fields they do not know.
+FORMAT = 1
 #: Each Direct runtime's record in its sandbox's directory (pid and start time).
 RUNTIME_RECORD = "runtime.json"
 
@@ -80,27 +87,92 @@ def path_for(state_dir: Path) -> Path:
     return state_dir.absolute().parent / FILE_NAME
 
 
+def user_file() -> Path:
+    """The user's copy of the running stack's description, found from any directory:
+    ``$XDG_STATE_HOME/turnstile/stack.json`` (default ``~/.local/state/…``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "turnstile" / FILE_NAME
+
+
 def write(path: Path, description: dict[str, Any]) -> None:
+    """Write ``description`` atomically, readable by its owner only (it names the
+    Redis URL, which may hold a password)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(json.dumps(description, indent=2, sort_keys=True) + "\n")
     partial.replace(path)
 
 
-def find() -> tuple[Path, dict[str, Any]] | None:
-    """The running stack's file and description, or None when there is none."""
+def publish(description: dict[str, Any]) -> None:
+    """Make ``description`` the user's current stack (:func:`user_file`), and keep
+    it among the running ones (``stacks/<pid>.json`` beside it): when another
+    checkout's stack, started later, stops, this one becomes current again."""
+    write(_registered(int(description["pid"])), description)
+    write(user_file(), description)
+
+
+def retire(pid: int) -> None:
+    """The stack run by ``pid`` stopped (or died): drop its entry, and if it was
+    the user's current stack, make the newest one still running current, or
+    remove the file when none runs."""
+    _registered(pid).unlink(missing_ok=True)
+    current = read(user_file())
+    if current is not None and current.get("pid") != pid:
+        return  # another checkout's stack is current
+    others = sorted(
+        (e for e in user_file().parent.glob("stacks/*.json") if e.is_file()),
+        key=lambda e: e.stat().st_mtime,
+        reverse=True,
+    )
+    for entry in others:
+        data = read(entry)
+        if data is not None and _running(data):
+            write(user_file(), data)
+            return
+        entry.unlink(missing_ok=True)  # left by a runner killed outright
+    user_file().unlink(missing_ok=True)
+
+
+def _registered(pid: int) -> Path:
+    return user_file().parent / "stacks" / f"{pid}.json"
+
+
+def _candidates() -> list[Path]:
     explicit = os.environ.get("TURNSTILE_STACK_FILE")
     if explicit:
-        candidates = [Path(explicit)]
-    else:
-        here = Path.cwd()
-        candidates = [d / ".run" / FILE_NAME for d in (here, *here.parents)]
-    for candidate in candidates:
-        try:
-            data = json.loads(candidate.read_text())
-        except (OSError, ValueError):
+        return [Path(explicit)]
+    here = Path.cwd()
+    return [*(d / ".run" / FILE_NAME for d in (here, *here.parents)), user_file()]
+
+
+def find() -> tuple[Path, dict[str, Any]] | None:
+    """The stack's file and description, or None when there is none. The user's
+    copy counts only while its runner runs: it stands for no checkout of its own."""
+    mine = user_file()
+    for candidate in _candidates():
+        data = read(candidate)
+        if data is None:
             continue
-        if isinstance(data, dict):
+        if candidate == mine and not _running(data):
+            continue
+        return candidate, data
+    return None
+
+
+def _running(description: dict[str, Any]) -> bool:
+    runner = recorded_runner(description)
+    return runner is not None and procs.alive(runner)
+
+
+def find_running() -> tuple[Path, dict[str, Any]] | None:
+    """Like :func:`find`, but only a description whose runner still runs: a stack
+    killed outright leaves its file behind, and its addresses and certificates
+    then describe nothing (the next ``up`` removes it)."""
+    for candidate in _candidates():
+        data = read(candidate)
+        if data is not None and _running(data):
             return candidate, data
     return None
 
