@@ -42,6 +42,7 @@ from turnstile_cli.stack.config import (
     find_command,
 )
 from turnstile_cli.stack.logs import LogPrinter
+from turnstile_cli.stack.policy_file import PolicyFileError, ensure_policy
 from turnstile_cli.stack.preflight import (
     PreflightError,
     check_commands,
@@ -58,7 +59,6 @@ from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
 from turnstile_platform.pki import ensure_local_pki
-from turnstile_platform.redis_client import read_script
 from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tiers import parse_tiers
 from turnstile_platform.tls import TlsFiles, channel_credentials, server_check_options
@@ -153,15 +153,19 @@ class Stack:
 
     def prepare_tls(self) -> None:
         """Issue the local CA and certificates on first start (kept afterwards) and
-        write the local policy when there is none (an edited one is left alone)."""
+        keep the local policy current: written when there is none or it is an earlier
+        version's default, checked when it was edited (:mod:`.policy_file`)."""
         config = self.config
         if config.tls_dir is None:
             self.say("plaintext on loopback: no certificates, no authorization")
             return
         ensure_local_pki(config.tls_dir, TRUST_DOMAIN, HOLDERS, servers=SERVERS)
-        policy = config.tls_dir / "policy.toml"
-        if not policy.exists():
-            policy.write_text(read_script("turnstile_cli.stack", "authz-policy.toml"))
+        try:
+            note = ensure_policy(config.tls_dir)
+        except PolicyFileError as error:
+            raise PreflightError(str(error)) from None
+        if note:
+            self.say(note)
         self.say(f"mTLS: CA and certificates in {config.tls_dir}")
 
     def credentials(self) -> grpc.ChannelCredentials | None:
