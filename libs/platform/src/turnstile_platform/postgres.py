@@ -42,11 +42,12 @@ server, not a bug: UNAVAILABLE, and the pool connects again for the next caller.
 Multi-host URLs (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``)
 are asyncpg's own: it tries the hosts in order and keeps the first that matches.
 
-The errors raised are builtin ``TimeoutError``/``ConnectionError`` subclasses
-(:class:`~turnstile_platform.bounded.BudgetExceededError`,
-:class:`~turnstile_platform.bounded.BreakerOpenError`) or asyncpg's own, all of
-which :data:`UNAVAILABLE_ERRORS` lists: map them to ``UNAVAILABLE`` with a retry
-hint, never ``INTERNAL``.
+A failing PostgreSQL reaches callers as one of the two exceptions of
+:mod:`turnstile_platform.dependencies`, never as an asyncpg error or an
+``OSError``: what the guard counts as unreachable it translates itself, and the
+answers that still mean "cannot serve now" (:data:`UNAVAILABLE_ERRORS`: a
+read-only server, a cancelled statement, a connection in a broken state) are
+translated here, at the same exit, to ``DependencyUnavailable``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, Guard
+from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, BudgetExceededError, Guard
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 #: Failures that mean "PostgreSQL cannot be reached, went away, or is not the
 #: primary": the request may succeed if retried, and nothing it wrote was committed.
@@ -100,9 +102,10 @@ _DISCARD: tuple[type[BaseException], ...] = (
 )
 
 
-def is_unavailable(error: BaseException) -> bool:
-    """Whether ``error`` means PostgreSQL is unavailable (retryable), not a bug."""
-    return isinstance(error, UNAVAILABLE_ERRORS)
+def _unavailable(dependency: str, error: BaseException) -> DependencyUnavailable:
+    return DependencyUnavailable(
+        dependency, f"{dependency} unavailable: {type(error).__name__}: {error}"
+    )
 
 
 def postgres_guard(
@@ -151,9 +154,17 @@ class BoundedConnection(asyncpg.Connection):
         try:
             async with guard.call(timeout):
                 return await call(*args, timeout=timeout, **kw)
-        except _DISCARD:
-            self.terminate()
+        except DependencyOverloaded:
+            self.terminate()  # cut off mid-statement
             raise
+        except DependencyUnavailable as error:
+            if isinstance(error, BudgetExceededError) or isinstance(error.__cause__, _DISCARD):
+                self.terminate()
+            raise
+        except UNAVAILABLE_ERRORS as error:  # an answer that means "cannot serve now"
+            if isinstance(error, _DISCARD):
+                self.terminate()
+            raise _unavailable(guard.dependency, error) from error
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         result: str = await self._bounded("execute", timeout, query, *args)
@@ -214,12 +225,14 @@ class BoundedPool(asyncpg.Pool):
         self.guard.check()
         try:
             return await super()._acquire(timeout)  # type: ignore[misc]
-        except _UNREACHABLE:
+        except _UNREACHABLE as error:
             # A refused or dropped connect. A timeout is not counted here: it may
             # only mean every connection was busy (this process's limit); a hung
             # server is counted by the statements that time out on it.
             self.guard.breaker.failure()
-            raise
+            raise _unavailable(self.guard.dependency, error) from error
+        except UNAVAILABLE_ERRORS as error:
+            raise _unavailable(self.guard.dependency, error) from error
 
 
 async def create_pool(
@@ -233,9 +246,9 @@ async def create_pool(
     **connect_kwargs: Any,
 ) -> BoundedPool:
     """A bounded pool to ``dsn`` (see the module doc); ``min_size`` connections are
-    opened now, which raises if PostgreSQL cannot be reached. ``reset=None`` restores
-    asyncpg's full reset query on every release (what the substrate's release
-    benchmark compares against)."""
+    opened now, which raises ``DependencyUnavailable`` if PostgreSQL cannot be
+    reached. ``reset=None`` restores asyncpg's full reset query on every release
+    (what the substrate's release benchmark compares against)."""
 
     class Connection(BoundedConnection):
         pass
@@ -260,5 +273,8 @@ async def create_pool(
         server_settings={"application_name": application_name},
         **connect_kwargs,  # password, ssl (SPEC Z4)
     )
-    await pool
+    try:
+        await pool
+    except UNAVAILABLE_ERRORS as error:
+        raise _unavailable(guard.dependency, error) from error
     return pool

@@ -117,6 +117,10 @@ class ServiceSettings(BaseSettings):
     fails as overloaded: a retryable ``UNAVAILABLE`` (``REPLICA_OVERLOADED``),
     never a fail mode. An RPC's own deadline ends the wait sooner."""
 
+    retry_after_s: float = Field(default=1.0, gt=0, le=3600)
+    """The retry hint (``RetryInfo``) of a call refused because a dependency failed:
+    unavailable, or this replica overloaded (answered by the platform interceptor)."""
+
     breaker_open_s: float = Field(default=1.0, gt=0, le=300)
     """How long an open breaker refuses calls before letting one probe through;
     the probe's success closes it, its failure opens it again."""

@@ -44,12 +44,13 @@ from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
-from turnstile_substrate.admission import AdmissionClient, Admitted, dependency_unavailable
+from turnstile_substrate.admission import AdmissionClient, Admitted
 from turnstile_substrate.db import records
 from turnstile_substrate.db.claims import Claim, ClaimLostError
-from turnstile_substrate.db.pool import Connection, is_unavailable
+from turnstile_substrate.db.pool import Connection
 from turnstile_substrate.db.records import SandboxRecord
 from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec, Substrate
@@ -233,9 +234,7 @@ class Activator:
         if runtime is not None:
             try:
                 record = await self._read(sandbox_id)
-            except Exception as error:
-                if not is_unavailable(error):
-                    raise
+            except DependencyUnavailable:
                 # Never refused (S5), not even by a PostgreSQL outage: the
                 # runtime's own label says who it is charged to.
                 log.warning("answering from the runtime: PostgreSQL unavailable")
@@ -412,7 +411,8 @@ class Activator:
                 yield claim
 
     async def _guard(self, work: Awaitable[T]) -> T:
-        """Map lock timeouts, lost claims and PostgreSQL outages to retryable errors."""
+        """Map lock timeouts and lost claims to retryable errors (a failing PostgreSQL
+        is the platform interceptor's to answer)."""
         try:
             return await work
         except RichError:
@@ -422,11 +422,6 @@ class Activator:
         except ClaimLostError as error:
             # This claim lapsed and another owner took the sandbox over: its write stands.
             raise activation_in_progress(error.claim.sandbox_id, self._retry_after_s) from error
-        except Exception as error:
-            if is_unavailable(error):
-                log.warning("PostgreSQL unavailable", extra={"error": repr(error)})
-                raise dependency_unavailable("postgresql", self._retry_after_s) from error
-            raise
 
 
 async def _read_for_activation(
