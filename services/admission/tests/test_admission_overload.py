@@ -150,10 +150,10 @@ async def test_a_cap_race_on_an_overloaded_replica_admits_exactly_the_cap(
 
 #: A burst far past what the starved replica decides within the overload wait.
 BURST = 400
-#: Short, and shorter than the stalls of the burst's loop, so that the calls in
-#: flight across a stall outlive it and must be shed.
+#: Short, so that the calls queued for a Redis connection longest outlive it.
 OVERLOAD_WAIT_S = 1.0
-BURST_STALL_S = OVERLOAD_WAIT_S * 1.5
+#: Far fewer Redis connections than decisions in flight.
+CONNECTIONS = 2
 RETRY_AFTER_S = 3.0
 DEADLINE_S = 30.0
 
@@ -162,13 +162,16 @@ DEADLINE_S = 30.0
 async def test_a_burst_past_a_starved_replicas_capacity_is_shed_never_failed_open(
     start_admission: Any,
 ) -> None:
-    """Every policy fails open here, so an overload answered as an outage would
+    """A starved replica with two Redis connections for hundreds of decisions in
+    flight: decisions queue for a connection while Redis answers the others.
+    Every policy fails open here, so an overload answered as an outage would
     admit: admissions stay within the cap (+1, the brief's allowance for one call
     whose Redis really was unreachable), and what the replica could not decide
     in time is refused retryably with the service's hint, each one counted."""
     settings = {
         **SETTINGS,
         "overload_wait_s": OVERLOAD_WAIT_S,
+        "redis_max_connections": CONNECTIONS,
         "retry_after_s": RETRY_AFTER_S,
         "rate": {"default_burst": 10_000, "cluster_burst": 10_000, "fail": "open"},
         "concurrency": {"default_limit": 10_000, "fail": "open"},
@@ -176,7 +179,7 @@ async def test_a_burst_past_a_starved_replicas_capacity_is_shed_never_failed_ope
     }
     running = await start_admission(**settings)
     shed_before = sheds()
-    async with starved_event_loop(BURST_STALL_S):
+    async with starved_event_loop():
         started = time.perf_counter()
         answers = await admit_all(running.stub, BURST, DEADLINE_S)
         seconds = time.perf_counter() - started

@@ -161,6 +161,7 @@ def redis_from_settings(settings: ServiceSettings) -> BoundedClient:
     return create_redis(
         str(settings.redis_url),
         timeout_s=settings.redis_timeout_s,
+        max_connections=settings.redis_max_connections,
         guard=redis_guard(
             settings.redis_timeout_s,
             failures=settings.breaker_failures,

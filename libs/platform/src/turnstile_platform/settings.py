@@ -105,6 +105,11 @@ class ServiceSettings(BaseSettings):
     answer. A call held up by this process's own overload while Redis answers
     others waits on (see ``overload_wait_s``) instead of applying a fail mode."""
 
+    redis_max_connections: int = Field(default=256, ge=1, le=100_000)
+    """Connections of the Redis pool (per node on a Cluster). A call that finds all
+    in use waits its turn inside its budget; one held up past ``overload_wait_s``
+    by that queue is this replica's overload, shed, never a fail mode."""
+
     breaker_failures: int = Field(default=3, ge=1, le=1000)
     """Consecutive failed calls (budget spent, connection refused or dropped) to a
     dependency (Redis, PostgreSQL) that open its circuit breaker; while it is
