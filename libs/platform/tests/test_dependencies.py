@@ -96,7 +96,8 @@ class Failing:
         self.app.server.add_generic_rpc_handlers((handler,))
 
     async def _redis(self, request: bytes, context: Context) -> bytes:
-        return bytes(await self.redis.get("k") or b"")
+        value = await self.redis.get("k")
+        return value if isinstance(value, bytes) else b""
 
     async def _overloaded(self, request: bytes, context: Context) -> bytes:
         raise DependencyOverloaded("redis", "held up here past the overload wait")
@@ -107,10 +108,10 @@ class Failing:
 
 
 @pytest.fixture
-async def failing() -> AsyncIterator[tuple[Failing, grpc.aio.Channel]]:
+async def failing() -> AsyncIterator[tuple[Failing, Any]]:
     server = Failing()
     await server.app.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.app.port}")
+    channel: Any = grpc.aio.insecure_channel(f"127.0.0.1:{server.app.port}")
     yield server, channel
     await channel.close(None)
     await server.redis.aclose()
@@ -131,7 +132,7 @@ def _refusals(method: str, dependency: str, reason: str) -> float:
 
 
 async def test_the_interceptor_answers_an_unavailable_dependency_once_with_the_settings_hint(
-    failing: tuple[Failing, grpc.aio.Channel],
+    failing: tuple[Failing, Any],
 ) -> None:
     _, channel = failing
     before = _refusals("Redis", "redis", "DEPENDENCY_UNAVAILABLE")
@@ -147,7 +148,7 @@ async def test_the_interceptor_answers_an_unavailable_dependency_once_with_the_s
 
 
 async def test_the_interceptor_answers_an_overload_as_replica_overloaded_never_a_fail_mode(
-    failing: tuple[Failing, grpc.aio.Channel],
+    failing: tuple[Failing, Any],
 ) -> None:
     _, channel = failing
     before = _refusals("Overloaded", "redis", "REPLICA_OVERLOADED")
@@ -162,7 +163,7 @@ async def test_the_interceptor_answers_an_overload_as_replica_overloaded_never_a
 
 
 async def test_a_stream_that_meets_a_failing_dependency_ends_with_the_same_answer(
-    failing: tuple[Failing, grpc.aio.Channel],
+    failing: tuple[Failing, Any],
 ) -> None:
     _, channel = failing
     call = channel.unary_stream("/test.Deps/Stream")(b"")

@@ -44,7 +44,7 @@ from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
-from turnstile_platform.dependencies import DependencyUnavailable
+from turnstile_platform.dependencies import DEPENDENCY_ERRORS, DependencyUnavailable
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
 from turnstile_substrate.admission import AdmissionClient, Admitted
@@ -305,9 +305,9 @@ class Activator:
             raise activation_in_progress(sandbox_id, self._retry_after_s) from error
         except BaseException as error:
             # The runtime must go if it may exist: it was made, or its making
-            # was interrupted. A RichError from the substrate (the cap gate)
-            # means nothing was made.
-            stop = runtime is not None or not isinstance(error, RichError)
+            # was interrupted. A RichError from the substrate (the cap gate), or a
+            # failing dependency (a credential not recorded), means nothing was made.
+            stop = runtime is not None or not isinstance(error, (RichError, *DEPENDENCY_ERRORS))
             COMPENSATIONS.labels(stage).inc()
             await run_to_end(self._compensate(sandbox_id, admitted, stop_runtime=stop))
             raise
@@ -320,8 +320,8 @@ class Activator:
         gate = self._admission.cap_gate(admitted, charged)
         try:
             return await self.substrate.ensure_runtime(spec, plan, gate)
-        except (RichError, asyncio.CancelledError):
-            raise
+        except (RichError, *DEPENDENCY_ERRORS, asyncio.CancelledError):
+            raise  # answered as they are (a failing dependency by the interceptor)
         except Exception as error:
             log.exception("runtime creation failed", extra={"sandbox_id": spec.sandbox_id})
             raise runtime_failed(spec.sandbox_id, self._retry_after_s) from error
