@@ -47,7 +47,7 @@ from turnstile_platform.background import run_to_end
 from turnstile_platform.dependencies import DEPENDENCY_ERRORS, DependencyUnavailable
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
-from turnstile_substrate.admission import AdmissionClient, Admitted
+from turnstile_substrate.admission_client import AdmissionClient, Admitted
 from turnstile_substrate.db import records
 from turnstile_substrate.db.claims import Claim, ClaimLostError
 from turnstile_substrate.db.pool import Connection

@@ -19,7 +19,7 @@ from turnstile_platform.redis_client import monitor_redis, redis_from_settings
 from turnstile_platform.sandbox_credentials import CredentialIssuer, SigningKey
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
-from turnstile_substrate.admission import AdmissionClient
+from turnstile_substrate.admission_client import AdmissionClient
 from turnstile_substrate.claim_sweep import StaleClaimSweep
 from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.db.records import fetch_owner

@@ -1,4 +1,4 @@
-"""The substrate's side of admission: Admit, CommitHold, CancelHold, ReleaseSandbox,
+"""The substrate's client of admission: Admit, CommitHold, CancelHold, ReleaseSandbox,
 and the cap gate a substrate runs before every runtime it creates.
 
 Admit answers with a decision as data; here a refusal becomes the gRPC error
