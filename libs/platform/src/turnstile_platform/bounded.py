@@ -1,81 +1,34 @@
 """Bounded calls to a dependency: a per-call budget and a circuit breaker (SPEC F3).
 
-A hung dependency (a paused Redis or PostgreSQL, a black-holed network) must cost
-a call no more than its configured timeout. A per-socket timeout does not give
-that: redis-py retries, reconnects and sends health-check PINGs inside one
-command, each with its own socket timeout, and asyncpg may wait for a pool
-connection, connect, then run the statement. So the budget here wraps the whole
-call — pool wait, reconnects, retries, health checks — in one timer that cancels
-the call's task as ``asyncio.timeout`` would.
+Why one timer around the whole call: a per-socket timeout does not bound a call
+(redis-py retries, reconnects and health-checks inside one command; asyncpg waits
+for a pool connection, connects, then runs the statement), so :class:`Guard`
+cancels the call's task when its budget is spent, as ``asyncio.timeout`` would.
+Repeated failures open a :class:`Breaker` per dependency (per node of a Redis
+Cluster, :class:`Source`), which then refuses calls at once until one probe
+succeeds (the resilience4j state machine).
 
-Repeated failures (a budget spent, a refused or dropped connection) open a
-breaker per dependency: while it is open every call fails at once, so each
-policy applies its fail mode immediately instead of spending its budget again.
-After ``open_s`` the breaker half-opens and lets exactly one call through as a
-probe; its success closes the breaker, its failure opens it again (the
-resilience4j state machine). Health and metrics report the state.
+Why a spent budget is judged before it fails the call: the budget counts our own
+queueing too, and a fail mode applied to our own overload admits past a fail-open
+cap. A budget spent while the dependency answered others (signs of life), or while
+the event loop was stalled (:class:`_Stalls`), gives the call more time, up to
+``overload_wait_s``; only a budget the loop had in full with no sign of life fails
+as unavailable and counts toward the breaker. A call still held up after the
+overload wait is overloaded: not counted, never a fail mode.
 
-The budget is for the dependency, not for this process. It counts everything
-the caller waits for, our own event loop and connection pool included, so under
-a burst of our own making (thousands of streams reattaching at once, hundreds of
-decisions in one turn of a CPU-starved loop) a call can spend it while the
-dependency answers in a millisecond. Failing such a call would apply a fail mode
-(a fail-open cap admits past its limit) for an outage that is not there. So when
-a call's budget runs out, the guard looks for signs of life first:
+What callers see is one of the two exceptions of
+:mod:`turnstile_platform.dependencies`, translated at the guarded call's exit, so
+the client library's own retries and topology refreshes inside the call still see
+its own types: a spent budget (:class:`BudgetExceededError`), an open breaker
+(:class:`BreakerOpenError`), a refused or dropped connection (``unreachable``) or
+the client's own timeout are ``DependencyUnavailable``; the overload wait spent or
+a ``local`` failure (an exhausted pool) are ``DependencyOverloaded``. Anything else
+the dependency answered (a script error, a constraint violation) goes on as it is.
 
-* the dependency answered some call during the budget just spent — it is
-  answering, and this call's time went to queueing here; or
-* the event loop was stalled for part of the budget — the call never had the
-  whole of it. A stall that starts as a call begins and ends just after its
-  budget leaves it no turn in which to send its command or read the answer
-  Redis gave at once; on a Redis Cluster, where a call's signs of life are its
-  master's alone, a master serving only that call shows none either. So the
-  budget counts only the time the loop could run (:class:`_Stalls` measures the
-  rest with a heartbeat while calls are in flight): such a call waits for the
-  part it lost (a loop starved again and again cannot tell a hung dependency
-  from a slow self: it waits on, up to the overload wait, and then refuses
-  retryably rather than guess "down").
-
-Either way the call is not cut off: it gets another budget (after signs of
-life) or the part of its budget it lost (after a stall), judged the same way
-when that runs out, for up to ``overload_wait_s`` from its start (rounded up
-to a whole budget; an RPC's own deadline ends it sooner: gRPC cancels the
-handler). Only a budget the loop had in full with no
-sign of life (a paused or black-holed server answers nobody) fails the call as
-``budget_exceeded`` and counts toward the breaker; a call that began just before
-the dependency stopped answering may see earlier calls' answers in its first
-budget and so wait two. A call still held up here after ``overload_wait_s``
-fails as :class:`~turnstile_platform.dependencies.DependencyOverloaded`: not
-counted by the breaker, and never answered with a fail mode — the replica cannot
-keep up, which is a retryable refusal (``UNAVAILABLE``, ``REPLICA_OVERLOADED``).
-
-What a call raises past the guard is one of the two exceptions of
-:mod:`turnstile_platform.dependencies`, translated here, at the exit of the
-guarded call, so the client library's own retries and topology refreshes inside
-the call still see the library's own types: a spent budget, an open breaker, a
-refused or dropped connection (``unreachable``) or the client's own timeout
-become :class:`~turnstile_platform.dependencies.DependencyUnavailable`
-(:class:`BudgetExceededError`, :class:`BreakerOpenError` say which, for logs and
-tests); the overload wait spent or a ``local`` failure (an exhausted client
-pool) become :class:`~turnstile_platform.dependencies.DependencyOverloaded`.
-Anything else the dependency answered (a script error, a constraint violation)
-goes on unchanged.
-
-A dependency served by several nodes (a Redis Cluster's masters) may hang one
-node while the others answer: their answers say nothing about the hung one, and
-a breaker for the whole dependency would refuse every node's calls for one's
-sake. So a call may name its :class:`Source` — where its signs of life come
-from and which breaker counts it (for a Cluster, the node serving the call's
-slot, :mod:`turnstile_platform.redis_cluster_nodes`); by default it is the
-guard itself, one for the whole dependency. A node's breaker is a *member* of
-the dependency's (:meth:`Breaker.track`): the dependency's gauge and health
-report the worst of its own state and its members', so one open node shows as
-an open dependency, and each node's state is its own gauge.
-
-The breaker is small and written here rather than taken from a library: it
-must count only the failures that mean "unreachable" (never a script error or
-a constraint violation), treat a caller's cancellation as neither success nor
-failure, and report into the platform's health map and metrics.
+The breaker is written here rather than taken from a library: it counts only the
+failures that mean "unreachable", treats a caller's cancellation as neither success
+nor failure, and reports into the platform's health map and metrics. The details,
+with their measurements, are in docs/operations.md, "When a dependency fails".
 """
 
 from __future__ import annotations

@@ -1,52 +1,31 @@
 """PostgreSQL connection pools whose every acquire and statement is a bounded call.
 
-:func:`create_pool` returns an asyncpg pool built on two small subclasses:
+:func:`create_pool` returns an asyncpg pool built on two small subclasses: the
+pool refuses an ``acquire`` at once while the PostgreSQL breaker is open and
+counts a failed connect against it; each connection runs every statement
+(``execute``, ``fetch*``, transaction ``BEGIN``/``COMMIT``, the pool's rollback
+or reset on release) inside the dependency's
+:class:`~turnstile_platform.bounded.Guard`, bounded by the budget (or by the
+statement's own ``timeout``).
 
-* the pool refuses an ``acquire`` at once while the PostgreSQL breaker is open,
-  and counts a failed connect (refused, timed out) against it;
-* each connection runs every statement (``execute``, ``fetch*``, transaction
-  ``BEGIN``/``COMMIT``, the pool's rollback or reset on release) inside the dependency's
-  :class:`~turnstile_platform.bounded.Guard`: bounded by the budget (or by the
-  statement's own ``timeout`` when it gives one), refused while the breaker is
-  open. A statement that spent its budget, or met a read-only server (a demoted
-  primary after a failover), closes its connection: the server is suspect, and
-  the next acquire connects again — with ``target_session_attrs=read-write`` in
-  the URL, to whichever host is now the primary.
+A connection whose statement spent its budget, met a read-only server (a demoted
+primary) or was ended by the server while idle (its next statement fails with
+``InternalClientError`` before anything is sent, MagicStack/asyncpg#1069) is
+closed rather than returned: the next acquire connects again, with
+``target_session_attrs=read-write`` in a multi-host URL to whichever host is now
+the primary (asyncpg tries the hosts in order).
 
-Releasing a connection costs **no round trip**. asyncpg's default release runs
-``Connection.reset()``: a rollback if a transaction is still open, then a reset
-query (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``): a second
-round trip each time a connection is borrowed, doubling a one-statement borrow
-(the already-running ``Activate``, see docs/performance.md). The pool keeps the
-rollback (asyncpg runs it before any custom ``reset``: a caller cancelled mid-
-transaction returns a connection that is rolled back, its row locks released) and
-runs the reset query only on a connection that may hold **session state** — state
-that outlives a transaction: a session advisory lock, a ``LISTEN``, a ``SET``
-without ``LOCAL``, a ``WITH HOLD`` cursor. Code that takes such state calls
-:func:`mark_session_state` on the connection
-(:meth:`~BoundedConnection.add_listener` marks it itself); nothing in the services
-does today (activation claims are rows, settings are start-up parameters, the rest
-is transaction-scoped), and a test fails if session-state SQL appears in a module
-that never marks. Behind PgBouncer in transaction mode session state cannot be
-used at all, and a reset query only ran on whichever server session PgBouncer
-picked for it.
-
-A connection the server ended while it sat idle in the pool (a failover's fast
-shutdown, ``pg_terminate_backend``) is discarded too: the server's last words, a
-FATAL error nobody asked for, leave asyncpg's protocol in its error state, and
-until the close itself is read the next statement on it fails with
-``InternalClientError`` ("cannot switch to state ..; another operation (2) is in
-progress", MagicStack/asyncpg#1069) before anything is sent. It is an unavailable
-server, not a bug: UNAVAILABLE, and the pool connects again for the next caller.
-
-Multi-host URLs (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``)
-are asyncpg's own: it tries the hosts in order and keeps the first that matches.
+Releasing a connection costs no round trip: asyncpg's rollback of an open
+transaction stays, but its reset query (advisory unlock-all, ``CLOSE ALL``,
+``UNLISTEN *``, ``RESET ALL``) runs only on a connection marked as holding
+session state (:func:`mark_session_state`; :meth:`BoundedConnection.add_listener`
+marks itself). Nothing in the services takes such state today, and a test fails
+if session-state SQL appears in a module that never marks (docs/performance.md).
 
 A failing PostgreSQL reaches callers as one of the two exceptions of
 :mod:`turnstile_platform.dependencies`, never as an asyncpg error or an
 ``OSError``: what the guard counts as unreachable it translates itself, and the
-answers that still mean "cannot serve now" (:data:`UNAVAILABLE_ERRORS`: a
-read-only server, a cancelled statement, a connection in a broken state) are
+answers that still mean "cannot serve now" (:data:`UNAVAILABLE_ERRORS`) are
 translated here, at the same exit, to ``DependencyUnavailable``.
 """
 
