@@ -200,7 +200,9 @@ async def test_a_burst_past_a_starved_replicas_capacity_is_shed_never_failed_ope
         assert rich.reason == "REPLICA_OVERLOADED", rich
         assert rich.metadata == {"dependency": "redis"}
         assert rich.retry_after_s == RETRY_AFTER_S
-    assert sheds() - shed_before == len(failed)
+    # Each shed is counted; one answered as its caller's deadline passed reaches
+    # the caller as DEADLINE_EXCEEDED instead.
+    assert len(failed) <= sheds() - shed_before <= len(failed) + len(late)
     # The burst really outran the replica: some calls were shed.
     summary = f"{len(admitted)} admitted, {len(decided)} decided, {len(failed)} shed, "
     summary += f"{len(late)} past their deadline, in {seconds:.1f}s"
