@@ -44,7 +44,11 @@ from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
-from turnstile_platform.dependencies import DEPENDENCY_ERRORS, DependencyUnavailable
+from turnstile_platform.dependencies import (
+    DEPENDENCY_ERRORS,
+    DependencyOverloaded,
+    DependencyUnavailable,
+)
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
 from turnstile_substrate.admission_client import AdmissionClient, Admitted
@@ -221,6 +225,15 @@ class Activator:
             return activation
         except RichError as error:
             result = error.reason.lower() or error.code.name.lower()
+            raise
+        except DependencyUnavailable as error:
+            # Answered UNAVAILABLE / DEPENDENCY_UNAVAILABLE by the interceptor.
+            result = "dependency_unavailable"
+            log.warning("dependency unavailable: %s", error.dependency, extra={"error": str(error)})
+            raise
+        except DependencyOverloaded as error:
+            result = "replica_overloaded"
+            log.warning("replica overloaded: %s", error.dependency, extra={"error": str(error)})
             raise
         finally:
             _activations(self.substrate.name, result).inc()
