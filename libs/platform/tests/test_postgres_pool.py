@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.postgres import (
-    UNAVAILABLE_ERRORS,
     BoundedPool,
     create_pool,
     postgres_guard,
@@ -65,7 +65,7 @@ async def test_a_connection_the_server_ended_while_idle_is_unavailable_and_disca
     await asyncio.sleep(0.2)
 
     async with pool.acquire() as conn:
-        with pytest.raises(UNAVAILABLE_ERRORS):  # never an INTERNAL-bound error
+        with pytest.raises(DependencyUnavailable):  # never an INTERNAL-bound error
             await conn.fetchval("SELECT 1")
 
     async with pool.acquire() as conn:  # the broken one was discarded: a new connection

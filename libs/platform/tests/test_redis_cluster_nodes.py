@@ -12,13 +12,17 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import REGISTRY
 
-from turnstile_platform.bounded import Breaker, BreakerState, report_breaker
+from turnstile_platform.bounded import (
+    Breaker,
+    BreakerOpenError,
+    BreakerState,
+    BudgetExceededError,
+    report_breaker,
+)
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.health import HealthMap
-from turnstile_platform.redis_bounded import RedisBreakerOpenError, RedisBudgetExceededError
 from turnstile_platform.redis_client import (
-    UNREACHABLE,
     BoundedRedisCluster,
-    RedisClusterUnavailableError,
     create_redis,
     redis_guard,
 )
@@ -47,7 +51,7 @@ async def test_a_hung_masters_call_fails_at_its_budget_while_other_masters_answe
     redis_prefix: str,
 ) -> None:
     """With answers from another master throughout, a call to the paused master's
-    slot is still cut off at its budget as "silent" (RedisBudgetExceededError, not
+    slot is still cut off at its budget as "silent" (BudgetExceededError, not
     the overload wait): signs of life are the serving node's, not the cluster's."""
     with running_cluster() as cluster:  # no replicas: no failover meanwhile
         guard = redis_guard(BUDGET_S, failures=1_000, overload_wait_s=OVERLOAD_WAIT_S)
@@ -68,7 +72,7 @@ async def test_a_hung_masters_call_fails_at_its_budget_while_other_masters_answe
             print(f"\nhung master: {seen}; the other answered {answered}")
             assert answered > 10  # the other master answered all along
             for seconds, error in outcomes:
-                assert isinstance(error, RedisBudgetExceededError), error
+                assert isinstance(error, BudgetExceededError), error
                 assert seconds < BUDGET_S + MARGIN_S
         finally:
             await client.aclose()
@@ -117,7 +121,7 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
             try:
                 for _ in range(2):
                     _, error = await timed(client.get(hung_key))
-                    assert isinstance(error, RedisBudgetExceededError), error
+                    assert isinstance(error, BudgetExceededError), error
                 assert _states(hung.breaker)[0] is BreakerState.OPEN
                 # The cluster-wide breaker (calls without one slot) stays closed.
                 assert _states(guard.breaker) == (BreakerState.CLOSED, BreakerState.OPEN)
@@ -128,7 +132,7 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
                 assert node_gauge == 2
                 await _until(lambda: not health.components["redis"])
                 seconds, error = await timed(client.get(hung_key))
-                assert isinstance(error, RedisBreakerOpenError), error
+                assert isinstance(error, BreakerOpenError), error
                 assert seconds < 0.05
                 seconds, error = await timed(client.get(other_key))
                 assert error is None
@@ -239,7 +243,7 @@ async def test_a_script_still_missing_after_its_reload_is_unreachable_not_a_scri
 ) -> None:
     """A reload that missed the node serving the slot (it went by a slot map read
     mid-failover: here, a reload that loads nothing) leaves the retried EVALSHA
-    with NOSCRIPT: raised as RedisClusterUnavailableError, so callers apply their
+    with NOSCRIPT: raised as DependencyUnavailable, so callers apply their
     fail mode or retry, never answer INTERNAL."""
     client = create_redis(redis_cluster.seeds_url, timeout_s=2.0)
     assert isinstance(client, BoundedRedisCluster)
@@ -250,8 +254,8 @@ async def test_a_script_still_missing_after_its_reload_is_unreachable_not_a_scri
 
     monkeypatch.setattr(client, "script_load", missed)
     try:
-        with pytest.raises(RedisClusterUnavailableError) as raised:
+        with pytest.raises(DependencyUnavailable) as raised:
             await script(keys=[f"{redis_prefix}{{missed}}"])
-        assert isinstance(raised.value, UNREACHABLE)
+        assert isinstance(raised.value, DependencyUnavailable)
     finally:
         await client.aclose()

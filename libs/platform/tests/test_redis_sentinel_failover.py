@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from turnstile_platform.bounded import BreakerState
-from turnstile_platform.redis_client import UNREACHABLE, create_redis, redis_guard
+from turnstile_platform.dependencies import DependencyUnavailable
+from turnstile_platform.redis_client import create_redis, redis_guard
 from turnstile_platform.redis_sentinel import BoundedSentinelRedis, UncontendedSentinelPool
 from turnstile_testing.redis_sentinel import RedisSentinelSet
 
@@ -33,7 +34,7 @@ async def test_the_open_breaker_probes_as_soon_as_the_sentinels_name_a_new_prima
         assert await client.execute_command("WAIT", 1, 5000) == 1  # on the replica too
         old = sentinel.primary()
         old.stop()
-        with pytest.raises(UNREACHABLE):
+        with pytest.raises(DependencyUnavailable):
             await client.ping()
         assert guard.breaker.state is BreakerState.OPEN
         await asyncio.to_thread(sentinel.wait_for_new_primary, old.port)
@@ -42,7 +43,7 @@ async def test_the_open_breaker_probes_as_soon_as_the_sentinels_name_a_new_prima
                 try:
                     assert await client.ping()
                     break
-                except UNREACHABLE:
+                except DependencyUnavailable:
                     await asyncio.sleep(0.02)
         assert guard.breaker.state.name == "CLOSED"  # (mypy: narrowed to OPEN above)
         pool = client.connection_pool

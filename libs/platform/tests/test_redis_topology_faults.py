@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from turnstile_platform.bounded import Breaker, BreakerState
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.redis_client import (
-    UNREACHABLE,
     BoundedRedisCluster,
     create_redis,
     redis_guard,
@@ -52,7 +52,7 @@ async def test_every_call_is_bounded_while_a_master_hangs_past_the_node_timeout(
             errors = [error for _, error in seen if error is not None]
             print(f"\n{len(seen)} calls, {len(errors)} failed, longest {longest * 1000:.0f} ms")
             assert longest < BUDGET_S + MARGIN_S
-            assert all(isinstance(error, UNREACHABLE) for error in errors), errors
+            assert all(isinstance(error, DependencyUnavailable) for error in errors), errors
             assert seen[-1][1] is not None  # the other master's slots too, by then
             async with asyncio.timeout(20):
                 while any([(await timed(client.get(key)))[1] for key in (hung_key, other_key)]):  # noqa: ASYNC110 - cluster state, no event
@@ -67,7 +67,7 @@ async def test_a_cluster_down_after_a_master_died_is_unreachable_not_an_error_re
 ) -> None:
     """redis-py retries CLUSTERDOWN, then gives up with it (or with the dead node's
     refused connection): either reaches callers as a ``ConnectionError`` (a fail mode
-    applies, the breaker counts it, :class:`RedisClusterUnavailableError` for the
+    applies, the breaker counts it, :class:`DependencyUnavailable` for the
     former), never as a script or command error."""
     with running_cluster() as cluster:
         client = create_redis(cluster.seeds_url, timeout_s=5.0)
@@ -80,7 +80,7 @@ async def test_a_cluster_down_after_a_master_died_is_unreachable_not_an_error_re
                     await asyncio.sleep(0.1)
             errors = [(await timed(client.get(other_key)))[1] for _ in range(5)]
             print(f"\nwith the cluster down: {[type(error).__name__ for error in errors]}")
-            assert all(isinstance(error, UNREACHABLE) for error in errors), errors
+            assert all(isinstance(error, DependencyUnavailable) for error in errors), errors
         finally:
             await client.aclose()
 

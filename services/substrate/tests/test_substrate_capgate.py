@@ -13,7 +13,7 @@ from turnstile_clientkeys import Client
 from turnstile_contracts import admission_pb2
 from turnstile_platform import peers
 from turnstile_platform.errors import RichError
-from turnstile_substrate.admission import AdmissionClient, Admitted
+from turnstile_substrate.admission_client import AdmissionClient, Admitted
 from turnstile_substrate.runtime import CreateKind
 from turnstile_substrate.settings import SubstrateSettings
 from turnstile_testing.processes import free_port

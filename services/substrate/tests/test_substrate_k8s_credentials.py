@@ -26,8 +26,10 @@ import redis.asyncio as aioredis
 from turnstile_affinity.app import create_app
 from turnstile_affinity.settings import AffinitySettings
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.leader import LeaderElector
+from turnstile_platform.redis_client import create_redis
 from turnstile_platform.sandbox_credentials import (
     REVOKED,
     CredentialIssuer,
@@ -532,14 +534,14 @@ async def test_a_stop_with_redis_unreachable_still_deletes_and_asks_for_a_retry(
     redis_prefix: str,
 ) -> None:
     # An issuer on a port nothing listens on: every Redis call fails to connect.
-    unreachable = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
+    unreachable = create_redis("redis://127.0.0.1:1/0", timeout_s=1)
     signing = SigningKey.from_file(credential_keys.signing_key_file)
     dead = CredentialIssuer(signing, unreachable, redis_prefix, ttl_s=3600)
     try:
         async with substrate(kube, credentials=dead) as sub:
-            with pytest.raises(RichError) as refused:
+            with pytest.raises(DependencyUnavailable) as refused:
                 await cold(sub, "sb-a")
-            assert refused.value.code is grpc.StatusCode.UNAVAILABLE
+            assert refused.value.dependency == "redis"  # UNAVAILABLE, by the interceptor
             assert kube.pods(NS) == []  # nothing was made
 
             kube.secrets.create(
@@ -557,9 +559,9 @@ async def test_a_stop_with_redis_unreachable_still_deletes_and_asks_for_a_retry(
                     "data": {"credential": "eA=="},
                 },
             )
-            with pytest.raises(RichError) as retry:
+            with pytest.raises(DependencyUnavailable) as retry:
                 await sub.stop_runtime("sb-a")
-            assert retry.value.code is grpc.StatusCode.UNAVAILABLE
+            assert retry.value.dependency == "redis"
             assert kube.secret(NS, "ts-sb-a-abc-credential") is None
     finally:
         await unreachable.aclose()

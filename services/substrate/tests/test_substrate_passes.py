@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
 import pytest
 
 from turnstile_platform.bounded import BreakerOpenError
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 from turnstile_substrate.passes import log_failed_pass
 
 log = logging.getLogger("turnstile_substrate.test_passes")
@@ -17,10 +17,11 @@ log = logging.getLogger("turnstile_substrate.test_passes")
     "error",
     [
         ConnectionRefusedError(111, "Connect call failed"),
-        asyncpg.ConnectionDoesNotExistError("connection was closed"),
-        BreakerOpenError("postgres", "the postgres breaker is open"),
+        DependencyUnavailable("postgresql", "postgresql unavailable: connection was closed"),
+        BreakerOpenError("postgresql", "the postgresql breaker is open"),
+        DependencyOverloaded("redis", "held up here past the overload wait"),
     ],
-    ids=["refused", "dropped", "breaker"],
+    ids=["refused", "dropped", "breaker", "overloaded"],
 )
 def test_an_outage_is_one_warning_line(caplog: pytest.LogCaptureFixture, error: Exception) -> None:
     with caplog.at_level(logging.WARNING, logger=log.name):

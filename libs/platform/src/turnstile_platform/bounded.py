@@ -1,76 +1,34 @@
 """Bounded calls to a dependency: a per-call budget and a circuit breaker (SPEC F3).
 
-A hung dependency (a paused Redis or PostgreSQL, a black-holed network) must cost
-a call no more than its configured timeout. A per-socket timeout does not give
-that: redis-py retries, reconnects and sends health-check PINGs inside one
-command, each with its own socket timeout, and asyncpg may wait for a pool
-connection, connect, then run the statement. So the budget here wraps the whole
-call — pool wait, reconnects, retries, health checks — in one timer that cancels
-the call's task as ``asyncio.timeout`` would.
+Why one timer around the whole call: a per-socket timeout does not bound a call
+(redis-py retries, reconnects and health-checks inside one command; asyncpg waits
+for a pool connection, connects, then runs the statement), so :class:`Guard`
+cancels the call's task when its budget is spent, as ``asyncio.timeout`` would.
+Repeated failures open a :class:`Breaker` per dependency (per node of a Redis
+Cluster, :class:`Source`), which then refuses calls at once until one probe
+succeeds (the resilience4j state machine).
 
-Repeated failures (a budget spent, a refused or dropped connection) open a
-breaker per dependency: while it is open every call fails at once, so each
-policy applies its fail mode immediately instead of spending its budget again.
-After ``open_s`` the breaker half-opens and lets exactly one call through as a
-probe; its success closes the breaker, its failure opens it again (the
-resilience4j state machine). Health and metrics report the state.
+Why a spent budget is judged before it fails the call: the budget counts our own
+queueing too, and a fail mode applied to our own overload admits past a fail-open
+cap. A budget spent while the dependency answered others (signs of life), or while
+the event loop was stalled (:class:`_Stalls`), gives the call more time, up to
+``overload_wait_s``; only a budget the loop had in full with no sign of life fails
+as unavailable and counts toward the breaker. A call still held up after the
+overload wait is overloaded: not counted, never a fail mode.
 
-The budget is for the dependency, not for this process. It counts everything
-the caller waits for, our own event loop and connection pool included, so under
-a burst of our own making (thousands of streams reattaching at once, hundreds of
-decisions in one turn of a CPU-starved loop) a call can spend it while the
-dependency answers in a millisecond. Failing such a call would apply a fail mode
-(a fail-open cap admits past its limit) for an outage that is not there. So when
-a call's budget runs out, the guard looks for signs of life first:
+What callers see is one of the two exceptions of
+:mod:`turnstile_platform.dependencies`, translated at the guarded call's exit, so
+the client library's own retries and topology refreshes inside the call still see
+its own types: a spent budget (:class:`BudgetExceededError`), an open breaker
+(:class:`BreakerOpenError`), a refused or dropped connection (``unreachable``) or
+the client's own timeout are ``DependencyUnavailable``; the overload wait spent or
+a ``local`` failure (an exhausted pool) are ``DependencyOverloaded``. Anything else
+the dependency answered (a script error, a constraint violation) goes on as it is.
 
-* the dependency answered some call during the budget just spent — it is
-  answering, and this call's time went to queueing here; or
-* the event loop was stalled for part of the budget — the call never had the
-  whole of it. A stall that starts as a call begins and ends just after its
-  budget leaves it no turn in which to send its command or read the answer
-  Redis gave at once; on a Redis Cluster, where a call's signs of life are its
-  master's alone, a master serving only that call shows none either. So the
-  budget counts only the time the loop could run (:class:`_Stalls` measures the
-  rest with a heartbeat while calls are in flight): such a call waits for the
-  part it lost (a loop starved again and again cannot tell a hung dependency
-  from a slow self: it waits on, up to the overload wait, and then refuses
-  retryably rather than guess "down").
-
-Either way the call is not cut off: it gets another budget (after signs of
-life) or the part of its budget it lost (after a stall), judged the same way
-when that runs out, for up to ``overload_wait_s`` from its start (rounded up
-to a whole budget; an RPC's own deadline ends it sooner: gRPC cancels the
-handler). Only a budget the loop had in full with no
-sign of life (a paused or black-holed server answers nobody) fails the call as
-``budget_exceeded`` and counts toward the breaker; a call that began just before
-the dependency stopped answering may see earlier calls' answers in its first
-budget and so wait two. A call still held up here after ``overload_wait_s``
-fails as ``overloaded`` (:class:`OverloadedError`): not counted by the breaker,
-and a caller must not answer it with a fail mode — the replica cannot keep up,
-which is a retryable refusal (``UNAVAILABLE``, ``REPLICA_OVERLOADED``).
-
-The errors raised are chosen by the caller (:class:`Guard` takes the classes),
-so each client can raise what its existing handlers already treat as
-"dependency unavailable": a redis-py ``TimeoutError``/``ConnectionError``
-subclass for Redis, a builtin ``TimeoutError``/``ConnectionError`` for
-PostgreSQL. Both bases are builtins too, so a handler written for either
-catches them.
-
-A dependency served by several nodes (a Redis Cluster's masters) may hang one
-node while the others answer: their answers say nothing about the hung one, and
-a breaker for the whole dependency would refuse every node's calls for one's
-sake. So a call may name its :class:`Source` — where its signs of life come
-from and which breaker counts it (for a Cluster, the node serving the call's
-slot, :mod:`turnstile_platform.redis_cluster_nodes`); by default it is the
-guard itself, one for the whole dependency. A node's breaker is a *member* of
-the dependency's (:meth:`Breaker.track`): the dependency's gauge and health
-report the worst of its own state and its members', so one open node shows as
-an open dependency, and each node's state is its own gauge.
-
-The breaker is small and written here rather than taken from a library: it
-must count only the failures that mean "unreachable" (never a script error or
-a constraint violation), treat a caller's cancellation as neither success nor
-failure, and report into the platform's health map and metrics.
+The breaker is written here rather than taken from a library: it counts only the
+failures that mean "unreachable", treats a caller's cancellation as neither success
+nor failure, and reports into the platform's health map and metrics. The details,
+with their measurements, are in docs/operations.md, "When a dependency fails".
 """
 
 from __future__ import annotations
@@ -86,6 +44,11 @@ from typing import Protocol
 from prometheus_client import Counter, Gauge
 
 from turnstile_platform.background import BackgroundTasks
+from turnstile_platform.dependencies import (
+    DEPENDENCY_ERRORS,
+    DependencyOverloaded,
+    DependencyUnavailable,
+)
 from turnstile_platform.health import HealthMap
 from turnstile_platform.metric_children import Children
 
@@ -138,28 +101,11 @@ OVERLOAD_WAITS = Counter(
 )
 
 
-class DependencyUnavailableError(ConnectionError):
-    """A call was not made, or not answered, because the dependency is unavailable."""
-
-    def __init__(self, dependency: str, message: str) -> None:
-        super().__init__(message)
-        self.dependency = dependency
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else self.dependency
+class BudgetExceededError(DependencyUnavailable):
+    """The call's budget was spent with no sign of life from the dependency."""
 
 
-class BudgetExceededError(DependencyUnavailableError, TimeoutError):
-    """The call's budget was spent before the dependency answered."""
-
-
-class OverloadedError(BudgetExceededError):
-    """The call was held up by this process's own overload (the dependency kept
-    answering others) past the overload wait. Not the dependency's failure: a
-    caller must not apply a fail mode to it, but refuse retryably."""
-
-
-class BreakerOpenError(DependencyUnavailableError):
+class BreakerOpenError(DependencyUnavailable):
     """The dependency's breaker is open: the call was refused without trying."""
 
 
@@ -326,8 +272,6 @@ class Source(Protocol):
         ...
 
 
-ErrorFactory = Callable[[str, str], BaseException]
-
 #: How long a call held up by this process's own overload may wait for its
 #: answer, from its start, before it fails as overloaded (TURNSTILE_OVERLOAD_WAIT_S).
 DEFAULT_OVERLOAD_WAIT_S = 10.0
@@ -347,10 +291,8 @@ class Guard:
     ``unreachable`` lists the exceptions that count as the dependency failing
     (anything else it raises is an answer, and counts as success for the
     breaker); ``local`` lists failures of this process, not of the dependency
-    (an exhausted client pool), which count as neither. ``budget_exceeded``,
-    ``overloaded`` and ``breaker_open`` build the exceptions raised when the
-    budget is spent with no sign of life, when the overload wait is spent, or
-    when the breaker refuses the call.
+    (an exhausted client pool), which count as neither and are raised as
+    :class:`~turnstile_platform.dependencies.DependencyOverloaded`.
     """
 
     def __init__(
@@ -360,9 +302,6 @@ class Guard:
         *,
         unreachable: tuple[type[BaseException], ...],
         local: tuple[type[BaseException], ...] = (),
-        budget_exceeded: ErrorFactory = BudgetExceededError,
-        overloaded: ErrorFactory = OverloadedError,
-        breaker_open: ErrorFactory = BreakerOpenError,
         failures: int = 3,
         open_s: float = 1.0,
         overload_wait_s: float = DEFAULT_OVERLOAD_WAIT_S,
@@ -375,12 +314,9 @@ class Guard:
         self._failures = failures
         self._open_s = open_s
         self._unreachable = unreachable
-        self._local = local
+        self._local_errors = local
         #: Event-loop time of the latest answer (ok or error) from the dependency.
         self._answered_at = float("-inf")
-        self._budget_exceeded = budget_exceeded
-        self._overloaded = overloaded
-        self._breaker_open = breaker_open
         #: How long the event loop could not run while calls were in flight.
         self.stalls = _Stalls(
             min(max(budget_s / 10, _MIN_BEAT_S), _MAX_BEAT_S), budget_s * _STALL_SHARE
@@ -390,7 +326,7 @@ class Guard:
         """Raise at once if the breaker is open (without claiming the probe)."""
         if self.breaker.state is BreakerState.OPEN:
             _CALLS(self.dependency, "rejected").inc()
-            raise self._breaker_open(self.dependency, self._open_message(self.breaker))
+            raise BreakerOpenError(self.dependency, self._open_message(self.breaker))
 
     def answered_since(self, when: float) -> bool:
         """Whether the dependency answered anything after event-loop time ``when``."""
@@ -430,7 +366,7 @@ class Guard:
         if watch.overloaded:
             breaker.abandon()
             _CALLS(self.dependency, "overloaded").inc()
-            return self._overloaded(
+            return DependencyOverloaded(
                 self.dependency,
                 f"{self.dependency} call did not complete within {waited:.3g}s: this "
                 "process is overloaded (the dependency answered others meanwhile)",
@@ -438,9 +374,23 @@ class Guard:
         breaker.failure()
         _CALLS(self.dependency, "timeout").inc()
         what = self.dependency if breaker.node is None else f"{self.dependency} node {breaker.node}"
-        return self._budget_exceeded(
+        return BudgetExceededError(
             self.dependency,
             f"{what} did not answer within {watch.budget_s:g}s ({waited:.3g}s waited)",
+        )
+
+    def _unavailable(self, error: BaseException) -> DependencyUnavailable:
+        """A failure that means "unreachable", as callers see it."""
+        return DependencyUnavailable(
+            self.dependency, f"{self.dependency} unreachable: {type(error).__name__}: {error}"
+        )
+
+    def _local(self, error: BaseException) -> DependencyOverloaded:
+        """A failure of this process's own (an exhausted pool), as callers see it."""
+        return DependencyOverloaded(
+            self.dependency,
+            f"{self.dependency} call not made: this process is overloaded "
+            f"({type(error).__name__}: {error})",
         )
 
     def _open_message(self, breaker: Breaker) -> str:
@@ -475,7 +425,7 @@ class _Call:
             raise RuntimeError("a guarded call must run inside a task")
         if not breaker.acquire():
             _CALLS(guard.dependency, "rejected").inc()
-            raise guard._breaker_open(guard.dependency, guard._open_message(breaker))
+            raise BreakerOpenError(guard.dependency, guard._open_message(breaker))
         watch = self._watch = _Watch(guard, self._source, task, self._budget_s)
         watch.arm()
 
@@ -503,15 +453,17 @@ class _Call:
             if not cut:  # a timeout of the client's own
                 breaker.failure()
                 _CALLS(guard.dependency, "timeout").inc()
-                if error is exc:
-                    return  # the block's own exception goes on
-                raise error
+                raise guard._unavailable(error) from error
             raise guard._expired(watch, breaker) from error
         # From here ``error`` is the block's own exception, which goes on (None
         # returned) unless replaced by the one the guard raises.
-        if isinstance(error, (asyncio.CancelledError, *guard._local)):
-            breaker.abandon()
+        if isinstance(error, (asyncio.CancelledError, *DEPENDENCY_ERRORS)):
+            breaker.abandon()  # a cancellation, or an inner call's own verdict
             return
+        if isinstance(error, guard._local_errors):
+            breaker.abandon()
+            _CALLS(guard.dependency, "overloaded").inc()
+            raise guard._local(error) from error
         if not isinstance(error, guard._unreachable):
             self._source.answered()
             breaker.success()
@@ -522,6 +474,7 @@ class _Call:
             raise guard._expired(watch, breaker) from error
         breaker.failure()
         _CALLS(guard.dependency, "unreachable").inc()
+        raise guard._unavailable(error) from error
 
 
 class _Stalls:

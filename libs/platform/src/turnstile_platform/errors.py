@@ -25,6 +25,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from turnstile_contracts import ERROR_DOMAIN, common_pb2
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 #: Bounds on what a status carries. A message echoing a 10 KB field would push the
 #: status past gRPC's metadata limit, and the caller would see RESOURCE_EXHAUSTED
@@ -127,17 +128,29 @@ def reason_name(reason: common_pb2.ErrorReason.ValueType) -> str:
     return name.removeprefix("ERROR_REASON_")
 
 
-def replica_overloaded(dependency: str, retry_after_s: float) -> RichError:
-    """UNAVAILABLE because this replica could not keep up: a call to
-    ``dependency`` was held up by our own overload past the overload wait
-    (:class:`~turnstile_platform.bounded.OverloadedError`). Never answered with a
-    fail mode: nothing was decided, and a retry (elsewhere, ideally) may succeed."""
+def dependency_error(
+    error: DependencyUnavailable | DependencyOverloaded, retry_after_s: float
+) -> RichError:
+    """The one answer to a failing dependency (the platform interceptor's, SPEC X2):
+    ``UNAVAILABLE`` with ``DEPENDENCY_UNAVAILABLE`` (the dependency cannot serve)
+    or ``REPLICA_OVERLOADED`` (this replica could not get its call done: nothing
+    was decided, a retry elsewhere may succeed), the dependency named in the
+    metadata, and a retry hint. The message names no host or library error."""
+    what = error.dependency
+    if isinstance(error, DependencyOverloaded):
+        return RichError(
+            code=grpc.StatusCode.UNAVAILABLE,
+            message=f"this replica is overloaded: its {what} call could not complete in "
+            "time; nothing was decided, retry (on another replica if you can)",
+            reason=reason_name(common_pb2.ERROR_REASON_REPLICA_OVERLOADED),
+            metadata={"dependency": what},
+            retry_after_s=retry_after_s,
+        )
     return RichError(
         code=grpc.StatusCode.UNAVAILABLE,
-        message=f"this replica is overloaded: its {dependency} call could not complete in time; "
-        "nothing was decided, retry (on another replica if you can)",
-        reason=reason_name(common_pb2.ERROR_REASON_REPLICA_OVERLOADED),
-        metadata={"dependency": dependency},
+        message=f"{what} is unavailable; retry",
+        reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
+        metadata={"dependency": what},
         retry_after_s=retry_after_s,
     )
 

@@ -13,9 +13,13 @@ Each call of a served method, in this order:
    has one (mutual TLS), checks the caller (not for health);
 4. a request that did not decode is answered ``INVALID_ARGUMENT`` naming
    ``request`` (:mod:`turnstile_platform.decoding`; every method);
-5. the handler runs; a :class:`RichError` it raises becomes its rich status, an
-   unexpected exception ``INTERNAL`` with a log line (the message stays generic:
-   internals are not leaked), ``NotImplementedError`` ``UNIMPLEMENTED``;
+5. the handler runs; a :class:`RichError` it raises becomes its rich status, a
+   failing dependency (:mod:`turnstile_platform.dependencies`) ``UNAVAILABLE``
+   with ``DEPENDENCY_UNAVAILABLE`` or ``REPLICA_OVERLOADED`` and the service's
+   retry hint (:func:`~turnstile_platform.errors.dependency_error`, counted in
+   ``turnstile_grpc_server_dependency_refusals_total``), an unexpected exception
+   ``INTERNAL`` with a log line (the message stays generic: internals are not
+   leaked), ``NotImplementedError`` ``UNIMPLEMENTED``;
 6. the slot is freed, the RPC counted by its status code and timed, the span ended.
 
 Why one interceptor and not one per concern: grpc.aio runs every interceptor's
@@ -45,7 +49,8 @@ from prometheus_client import Counter, Histogram
 from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.call_limits import CallKind, CallLimits
 from turnstile_platform.decoding import Undecodable, checked, refuse, tolerant
-from turnstile_platform.errors import RichError, abort
+from turnstile_platform.dependencies import DEPENDENCY_ERRORS
+from turnstile_platform.errors import RichError, abort, dependency_error
 from turnstile_platform.handlers import Behaviour, MethodName, behaviour_of, rebuilt, yields
 from turnstile_platform.tracing import ServerSpan, ServerSpans, traced_service
 
@@ -62,6 +67,13 @@ RPC_SECONDS = Histogram(
     ["grpc_service", "grpc_method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+DEPENDENCY_REFUSALS = Counter(
+    "turnstile_grpc_server_dependency_refusals_total",
+    "RPCs answered UNAVAILABLE because a dependency failed, by method, dependency "
+    "and reason (DEPENDENCY_UNAVAILABLE, or REPLICA_OVERLOADED: shed by this "
+    "replica's own overload, never a fail mode).",
+    ["grpc_service", "grpc_method", "dependency", "reason"],
+)
 
 #: Methods whose wrapped handler is kept (registered methods are far fewer).
 _KNOWN_LIMIT = 4096
@@ -74,7 +86,9 @@ class PlatformInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Serves every method through the steps in the module docstring.
 
     ``spans`` None traces nothing, ``limits`` None counts no slots, ``authorizer``
-    None authorizes nothing (loopback plaintext)."""
+    None authorizes nothing (loopback plaintext). ``retry_after_s`` is the retry
+    hint of a call refused because a dependency failed (the service's
+    ``TURNSTILE_RETRY_AFTER_S``)."""
 
     def __init__(
         self,
@@ -82,10 +96,12 @@ class PlatformInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         spans: ServerSpans | None,
         limits: CallLimits | None = None,
         authorizer: Authorizer | None = None,
+        retry_after_s: float = 1.0,
     ) -> None:
         self._spans = spans
         self._limits = limits
         self._authorizer = authorizer
+        self._retry_after_s = retry_after_s
         self._known: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
@@ -112,6 +128,7 @@ class PlatformInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             spans=self._spans,
             limits=self._limits,
             authorizer=self._authorizer,
+            retry_after_s=self._retry_after_s,
         )
         behaviour = behaviour_of(handler)
         streaming_request = bool(handler.request_streaming)
@@ -176,6 +193,7 @@ class _Method:
         "limits",
         "name",
         "reflection",
+        "retry_after_s",
         "seconds",
         "spans",
     )
@@ -188,8 +206,10 @@ class _Method:
         spans: ServerSpans | None,
         limits: CallLimits | None,
         authorizer: Authorizer | None,
+        retry_after_s: float = 1.0,
     ) -> None:
         self.name = name
+        self.retry_after_s = retry_after_s
         self.counted = not name.service.startswith(_PLATFORM_SERVICES)
         self.kind = CallKind.STREAM if streaming else CallKind.UNARY
         # A self-admitted stream's handler takes its slot itself (CallLimits).
@@ -289,12 +309,25 @@ class _Serving:
         the call counted and the span ended."""
         self._free_slot()
         code: object = grpc.StatusCode.OK
+        if isinstance(error, DEPENDENCY_ERRORS):
+            error = self._refusal(error)
         try:
             code = _status_of(error, self._context)
             if isinstance(error, Exception):
                 await _answer(self._context, self._method.name, error)
         finally:
             self._finish(code)
+
+    def _refusal(self, error: BaseException) -> RichError:
+        """The one answer to a failing dependency, counted by its reason."""
+        assert isinstance(error, DEPENDENCY_ERRORS)
+        method = self._method
+        refusal = dependency_error(error, method.retry_after_s)
+        refusal.__cause__ = error
+        DEPENDENCY_REFUSALS.labels(
+            method.name.service, method.name.method, error.dependency, refusal.reason
+        ).inc()
+        return refusal
 
     def _free_slot(self) -> None:
         if self._slot:

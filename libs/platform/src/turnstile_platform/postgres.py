@@ -1,52 +1,32 @@
 """PostgreSQL connection pools whose every acquire and statement is a bounded call.
 
-:func:`create_pool` returns an asyncpg pool built on two small subclasses:
+:func:`create_pool` returns an asyncpg pool built on two small subclasses: the
+pool refuses an ``acquire`` at once while the PostgreSQL breaker is open and
+counts a failed connect against it; each connection runs every statement
+(``execute``, ``fetch*``, transaction ``BEGIN``/``COMMIT``, the pool's rollback
+or reset on release) inside the dependency's
+:class:`~turnstile_platform.bounded.Guard`, bounded by the budget (or by the
+statement's own ``timeout``).
 
-* the pool refuses an ``acquire`` at once while the PostgreSQL breaker is open,
-  and counts a failed connect (refused, timed out) against it;
-* each connection runs every statement (``execute``, ``fetch*``, transaction
-  ``BEGIN``/``COMMIT``, the pool's rollback or reset on release) inside the dependency's
-  :class:`~turnstile_platform.bounded.Guard`: bounded by the budget (or by the
-  statement's own ``timeout`` when it gives one), refused while the breaker is
-  open. A statement that spent its budget, or met a read-only server (a demoted
-  primary after a failover), closes its connection: the server is suspect, and
-  the next acquire connects again — with ``target_session_attrs=read-write`` in
-  the URL, to whichever host is now the primary.
+A connection whose statement spent its budget, met a read-only server (a demoted
+primary) or was ended by the server while idle (its next statement fails with
+``InternalClientError`` before anything is sent, MagicStack/asyncpg#1069) is
+closed rather than returned: the next acquire connects again, with
+``target_session_attrs=read-write`` in a multi-host URL to whichever host is now
+the primary (asyncpg tries the hosts in order).
 
-Releasing a connection costs **no round trip**. asyncpg's default release runs
-``Connection.reset()``: a rollback if a transaction is still open, then a reset
-query (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``): a second
-round trip each time a connection is borrowed, doubling a one-statement borrow
-(the already-running ``Activate``, see docs/performance.md). The pool keeps the
-rollback (asyncpg runs it before any custom ``reset``: a caller cancelled mid-
-transaction returns a connection that is rolled back, its row locks released) and
-runs the reset query only on a connection that may hold **session state** — state
-that outlives a transaction: a session advisory lock, a ``LISTEN``, a ``SET``
-without ``LOCAL``, a ``WITH HOLD`` cursor. Code that takes such state calls
-:func:`mark_session_state` on the connection
-(:meth:`~BoundedConnection.add_listener` marks it itself); nothing in the services
-does today (activation claims are rows, settings are start-up parameters, the rest
-is transaction-scoped), and a test fails if session-state SQL appears in a module
-that never marks. Behind PgBouncer in transaction mode session state cannot be
-used at all, and a reset query only ran on whichever server session PgBouncer
-picked for it.
+Releasing a connection costs no round trip: asyncpg's rollback of an open
+transaction stays, but its reset query (advisory unlock-all, ``CLOSE ALL``,
+``UNLISTEN *``, ``RESET ALL``) runs only on a connection marked as holding
+session state (:func:`mark_session_state`; :meth:`BoundedConnection.add_listener`
+marks itself). Nothing in the services takes such state today, and a test fails
+if session-state SQL appears in a module that never marks (docs/performance.md).
 
-A connection the server ended while it sat idle in the pool (a failover's fast
-shutdown, ``pg_terminate_backend``) is discarded too: the server's last words, a
-FATAL error nobody asked for, leave asyncpg's protocol in its error state, and
-until the close itself is read the next statement on it fails with
-``InternalClientError`` ("cannot switch to state ..; another operation (2) is in
-progress", MagicStack/asyncpg#1069) before anything is sent. It is an unavailable
-server, not a bug: UNAVAILABLE, and the pool connects again for the next caller.
-
-Multi-host URLs (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``)
-are asyncpg's own: it tries the hosts in order and keeps the first that matches.
-
-The errors raised are builtin ``TimeoutError``/``ConnectionError`` subclasses
-(:class:`~turnstile_platform.bounded.BudgetExceededError`,
-:class:`~turnstile_platform.bounded.BreakerOpenError`) or asyncpg's own, all of
-which :data:`UNAVAILABLE_ERRORS` lists: map them to ``UNAVAILABLE`` with a retry
-hint, never ``INTERNAL``.
+A failing PostgreSQL reaches callers as one of the two exceptions of
+:mod:`turnstile_platform.dependencies`, never as an asyncpg error or an
+``OSError``: what the guard counts as unreachable it translates itself, and the
+answers that still mean "cannot serve now" (:data:`UNAVAILABLE_ERRORS`) are
+translated here, at the same exit, to ``DependencyUnavailable``.
 """
 
 from __future__ import annotations
@@ -58,7 +38,8 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, Guard
+from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, BudgetExceededError, Guard
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 #: Failures that mean "PostgreSQL cannot be reached, went away, or is not the
 #: primary": the request may succeed if retried, and nothing it wrote was committed.
@@ -100,9 +81,10 @@ _DISCARD: tuple[type[BaseException], ...] = (
 )
 
 
-def is_unavailable(error: BaseException) -> bool:
-    """Whether ``error`` means PostgreSQL is unavailable (retryable), not a bug."""
-    return isinstance(error, UNAVAILABLE_ERRORS)
+def _unavailable(dependency: str, error: BaseException) -> DependencyUnavailable:
+    return DependencyUnavailable(
+        dependency, f"{dependency} unavailable: {type(error).__name__}: {error}"
+    )
 
 
 def postgres_guard(
@@ -151,9 +133,17 @@ class BoundedConnection(asyncpg.Connection):
         try:
             async with guard.call(timeout):
                 return await call(*args, timeout=timeout, **kw)
-        except _DISCARD:
-            self.terminate()
+        except DependencyOverloaded:
+            self.terminate()  # cut off mid-statement
             raise
+        except DependencyUnavailable as error:
+            if isinstance(error, BudgetExceededError) or isinstance(error.__cause__, _DISCARD):
+                self.terminate()
+            raise
+        except UNAVAILABLE_ERRORS as error:  # an answer that means "cannot serve now"
+            if isinstance(error, _DISCARD):
+                self.terminate()
+            raise _unavailable(guard.dependency, error) from error
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         result: str = await self._bounded("execute", timeout, query, *args)
@@ -214,12 +204,14 @@ class BoundedPool(asyncpg.Pool):
         self.guard.check()
         try:
             return await super()._acquire(timeout)  # type: ignore[misc]
-        except _UNREACHABLE:
+        except _UNREACHABLE as error:
             # A refused or dropped connect. A timeout is not counted here: it may
             # only mean every connection was busy (this process's limit); a hung
             # server is counted by the statements that time out on it.
             self.guard.breaker.failure()
-            raise
+            raise _unavailable(self.guard.dependency, error) from error
+        except UNAVAILABLE_ERRORS as error:
+            raise _unavailable(self.guard.dependency, error) from error
 
 
 async def create_pool(
@@ -233,9 +225,9 @@ async def create_pool(
     **connect_kwargs: Any,
 ) -> BoundedPool:
     """A bounded pool to ``dsn`` (see the module doc); ``min_size`` connections are
-    opened now, which raises if PostgreSQL cannot be reached. ``reset=None`` restores
-    asyncpg's full reset query on every release (what the substrate's release
-    benchmark compares against)."""
+    opened now, which raises ``DependencyUnavailable`` if PostgreSQL cannot be
+    reached. ``reset=None`` restores asyncpg's full reset query on every release
+    (what the substrate's release benchmark compares against)."""
 
     class Connection(BoundedConnection):
         pass
@@ -260,5 +252,8 @@ async def create_pool(
         server_settings={"application_name": application_name},
         **connect_kwargs,  # password, ssl (SPEC Z4)
     )
-    await pool
+    try:
+        await pool
+    except UNAVAILABLE_ERRORS as error:
+        raise _unavailable(guard.dependency, error) from error
     return pool

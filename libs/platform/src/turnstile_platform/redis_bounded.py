@@ -4,11 +4,11 @@ Every call of the clients built here goes through one
 :class:`~turnstile_platform.bounded.Guard`: the whole call (pool wait,
 reconnect, retry, health-check PING, a Sentinel lookup of the primary, a
 Cluster redirection or topology refresh) is bounded by the configured timeout,
-and a breaker refuses calls at once after repeated failures. Both raise
-redis-py ``TimeoutError``/``ConnectionError`` subclasses, members of
-:data:`UNREACHABLE`, so every handler that applies a fail mode on "Redis
-unreachable" applies it unchanged, whatever the topology
-(:mod:`turnstile_platform.redis_client` builds the client for each).
+and a breaker refuses calls at once after repeated failures. Past the guard a
+failing Redis is one of the two exceptions of
+:mod:`turnstile_platform.dependencies`, whatever the topology
+(:mod:`turnstile_platform.redis_client` builds the client for each); inside the
+call redis-py's own retries see its own error types.
 """
 
 from __future__ import annotations
@@ -25,45 +25,18 @@ from redis.commands.core import AsyncScript
 from redis.credentials import StreamingCredentialProvider
 from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ExceptionType, MaxConnectionsError, NoScriptError
+from redis.exceptions import DataError, MaxConnectionsError, NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from turnstile_platform.bounded import (
-    DEFAULT_OVERLOAD_WAIT_S,
-    BreakerOpenError,
-    BudgetExceededError,
-    Guard,
-    OverloadedError,
-    Source,
-)
+from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, Guard, Source
 from turnstile_platform.pool_turns import Turns
 
-#: Exceptions that mean "Redis could not be reached", as opposed to a script error.
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
+#: What redis-py raises when Redis could not be reached (a refused or dropped
+#: connection, its own socket timeout), as opposed to an answer (a script error):
+#: counted by the breaker, and raised past the guard as ``DependencyUnavailable``.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 T = TypeVar("T")
-
-
-class _RedisUnavailable:
-    """What redis-py's own errors carry (its ``__init__`` is bypassed here)."""
-
-    def __init__(self, dependency: str, message: str) -> None:
-        super().__init__(dependency, message)  # type: ignore[call-arg]
-        self.error_type = ExceptionType.NETWORK
-        self.status_code: str | None = None
-
-
-class RedisBudgetExceededError(_RedisUnavailable, BudgetExceededError, RedisTimeoutError):
-    """Redis did not answer a call within its budget."""
-
-
-class RedisOverloadedError(OverloadedError, RedisBudgetExceededError):
-    """A Redis call held up by this process's own overload past the overload wait:
-    never a reason for a fail mode (see :mod:`turnstile_platform.bounded`)."""
-
-
-class RedisBreakerOpenError(_RedisUnavailable, BreakerOpenError, RedisConnectionError):
-    """Redis's breaker is open: the call was refused without trying."""
 
 
 class UncontendedPool(ConnectionPool):
@@ -302,15 +275,13 @@ def redis_guard(
     overload_wait_s: float = DEFAULT_OVERLOAD_WAIT_S,
     dependency: str = "redis",
 ) -> Guard:
-    """The budget and breaker of one Redis, raising redis-py's own error types."""
+    """The budget and breaker of one Redis (an exhausted pool is this process's own
+    overload, not Redis's failure)."""
     return Guard(
         dependency,
         timeout_s,
-        unreachable=(RedisConnectionError, RedisTimeoutError, OSError),
+        unreachable=_UNREACHABLE,
         local=(MaxConnectionsError,),
-        budget_exceeded=RedisBudgetExceededError,
-        overloaded=RedisOverloadedError,
-        breaker_open=RedisBreakerOpenError,
         failures=failures,
         open_s=open_s,
         overload_wait_s=overload_wait_s,

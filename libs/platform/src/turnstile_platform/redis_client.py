@@ -7,8 +7,9 @@ client for it: ``Redis`` on one server, ``Redis`` over a
 (:mod:`turnstile_platform.redis_sentinel`), ``RedisCluster`` for a Cluster
 (:mod:`turnstile_platform.redis_cluster`). Each is bounded the same way
 (:mod:`turnstile_platform.redis_bounded`): every command, pipeline and script
-call is one guarded call, its budget and breaker raising redis-py
-``TimeoutError``/``ConnectionError`` subclasses, members of :data:`UNREACHABLE`.
+call is one guarded call, and a failing Redis reaches callers as
+``DependencyUnavailable`` or ``DependencyOverloaded``
+(:mod:`turnstile_platform.dependencies`), never as a redis-py error or an ``OSError``.
 
 Scripts live as ``.lua`` files beside the code that runs them and are loaded
 through redis-py's ``Script`` objects, which call EVALSHA and reload the script
@@ -30,29 +31,22 @@ from redis.commands.core import AsyncScript
 from turnstile_platform.bounded import Guard, report_breaker
 from turnstile_platform.health import HealthMonitor
 from turnstile_platform.redis_bounded import (
-    UNREACHABLE,
     BoundedPipeline,
     BoundedRedis,
-    RedisBreakerOpenError,
-    RedisBudgetExceededError,
     UncontendedPool,
     redis_guard,
 )
-from turnstile_platform.redis_cluster import BoundedRedisCluster, RedisClusterUnavailableError
+from turnstile_platform.redis_cluster import BoundedRedisCluster
 from turnstile_platform.redis_sentinel import sentinel_primary
 from turnstile_platform.redis_topology import Topology, parse_redis_url
 from turnstile_platform.settings import ServiceSettings, read_secret
 
 __all__ = [
-    "UNREACHABLE",
     "AnyRedis",
     "BoundedClient",
     "BoundedPipeline",
     "BoundedRedis",
     "BoundedRedisCluster",
-    "RedisBreakerOpenError",
-    "RedisBudgetExceededError",
-    "RedisClusterUnavailableError",
     "UncontendedPool",
     "create_redis",
     "load_script",
@@ -167,6 +161,7 @@ def redis_from_settings(settings: ServiceSettings) -> BoundedClient:
     return create_redis(
         str(settings.redis_url),
         timeout_s=settings.redis_timeout_s,
+        max_connections=settings.redis_max_connections,
         guard=redis_guard(
             settings.redis_timeout_s,
             failures=settings.breaker_failures,

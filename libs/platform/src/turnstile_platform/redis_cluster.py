@@ -18,8 +18,8 @@ Two things redis-py leaves to its caller, done here:
   a slot not covered, a redirection loop ("TTL exhausted"), a failed
   topology read, or trip over a connection it disconnected under a command.
   Those are raised as :class:`RedisClusterUnavailableError`, a redis-py
-  ``ConnectionError``: the breaker counts them and every policy
-  applies its fail mode, as for a server that went away; retrying is right.
+  ``ConnectionError``: the breaker counts them, and callers see
+  ``DependencyUnavailable`` as for a server that went away; retrying is right.
 - **A hung master does not strand the client.** redis-py re-reads the topology
   only after a connection error it saw itself; a call the budget cut off (a
   paused master, a black-holed network) ends in a cancellation, so without
@@ -63,7 +63,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from turnstile_platform.bounded import Guard, OverloadedError
+from turnstile_platform.bounded import Guard
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.redis_bounded import guarded
 from turnstile_platform.redis_cluster_nodes import (
     CURRENT_ROUTE,
@@ -167,13 +168,18 @@ class BoundedRedisCluster(RedisCluster):
         process: too much for one call's budget on a busy machine (it parses the whole
         ``COMMAND`` reply), so it has its own bound, ``start_timeout_s``, and is not
         counted by the breaker. Later re-reads happen inside calls, within budget."""
+        dependency = "redis" if self.guard is None else self.guard.dependency
         try:
             async with asyncio.timeout(self.start_timeout_s):
                 await _translated(self.initialize())
         except TimeoutError:
-            raise RedisClusterUnavailableError(
-                f"Redis Cluster topology not read within {self.start_timeout_s:g}s"
+            raise DependencyUnavailable(
+                dependency, f"Redis Cluster topology not read within {self.start_timeout_s:g}s"
             ) from None
+        except (RedisClusterException, RedisConnectionError, RedisTimeoutError, OSError) as error:
+            raise DependencyUnavailable(
+                dependency, f"Redis Cluster unavailable: {error}"
+            ) from error
         self._started = True
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
@@ -250,9 +256,9 @@ class BoundedRedisCluster(RedisCluster):
         try:
             served = route()
             return await guarded(self.guard, self._detached(call, served), served)
-        except (RedisTimeoutError, RedisConnectionError) as error:
-            if not isinstance(error, OverloadedError):  # our own queueing: the map is fine
-                self.refresh_topology_soon()
+        except DependencyUnavailable:
+            # Not after DependencyOverloaded: our own queueing, the map is fine.
+            self.refresh_topology_soon()
             raise
         finally:
             if inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
@@ -328,8 +334,8 @@ class ClusterScript(AsyncScript):
     the promoted replica not), the second call is redirected to a node that never
     loaded it and fails with ``NOSCRIPT`` too — a script error to callers (an
     ``INTERNAL`` answer), though nothing ran and a retry succeeds. It is raised
-    as :class:`RedisClusterUnavailableError` instead (each policy's fail mode,
-    retryable), and the slot map is re-read."""
+    as ``DependencyUnavailable`` instead (each policy's fail mode, retryable),
+    and the slot map is re-read."""
 
     registered_client: BoundedRedisCluster
 
@@ -339,10 +345,12 @@ class ClusterScript(AsyncScript):
         try:
             return await super().__call__(keys, args, client)
         except NoScriptError as error:
-            self.registered_client.refresh_topology_soon()
-            raise RedisClusterUnavailableError(
+            client = self.registered_client
+            client.refresh_topology_soon()
+            raise DependencyUnavailable(
+                "redis" if client.guard is None else client.guard.dependency,
                 f"Redis Cluster unavailable: the script is not loaded where its slot "
-                f"is served ({error})"
+                f"is served ({error})",
             ) from error
 
 

@@ -150,6 +150,7 @@ class GrpcService:
             spans=tracing.ServerSpans(self.tracer_provider),
             limits=self.limits,
             authorizer=self.authorizer,
+            retry_after_s=settings.retry_after_s,
         )
         self._health_server: grpc.aio.Server | None = None
         self.health_port = 0

@@ -105,6 +105,11 @@ class ServiceSettings(BaseSettings):
     answer. A call held up by this process's own overload while Redis answers
     others waits on (see ``overload_wait_s``) instead of applying a fail mode."""
 
+    redis_max_connections: int = Field(default=256, ge=1, le=100_000)
+    """Connections of the Redis pool (per node on a Cluster). A call that finds all
+    in use waits its turn inside its budget; one held up past ``overload_wait_s``
+    by that queue is this replica's overload, shed, never a fail mode."""
+
     breaker_failures: int = Field(default=3, ge=1, le=1000)
     """Consecutive failed calls (budget spent, connection refused or dropped) to a
     dependency (Redis, PostgreSQL) that open its circuit breaker; while it is
@@ -116,6 +121,10 @@ class ServiceSettings(BaseSettings):
     loop stalled) may go on waiting for its answer, from its start, before it
     fails as overloaded: a retryable ``UNAVAILABLE`` (``REPLICA_OVERLOADED``),
     never a fail mode. An RPC's own deadline ends the wait sooner."""
+
+    retry_after_s: float = Field(default=1.0, gt=0, le=3600)
+    """The retry hint (``RetryInfo``) of a call refused because a dependency failed:
+    unavailable, or this replica overloaded (answered by the platform interceptor)."""
 
     breaker_open_s: float = Field(default=1.0, gt=0, le=300)
     """How long an open breaker refuses calls before letting one probe through;

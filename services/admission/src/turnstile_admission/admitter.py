@@ -45,8 +45,7 @@ from turnstile_admission.redis_store import (
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import BoundedKey, Client, Resolver
-from turnstile_platform.bounded import OverloadedError
-from turnstile_platform.redis_client import UNREACHABLE
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -166,17 +165,20 @@ class Admitter:
             modes=modes,
             nodes=nodes,
         )
+        # The one place admission decides on a failing Redis: fail modes apply
+        # to an unavailable Redis only. Anything else (a script error) is a bug.
         try:
             answer = await self.store.admit(args)
-        except (OverloadedError, asyncio.CancelledError):
+        except (DependencyOverloaded, asyncio.CancelledError):
             # Not an outage, so no fail mode: this replica could not keep up
-            # (or the caller gave up). Nothing was decided for the caller, but
+            # (or the caller gave up). Nothing was decided for the caller (the
+            # interceptor sheds the call: UNAVAILABLE, REPLICA_OVERLOADED), but
             # the script may have run: its hold has no owner, so cancel it. The
             # cancel leaves a tombstone, so a script still on its way to Redis
             # takes nothing when it gets there.
             self.orphans.cancel(args.hold_id)
             raise
-        except UNREACHABLE as error:
+        except DependencyUnavailable as error:
             return self._unreachable(request, key, plan, args.hold_id, error)
         if answer.outcome == "cancelled":
             return self._cancelled(key, plan)

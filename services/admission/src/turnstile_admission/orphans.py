@@ -25,7 +25,7 @@ from prometheus_client import Counter
 
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_platform.background import BackgroundTasks
-from turnstile_platform.redis_client import UNREACHABLE
+from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class OrphanedHolds:
         while loop.time() < deadline:
             try:
                 answer = await self._store.cancel(hold_id)
-            except UNREACHABLE:
+            except DEPENDENCY_ERRORS:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
                 continue

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -15,12 +14,8 @@ from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.authz.ownership import current_scope
-from turnstile_platform.bounded import OverloadedError
-from turnstile_platform.errors import RichError, reason_name, replica_overloaded
-from turnstile_platform.redis_client import UNREACHABLE
 
 Context = grpc.aio.ServicerContext[Any, Any]
-T = TypeVar("T")
 
 
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
@@ -31,21 +26,21 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def Admit(  # noqa: N802 - the gRPC method name
         self, request: admission_pb2.AdmitRequest, context: Context
     ) -> admission_pb2.AdmitResponse:
-        decision = await _redis(self._admitter.admit(validation.admit_request(request)))
+        decision = await self._admitter.admit(validation.admit_request(request))
         return self._responses.response(decision)
 
     async def CommitHold(  # noqa: N802
         self, request: admission_pb2.CommitHoldRequest, context: Context
     ) -> admission_pb2.CommitHoldResponse:
         hold_id = validation.hold_id(request.hold_id)
-        committed = await _redis(self._admitter.commit(hold_id))
+        committed = await self._admitter.commit(hold_id)
         return admission_pb2.CommitHoldResponse(committed=committed)
 
     async def CancelHold(  # noqa: N802
         self, request: admission_pb2.CancelHoldRequest, context: Context
     ) -> admission_pb2.CancelHoldResponse:
         hold_id = validation.hold_id(request.hold_id)
-        answer = await _redis(self._admitter.cancel(hold_id))
+        answer = await self._admitter.cancel(hold_id)
         return admission_pb2.CancelHoldResponse(
             cancelled=answer.cancelled,
             client_tokens_returned=answer.client_tokens,
@@ -56,13 +51,13 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         self, request: admission_pb2.ReleaseSandboxRequest, context: Context
     ) -> admission_pb2.ReleaseSandboxResponse:
         sandbox_id = validation.sandbox_id(request.sandbox_id)
-        released = await _redis(self._admitter.release(sandbox_id))
+        released = await self._admitter.release(sandbox_id)
         return admission_pb2.ReleaseSandboxResponse(released=released)
 
     async def GetUsage(  # noqa: N802
         self, request: admission_pb2.GetUsageRequest, context: Context
     ) -> admission_pb2.GetUsageResponse:
-        usage = await _redis(self._admitter.usage(validation.client(request.client)))
+        usage = await self._admitter.usage(validation.client(request.client))
         response = admission_pb2.GetUsageResponse(
             key=_key(usage.key),
             pending=usage.pending,
@@ -85,23 +80,6 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             response.ClearField("cluster_capacity")
             response.ClearField("node_slots_held")
         return response
-
-
-async def _redis(call: Awaitable[T]) -> T:
-    """Await a Redis-backed call; an unreachable Redis, or a call held up by this
-    replica's own overload, is UNAVAILABLE, retryable."""
-    try:
-        return await call
-    except OverloadedError as error:
-        raise replica_overloaded("redis", retry_after_s=1.0) from error
-    except UNREACHABLE as error:
-        raise RichError(
-            code=grpc.StatusCode.UNAVAILABLE,
-            message="redis unreachable",
-            reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
-            metadata={"dependency": "redis"},
-            retry_after_s=1.0,
-        ) from error
 
 
 def _key(key: BoundedKey) -> common_pb2.BoundedKey:

@@ -38,7 +38,6 @@ from typing import NamedTuple
 import grpc
 from opentelemetry import trace
 
-from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.metrics import LEASES_ACQUIRED, LEASES_RELEASED, RESETS, leases, placements
 from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.store import (
@@ -53,10 +52,9 @@ from turnstile_affinity.store import (
 )
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
+from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.errors import QuotaViolation, RichError, reason_name
 from turnstile_platform.tiers import TierConfig
-
-_UNAVAILABLE = reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE)
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +130,6 @@ class Placer:
         self._shared_default = tiers.settings_for("").shared_pool
         self._returns: set[asyncio.Task[bool]] = set()
         self._background: set[asyncio.Task[None]] = set()
-        # Stateless, so one serves every call instead of one made per call.
-        self._reachable = store_reachable(policy.retry_after_s)
 
     async def place(self, session_id: str, session_tier: str, client: str) -> Placement:
         """Place ``client``'s session's next turn in ``session_tier`` or raise a
@@ -163,45 +159,44 @@ class Placer:
         )
         lease_in_doubt = False
         try:
-            with self._reachable:
-                for _ in range(MAX_ROUNDS):
-                    lease_in_doubt = True
-                    found = await self._store.place(turn, grace_ms=policy.grace_ms)
-                    lease_in_doubt = False
-                    if isinstance(found, Leased):
-                        return self._placed(span, found, lease_id, Outcome.HIT, tier_label)
-                    if isinstance(found, Busy):
-                        placements(tier_label, "busy").inc()
-                        raise self._busy(session_id, found)
-                    if isinstance(found, Pending):
-                        placements(tier_label, "pending").inc()
-                        if found.woke and self._waker is not None:
-                            self._waker.wake(
-                                found.sandbox_id,
-                                session_tier if policy.filtered else "",
-                                client,
-                                turn.shared,
-                            )
-                        raise self._pending(session_id, found)
-                    lease_in_doubt = True
-                    if isinstance(found, NoRecord):
-                        moved = await self._store.claim(turn)
-                    else:
-                        moved = await self._store.replace(
-                            turn, expected_sandbox_id=found.sandbox_id, reason=found.reason
+            for _ in range(MAX_ROUNDS):
+                lease_in_doubt = True
+                found = await self._store.place(turn, grace_ms=policy.grace_ms)
+                lease_in_doubt = False
+                if isinstance(found, Leased):
+                    return self._placed(span, found, lease_id, Outcome.HIT, tier_label)
+                if isinstance(found, Busy):
+                    placements(tier_label, "busy").inc()
+                    raise self._busy(session_id, found)
+                if isinstance(found, Pending):
+                    placements(tier_label, "pending").inc()
+                    if found.woke and self._waker is not None:
+                        self._waker.wake(
+                            found.sandbox_id,
+                            session_tier if policy.filtered else "",
+                            client,
+                            turn.shared,
                         )
-                    lease_in_doubt = False
-                    if isinstance(moved, Leased):
-                        first = isinstance(found, NoRecord)
-                        outcome = Outcome.FIRST if first else Outcome.FALLBACK
-                        return self._placed(span, moved, lease_id, outcome, tier_label, found)
-                    if isinstance(moved, Exhausted):
-                        placements(tier_label, "exhausted").inc()
-                        raise self._exhausted(session_tier)
-                    log.debug("placement raced another turn", extra={"session_id": session_id})
-                raise self._contended(session_id)
-        except RichError as error:
-            if lease_in_doubt and error.reason == _UNAVAILABLE:
+                    raise self._pending(session_id, found)
+                lease_in_doubt = True
+                if isinstance(found, NoRecord):
+                    moved = await self._store.claim(turn)
+                else:
+                    moved = await self._store.replace(
+                        turn, expected_sandbox_id=found.sandbox_id, reason=found.reason
+                    )
+                lease_in_doubt = False
+                if isinstance(moved, Leased):
+                    first = isinstance(found, NoRecord)
+                    outcome = Outcome.FIRST if first else Outcome.FALLBACK
+                    return self._placed(span, moved, lease_id, outcome, tier_label, found)
+                if isinstance(moved, Exhausted):
+                    placements(tier_label, "exhausted").inc()
+                    raise self._exhausted(session_tier)
+                log.debug("placement raced another turn", extra={"session_id": session_id})
+            raise self._contended(session_id)
+        except DependencyUnavailable:
+            if lease_in_doubt:
                 # Redis did not answer within the call's budget: return the lease
                 # without making the answer wait another budget for it (F3).
                 lease_in_doubt = False

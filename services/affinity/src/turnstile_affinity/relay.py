@@ -38,7 +38,7 @@ from turnstile_affinity.attested_presence import PresenceAttestor
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, ATTACHES, EXCLUDED
 from turnstile_affinity.store import AffinityStore
-from turnstile_platform.redis_client import UNREACHABLE
+from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.sandbox_credentials import (
     CLOCK_SKEW_MS,
     CredentialRefusedError,
@@ -206,7 +206,7 @@ class Relay:
                     presence_ttl_ms=self._presence_ttl_ms,
                     generation=attachment.generation,
                 )
-        except UNREACHABLE:
+        except DEPENDENCY_ERRORS:
             log.warning(
                 "could not extend a worker's presence: Redis unreachable",
                 extra={"sandbox_id": attachment.sandbox_id},

@@ -14,7 +14,6 @@ from opentelemetry import trace
 
 from turnstile_affinity import validation
 from turnstile_affinity.attestation import Attestation, refusal
-from turnstile_affinity.errors import store_reachable
 from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
 from turnstile_affinity.relay import (
     Attachment,
@@ -124,8 +123,6 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         max_connection_age_s: float = 0.0,
     ) -> None:
         self._retry_after_s = retry_after_s
-        # Stateless, so one serves every call instead of one made per call.
-        self._reachable = store_reachable(retry_after_s)
         self._max_connection_age_s = max_connection_age_s
         self._placer = placer
         self._relay = relay
@@ -158,8 +155,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         lease_id = validation.lease_id(request.lease_id)
         client = validation.optional_client_id(request.client_id)
         trace.get_current_span().set_attribute("turnstile.sandbox_id", sandbox_id)
-        with self._reachable:
-            released = await self._placer.release(sandbox_id, lease_id, client)
+        released = await self._placer.release(sandbox_id, lease_id, client)
         return _RELEASED if released else _NOT_RELEASED
 
     async def GetSession(  # noqa: N802 - gRPC method name
@@ -167,8 +163,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
     ) -> affinity_pb2.GetSessionResponse:
         session_id = validation.session_id(request.session_id)
         client = validation.client_id(request.client_id)
-        with store_reachable(self._retry_after_s):
-            record = await self._store.session(session_id, client)
+        record = await self._store.session(session_id, client)
         if record is None:
             raise RichError(
                 grpc.StatusCode.NOT_FOUND,
@@ -183,8 +178,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
     ) -> affinity_pb2.ListWorkersResponse:
         tier = validation.list_tier(self._tiers, request.tier)
         client = validation.optional_client_id(request.client_id) or None
-        with store_reachable(self._retry_after_s):
-            workers = await self._store.workers(tier, client)
+        workers = await self._store.workers(tier, client)
         return affinity_pb2.ListWorkersResponse(
             workers=[
                 affinity_pb2.Worker(
@@ -223,10 +217,9 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         claims = self._attestation.check(hello.sandbox_id, hello.credential)
         stream.attached()
         try:
-            with store_reachable(self._retry_after_s):
-                attachment = await self._relay.attach(
-                    hello.sandbox_id, hello.labels, hello.capacity, claims
-                )
+            attachment = await self._relay.attach(
+                hello.sandbox_id, hello.labels, hello.capacity, claims
+            )
         except CredentialRefusedError as error:
             raise refusal(hello.sandbox_id, error) from None
         except PresenceTakenError:
@@ -314,7 +307,6 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         claims = self._attestation.check(attachment.sandbox_id, credential)
         accepted = affinity_pb2.CredentialAccepted()
         if claims is not None:
-            with store_reachable(self._retry_after_s):
-                await self._relay.renewed(attachment, claims)
+            await self._relay.renewed(attachment, claims)
             accepted.expires_at.CopyFrom(_timestamp(claims.expires_ms))
         return affinity_pb2.AttachResponse(credential_accepted=accepted)

@@ -44,12 +44,17 @@ from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
+from turnstile_platform.dependencies import (
+    DEPENDENCY_ERRORS,
+    DependencyOverloaded,
+    DependencyUnavailable,
+)
 from turnstile_platform.errors import RichError, reason_name
 from turnstile_platform.metric_children import Children
-from turnstile_substrate.admission import AdmissionClient, Admitted, dependency_unavailable
+from turnstile_substrate.admission_client import AdmissionClient, Admitted
 from turnstile_substrate.db import records
 from turnstile_substrate.db.claims import Claim, ClaimLostError
-from turnstile_substrate.db.pool import Connection, is_unavailable
+from turnstile_substrate.db.pool import Connection
 from turnstile_substrate.db.records import SandboxRecord
 from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec, Substrate
@@ -221,6 +226,15 @@ class Activator:
         except RichError as error:
             result = error.reason.lower() or error.code.name.lower()
             raise
+        except DependencyUnavailable as error:
+            # Answered UNAVAILABLE / DEPENDENCY_UNAVAILABLE by the interceptor.
+            result = "dependency_unavailable"
+            log.warning("dependency unavailable: %s", error.dependency, extra={"error": str(error)})
+            raise
+        except DependencyOverloaded as error:
+            result = "replica_overloaded"
+            log.warning("replica overloaded: %s", error.dependency, extra={"error": str(error)})
+            raise
         finally:
             _activations(self.substrate.name, result).inc()
             _activation_seconds(self.substrate.name, result).observe(time.perf_counter() - started)
@@ -233,9 +247,7 @@ class Activator:
         if runtime is not None:
             try:
                 record = await self._read(sandbox_id)
-            except Exception as error:
-                if not is_unavailable(error):
-                    raise
+            except DependencyUnavailable:
                 # Never refused (S5), not even by a PostgreSQL outage: the
                 # runtime's own label says who it is charged to.
                 log.warning("answering from the runtime: PostgreSQL unavailable")
@@ -306,9 +318,9 @@ class Activator:
             raise activation_in_progress(sandbox_id, self._retry_after_s) from error
         except BaseException as error:
             # The runtime must go if it may exist: it was made, or its making
-            # was interrupted. A RichError from the substrate (the cap gate)
-            # means nothing was made.
-            stop = runtime is not None or not isinstance(error, RichError)
+            # was interrupted. A RichError from the substrate (the cap gate), or a
+            # failing dependency (a credential not recorded), means nothing was made.
+            stop = runtime is not None or not isinstance(error, (RichError, *DEPENDENCY_ERRORS))
             COMPENSATIONS.labels(stage).inc()
             await run_to_end(self._compensate(sandbox_id, admitted, stop_runtime=stop))
             raise
@@ -321,8 +333,8 @@ class Activator:
         gate = self._admission.cap_gate(admitted, charged)
         try:
             return await self.substrate.ensure_runtime(spec, plan, gate)
-        except (RichError, asyncio.CancelledError):
-            raise
+        except (RichError, *DEPENDENCY_ERRORS, asyncio.CancelledError):
+            raise  # answered as they are (a failing dependency by the interceptor)
         except Exception as error:
             log.exception("runtime creation failed", extra={"sandbox_id": spec.sandbox_id})
             raise runtime_failed(spec.sandbox_id, self._retry_after_s) from error
@@ -412,7 +424,8 @@ class Activator:
                 yield claim
 
     async def _guard(self, work: Awaitable[T]) -> T:
-        """Map lock timeouts, lost claims and PostgreSQL outages to retryable errors."""
+        """Map lock timeouts and lost claims to retryable errors (a failing PostgreSQL
+        is the platform interceptor's to answer)."""
         try:
             return await work
         except RichError:
@@ -422,11 +435,6 @@ class Activator:
         except ClaimLostError as error:
             # This claim lapsed and another owner took the sandbox over: its write stands.
             raise activation_in_progress(error.claim.sandbox_id, self._retry_after_s) from error
-        except Exception as error:
-            if is_unavailable(error):
-                log.warning("PostgreSQL unavailable", extra={"error": repr(error)})
-                raise dependency_unavailable("postgresql", self._retry_after_s) from error
-            raise
 
 
 async def _read_for_activation(

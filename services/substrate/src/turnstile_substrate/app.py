@@ -19,9 +19,9 @@ from turnstile_platform.redis_client import monitor_redis, redis_from_settings
 from turnstile_platform.sandbox_credentials import CredentialIssuer, SigningKey
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.activation import Activator
-from turnstile_substrate.admission import AdmissionClient, dependency_unavailable
+from turnstile_substrate.admission_client import AdmissionClient
 from turnstile_substrate.claim_sweep import StaleClaimSweep
-from turnstile_substrate.db.pool import create_pool, is_unavailable
+from turnstile_substrate.db.pool import create_pool
 from turnstile_substrate.db.records import fetch_owner
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.servicer import SubstrateServicer
@@ -134,13 +134,8 @@ async def create_app(
         # Sandbox-addressed calls of scoped callers act for the sandbox's recorded
         # client (SPEC Z2, O1); callers allowed any client never get here.
         async def owner(sandbox_id: str) -> str | None:
-            try:
-                async with pool.acquire(timeout=settings.database_timeout_s) as conn:
-                    return await fetch_owner(conn, sandbox_id)
-            except Exception as error:
-                if is_unavailable(error):
-                    raise dependency_unavailable("postgresql", settings.retry_after_s) from error
-                raise
+            async with pool.acquire(timeout=settings.database_timeout_s) as conn:
+                return await fetch_owner(conn, sandbox_id)
 
         app.authorizer.set_owner_lookup(owner)
 

@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from turnstile_platform.postgres import UNAVAILABLE_ERRORS, BoundedPool, postgres_guard
+from turnstile_platform.dependencies import DependencyUnavailable
+from turnstile_platform.postgres import BoundedPool, postgres_guard
 from turnstile_platform.postgres import create_pool as create_bounded_pool
-from turnstile_platform.postgres import is_unavailable as is_unavailable
 from turnstile_platform.settings import read_secret
 from turnstile_substrate.settings import SubstrateSettings
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 #: A connection, whether held directly or borrowed from the pool.
 Connection = asyncpg.Connection | PoolConnectionProxy
 
-__all__ = ["UNAVAILABLE_ERRORS", "Connection", "create_pool", "is_unavailable"]
+__all__ = ["Connection", "create_pool"]
 
 
 def connection_options(settings: SubstrateSettings) -> dict[str, Any]:
@@ -70,6 +70,6 @@ async def create_pool(settings: SubstrateSettings) -> BoundedPool:
 
     try:
         return await pool(min(settings.database_pool_min, settings.database_pool_max))
-    except UNAVAILABLE_ERRORS:
+    except DependencyUnavailable:
         log.warning("PostgreSQL unreachable at start-up; connecting on first use")
         return await pool(0)

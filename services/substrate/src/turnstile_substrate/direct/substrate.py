@@ -88,15 +88,14 @@ from pathlib import Path
 
 from turnstile_clientkeys import Resolver
 from turnstile_clientkeys.live_store import LiveStore
+from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.leader import Leadership, LeaderTerm
-from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import (
     CredentialIssuer,
     Issued,
     PresenceClaims,
     write_private_file,
 )
-from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.direct import processes
 from turnstile_substrate.direct.environment import (
     base_environment,
@@ -276,7 +275,6 @@ class DirectSubstrate:
             )
         self.credentials = credentials
         self._renew_interval_s = settings.worker_credential_renew_interval_s
-        self._retry_after_s = settings.retry_after_s
         self._renewing: asyncio.Task[None] | None = None
         self._leadership = leadership
         if credentials is not None and leadership is not None:
@@ -325,15 +323,12 @@ class DirectSubstrate:
         # Minted (and recorded, so any earlier runtime's credential stops
         # working) before the process exists; a failure after this point ends
         # in stop_runtime, which revokes it.
+        # A failing Redis here is a clean, retryable refusal: nothing started yet.
         issued = None
         if self.credentials is not None:
-            try:
-                issued = await self.credentials.issue(
-                    spec.sandbox_id, presence=self._presence(spec.client_label, spec.tier)
-                )
-            except UNREACHABLE as error:
-                # Nothing started yet: a clean, retryable refusal.
-                raise dependency_unavailable("redis", self._retry_after_s) from error
+            issued = await self.credentials.issue(
+                spec.sandbox_id, presence=self._presence(spec.client_label, spec.tier)
+            )
         # The start runs in a thread (fork/exec blocks). If this call is
         # cancelled meanwhile, the thread still finishes: wait for it and stop
         # what it started, so a cancelled activation leaves no process behind.
@@ -371,7 +366,7 @@ class DirectSubstrate:
             self._credential_path(sandbox_id).unlink(missing_ok=True)
             try:
                 await self.credentials.revoke(sandbox_id)
-            except UNREACHABLE as error:
+            except DEPENDENCY_ERRORS as error:
                 # Stop the process all the same; the caller retries the revocation.
                 unrevoked = error
         record = self._read_record(sandbox_id)
@@ -385,8 +380,8 @@ class DirectSubstrate:
             if stopped:
                 log.info("runtime stopped", extra={"sandbox_id": sandbox_id, "pid": record.pid})
         if unrevoked is not None:
-            log.warning("could not revoke a stopped runtime's credential: Redis unreachable")
-            raise dependency_unavailable("redis", self._retry_after_s) from unrevoked
+            log.warning("could not revoke a stopped runtime's credential: %s", unrevoked)
+            raise unrevoked
         return stopped
 
     def count_live(

@@ -91,7 +91,6 @@ def create_substrate(
         leadership=leadership,
         credentials=credentials,
         credential_renew_interval_s=settings.worker_credential_renew_interval_s,
-        retry_after_s=settings.retry_after_s,
     )
 
 

@@ -23,10 +23,9 @@ from kubernetes_asyncio import client as k8s
 from turnstile_clientkeys import Resolver
 from turnstile_clientkeys.live_store import LiveStore
 from turnstile_platform.background import BackgroundTasks
+from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
-from turnstile_platform.redis_client import UNREACHABLE
 from turnstile_platform.sandbox_credentials import CredentialIssuer
-from turnstile_substrate.admission import dependency_unavailable
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
 from turnstile_substrate.kubernetes.credentials import CredentialDelivery, SecretsApi
@@ -74,15 +73,13 @@ class KubernetesSubstrate:
         leadership: Leadership | None = None,
         credentials: CredentialIssuer | None = None,
         credential_renew_interval_s: float = 300.0,
-        retry_after_s: float = 1.0,
     ) -> None:
         """``api_client`` is used as given and not closed; without one, :meth:`start`
         connects per ``settings`` and :meth:`close` closes the connection.
 
         ``credentials``: sandbox credentials are delivered in per-pod Secrets (SPEC Z3,
         :mod:`.credentials`) and renewed every ``credential_renew_interval_s`` as leader
-        work; None delivers none (a relay with attestation off). ``retry_after_s`` is what
-        an ``UNAVAILABLE`` answer suggests when Redis cannot record a credential.
+        work; None delivers none (a relay with attestation off).
 
         Leader-only work (the warm-pool refill and trim) registers on ``leadership``, which
         its owner runs; without one the substrate runs a :class:`LocalLeadership` of its own
@@ -104,7 +101,6 @@ class KubernetesSubstrate:
         self._local_leader: asyncio.Task[None] | None = None
         self._issuer = credentials
         self._renew_interval_s = credential_renew_interval_s
-        self._retry_after_s = retry_after_s
         self.credentials: CredentialDelivery | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -235,7 +231,7 @@ class KubernetesSubstrate:
         if self.credentials is not None:
             try:
                 await self.credentials.issuer.revoke(sandbox_id)
-            except UNREACHABLE as error:
+            except DEPENDENCY_ERRORS as error:
                 unrevoked = error
             await self.credentials.delete_secrets(sandbox_id)
         stopped = False
@@ -247,8 +243,8 @@ class KubernetesSubstrate:
             self._stopped.add(pod.name)
         self._stopped.intersection_update(self.index.pods)
         if unrevoked is not None:
-            log.warning("could not revoke a stopped runtime's credential: Redis unreachable")
-            raise dependency_unavailable("redis", self._retry_after_s) from unrevoked
+            log.warning("could not revoke a stopped runtime's credential: %s", unrevoked)
+            raise unrevoked
         return stopped
 
     def count_live(
@@ -397,13 +393,11 @@ class KubernetesSubstrate:
     async def _deliver(
         self, pod_name: str, spec: RuntimeSpec, *, pod_uid: str = "", pod_ip: str = ""
     ) -> None:
-        """Write the pod's credential Secret; Redis unreachable is ``UNAVAILABLE`` (nothing
-        was made: the record is written before the Secret)."""
+        """Write the pod's credential Secret; a failing Redis goes on to the caller
+        (the interceptor answers ``UNAVAILABLE``; nothing was made: the record is
+        written before the Secret)."""
         assert self.credentials is not None
-        try:
-            await self.credentials.deliver(pod_name, spec, pod_uid=pod_uid, pod_ip=pod_ip)
-        except UNREACHABLE as error:
-            raise dependency_unavailable("redis", self._retry_after_s) from error
+        await self.credentials.deliver(pod_name, spec, pod_uid=pod_uid, pod_ip=pod_ip)
 
     async def _remove_secret(self, pod_name: str, sandbox_id: str) -> None:
         """Delete the credential Secret a failed warm claim wrote; never raises."""

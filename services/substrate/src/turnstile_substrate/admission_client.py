@@ -1,4 +1,4 @@
-"""The substrate's side of admission: Admit, CommitHold, CancelHold, ReleaseSandbox,
+"""The substrate's client of admission: Admit, CommitHold, CancelHold, ReleaseSandbox,
 and the cap gate a substrate runs before every runtime it creates.
 
 Admit answers with a decision as data; here a refusal becomes the gRPC error
@@ -64,13 +64,15 @@ class Admitted:
     cap: admission_pb2.PolicyVerdict | None
 
 
-def dependency_unavailable(what: str, retry_after_s: float, reason: str = "") -> RichError:
-    """UNAVAILABLE because ``what`` could not be reached; retrying may succeed."""
+def _admission_unavailable(retry_after_s: float, reason: str) -> RichError:
+    """UNAVAILABLE because admission could not answer (its own reason kept, when it
+    gave one); retrying may succeed. A peer's error passed on, not a failing
+    Redis or PostgreSQL (the platform interceptor answers those)."""
     return RichError(
         code=grpc.StatusCode.UNAVAILABLE,
-        message=f"{what} is unavailable; retry",
+        message="admission is unavailable; retry",
         reason=reason or reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
-        metadata={"dependency": what},
+        metadata={"dependency": "admission"},
         retry_after_s=retry_after_s,
     )
 
@@ -295,9 +297,7 @@ class AdmissionClient:
         """
         rich = decode(error)
         if rich.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return dependency_unavailable(
-                "admission", rich.retry_after_s or self._retry_after_s, reason=rich.reason
-            )
+            return _admission_unavailable(rich.retry_after_s or self._retry_after_s, rich.reason)
         if rich.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return rich
         return RichError(
