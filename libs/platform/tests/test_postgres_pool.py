@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from asyncpg.pool import PoolConnectionProxy
 
 from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.postgres import (
@@ -70,3 +72,29 @@ async def test_a_connection_the_server_ended_while_idle_is_unavailable_and_disca
 
     async with pool.acquire() as conn:  # the broken one was discarded: a new connection
         assert await conn.fetchval("SELECT pg_backend_pid()") != pid
+
+
+async def test_a_transaction_whose_connection_is_gone_is_unavailable(postgres_url: str) -> None:
+    """A switchover or crash closes a connection between statements; asyncpg then
+    fails the transaction's own COMMIT with ``InterfaceError``, which no statement's
+    guard sees. It must reach callers as unavailable (retryable), not INTERNAL."""
+    target = urlsplit(postgres_url)
+    pool = await create_pool(
+        f"postgresql://{target.username or 'postgres'}@{target.hostname}:{target.port}/postgres",
+        guard=postgres_guard(2.0),
+        min_size=1,
+        max_size=1,
+        application_name=f"t-{uuid.uuid4().hex[:8]}",
+    )
+
+    async def commit_after_the_connection_is_gone(conn: PoolConnectionProxy[Any]) -> None:
+        async with conn.transaction():
+            await conn.fetchval("SELECT 1")
+            conn.terminate()  # gone before the COMMIT
+
+    try:
+        async with pool.acquire() as conn:
+            with pytest.raises(DependencyUnavailable):
+                await commit_after_the_connection_is_gone(conn)
+    finally:
+        pool.terminate()

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
+from asyncpg.transaction import Transaction
 
 from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, BudgetExceededError, Guard
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
@@ -145,6 +146,20 @@ class BoundedConnection(asyncpg.Connection):
                 self.terminate()
             raise _unavailable(guard.dependency, error) from error
 
+    def transaction(
+        self,
+        *,
+        isolation: Literal["read_committed", "read_uncommitted", "serializable", "repeatable_read"]
+        | None = None,
+        readonly: bool = False,
+        deferrable: bool = False,
+    ) -> Transaction:
+        """asyncpg's transaction, whose ``BEGIN``, ``COMMIT`` and ``ROLLBACK`` fail as
+        ``DependencyUnavailable`` when the connection is lost (a switchover or a crash
+        closes it between statements; asyncpg then raises ``InterfaceError`` from the
+        transaction itself, which no statement's guard sees)."""
+        return _BoundedTransaction(self, isolation, readonly, deferrable)
+
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         result: str = await self._bounded("execute", timeout, query, *args)
         return result
@@ -169,6 +184,32 @@ class BoundedConnection(asyncpg.Connection):
         self, query: str, args: Any, *, timeout: float | None = None, **kw: Any
     ) -> Any:
         return await self._bounded("fetchmany", timeout, query, args, **kw)
+
+
+class _BoundedTransaction(Transaction):
+    """An asyncpg ``Transaction`` whose own failures are translated (see
+    :meth:`BoundedConnection.transaction`); the statements inside are guarded
+    already, and their errors pass through unchanged."""
+
+    __slots__ = ()
+
+    def _dependency(self) -> str:
+        guard = getattr(self._connection, "guard", None)  # type: ignore[attr-defined]  # asyncpg's slot, untyped in its stubs
+        return guard.dependency if guard is not None else "postgresql"
+
+    async def __aenter__(self) -> None:
+        try:
+            await super().__aenter__()
+        except UNAVAILABLE_ERRORS as error:
+            raise _unavailable(self._dependency(), error) from error
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await super().__aexit__(*exc_info)
+        except UNAVAILABLE_ERRORS as error:
+            if isinstance(exc_info[1], DependencyUnavailable):
+                raise exc_info[1] from error  # the statement's verdict, not the rollback's
+            raise _unavailable(self._dependency(), error) from error
 
 
 def mark_session_state(conn: asyncpg.Connection | PoolConnectionProxy) -> None:
