@@ -84,10 +84,10 @@ class UncontendedPool(ConnectionPool):
         self, command_name: str | None = None, *keys: Any, **options: Any
     ) -> AbstractConnection:
         if pool_lock(self).locked():
-            return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]  # redis-py leaves it unannotated
+            return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]  # unannotated in redis-py (called through a subclass, outside the exemption)
         if self._turns.must_wait():
             await self._turns.wait()
-        connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
         try:
             await self.ensure_connection(connection)
         except BaseException:
@@ -118,7 +118,7 @@ class UncontendedPool(ConnectionPool):
         """A connection that tells the guard of every reply it reads: a burst that
         starts by opening connections (several round trips each) shows Redis
         answering before any call of it completes."""
-        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
         return reporting(connection, self._answered)
 
     def _answered(self) -> None:
@@ -154,9 +154,9 @@ class BoundedRedis(aioredis.Redis):
     guard: Guard | None = None
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        return await guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        return await guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
 
-    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # redis-py annotates self as a Union of clients
         """A script called straight through EVALSHA (:class:`BoundedScript`)."""
         return BoundedScript(self, script)
 
@@ -212,7 +212,7 @@ class BoundedPipeline(Pipeline):
         return await guarded(self.guard, super().execute(raise_on_error))
 
     async def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
-        call = super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        call = super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
         return await guarded(self.guard, call)
 
 

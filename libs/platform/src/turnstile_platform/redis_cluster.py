@@ -229,7 +229,7 @@ class BoundedRedisCluster(RedisCluster):
         position = int(info["first_key_pos"])
         return self.keyslot(args[position]) if 0 < position < len(args) else None
 
-    def register_script(self, script: Any) -> ClusterScript:  # type: ignore[override]
+    def register_script(self, script: Any) -> ClusterScript:  # type: ignore[override]  # redis-py annotates self as a Union of clients
         return ClusterScript(self, script)
 
     async def script_load(self, script: Any) -> Any:
