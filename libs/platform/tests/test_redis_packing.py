@@ -9,9 +9,10 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 from redis.typing import EncodableT
 
-from turnstile_platform.redis_bounded import BoundedRedis, BoundedScript, pack_command
+from turnstile_platform.redis_bounded import BoundedRedis, BoundedScript
 from turnstile_platform.redis_client import create_redis
 from turnstile_platform.redis_cluster import BoundedRedisCluster
+from turnstile_platform.redis_internals import pack_command
 from turnstile_testing.processes import RedisProcess
 
 ADMIT_LIKE = (
@@ -66,7 +67,7 @@ async def test_commands_scripts_and_pipelines_round_trip_through_a_real_redis(
             assert isinstance(client, BoundedRedisCluster)
         else:  # one server, or Sentinel's primary: the pool's connections use it
             assert isinstance(client, BoundedRedis)
-            connection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+            connection = await client.connection_pool.get_connection()
             assert connection.pack_command is pack_command
             await client.connection_pool.release(connection)
         await client.set(key, "ünïcode\x00")

@@ -97,7 +97,7 @@ async def _works(client: BoundedClient, prefix: str) -> None:
                 pass
         assert message["data"] == b"hello"
     finally:
-        await subscriber.aclose()  # type: ignore[no-untyped-call]
+        await subscriber.aclose()
         await client.delete(key, other)
 
 

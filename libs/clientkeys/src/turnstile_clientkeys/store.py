@@ -178,7 +178,7 @@ class KeySetWatcher:
                 log.warning("key-set subscription lost; retrying", exc_info=True)
                 await self._pause()
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
 
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):

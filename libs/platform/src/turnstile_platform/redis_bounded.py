@@ -14,10 +14,9 @@ call redis-py's own retries see its own error types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
@@ -25,11 +24,18 @@ from redis.commands.core import AsyncScript
 from redis.credentials import StreamingCredentialProvider
 from redis.event import AsyncAfterConnectionReleasedEvent
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, MaxConnectionsError, NoScriptError
+from redis.exceptions import MaxConnectionsError, NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from turnstile_platform.bounded import DEFAULT_OVERLOAD_WAIT_S, Guard, Source
 from turnstile_platform.pool_turns import Turns
+from turnstile_platform.redis_internals import (
+    event_dispatcher,
+    in_use,
+    pool_lock,
+    put_back,
+    reporting,
+)
 
 #: What redis-py raises when Redis could not be reached (a refused or dropped
 #: connection, its own socket timeout), as opposed to an answer (a script error):
@@ -54,6 +60,8 @@ class UncontendedPool(ConnectionPool):
     lock only while someone else holds it across an await (a pool-wide
     disconnect, redis-py's maintenance handling); then this defers to redis-py.
     redis-py's optional OpenTelemetry connection counts are not recorded here.
+    The pool's private parts it moves are reached through
+    :mod:`turnstile_platform.redis_internals`.
 
     redis-py's plain pool raises ``MaxConnectionsError`` at once when every
     connection is in use, which a caller would read as "Redis unreachable".
@@ -65,7 +73,7 @@ class UncontendedPool(ConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._turns = Turns(lambda: self.max_connections - len(self._in_use_connections))
+        self._turns = Turns(lambda: self.max_connections - len(in_use(self)))
         #: Told of every reply Redis sends (a sign of life).
         self.guard: Guard | None = None
         self._streaming_credentials = isinstance(
@@ -75,11 +83,11 @@ class UncontendedPool(ConnectionPool):
     async def get_connection(
         self, command_name: str | None = None, *keys: Any, **options: Any
     ) -> AbstractConnection:
-        if self._lock.locked():
-            return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]
+        if pool_lock(self).locked():
+            return await super().get_connection(command_name, *keys, **options)  # type: ignore[no-untyped-call,no-any-return]  # unannotated in redis-py (called through a subclass, outside the exemption)
         if self._turns.must_wait():
             await self._turns.wait()
-        connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
+        connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
         try:
             await self.ensure_connection(connection)
         except BaseException:
@@ -110,7 +118,7 @@ class UncontendedPool(ConnectionPool):
         """A connection that tells the guard of every reply it reads: a burst that
         starts by opening connections (several round trips each) shows Redis
         answering before any call of it completes."""
-        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]
+        connection: AbstractConnection = super().make_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
         return reporting(connection, self._answered)
 
     def _answered(self) -> None:
@@ -118,71 +126,26 @@ class UncontendedPool(ConnectionPool):
             self.guard.answered()
 
     async def release(self, connection: AbstractConnection) -> None:
-        if self._lock.locked():
+        lock = pool_lock(self)
+        if lock.locked():
             await super().release(connection)
             self._turns.hand_over()
             return
-        if connection.should_reconnect():  # type: ignore[no-untyped-call]
+        if connection.should_reconnect():
             await connection.disconnect()
-        if self._lock.locked():
-            async with self._lock:
-                self._put_back(connection)
+        if lock.locked():
+            async with lock:
+                put_back(self, connection)
         else:
-            self._put_back(connection)
+            put_back(self, connection)
+        self._turns.hand_over()
         # redis-py's only listener for this event re-authenticates a connection a
         # streaming credential provider has handed a new token; without such a
         # provider it does nothing, and building and dispatching the event was a
         # per-call cost (docs/performance.md).
-        dispatcher = self._event_dispatcher
+        dispatcher = event_dispatcher(self)
         if dispatcher is not None and self._streaming_credentials:
-            await dispatcher.dispatch_async(AsyncAfterConnectionReleasedEvent(connection))  # type: ignore[no-untyped-call]
-
-    def _put_back(self, connection: AbstractConnection) -> None:
-        self._in_use_connections.remove(connection)
-        self._available_connections.append(connection)
-        self._turns.hand_over()
-
-
-def reporting(connection: AbstractConnection, answered: Callable[[], None]) -> AbstractConnection:
-    """``connection``, calling ``answered`` on every reply it reads (a sign of life,
-    a new connection's handshake included) and packing commands with hiredis."""
-    read = connection.read_response
-
-    async def read_response(*args: Any, **kwargs: Any) -> Any:
-        response = await read(*args, **kwargs)
-        # With a timeout of its own (a pub/sub poll), None means nothing came.
-        if response is not None or kwargs.get("timeout") is None:
-            answered()
-        return response
-
-    connection.read_response = read_response  # type: ignore[method-assign]
-    connection.pack_command = pack_command  # type: ignore[method-assign]
-    return connection
-
-
-def pack_command(*args: Any) -> list[bytes]:
-    """A command in the Redis protocol, packed by hiredis in C.
-
-    redis-py's asyncio connection packs every command in Python (about 60 µs for
-    an ``admit.lua`` EVALSHA of 30 arguments, a few percent of a decision's CPU);
-    its synchronous connection already uses hiredis's packer when hiredis is
-    installed, and this is the same function (``HiredisRespSerializer.pack``):
-    the first argument split on spaces (``CONFIG GET``), str encoded as UTF-8,
-    numbers by ``repr``, anything else a ``DataError``. A command name without a
-    space (``EVALSHA``, nearly every call) goes to hiredis as it is, which encodes
-    it as it encodes every str: rebuilding the arguments to split and encode it
-    cost 0.3 µs a call (docs/performance.md).
-    """
-    first = args[0]
-    if isinstance(first, str):
-        if " " in first:
-            args = (*first.encode().split(), *args[1:])
-    elif b" " in first:
-        args = (*first.split(), *args[1:])
-    try:
-        return [hiredis.pack_command(args)]
-    except TypeError as error:
-        raise DataError(str(error)) from error
+            await dispatcher.dispatch_async(AsyncAfterConnectionReleasedEvent(connection))
 
 
 class BoundedRedis(aioredis.Redis):
@@ -191,9 +154,9 @@ class BoundedRedis(aioredis.Redis):
     guard: Guard | None = None
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        return await guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]
+        return await guarded(self.guard, super().execute_command(*args, **options))  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
 
-    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # redis-py annotates self as a Union of clients
         """A script called straight through EVALSHA (:class:`BoundedScript`)."""
         return BoundedScript(self, script)
 
@@ -249,7 +212,7 @@ class BoundedPipeline(Pipeline):
         return await guarded(self.guard, super().execute(raise_on_error))
 
     async def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
-        call = super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        call = super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]  # unannotated in redis-py (called through a subclass, outside the exemption)
         return await guarded(self.guard, call)
 
 

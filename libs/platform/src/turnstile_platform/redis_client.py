@@ -113,7 +113,7 @@ def create_redis(
             **connection,
         )
         pool.guard = guard
-        single: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]
+        single: BoundedRedis = BoundedRedis.from_pool(pool)  # type: ignore[assignment]  # typed as Redis, builds cls
         single.guard = guard
         return single
     auth = {"username": target.username, "password": target.password, **connection}

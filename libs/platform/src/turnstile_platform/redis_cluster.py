@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.cluster import SLOT_ID
 from redis.commands.core import AsyncScript
+from redis.event import EventDispatcher
 from redis.exceptions import (
     ClusterDownError,
     ClusterError,
@@ -73,6 +74,7 @@ from turnstile_platform.redis_cluster_nodes import (
     RedisClusterUnavailableError,
     Route,
 )
+from turnstile_platform.redis_internals import cluster_manager, queued_commands
 
 __all__ = [
     "BoundedClusterPipeline",
@@ -147,17 +149,18 @@ class BoundedRedisCluster(RedisCluster):
     _refreshed_at: float = float("-inf")
 
     def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
+        # Given to redis-py and to the manager below, so neither is read back.
+        dispatcher = kwargs.setdefault("event_dispatcher", None) or EventDispatcher()
+        dynamic = kwargs.setdefault("dynamic_startup_nodes", True)
+        kwargs["event_dispatcher"] = dispatcher
         super().__init__(*args, **kwargs)
         self.guard = guard
         # Before any node is used: redis-py's manager, holding bounded nodes only.
-        plain = self.nodes_manager
-        self.nodes_manager = BoundedNodesManager(
-            list(plain.startup_nodes.values()),
-            plain.require_full_coverage,
-            plain.connection_kwargs,
-            dynamic_startup_nodes=plain._dynamic_startup_nodes,
-            address_remap=plain.address_remap,
-            event_dispatcher=plain._event_dispatcher,
+        self.nodes_manager = cluster_manager(
+            self.nodes_manager,
+            BoundedNodesManager,
+            dynamic_startup_nodes=dynamic,
+            event_dispatcher=dispatcher,
             guard=guard,
         )
         self._cleanups = set()
@@ -226,7 +229,7 @@ class BoundedRedisCluster(RedisCluster):
         position = int(info["first_key_pos"])
         return self.keyslot(args[position]) if 0 < position < len(args) else None
 
-    def register_script(self, script: Any) -> ClusterScript:  # type: ignore[override]
+    def register_script(self, script: Any) -> ClusterScript:  # type: ignore[override]  # redis-py annotates self as a Union of clients
         return ClusterScript(self, script)
 
     async def script_load(self, script: Any) -> Any:
@@ -244,7 +247,7 @@ class BoundedRedisCluster(RedisCluster):
     ) -> ClusterPipeline:
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # raises: no shard hints here
-        return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]
+        return BoundedClusterPipeline(self, transaction)  # type: ignore[abstract]  # redis-py's stubs declare a slot abstract
 
     async def _bounded(self, call: Coroutine[Any, Any, T], route: Callable[[], Route | None]) -> T:
         if not self._started:
@@ -367,7 +370,6 @@ class BoundedClusterPipeline(ClusterPipeline):
     def _route(self) -> Route | None:
         """The master of the queued commands' slots if they share one, else the cluster."""
         client = self.cluster_client
-        queued = self._execution_strategy._command_queue  # type: ignore[attr-defined]
-        routes = [client._route(command.args) for command in queued]
+        routes = [client._route(command.args) for command in queued_commands(self)]
         nodes = {route.node for route in routes if route is not None}
         return client._route(nodes.pop() if len(nodes) == 1 else None)

@@ -63,7 +63,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from turnstile_platform.bounded import Breaker, Guard
 from turnstile_platform.pool_turns import Turns
-from turnstile_platform.redis_bounded import reporting
+from turnstile_platform.redis_internals import ClusterNodeReleaseHook, node_connections, reporting
 
 #: The route of the cluster call running in this task (set in the call's own task).
 CURRENT_ROUTE: ContextVar[Route | None] = ContextVar("turnstile_redis_cluster_route", default=None)
@@ -76,7 +76,7 @@ class RedisClusterUnavailableError(RedisConnectionError):
     retry it (it retries listed types exactly) but gives it up at once."""
 
 
-class BoundedClusterNode(ClusterNode):
+class BoundedClusterNode(ClusterNodeReleaseHook):
     """A cluster node with its own signs of life, breaker and waiting pool."""
 
     __slots__ = ("_answered_at", "_guard", "_turns", "breaker")
@@ -98,7 +98,8 @@ class BoundedClusterNode(ClusterNode):
         self.breaker: Breaker | None = None if guard is None else guard.node_breaker(self.name)
 
     def _free_connections(self) -> int:
-        return self.max_connections - (len(self._connections) - len(self._free))
+        made, idle = node_connections(self)
+        return self.max_connections - (made - idle)
 
     def answered(self) -> None:
         """A sign of life from this node (also one of the whole cluster)."""
@@ -114,9 +115,9 @@ class BoundedClusterNode(ClusterNode):
         reports its replies as this node's signs of life."""
         if self._turns.available() <= 0:
             raise MaxConnectionsError()
-        made = len(self._connections)
+        made, _ = node_connections(self)
         connection = super().acquire_connection()
-        if len(self._connections) > made:
+        if node_connections(self)[0] > made:
             reporting(connection, self.answered)
         return connection
 
@@ -147,11 +148,8 @@ class BoundedClusterNode(ClusterNode):
         super().release(connection)
         self._turns.hand_over()
 
-    async def _disconnect_and_release(self, connection: Connection) -> None:
-        try:
-            await super()._disconnect_and_release(connection)
-        finally:
-            self._turns.hand_over()
+    def returned(self) -> None:
+        self._turns.hand_over()
 
 
 def _cluster_down(error: ClusterDownError) -> RedisClusterUnavailableError:

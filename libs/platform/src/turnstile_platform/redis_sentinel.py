@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from turnstile_platform.bounded import Breaker, BreakerState, Guard
 from turnstile_platform.redis_bounded import BoundedRedis, UncontendedPool
+from turnstile_platform.redis_internals import idle, in_use
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,10 @@ class UncontendedSentinelPool(UncontendedPool, SentinelConnectionPool):
         now, those in use as they come back, so none is used again (a demoted
         primary would go on answering reads from a replica's data). The next use
         of each reconnects through the sentinels."""
-        for connection in self._in_use_connections:
+        for connection in in_use(self):
             if _address(connection) == old:
-                connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
-        for connection in list(self._available_connections):
+                connection.mark_for_reconnect()
+        for connection in list(idle(self)):
             if _address(connection) == old:
                 await connection.disconnect(nowait=True)
         if self.master_address is not None and _same(self.master_address, old):
@@ -164,7 +165,7 @@ class FailoverWatch:
             except (RedisError, OSError, TimeoutError, ValueError):
                 pass  # a sentinel lost (or a malformed announcement): subscribe again
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
             await asyncio.sleep(RESUBSCRIBE_S)
 
     async def _switched(self, old: Address, new: Address) -> None:
@@ -212,7 +213,7 @@ def sentinel_primary(
     ``sentinel_connection`` configures the connections to the sentinels
     (timeouts, TLS, their own password); ``connection`` those to the primary.
     """
-    sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_connection)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_connection)
     client: BoundedSentinelRedis = sentinel.master_for(
         service,
         redis_class=BoundedSentinelRedis,

@@ -71,7 +71,7 @@ def connect(url: str) -> aioredis.Redis | RedisCluster:
         "ssl": target.tls,
     }
     if target.topology is Topology.SENTINEL:
-        sentinel = Sentinel(list(target.nodes), socket_timeout=5)  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(list(target.nodes), socket_timeout=5)
         client: aioredis.Redis = sentinel.master_for(target.service, db=target.db, **auth)
         return client
     return InitializedCluster(

@@ -92,7 +92,7 @@ class ScriptKeyRecorder:
     async def __aenter__(self) -> ScriptKeyRecorder:
         for n, node in enumerate(self._nodes):
             monitor = node.monitor()
-            await monitor.__aenter__()  # type: ignore[no-untyped-call]
+            await monitor.__aenter__()
             self._monitors.append(monitor)
             self._tasks.append(asyncio.create_task(self._read(monitor, self._lines[n])))
         self._calibration = f"return redis.call('TIME') -- script-keys {uuid.uuid4().hex}"
@@ -105,7 +105,7 @@ class ScriptKeyRecorder:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for monitor in self._monitors:
-            await monitor.__aexit__(None, None, None)  # type: ignore[no-untyped-call]
+            await monitor.__aexit__(None, None, None)
 
     async def _read(self, monitor: Monitor, into: list[str]) -> None:
         assert monitor.connection is not None
