@@ -24,6 +24,7 @@ from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform.errors import RichError
+from turnstile_testing.eventually import eventually
 from turnstile_testing.kube_emulator import KubeEmulator
 
 from .kube_stack import API_ONLY, NAMESPACE, activate_for_acme, kube_services
@@ -85,11 +86,11 @@ async def stack(
 async def _until_counted(redis: aioredis.Redis, keys: LiveCountKeys) -> None:
     """The substrate's leader has marked the counts current (another task's work:
     polled, with a generous deadline)."""
-    async with asyncio.timeout(15):
-        while True:
-            if await redis.get(keys.state) == COUNTED.encode():
-                return
-            await asyncio.sleep(0.02)
+
+    async def counted() -> bool:
+        return await redis.get(keys.state) == COUNTED.encode()
+
+    await eventually(counted, timeout_s=15, what="the counts marked current")
 
 
 async def _activate(stack: Stack, sandbox_id: str) -> substrate_pb2.ActivateResponse | RichError:

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 ADMISSION = ("admit", "commit_hold", "cancel_hold", "release_sandbox", "usage")
 CREDENTIAL = ("sandbox_credential_renew", "sandbox_credential_revoke")
 #: Prepended to other scripts, never run alone.
-PRELUDES = {"_common", "_lib"}
+PRELUDES = {"_common", "_test_clock", "_lib"}
 
 #: Every script's full text, by the name the report uses.
 SCRIPTS: dict[str, str] = {
@@ -198,10 +198,9 @@ def test_the_recorder_gives_each_script_its_own_commands_in_either_log_order(
 
 async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     settings = AdmissionSettings(
-        redis_prefix=prefix, test_clock=True, cap=CapSettings(default_cap=5), hold_ttl_s=10
-    )
+        redis_prefix=prefix, cap=CapSettings(default_cap=5), hold_ttl_s=10
+    )  # the production scripts: no test clock, no test-clock key
     store = AdmissionStore(client, settings)
-    await store.set_test_clock(5_000_000)
     modes = {PolicyName.CAP: 2, PolicyName.RATE: 2, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 2}
 
     def admit(hold: str, sandbox: str, node: str) -> AdmitArgs:

@@ -11,12 +11,12 @@ from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
 from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.authz.methods import CLIENT_SOURCES, refusal
 from turnstile_platform.authz.ownership import CallerScope, current_scope, namespace_of
-from turnstile_platform.authz.policy import ALLOW_ALL, Decision
+from turnstile_platform.authz.policy import ALLOW_ALL, AuthzDecision
 
 SUBSTRATE = "/turnstile.substrate.v1.SubstrateService"
 ADMISSION = "/turnstile.admission.v1.AdmissionService"
-ACME = Decision(True, clients=frozenset({"acme"}), label="acme")
-ANY = Decision(True, any_client=True, label="ops")
+ACME = AuthzDecision(True, clients=frozenset({"acme"}), label="acme")
+ANY = AuthzDecision(True, any_client=True, label="ops")
 RECORDS = {"globex--a": "globex", "legacy": "globex", "old-acme": "acme", "acme--planted": "globex"}
 
 

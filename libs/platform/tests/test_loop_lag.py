@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc.aio
@@ -18,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from turnstile_platform.loop_lag import LoopLagMonitor
 from turnstile_platform.server import GrpcService
+from turnstile_testing.eventually import eventually
 from turnstile_testing.probe import SERVICE, add_probe, call, settings
 
 #: Beats asked for this often: a stall of STALL_S makes one at least
@@ -44,13 +46,10 @@ async def _stall_loop(seconds: float) -> None:
     time.sleep(seconds)  # noqa: ASYNC251 - blocks the loop: nothing else runs meanwhile
 
 
-async def _until(condition: Any, timeout_s: float = 10.0) -> None:
+async def _until(condition: Callable[[], bool]) -> None:
     """Let the loop turn until ``condition()`` (the beat after a stall runs on the
     next turn or so; there is no event to await for an observation)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "no beat observed"
-        await asyncio.sleep(INTERVAL_S)
+    await eventually(condition, timeout_s=10, interval_s=INTERVAL_S, what="a beat observed")
 
 
 async def test_a_stalled_loop_is_recorded_as_one_late_beat() -> None:

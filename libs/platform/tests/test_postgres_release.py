@@ -22,6 +22,7 @@ from turnstile_platform.postgres import (
     mark_session_state,
     postgres_guard,
 )
+from turnstile_testing.eventually import eventually
 from turnstile_testing.pg_wire import ReadyForQueryCounter
 from turnstile_testing.tcp_proxy import TcpProxy
 
@@ -93,8 +94,11 @@ async def until_sleeping(admin: asyncpg.Connection, pid: int) -> None:
     """Return once backend ``pid`` runs its ``pg_sleep``: no client-side event says
     the server got that far, so ask the server."""
     sleeping = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1"
-    while not await admin.fetchval(sleeping, pid):  # noqa: ASYNC110 - server state
-        await asyncio.sleep(0.01)
+
+    async def asleep() -> bool:
+        return bool(await admin.fetchval(sleeping, pid))
+
+    await eventually(asleep, timeout_s=30, interval_s=0.01, what=f"backend {pid} in pg_sleep")
 
 
 async def cancel(task: asyncio.Task[None]) -> None:

@@ -7,7 +7,6 @@ meanwhile, its breaker refuses its slots' calls at once while the others' go on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 from prometheus_client import REGISTRY
@@ -27,6 +26,7 @@ from turnstile_platform.redis_client import (
     redis_guard,
 )
 from turnstile_platform.redis_cluster_nodes import BoundedClusterNode
+from turnstile_testing.eventually import eventually
 from turnstile_testing.redis_cluster import RedisClusterServers, running_cluster
 from turnstile_testing.redis_topologies import keys_on_two_masters, timed
 
@@ -82,14 +82,6 @@ def _gauge(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    """Yield to the event loop until ``condition`` holds (the health update is a task
-    the breaker's change starts)."""
-    async with asyncio.timeout(2):
-        while not condition():  # noqa: ASYNC110 - report_breaker sets it in a task of its own
-            await asyncio.sleep(0)
-
-
 def _states(breaker: Breaker) -> tuple[BreakerState, BreakerState]:
     """The breaker's own state and the one it reports (with its members')."""
     return breaker.state, breaker.reported
@@ -130,7 +122,7 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
                     "turnstile_dependency_node_breaker_state", dependency=dependency, node=hung.name
                 )
                 assert node_gauge == 2
-                await _until(lambda: not health.components["redis"])
+                await eventually(lambda: not health.components["redis"], timeout_s=2, interval_s=0)
                 seconds, error = await timed(client.get(hung_key))
                 assert isinstance(error, BreakerOpenError), error
                 assert seconds < 0.05
@@ -145,7 +137,7 @@ async def test_a_hung_masters_breaker_refuses_its_slots_at_once_and_no_other_slo
             assert _states(hung.breaker)[0] is BreakerState.CLOSED
             assert _states(guard.breaker) == (BreakerState.CLOSED, BreakerState.CLOSED)
             assert _gauge("turnstile_dependency_breaker_state", dependency=dependency) == 0
-            await _until(lambda: health.components["redis"])
+            await eventually(lambda: health.components["redis"], timeout_s=2, interval_s=0)
         finally:
             await client.aclose()
 

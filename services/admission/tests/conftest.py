@@ -141,7 +141,7 @@ def start_proxied(proxy: ReplyHoldingProxy, start_admission: Start) -> Start:
 
 
 @dataclass(frozen=True)
-class Decision:
+class TimedAdmit:
     """One Admit under load: when it started, how long it took, and whether a fail
     mode answered it (a policy's backend was unavailable)."""
 
@@ -173,7 +173,7 @@ class AdmitLoad:
         self.stub = stub
         self.client = common_pb2.ActivationClient(client_id=client_id)
         self.in_flight = in_flight
-        self.decisions: list[Decision] = []
+        self.decisions: list[TimedAdmit] = []
         #: Status codes of CancelHold calls that failed (each retried).
         self.cancel_failures: list[grpc.StatusCode] = []
         self._stop = asyncio.Event()
@@ -204,7 +204,7 @@ class AdmitLoad:
             )
             started = loop.time()
             answer = await self.stub.Admit(request, timeout=10)
-            self.decisions.append(Decision(started, loop.time() - started, by_fail_mode(answer)))
+            self.decisions.append(TimedAdmit(started, loop.time() - started, by_fail_mode(answer)))
             if answer.hold_id:
                 await self._cancel(answer.hold_id)
 
@@ -221,7 +221,7 @@ class AdmitLoad:
                     raise
                 await asyncio.sleep(0.05)
 
-    def normal(self) -> list[Decision]:
+    def normal(self) -> list[TimedAdmit]:
         return [d for d in self.decisions if not d.by_fail_mode]
 
     def longest_gap(self) -> float:

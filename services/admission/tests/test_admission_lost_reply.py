@@ -5,13 +5,13 @@ admission whose hold the caller settles — and nothing stays stranded."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_testing.eventually import eventually
 from turnstile_testing.proxies import ReplyHoldingProxy
 
 ACME = common_pb2.ActivationClient(client_id="acme")
@@ -19,9 +19,11 @@ ACME = common_pb2.ActivationClient(client_id="acme")
 
 async def until_pending(redis: aioredis.Redis, key: str, count: int) -> None:
     """Wait until Redis itself holds ``count`` pending entries under ``key``."""
-    async with asyncio.timeout(10):
-        while await redis.zcard(key) != count:  # noqa: ASYNC110 - a state in Redis, no event
-            await asyncio.sleep(0.01)
+
+    async def held() -> bool:
+        return await redis.zcard(key) == count
+
+    await eventually(held, timeout_s=10, interval_s=0.01, what=f"{count} pending under {key}")
 
 
 async def nothing_held(stub: Any) -> None:

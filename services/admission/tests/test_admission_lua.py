@@ -11,7 +11,7 @@ from turnstile_admission.policies import (
     CapSettings,
     PolicyName,
 )
-from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
+from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, script_text
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.live_counts import COUNTED
 
@@ -315,3 +315,17 @@ async def test_release_removes_a_stopped_sandboxs_pending_entry(store: Admission
     assert await store.release("sb-1")
     assert (await store.usage("acme")).pending_ids == ("sb-2",)
     assert not await store.release("sb-1")
+
+
+async def test_only_a_test_clock_store_passes_the_test_clock_key(
+    redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    args = AdmitArgs("h1", "acme", "sb-1", dict.fromkeys(PolicyName, 2), nodes=[("n1", 5)])
+    production = AdmissionStore(redis, AdmissionSettings(redis_prefix=redis_prefix))
+    tested = AdmissionStore(redis, AdmissionSettings(redis_prefix=redis_prefix, test_clock=True))
+    clock_key = production.keys.test_clock.encode()
+
+    assert clock_key not in production.admit_request(args)[0]
+    assert tested.admit_request(args)[0][-1] == clock_key
+    assert "KEYS[#KEYS]" not in script_text("admit.lua")  # the frozen clock's read
+    assert "KEYS[#KEYS]" in script_text("admit.lua", test_clock=True)

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from turnstile_affinity.store import Clock
 from turnstile_contracts import affinity_pb2
+from turnstile_testing.eventually import eventually
 from turnstile_testing.processes import RedisProcess
 from turnstile_testing.proxies import ReplyHoldingProxy
 from turnstile_testing.redis_topologies import single_server_port
@@ -81,9 +82,11 @@ async def proxy(redis_url: str) -> AsyncIterator[ReplyHoldingProxy]:
 
 async def _until_leases(redis: aioredis.Redis, key: str, count: int) -> None:
     """Wait until Redis itself holds ``count`` leases under ``key``."""
-    async with asyncio.timeout(10):
-        while await redis.zcard(key) != count:  # noqa: ASYNC110 - a state in Redis, no event
-            await asyncio.sleep(0.01)
+
+    async def held() -> bool:
+        return await redis.zcard(key) == count
+
+    await eventually(held, timeout_s=10, interval_s=0.01, what=f"{count} leases under {key}")
 
 
 async def test_a_client_cancelling_mid_call_gets_its_lease_returned(

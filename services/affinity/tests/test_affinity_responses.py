@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from turnstile_affinity.placement import Outcome, Placement, Reset, ResetReason
+from turnstile_affinity.placement import Placement, PlacementOutcome, Reset, ResetReason
 from turnstile_affinity.servicer import _NOT_RELEASED, _RELEASED, _placement
 from turnstile_contracts import affinity_pb2
 
 OUTCOMES = {
-    Outcome.HIT: affinity_pb2.PLACEMENT_OUTCOME_HIT,
-    Outcome.FIRST: affinity_pb2.PLACEMENT_OUTCOME_FIRST,
-    Outcome.FALLBACK: affinity_pb2.PLACEMENT_OUTCOME_FALLBACK,
+    PlacementOutcome.HIT: affinity_pb2.PLACEMENT_OUTCOME_HIT,
+    PlacementOutcome.FIRST: affinity_pb2.PLACEMENT_OUTCOME_FIRST,
+    PlacementOutcome.FALLBACK: affinity_pb2.PLACEMENT_OUTCOME_FALLBACK,
 }
 REASONS = {
     ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,
@@ -56,12 +56,12 @@ def test_every_placement_answers_the_message_built_field_by_field() -> None:
     moved = Reset("a1", "a2", 1_700_000_000_007, ResetReason.GRACE_EXPIRED)
     retiered = Reset("b1", "a2", 1_700_000_000_999, ResetReason.RETIERED)
     placements = [
-        Placement("a1", "a", LEASE, 1_700_000_600_123, "", Outcome.HIT),
-        Placement("a1", "a", LEASE, 1_700_000_600_000, "10.0.0.7:8080", Outcome.HIT),
-        Placement("a1", "", LEASE, 0, "", Outcome.HIT),
-        Placement("a2", "a", LEASE, 1_700_000_600_001, "", Outcome.FIRST),
-        Placement("a2", "a", LEASE, 1_700_000_600_999, "x:1", Outcome.FALLBACK, moved),
-        Placement("a2", "a", LEASE, 1_700_000_600_500, "", Outcome.FALLBACK, retiered),
+        Placement("a1", "a", LEASE, 1_700_000_600_123, "", PlacementOutcome.HIT),
+        Placement("a1", "a", LEASE, 1_700_000_600_000, "10.0.0.7:8080", PlacementOutcome.HIT),
+        Placement("a1", "", LEASE, 0, "", PlacementOutcome.HIT),
+        Placement("a2", "a", LEASE, 1_700_000_600_001, "", PlacementOutcome.FIRST),
+        Placement("a2", "a", LEASE, 1_700_000_600_999, "x:1", PlacementOutcome.FALLBACK, moved),
+        Placement("a2", "a", LEASE, 1_700_000_600_500, "", PlacementOutcome.FALLBACK, retiered),
     ]
     for placement in placements:
         answered, expected = _placement(placement), field_by_field(placement)

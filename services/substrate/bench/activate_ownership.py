@@ -41,7 +41,7 @@ from turnstile_platform import tls
 from turnstile_platform.authz.authorizer import Authorizer
 from turnstile_platform.authz.methods import CLIENT_SOURCES, refusal
 from turnstile_platform.authz.ownership import current_scope, enter_scope
-from turnstile_platform.authz.policy import ALLOW_ALL, Decision
+from turnstile_platform.authz.policy import ALLOW_ALL, AuthzDecision
 from turnstile_substrate.activation import check_owner
 from turnstile_substrate.app import create_app
 from turnstile_substrate.db.migrate import apply_migrations
@@ -77,7 +77,7 @@ async def check_alone(calls: int = 200_000) -> float:
     refusal check (namespace, no lookup), the scope handed to the handler, and the
     handler's check of the record (:func:`check_owner`) — no I/O, so it is measured
     exactly here and set against an Activate's CPU time below."""
-    decision = Decision(True, clients=frozenset({"acme"}), label="client/*")
+    decision = AuthzDecision(True, clients=frozenset({"acme"}), label="client/*")
     authorizer = Authorizer(_Policy())
     method = f"/{SERVICE}/Activate"
     source = CLIENT_SOURCES[method]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,6 +27,7 @@ from turnstile_substrate.runtime import (
     LABEL_TIER,
     MANAGED_BY,
 )
+from turnstile_testing.eventually import eventually
 from turnstile_testing.kube_emulator import KubeEmulator
 
 if TYPE_CHECKING:
@@ -60,15 +61,6 @@ async def leading(publisher: LivePublisher, term: LeaderTerm) -> AsyncIterator[a
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, FencedError):
             await task
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
-    """Redis is written by another task: poll it, bounded by a generous deadline."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if await condition():
-                return
-            await asyncio.sleep(0.02)
 
 
 class View:
@@ -114,7 +106,7 @@ async def test_a_new_leader_resyncs_in_chunks_before_it_marks_the_counts_current
     async with substrate(kube) as sub:
         publisher = publisher_of(sub, store, chunk=3)
         async with leading(publisher, LeaderTerm("a", 2)):
-            await until(lambda: view.counted({f"sb-{n}" for n in range(10)}))
+            await eventually(lambda: view.counted({f"sb-{n}" for n in range(10)}))
         assert await view.live("globex") == set()
         assert publisher.published == {f"sb-{n}": "acme" for n in range(10)}
         assert publisher.resyncs == 1
@@ -128,15 +120,15 @@ async def test_a_pod_first_seen_live_moves_from_pending_to_live_and_leaves_when_
     redis: aioredis.Redis,
 ) -> None:
     async with substrate(kube) as sub, leading(publisher_of(sub, store), LeaderTerm("a", 1)):
-        await until(lambda: view.counted(set()))
+        await eventually(lambda: view.counted(set()))
         await redis.zadd(store.keys.pending("acme"), {"sb-1": 10**13, "sb-2": 10**13})
 
         seed(kube, "sb-1")
-        await until(lambda: view.counted({"sb-1"}))
+        await eventually(lambda: view.counted({"sb-1"}))
         assert await view.pending() == {"sb-2"}
 
         kube.delete_pod(NS, "sb-1")
-        await until(lambda: view.counted(set()))
+        await eventually(lambda: view.counted(set()))
         assert await view.pending() == {"sb-2"}
 
 
@@ -147,17 +139,17 @@ async def test_a_leader_behind_withdraws_the_counts_until_it_has_resynced(
     async with substrate(kube) as sub:
         publisher = publisher_of(sub, store)
         async with leading(publisher, LeaderTerm("a", 1)):
-            await until(lambda: view.counted({"sb-1"}))
+            await eventually(lambda: view.counted({"sb-1"}))
             # The watch is cut and every re-list fails: the cache falls behind.
             kube.inject_failure(503, method="GET", watch=False, times=10_000)
             await kube.wait_for_watches(1)
             kube.cut_watches()
             seed(kube, "sb-2")
-            await until(lambda: _is(view.state(), None))
+            await eventually(lambda: _is(view.state(), None))
             assert not sub.reflector.current
 
             kube.clear_failures()
-            await until(lambda: view.counted({"sb-1", "sb-2"}))
+            await eventually(lambda: view.counted({"sb-1", "sb-2"}))
             assert publisher.resyncs == 2
 
 
@@ -167,18 +159,18 @@ async def test_a_410_makes_the_counts_unknown_until_the_relist(
     async with substrate(kube) as sub:
         publisher = publisher_of(sub, store)
         async with leading(publisher, LeaderTerm("a", 1)):
-            await until(lambda: view.counted(set()))
+            await eventually(lambda: view.counted(set()))
             lists = sub.reflector.lists
             # The re-list after the 410 is refused a while, so the gap is observable.
             kube.inject_failure(503, method="GET", watch=False, times=10_000)
             kube.inject_failure(410, watch=True)
             await kube.wait_for_watches(1)
             kube.end_watches()
-            await until(lambda: _is(view.state(), None))
+            await eventually(lambda: _is(view.state(), None))
             kube.clear_failures()
             seed(kube, "sb-1")
             await sub.reflector.wait_until(lambda: sub.reflector.lists > lists, 10)
-            await until(lambda: view.counted({"sb-1"}))
+            await eventually(lambda: view.counted({"sb-1"}))
 
 
 async def test_live_counts_redis_lost_are_republished_before_they_are_marked_current(
@@ -198,10 +190,10 @@ async def test_live_counts_redis_lost_are_republished_before_they_are_marked_cur
     async with substrate(kube) as sub:
         publisher = publisher_of(sub, store)
         async with leading(publisher, LeaderTerm("a", 1)):
-            await until(lambda: view.counted(live))
+            await eventually(lambda: view.counted(live))
             k = store.keys
             await redis.delete(k.epoch, k.sandboxes, k.state, k.live("acme"))  # all of it
-            await until(lambda: _is(view.state(), COUNTED))
+            await eventually(lambda: _is(view.state(), COUNTED))
             assert await view.live() == live
             assert publisher.resyncs == 2
 
@@ -212,7 +204,7 @@ async def test_a_deposed_leader_is_fenced_by_redis_and_stops(
     async with substrate(kube) as sub:
         old = publisher_of(sub, store)
         async with leading(old, LeaderTerm("a", 1)) as old_task:
-            await until(lambda: view.counted(set()))
+            await eventually(lambda: view.counted(set()))
             # A new leader takes over (epoch 2) while the old one still runs.
             await store.write(2, [Change(Op.SET, "from-new", "acme")])
             seed(kube, "sb-1")  # the old one tries to publish it

@@ -6,8 +6,8 @@
 -- front when out of memory rather than failing its writes halfway.
 --
 -- Time comes from Redis (TIME), so every replica and every script agree on the
--- clock. Tests may freeze and advance it through a test-clock key, honoured
--- only when the service runs with test_clock enabled.
+-- clock. Tests freeze and advance it with _test_clock.lua, loaded only when the
+-- service runs with test_clock: production calls carry no test-only key.
 --
 -- Keys: every key a script can name before it runs is in KEYS. A few depend on
 -- what the script reads (a hold's bounded key and node, a sandbox's node); those
@@ -21,11 +21,7 @@ local function base_of(key)
   return base
 end
 
-local function now_ms(use_test_clock, clock_key)
-  if use_test_clock == 1 then
-    local frozen = tonumber(redis.call('GET', clock_key))
-    if frozen then return frozen end
-  end
+local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

@@ -5,13 +5,13 @@
 -- keeps (SPEC S4): the decision is this one script, no other network call.
 --
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
---       5 inflight:<key>, 6 hold:<id>, 7 test clock, 8 node registry,
---       9 live:<key>, 10 live-state marker, 11 settled:<id> (the hold's tombstone),
---       12.. slots:<node>, one per candidate node, in ARGV's order.
+--       5 inflight:<key>, 6 hold:<id>, 7 node registry,
+--       8 live:<key>, 9 live-state marker, 10 settled:<id> (the hold's tombstone),
+--       11.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, key, sandbox_id,
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
 --       default cap, rate, burst, concurrency, cluster rate, cluster burst,
---       cost, hold_ttl_ms, pending_ttl_ms, use_test_clock (0/1),
+--       cost, hold_ttl_ms, pending_ttl_ms,
 --       n, then n pairs (node name, slot capacity).
 -- Returns: {outcome, now_ms, hold_expires_ms, node,
 --           then per policy in order slots, concurrency, cap, rate:
@@ -35,16 +35,15 @@ local cap_mode, rate_mode, conc_mode, slot_mode = num(), num(), num(), num()
 local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
            cluster_rate = num(), cluster_burst = num()}
 local cost, hold_ttl, pending_ttl = num(), num(), num()
-local use_test_clock = num()
 local nodes = {}
-for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[11 + j], held = 0} end
+for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[10 + j], held = 0} end
 
-local now = now_ms(use_test_clock, KEYS[7])
+local now = now_ms()
 -- A script can reach Redis after its caller gave up on it (a reply lost, a send
 -- retried, a redirection followed after a timeout) and after the hold it would
 -- take was settled: then it must take nothing, or the hold would stay until its
 -- TTL with no one left to settle it.
-if redis.call('EXISTS', KEYS[11]) == 1 then
+if redis.call('EXISTS', KEYS[10]) == 1 then
   local out = {'cancelled', now, 0, ''}
   for _ = 1, 4 do
     for _, v in ipairs({0, 0, 0, -1, ''}) do out[#out + 1] = v end
@@ -127,10 +126,10 @@ if cap_mode > 0 then
   own_pending = pending_count > 0 and redis.call('ZSCORE', KEYS[2], sandbox) ~= false
   local pending = pending_count
   if own_pending then pending = pending - 1 end
-  local state = redis.call('GET', KEYS[10])
+  local state = redis.call('GET', KEYS[9])
   if state == 'counted' then
-    live = redis.call('SCARD', KEYS[9])
-    own_live = live > 0 and redis.call('SISMEMBER', KEYS[9], sandbox) == 1
+    live = redis.call('SCARD', KEYS[8])
+    own_live = live > 0 and redis.call('SISMEMBER', KEYS[8], sandbox) == 1
     if own_live then live = live - 1 end
   elseif state == 'unsupported' then
     live = -1
@@ -216,8 +215,8 @@ if slot_mode > 0 and chosen ~= nil then
   redis.call('ZADD', chosen.key, expires, 'h:' .. hold_id)
   extend_written(chosen.key, hold_ttl, chosen.held == 0)
   -- A node already registered means the registry exists, so it has an expiry.
-  local registered = redis.call('SADD', KEYS[8], chosen.name) == 0
-  if registered then extend_written(KEYS[8], hold_ttl, false) else extend(KEYS[8], hold_ttl) end
+  local registered = redis.call('SADD', KEYS[7], chosen.name) == 0
+  if registered then extend_written(KEYS[7], hold_ttl, false) else extend(KEYS[7], hold_ttl) end
   node = chosen.name
 end
 redis.call('HSET', KEYS[6], 'key', key, 'sandbox', sandbox, 'exp', expires,

@@ -23,7 +23,7 @@ from turnstile_admission import metrics
 from turnstile_admission.decision import Decision
 from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
-    Activation,
+    ActivationShape,
     CapPolicy,
     ConcurrencyPolicy,
     Kind,
@@ -87,7 +87,7 @@ class _Plan:
 
     __slots__ = ("modes", "skipped", "steps")
 
-    def __init__(self, policies: Sequence[Policy], activation: Activation) -> None:
+    def __init__(self, policies: Sequence[Policy], activation: ActivationShape) -> None:
         self.modes = {p.name: p.script_mode(activation) for p in policies}
         self.skipped = tuple(p.skipped(activation) for p in policies)
         #: Per policy in order: the policy, whether it applies, its SKIPPED verdict.
@@ -142,7 +142,7 @@ class Admitter:
         shape = (kind, bool(nodes))
         plan = self._plans.get(shape)
         if plan is None:
-            plan = self._plans[shape] = _Plan(self.policies, Activation(kind, nodes))
+            plan = self._plans[shape] = _Plan(self.policies, ActivationShape(kind, nodes))
         return plan
 
     async def admit(self, request: AdmitInput) -> Decision:
@@ -270,7 +270,7 @@ class Admitter:
     ) -> Decision:
         """Each policy answers by its fail mode; admitted means no hold was recorded."""
         log.warning("redis unreachable during admit", extra={"key": key.key, "error": str(error)})
-        activation = Activation(request.kind, request.candidate_nodes)
+        activation = ActivationShape(request.kind, request.candidate_nodes)
         verdicts = [p.unreachable(activation, "redis unreachable") for p in self.policies]
         admitted = not any(v.refuses for v in verdicts)
         expires = int(time.time() * 1000 + self.settings.hold_ttl_s * 1000) if admitted else 0

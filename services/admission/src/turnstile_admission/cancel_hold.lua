@@ -9,21 +9,20 @@
 -- Admit whose caller gave up (its reply lost, its budget spent) may still reach
 -- Redis later — a send retried, a redirection followed — and would otherwise
 -- take a hold after its cancel ran as a no-op, left to count against the cap
--- until its TTL. The tombstone lives as long as a hold record would (ARGV[7]).
+-- until its TTL. The tombstone lives as long as a hold record would (ARGV[6]).
 --
--- KEYS: 1 hold:<id>, 2 limits hash, 3 cluster bucket, 4 test clock,
---       5 settled:<id> (the tombstone)
+-- KEYS: 1 hold:<id>, 2 limits hash, 3 cluster bucket, 4 settled:<id> (the tombstone)
 --       (the hold's bucket:<key>, inflight:<key>, pending:<key> and slots:<node>
 --       depend on the hold: built from KEYS[1]'s base, in its slot)
--- ARGV: hold_id, default rate, burst, cluster rate, cluster burst, use_test_clock,
+-- ARGV: hold_id, default rate, burst, cluster rate, cluster burst,
 --       tombstone_ttl_ms
 -- Returns {cancelled (0/1), client tokens returned, cluster tokens returned} (strings).
 
 local base, hold_id = base_of(KEYS[1]), ARGV[1]
 local d = {cap = 0, concurrency = 0, rate = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cluster_rate = tonumber(ARGV[4]), cluster_burst = tonumber(ARGV[5])}
-local now = now_ms(tonumber(ARGV[6]), KEYS[4])
-redis.call('SET', KEYS[5], '1', 'PX', ARGV[7])
+local now = now_ms()
+redis.call('SET', KEYS[4], '1', 'PX', ARGV[6])
 local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node', 'pending',
   'client_tokens', 'cluster_tokens')
 local key, sandbox, exp = h[1], h[2], tonumber(h[3])

@@ -6,17 +6,16 @@
 -- Every commit, of a hold found or not, leaves the hold id's tombstone, as
 -- cancel_hold.lua does: an admit.lua of that id arriving later takes nothing.
 --
--- KEYS: 1 hold:<id>, 2 test clock, 3 node registry, 4 settled:<id> (the tombstone)
+-- KEYS: 1 hold:<id>, 2 node registry, 3 settled:<id> (the tombstone)
 --       (the hold's inflight:<key>, sandbox:<id> and slots:<node> depend on the
 --       hold: built from KEYS[1]'s base, in its slot)
--- ARGV: hold_id, committed slot ttl ms, use_test_clock, pending ttl ms, tombstone ttl ms
+-- ARGV: hold_id, committed slot ttl ms, pending ttl ms, tombstone ttl ms
 -- Returns 1 when committed, 0 when the hold was committed, cancelled or expired.
 
 local base = base_of(KEYS[1])
-local hold_id, slot_ttl, use_test_clock = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local pending_ttl = tonumber(ARGV[4])
-local now = now_ms(use_test_clock, KEYS[2])
-redis.call('SET', KEYS[4], '1', 'PX', ARGV[5])
+local hold_id, slot_ttl, pending_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
 local h = redis.call('HMGET', KEYS[1], 'key', 'sandbox', 'exp', 'lease', 'node', 'pending')
 local key, sandbox, exp, lease, node = h[1], h[2], tonumber(h[3]), h[4], h[5]
 local pending = tonumber(h[6]) or 0
@@ -43,8 +42,8 @@ if node and node ~= '' then
   redis.call('ZREM', slots, 'h:' .. hold_id)
   redis.call('ZADD', slots, now + slot_ttl, 's:' .. sandbox)
   extend(slots, slot_ttl)
-  redis.call('SADD', KEYS[3], node)
-  extend(KEYS[3], slot_ttl)
+  redis.call('SADD', KEYS[2], node)
+  extend(KEYS[2], slot_ttl)
   redis.call('HSET', sandbox_key, 'node', node)
   if redis.call('PTTL', sandbox_key) < slot_ttl then
     redis.call('PEXPIRE', sandbox_key, slot_ttl)

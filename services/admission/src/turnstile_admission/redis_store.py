@@ -25,9 +25,11 @@ _PACKAGE = "turnstile_admission"
 SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, PolicyName.RATE)
 
 
-def script_text(name: str) -> str:
-    """The full text of one script: the shared helpers, then the script."""
-    return read_script(_PACKAGE, "_common.lua") + "\n" + read_script(_PACKAGE, name)
+def script_text(name: str, test_clock: bool = False) -> str:
+    """The full text of one script: the shared helpers (with ``test_clock``, the
+    frozen clock of ``_test_clock.lua`` over them), then the script."""
+    parts = ["_common.lua", *(["_test_clock.lua"] if test_clock else []), name]
+    return "\n".join(read_script(_PACKAGE, part) for part in parts)
 
 
 class AdmitArgs(NamedTuple):
@@ -46,6 +48,7 @@ class AdmitArgs(NamedTuple):
 #: How much longer than its TTL a hold record is kept (``admit.lua``), so a late
 #: commit or cancel can tell "expired" from "never taken".
 HOLD_RECORD_GRACE_MS = 60_000
+
 
 #: How a script reports the live count when it has none.
 LIVE_UNSUPPORTED, LIVE_UNAVAILABLE, LIVE_NOT_READ = -1, -2, -3
@@ -143,11 +146,12 @@ class AdmissionStore:
         self.redis = client
         self.keys = AdmissionKeys(settings.redis_prefix)
         self._settings = settings
-        self._admit: AsyncScript = client.register_script(script_text("admit.lua"))
-        self._commit: AsyncScript = client.register_script(script_text("commit_hold.lua"))
-        self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua"))
+        clock = settings.test_clock
+        self._admit: AsyncScript = client.register_script(script_text("admit.lua", clock))
+        self._commit: AsyncScript = client.register_script(script_text("commit_hold.lua", clock))
+        self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua", clock))
         self._release: AsyncScript = client.register_script(script_text("release_sandbox.lua"))
-        self._usage: AsyncScript = client.register_script(script_text("usage.lua"))
+        self._usage: AsyncScript = client.register_script(script_text("usage.lua", clock))
         s = settings
         self._key_defaults = [
             s.cap.default_cap,
@@ -163,7 +167,11 @@ class AdmissionStore:
             s.rate.cluster_rate_per_s,
             s.rate.cluster_burst,
         ]
-        self._clock = 1 if s.test_clock else 0
+        #: With ``test_clock``, the test-clock key, the last of every script's KEYS
+        #: (``_test_clock.lua``); production calls carry no test-only key.
+        self._clock_keys: tuple[bytes, ...] = (
+            (self.keys.test_clock.encode(),) if s.test_clock else ()
+        )
         #: A settled hold's tombstone lives as long as a hold record would (see
         #: ``admit.lua``): longer than the hold a late script could take.
         self._tombstone_ttl_ms = round(s.hold_ttl_s * 1000) + HOLD_RECORD_GRACE_MS
@@ -175,8 +183,7 @@ class AdmissionStore:
         # Keys are kept encoded, as redis-py would send them.
         k = self.keys
         self._fixed_keys = tuple(
-            name.encode()
-            for name in (k.limits, k.cluster_bucket, k.test_clock, k.nodes, k.live_state)
+            name.encode() for name in (k.limits, k.cluster_bucket, k.nodes, k.live_state)
         )
         self._per_key: dict[str, tuple[bytes, ...]] = {}
         # A hold's own keys are its id after a fixed prefix (``keys.hold``,
@@ -192,21 +199,19 @@ class AdmissionStore:
                 s.rate.cost,
                 round(s.hold_ttl_s * 1000),
                 round(s.pending_ttl_s * 1000),
-                self._clock,
             )
         )
         # Every activation's Admit is followed by a CommitHold or a CancelHold:
         # their fixed keys and arguments are built once too.
-        limits, cluster_bucket, test_clock, nodes, _ = self._fixed_keys
-        self._commit_keys = (test_clock, nodes)
-        self._cancel_keys = (limits, cluster_bucket, test_clock)
+        limits, cluster_bucket, nodes, _ = self._fixed_keys
+        self._commit_nodes = nodes
+        self._cancel_keys = (limits, cluster_bucket)
         self._commit_args = (
             round(s.slots.committed_ttl_s * 1000),
-            self._clock,
             round(s.pending_ttl_s * 1000),
             self._tombstone_ttl_ms,
         )
-        self._cancel_args = (*self._bucket_defaults, self._clock, self._tombstone_ttl_ms)
+        self._cancel_args = (*self._bucket_defaults, self._tombstone_ttl_ms)
 
     def _keys_of(self, key: str) -> tuple[bytes, ...]:
         """``key``'s pending, bucket, in-flight and live keys."""
@@ -229,7 +234,7 @@ class AdmissionStore:
         """The KEYS and ARGV of ``admit.lua`` for one decision, as sent (the parts
         that do not change between decisions already encoded; the slot benchmark
         replays them)."""
-        limits, cluster_bucket, test_clock, nodes, live_state = self._fixed_keys
+        limits, cluster_bucket, nodes, live_state = self._fixed_keys
         pending, bucket, inflight, live = self._keys_of(args.key)
         keys: list[bytes | str] = [
             limits,
@@ -238,12 +243,12 @@ class AdmissionStore:
             cluster_bucket,
             inflight,
             self._hold_prefix + args.hold_id,
-            test_clock,
             nodes,
             live,
             live_state,
             self._settled_prefix + args.hold_id,
             *(self._slots_key(name) for name, _ in args.nodes),
+            *self._clock_keys,
         ]
         modes = args.modes
         argv: list[str | int | float | bytes] = [
@@ -288,16 +293,25 @@ class AdmissionStore:
         )
 
     async def commit(self, hold_id: str) -> bool:
-        test_clock, nodes = self._commit_keys
         done = await self._commit(
-            keys=[self._hold_prefix + hold_id, test_clock, nodes, self._settled_prefix + hold_id],
+            keys=[
+                self._hold_prefix + hold_id,
+                self._commit_nodes,
+                self._settled_prefix + hold_id,
+                *self._clock_keys,
+            ],
             args=[hold_id, *self._commit_args],
         )
         return bool(done)
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
         raw = await self._cancel(
-            keys=[self._hold_prefix + hold_id, *self._cancel_keys, self._settled_prefix + hold_id],
+            keys=[
+                self._hold_prefix + hold_id,
+                *self._cancel_keys,
+                self._settled_prefix + hold_id,
+                *self._clock_keys,
+            ],
             args=[hold_id, *self._cancel_args],
         )
         return CancelAnswer(bool(int(raw[0])), float(_s(raw[1])), float(_s(raw[2])))
@@ -319,13 +333,13 @@ class AdmissionStore:
                 k.bucket(key),
                 k.cluster_bucket,
                 k.inflight(key),
-                k.test_clock,
                 k.nodes,
                 k.live(key),
                 k.live_state,
                 *(self._slots_key(node) for node in nodes),
+                *self._clock_keys,
             ],
-            args=[key, *self._key_defaults, self._clock, *nodes],
+            args=[key, *self._key_defaults, *nodes],
         )
         held = raw[8]
         return UsageAnswer(

@@ -64,7 +64,9 @@ log = logging.getLogger(__name__)
 MAX_ROUNDS = 3
 
 
-class Outcome(enum.Enum):
+class PlacementOutcome(enum.Enum):
+    """How a Place found its sandbox (``affinity.v1.PlacementOutcome``)."""
+
     HIT = "hit"
     FIRST = "first"
     FALLBACK = "fallback"
@@ -96,7 +98,7 @@ class Placement(NamedTuple):
     lease_id: str
     lease_expires_ms: int
     endpoint: str
-    outcome: Outcome
+    outcome: PlacementOutcome
     reset: Reset | None = None
 
 
@@ -164,7 +166,7 @@ class Placer:
                 found = await self._store.place(turn, grace_ms=policy.grace_ms)
                 lease_in_doubt = False
                 if isinstance(found, Leased):
-                    return self._placed(span, found, lease_id, Outcome.HIT, tier_label)
+                    return self._placed(span, found, lease_id, PlacementOutcome.HIT, tier_label)
                 if isinstance(found, Busy):
                     placements(tier_label, "busy").inc()
                     raise self._busy(session_id, found)
@@ -188,7 +190,7 @@ class Placer:
                 lease_in_doubt = False
                 if isinstance(moved, Leased):
                     first = isinstance(found, NoRecord)
-                    outcome = Outcome.FIRST if first else Outcome.FALLBACK
+                    outcome = PlacementOutcome.FIRST if first else PlacementOutcome.FALLBACK
                     return self._placed(span, moved, lease_id, outcome, tier_label, found)
                 if isinstance(moved, Exhausted):
                     placements(tier_label, "exhausted").inc()
@@ -219,7 +221,7 @@ class Placer:
         span: trace.Span,
         leased: Leased,
         lease_id: str,
-        outcome: Outcome,
+        outcome: PlacementOutcome,
         tier_label: str,
         found: NoRecord | MustMove | None = None,
     ) -> Placement:

@@ -14,7 +14,7 @@ from opentelemetry import trace
 
 from turnstile_affinity import validation
 from turnstile_affinity.attestation import Attestation, refusal
-from turnstile_affinity.placement import Outcome, Placement, Placer, Reset, ResetReason
+from turnstile_affinity.placement import Placement, PlacementOutcome, Placer, Reset, ResetReason
 from turnstile_affinity.relay import (
     Attachment,
     IdleStreamError,
@@ -35,9 +35,9 @@ from turnstile_platform.tiers import TierConfig
 Context = grpc.aio.ServicerContext[Any, Any]
 
 _OUTCOMES = {
-    Outcome.HIT: affinity_pb2.PLACEMENT_OUTCOME_HIT,
-    Outcome.FIRST: affinity_pb2.PLACEMENT_OUTCOME_FIRST,
-    Outcome.FALLBACK: affinity_pb2.PLACEMENT_OUTCOME_FALLBACK,
+    PlacementOutcome.HIT: affinity_pb2.PLACEMENT_OUTCOME_HIT,
+    PlacementOutcome.FIRST: affinity_pb2.PLACEMENT_OUTCOME_FIRST,
+    PlacementOutcome.FALLBACK: affinity_pb2.PLACEMENT_OUTCOME_FALLBACK,
 }
 _REASONS = {
     ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,

@@ -36,7 +36,7 @@ from prometheus_client import Counter
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.methods import CLIENT_SOURCES, OwnerLookup, refusal
 from turnstile_platform.authz.ownership import PERMISSION_DENIED_REASON, CallerScope, enter_scope
-from turnstile_platform.authz.policy import Decision, Policy
+from turnstile_platform.authz.policy import AuthzDecision, AuthzPolicy
 from turnstile_platform.decoding import Undecodable
 from turnstile_platform.errors import RichError, abort
 from turnstile_platform.identity import peer_identity
@@ -63,7 +63,7 @@ _PERMISSION_DENIED = PERMISSION_DENIED_REASON
 
 class PolicySource(Protocol):
     @property
-    def policy(self) -> Policy: ...
+    def policy(self) -> AuthzPolicy: ...
 
 
 class Authorizer:
@@ -121,7 +121,7 @@ class Authorizer:
             ),
         )
 
-    def _scope(self, identity: str, method: str, decision: Decision) -> CallerScope:
+    def _scope(self, identity: str, method: str, decision: AuthzDecision) -> CallerScope:
         """The scope a handler checks its records against; a refusal it makes is
         counted and logged like this authorizer's own."""
 
@@ -138,7 +138,7 @@ class Authorizer:
 
         return CallerScope(identity, method, decision, report)
 
-    async def check_call(self, context: Any, method: str, reflection: bool) -> Decision | None:
+    async def check_call(self, context: Any, method: str, reflection: bool) -> AuthzDecision | None:
         """The decision if the caller may call ``method`` at all (aborts otherwise)."""
         identity = peer_identity(context)
         if identity is None:
@@ -155,7 +155,7 @@ class Authorizer:
         return decision
 
     async def check_client(
-        self, context: Any, method: str, decision: Decision | None, request: Any
+        self, context: Any, method: str, decision: AuthzDecision | None, request: Any
     ) -> None:
         if decision is None or decision.any_client:
             if decision is not None:

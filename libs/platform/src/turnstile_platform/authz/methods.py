@@ -45,7 +45,7 @@ from turnstile_contracts import (
     substrate_pb2,
 )
 from turnstile_platform.authz.ownership import client_why, namespace_of, sandbox_why
-from turnstile_platform.authz.policy import Decision
+from turnstile_platform.authz.policy import AuthzDecision
 
 #: Resolves a sandbox id to its recorded client id (None: unknown).
 OwnerLookup = Callable[[str], Awaitable[str | None]]
@@ -136,7 +136,7 @@ def all_methods() -> frozenset[str]:
 
 
 async def refusal(
-    source: ClientSource, request: Any, decision: Decision, owner: OwnerLookup | None
+    source: ClientSource, request: Any, decision: AuthzDecision, owner: OwnerLookup | None
 ) -> str | None:
     """Why the call acts for a client ``decision`` does not allow, or None if it may
     go on. A refusal about a sandbox never says whether, or to whom, it is recorded.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from turnstile_contracts import common_pb2
-from turnstile_platform.authz.policy import Decision
+from turnstile_platform.authz.policy import AuthzDecision
 from turnstile_platform.errors import RichError
 
 #: Between a client id and the rest of a sandbox id in that client's namespace.
@@ -86,7 +86,7 @@ class CallerScope:
 
     identity: str
     method: str
-    decision: Decision
+    decision: AuthzDecision
     #: Counts and logs a refusal the handler makes (the authorizer's bookkeeping).
     report: Callable[[str], None]
 

@@ -66,7 +66,7 @@ class PolicyError(ValueError):
 
 
 @dataclass(frozen=True)
-class Decision:
+class AuthzDecision:
     """What one identity may do with one method."""
 
     allowed: bool
@@ -152,12 +152,12 @@ class _Rule:
 
 
 @dataclass
-class Policy:
+class AuthzPolicy:
     """A compiled policy. :meth:`decide` is cheap after the first call per pair."""
 
     rules: tuple[_Rule, ...]
     source: str = ""
-    _cache: dict[tuple[str, str], Decision] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple[str, str], AuthzDecision] = field(default_factory=dict, repr=False)
 
     @property
     def labels(self) -> frozenset[str]:
@@ -170,7 +170,7 @@ class Policy:
                 out.add("*")
         return frozenset(out)
 
-    def decide(self, identity: str, method: str) -> Decision:
+    def decide(self, identity: str, method: str) -> AuthzDecision:
         """The decision for ``identity`` calling ``method`` (``/pkg.Service/Method``
         or ``pkg.Service/Method``)."""
         key = (identity, method)
@@ -183,7 +183,7 @@ class Policy:
         self._cache[key] = decision
         return decision
 
-    def _compute(self, identity: str, method: str) -> Decision:
+    def _compute(self, identity: str, method: str) -> AuthzDecision:
         allowed = False
         any_client = False
         clients: set[str] = set()
@@ -203,7 +203,7 @@ class Policy:
                 own = rule.self_template.client_of(identity)
                 if own is not None:
                     clients.add(own)
-        return Decision(allowed, any_client, frozenset(clients), label or OTHER_LABEL)
+        return AuthzDecision(allowed, any_client, frozenset(clients), label or OTHER_LABEL)
 
 
 def _strings(value: object, where: str) -> list[str]:
@@ -295,7 +295,7 @@ def _rule(
 
 def parse_policy(
     text: str, *, source: str = "", known_methods: Iterable[str] | None = None
-) -> Policy:
+) -> AuthzPolicy:
     """Parse and compile a policy; :class:`PolicyError` names what is wrong."""
     try:
         data = tomllib.loads(text)
@@ -312,10 +312,10 @@ def parse_policy(
         raise PolicyError("allow: expected an array of tables ([[allow]])")
     known = frozenset(m.lstrip("/") for m in known_methods) if known_methods is not None else None
     rules = tuple(_rule(raw, i, known, default_self) for i, raw in enumerate(raw_rules))
-    return Policy(rules, source)
+    return AuthzPolicy(rules, source)
 
 
-def load_policy(path: Path, *, known_methods: Iterable[str] | None = None) -> Policy:
+def load_policy(path: Path, *, known_methods: Iterable[str] | None = None) -> AuthzPolicy:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -323,5 +323,5 @@ def load_policy(path: Path, *, known_methods: Iterable[str] | None = None) -> Po
     return parse_policy(text, source=str(path), known_methods=known_methods)
 
 
-ALLOW_ALL = Policy((_rule({"identities": "*", "methods": "*", "clients": ANY}, 0, None),), "")
+ALLOW_ALL = AuthzPolicy((_rule({"identities": "*", "methods": "*", "clients": ANY}, 0, None),), "")
 """Every authenticated identity may do everything (plaintext development and tests)."""

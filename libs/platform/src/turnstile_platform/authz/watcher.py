@@ -26,7 +26,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
-from turnstile_platform.authz.policy import Policy, PolicyError, load_policy
+from turnstile_platform.authz.policy import AuthzPolicy, PolicyError, load_policy
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class PolicyWatcher:
         self.poll_interval_s = poll_interval_s
         self.known_methods = frozenset(known_methods) if known_methods is not None else None
         self._signature = _signature(path)
-        self.policy: Policy = load_policy(path, known_methods=self.known_methods)
+        self.policy: AuthzPolicy = load_policy(path, known_methods=self.known_methods)
         self.valid = True
         self.last_error: str | None = None
         self._listeners: list[OnValidity] = []

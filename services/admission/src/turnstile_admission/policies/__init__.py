@@ -8,7 +8,7 @@ becomes a verdict.
 """
 
 from turnstile_admission.policies.base import (
-    Activation,
+    ActivationShape,
     FailMode,
     Kind,
     Mode,
@@ -25,7 +25,7 @@ from turnstile_admission.policies.rate import RatePolicy, RateSettings
 from turnstile_admission.policies.slots import SlotsPolicy, SlotsSettings
 
 __all__ = [
-    "Activation",
+    "ActivationShape",
     "CapPolicy",
     "CapSettings",
     "ConcurrencyPolicy",

@@ -114,8 +114,9 @@ class PolicyVerdict(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Activation:
-    """What a policy looks at to decide whether it applies."""
+class ActivationShape:
+    """The shape of an activation asked for (its kind and candidate nodes): what a
+    policy looks at to decide whether it applies."""
 
     kind: Kind
     candidate_nodes: tuple[str, ...]
@@ -139,20 +140,20 @@ class Policy:
     def mode(self) -> Mode:
         return self.settings.mode
 
-    def skip_reason(self, activation: Activation) -> str | None:
+    def skip_reason(self, activation: ActivationShape) -> str | None:
         """Why the policy does not apply to ``activation``; None when it does."""
         return None
 
-    def evaluated(self, activation: Activation) -> bool:
+    def evaluated(self, activation: ActivationShape) -> bool:
         return self.mode is not Mode.OFF and self.skip_reason(activation) is None
 
-    def script_mode(self, activation: Activation) -> int:
+    def script_mode(self, activation: ActivationShape) -> int:
         """The mode ``admit.lua`` takes: 0 not evaluated, 1 shadow, 2 enforce."""
         if not self.evaluated(activation):
             return 0
         return 2 if self.mode is Mode.ENFORCE else 1
 
-    def skipped(self, activation: Activation) -> PolicyVerdict:
+    def skipped(self, activation: ActivationShape) -> PolicyVerdict:
         reason = "off" if self.mode is Mode.OFF else self.skip_reason(activation) or ""
         return PolicyVerdict(self.name, self.mode, Verdict.SKIPPED, detail=reason)
 
@@ -177,7 +178,7 @@ class Policy:
             self.retry_hint(raw.retry_ms),
         )
 
-    def unreachable(self, activation: Activation, detail: str) -> PolicyVerdict:
+    def unreachable(self, activation: ActivationShape, detail: str) -> PolicyVerdict:
         """The verdict when Redis cannot be reached, by the policy's fail mode."""
         if not self.evaluated(activation):
             return self.skipped(activation)

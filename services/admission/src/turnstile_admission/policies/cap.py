@@ -15,7 +15,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from turnstile_admission.policies.base import (
-    Activation,
+    ActivationShape,
     FailMode,
     Policy,
     PolicyName,
@@ -42,7 +42,7 @@ class CapPolicy(Policy):
     name: ClassVar[PolicyName] = PolicyName.CAP
     settings: CapSettings
 
-    def skip_reason(self, activation: Activation) -> str | None:
+    def skip_reason(self, activation: ActivationShape) -> str | None:
         if not activation.kind.creates_runtime:
             return f"not checked for {activation.kind.value}: the runtime is already live"
         return None

@@ -12,7 +12,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from turnstile_admission.policies.base import (
-    Activation,
+    ActivationShape,
     FailMode,
     Policy,
     PolicyName,
@@ -48,7 +48,7 @@ class RatePolicy(Policy):
     name: ClassVar[PolicyName] = PolicyName.RATE
     settings: RateSettings
 
-    def skip_reason(self, activation: Activation) -> str | None:
+    def skip_reason(self, activation: ActivationShape) -> str | None:
         if not activation.kind.creates_runtime:
             return f"not charged for {activation.kind.value}: no runtime is created"
         return None

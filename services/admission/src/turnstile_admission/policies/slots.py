@@ -14,7 +14,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from turnstile_admission.policies.base import (
-    Activation,
+    ActivationShape,
     FailMode,
     Kind,
     Policy,
@@ -53,7 +53,7 @@ class SlotsPolicy(Policy):
     hint_capped: ClassVar[bool] = True
     settings: SlotsSettings
 
-    def skip_reason(self, activation: Activation) -> str | None:
+    def skip_reason(self, activation: ActivationShape) -> str | None:
         if activation.kind is not Kind.COLD_CREATE:
             return f"not checked for {activation.kind.value}: cold creates only"
         if not activation.candidate_nodes:
