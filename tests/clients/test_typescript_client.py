@@ -1,4 +1,4 @@
-"""The TypeScript/Node client's tests (clients/typescript/test) against the real
+"""The TypeScript/Node client's tests (clients/typescript/test) and its example against the real
 local stack over mutual TLS: this starts the stack, gives a client id a limit of
 one activation, and runs ``node --test`` with the stack's addresses and the CLI
 certificate in the environment. Skipped only when ``node`` is not installed;
@@ -55,6 +55,18 @@ async def test_the_node_client_passes_against_the_stack(
             text=True,
             timeout=90,
         )
+        example = await asyncio.to_thread(
+            subprocess.run,
+            [node, "example.js"],
+            cwd=CLIENT_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert example.returncode == 0, example.stdout + example.stderr
+    assert "substrate: SERVING" in example.stdout, example.stdout
+    assert "activated sb-example" in example.stdout, example.stdout
     report = result.stdout + result.stderr
     assert result.returncode == 0, report
     assert "# fail 0" in report or "fail 0" in report, report
