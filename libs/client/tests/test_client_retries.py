@@ -98,7 +98,7 @@ async def test_a_wait_past_the_deadline_is_not_attempted(serve: object) -> None:
     address = await serve(servicer)  # type: ignore[operator]
     retry = Retry(attempts=3, max_delay_s=5.0)
     async with TurnstileClient.connect(
-        admission=address, tls=None, retry=retry, deadline_s=1.0
+        admission=address, tls=None, retry=retry, deadline_s=3.0
     ) as client:
         with pytest.raises(TurnstileError) as raised:
             await client.admit("sb-1", "acme")

@@ -29,6 +29,7 @@ def _connect(stack: RunningStack, **kwargs: object) -> TurnstileClient:
     )
 
 
+@pytest.mark.timeout(120)  # a whole stack start, on a loaded machine
 async def test_calls_refusals_and_server_identity_over_mtls(
     tmp_path: Path,
     redis: aioredis.Redis,
