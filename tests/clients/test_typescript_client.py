@@ -67,7 +67,10 @@ async def test_the_node_client_passes_against_the_stack(
     assert example.returncode == 0, example.stdout + example.stderr
     assert "substrate: SERVING" in example.stdout, example.stdout
     assert "activated sb-example" in example.stdout, example.stdout
+    # The server name is the derived one, never the dialled IP (RFC 6066 forbids IPs).
+    assert "RFC 6066" not in example.stderr, example.stderr
     report = result.stdout + result.stderr
+    assert "RFC 6066" not in report, report
     assert result.returncode == 0, report
     assert "# fail 0" in report or "fail 0" in report, report
     assert "skipped 0" in report or "# skip 0" in report, report
