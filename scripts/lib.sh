@@ -146,6 +146,23 @@ ensure_workspace() {
     "$ROOT"/tools/*/src >/dev/null || true
 }
 
+# The Node client's packages (clients/typescript), exactly as package-lock.json pins
+# them, where Node is installed: its test runs against the real stack from pytest
+# (tests/clients) and is skipped only when there is no node. A failed install stops
+# the run here rather than failing that test later.
+ensure_node_client() {
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    say "node/npm not found: the TypeScript client's test will skip"
+    return
+  fi
+  say "installing the TypeScript client's packages (npm ci)"
+  if ! (cd "$ROOT/clients/typescript" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
+    echo "npm ci failed in clients/typescript (is the npm registry reachable?);" \
+      "fix it or uninstall node to skip the TypeScript client's test" >&2
+    return 1
+  fi
+}
+
 # PgBouncer (Debian's package): the tests of the substrate behind PgBouncer in transaction
 # mode start their own from this binary (SPEC F7); they skip where it cannot be installed.
 ensure_pgbouncer() {

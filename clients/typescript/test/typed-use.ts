@@ -1,0 +1,25 @@
+// Type-checked (tsc --noEmit, run by test/types.test.js), never run: TypeScript code
+// using the client through src/client.d.ts.
+
+import { Refused, TurnstileClient, TurnstileError } from "../src/client.js";
+
+export async function activateOrExplain(sandboxId: string): Promise<string> {
+  const client = new TurnstileClient({
+    substrate: "127.0.0.1:50052",
+    tls: { cert: "cli.crt", key: "cli.key", ca: "ca.crt" },
+    deadlineS: 5,
+  });
+  try {
+    const response = await client.activate(sandboxId, "acme", { tier: "container" });
+    return String(response.sandbox.runtime_name);
+  } catch (error) {
+    if (error instanceof Refused) {
+      const retry: number | null = error.retryAfterS;
+      return `${error.policy} ${error.key} ${error.current}/${error.limit} ${retry}`;
+    }
+    if (error instanceof TurnstileError) return `${error.code} ${error.reason}`;
+    throw error;
+  } finally {
+    client.close();
+  }
+}

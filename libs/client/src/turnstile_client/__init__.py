@@ -1,0 +1,17 @@
+"""Turnstile's Python client: typed async calls with mTLS, deadlines, RetryInfo-driven
+retries and one shape for refusals (docs/clients.md)."""
+
+from turnstile_client.client import DEFAULT_TRUST_DOMAIN, Retry, Tls, TurnstileClient, server_name
+from turnstile_client.errors import Refused, TurnstileError, Violation, decode
+
+__all__ = [
+    "DEFAULT_TRUST_DOMAIN",
+    "Refused",
+    "Retry",
+    "Tls",
+    "TurnstileClient",
+    "TurnstileError",
+    "Violation",
+    "decode",
+    "server_name",
+]
