@@ -42,6 +42,7 @@ COPY pyproject.toml uv.lock ./
 COPY libs/contracts/pyproject.toml libs/contracts/pyproject.toml
 COPY libs/platform/pyproject.toml libs/platform/pyproject.toml
 COPY libs/clientkeys/pyproject.toml libs/clientkeys/pyproject.toml
+COPY libs/client/pyproject.toml libs/client/pyproject.toml
 COPY libs/testing/pyproject.toml libs/testing/pyproject.toml
 COPY services/admission/pyproject.toml services/admission/pyproject.toml
 COPY services/substrate/pyproject.toml services/substrate/pyproject.toml
