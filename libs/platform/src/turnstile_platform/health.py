@@ -15,12 +15,13 @@ rotation could apply none of them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from grpc_health.v1 import health, health_pb2
 from prometheus_client import Gauge
+
+from turnstile_platform.background import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ class HealthMonitor:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._checks: dict[str, Check] = {}
-        self._task: asyncio.Task[None] | None = None
+        # Runs on every replica: each reports its own health.
+        self._checking = BackgroundTasks("health monitor")
 
     @property
     def health(self) -> HealthMap:
@@ -154,14 +156,10 @@ class HealthMonitor:
 
     async def start(self) -> None:
         await self.check_all()
-        self._task = asyncio.create_task(self._loop(), name="health-monitor")
+        self._checking.spawn(self._loop(), name="health-monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._checking.close()
 
     async def _loop(self) -> None:
         while True:

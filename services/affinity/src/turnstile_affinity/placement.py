@@ -28,7 +28,6 @@ flight, the lease is returned by its id before the error propagates.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import os
@@ -52,6 +51,7 @@ from turnstile_affinity.store import (
 )
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.errors import QuotaViolation, RichError, reason_name
 from turnstile_platform.tiers import TierConfig
@@ -130,8 +130,8 @@ class Placer:
         tiers = tiers or TierConfig()
         self._shared = {tier: tiers.settings_for(tier).shared_pool for tier in tiers.declared}
         self._shared_default = tiers.settings_for("").shared_pool
-        self._returns: set[asyncio.Task[bool]] = set()
-        self._background: set[asyncio.Task[None]] = set()
+        # Lease returns run to their end on this replica (every replica has its own).
+        self._returns = BackgroundTasks("affinity lease returns")
 
     async def place(self, session_id: str, session_tier: str, client: str) -> Placement:
         """Place ``client``'s session's next turn in ``session_tier`` or raise a
@@ -261,31 +261,31 @@ class Placer:
         )
 
     async def _return_lease(self, lease_id: str) -> None:
-        """Return a lease a failed or cancelled call may hold, even if cancelled again."""
-        task = asyncio.ensure_future(self._store.release(lease_id))
-        self._returns.add(task)
-        task.add_done_callback(self._returns.discard)
+        """Return a lease a failed or cancelled call may hold, even if cancelled again.
+
+        Runs on every replica, for the placements it made."""
+        await self._returns.shielded(self._release(lease_id))
+
+    def _return_lease_in_background(self, lease_id: str) -> None:
+        """Return a lease without waiting: if Redis is still away it expires on its own.
+
+        Runs on every replica, for the placements it made."""
+        self._returns.spawn(self._release(lease_id), name="return a failed placement's lease")
+
+    async def close(self) -> None:
+        """Wait for lease returns still in flight (shutdown, before Redis closes)."""
+        await self._returns.wait()
+
+    async def _release(self, lease_id: str) -> None:
         try:
-            if await asyncio.shield(task):
+            if await self._store.release(lease_id):
                 leases("returned").inc()
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.warning(
                 "could not return the lease of a failed placement; it expires on its own",
                 extra={"lease_id": lease_id},
                 exc_info=True,
             )
-
-    def _return_lease_in_background(self, lease_id: str) -> None:
-        """Return a lease without waiting: if Redis is still away it expires on its own."""
-        task = asyncio.ensure_future(self._return_lease(lease_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def close(self) -> None:
-        """Wait for lease returns still in flight (shutdown, before Redis closes)."""
-        await asyncio.gather(*self._returns, *self._background, return_exceptions=True)
 
     def _busy(self, session_id: str, busy: Busy) -> RichError:
         trace.get_current_span().set_attribute("turnstile.sandbox_id", busy.sandbox_id)

@@ -38,6 +38,7 @@ from turnstile_affinity.attested_presence import PresenceAttestor
 from turnstile_affinity.labels import ENDPOINT_LABEL
 from turnstile_affinity.metrics import ATTACHED, ATTACHES, EXCLUDED
 from turnstile_affinity.store import AffinityStore
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.sandbox_credentials import (
     CLOCK_SKEW_MS,
@@ -114,7 +115,8 @@ class Relay:
         self._mark_ttl_ms = mark_ttl_ms
         self._excluded: OrderedDict[str, None] = OrderedDict()
         self._attestor = PresenceAttestor(tiers)
-        self._detaching: set[asyncio.Task[bool]] = set()
+        # Detaches run to their end on this replica (every replica has its own).
+        self._teardowns = BackgroundTasks("affinity relay detaches")
         self.draining = asyncio.Event()
 
     async def attach(
@@ -227,23 +229,13 @@ class Relay:
             raise CredentialRefusedError("revoked", "the sandbox's credential was revoked")
 
     async def detach(self, attachment: Attachment) -> None:
-        """Remove presence, then write the detach mark; survives cancellation."""
+        """Remove presence, then write the detach mark; survives cancellation.
+
+        Runs on every replica, for the streams it holds; the teardown is held by
+        this relay until it ends, so a cancelled stream still leaves no presence.
+        """
         ATTACHED.dec()
-        task = asyncio.ensure_future(self._detach(attachment))
-        self._detaching.add(task)
-        task.add_done_callback(self._detaching.discard)
-        try:
-            removed = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.warning(
-                "could not remove a detached worker's presence; it expires on its own",
-                extra={"sandbox_id": attachment.sandbox_id},
-                exc_info=True,
-            )
-            return
-        log.info("worker detached", extra={"sandbox_id": attachment.sandbox_id, "removed": removed})
+        await self._teardowns.shielded(self._detach(attachment))
 
     def let_go(self, attachment: Attachment, why: str) -> None:
         """The stream ends keeping its presence (a drain, or its maximum age): the
@@ -266,9 +258,21 @@ class Relay:
 
     async def close(self) -> None:
         """Wait for teardowns still writing (shutdown, before Redis closes)."""
-        await asyncio.gather(*self._detaching, return_exceptions=True)
+        await self._teardowns.wait()
 
-    async def _detach(self, attachment: Attachment) -> bool:
+    async def _detach(self, attachment: Attachment) -> None:
+        try:
+            removed = await self._remove_presence(attachment)
+        except Exception:
+            log.warning(
+                "could not remove a detached worker's presence; it expires on its own",
+                extra={"sandbox_id": attachment.sandbox_id},
+                exc_info=True,
+            )
+            return
+        log.info("worker detached", extra={"sandbox_id": attachment.sandbox_id, "removed": removed})
+
+    async def _remove_presence(self, attachment: Attachment) -> bool:
         async with self._redis_calls:
             return await self._store.detach(
                 sandbox_id=attachment.sandbox_id,

@@ -18,7 +18,6 @@ rotation while the last good policy keeps enforcing).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -27,6 +26,7 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge
 
 from turnstile_platform.authz.policy import AuthzPolicy, PolicyError, load_policy
+from turnstile_platform.background import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ class PolicyWatcher:
         self.valid = True
         self.last_error: str | None = None
         self._listeners: list[OnValidity] = []
-        self._task: asyncio.Task[None] | None = None
+        # Runs on every replica: each enforces the policy file it reads.
+        self._watching = BackgroundTasks("authz policy watcher")
         self.reloaded = asyncio.Event()
         VALID.set(1)
 
@@ -121,12 +122,8 @@ class PolicyWatcher:
                 self.reloaded.set()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="authz-policy-watcher")
+        if not self._watching:
+            self._watching.spawn(self._loop(), name="authz-policy-watcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._watching.close()

@@ -88,6 +88,7 @@ from pathlib import Path
 
 from turnstile_clientkeys import Resolver
 from turnstile_clientkeys.live_store import LiveStore
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.leader import Leadership, LeaderTerm
 from turnstile_platform.sandbox_credentials import (
@@ -275,7 +276,8 @@ class DirectSubstrate:
             )
         self.credentials = credentials
         self._renew_interval_s = settings.worker_credential_renew_interval_s
-        self._renewing: asyncio.Task[None] | None = None
+        # Without a leader elector (one replica) this replica renews credentials.
+        self._renewing = BackgroundTasks("direct substrate credential renewal")
         self._leadership = leadership
         if credentials is not None and leadership is not None:
             leadership.add_work("sandbox-credential-renewal", self._renew_as_leader)
@@ -288,14 +290,14 @@ class DirectSubstrate:
             )
         self._started = True
         if self.credentials is not None and self._leadership is None:
-            self._renewing = asyncio.create_task(self._renew_forever(self.credentials))
+            self._renewing.spawn(
+                self._renew_forever(self.credentials), name="sandbox-credential-renewal"
+            )
 
     async def close(self) -> None:
         """Stop watching runtimes; they keep running and are found again on restart."""
         self._started = False
-        if self._renewing is not None:
-            self._renewing.cancel()
-            await asyncio.gather(self._renewing, return_exceptions=True)
+        await self._renewing.close()
         self._reaper.close()
         if self._launcher is not None:
             await asyncio.to_thread(self._launcher.close)

@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_substrate.kubernetes import metrics
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
@@ -68,7 +69,8 @@ class Reflector:
         self.lists = 0
         #: watch events applied (bookmarks included)
         self.events = 0
-        self._task: asyncio.Task[None] | None = None
+        # Runs on every replica: each serves reads from its own cache.
+        self._running = BackgroundTasks("kubernetes reflector")
         self._progress = asyncio.Event()
         self._waiting = 0
         #: True while the cache follows the API server (listed, and watching since)
@@ -77,16 +79,12 @@ class Reflector:
         self.on_current_change: Callable[[], None] | None = None
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="k8s-reflector")
+        if not self._running:
+            self._running.spawn(self._run(), name="k8s-reflector")
 
     async def stop(self) -> None:
         self._set_current(False)
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._running.close()
 
     async def wait_synced(self, timeout: float | None = None) -> None:
         async with asyncio.timeout(timeout):

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
@@ -98,7 +96,8 @@ class KubernetesSubstrate:
         self._stopped: set[str] = set()
         self._cleanups = BackgroundTasks("kubernetes substrate clean-ups")
         self._leadership = leadership
-        self._local_leader: asyncio.Task[None] | None = None
+        # With no elector given this replica leads alone (one replica, or tests).
+        self._local_leader = BackgroundTasks("kubernetes substrate local leadership")
         self._issuer = credentials
         self._renew_interval_s = credential_renew_interval_s
         self.credentials: CredentialDelivery | None = None
@@ -130,16 +129,13 @@ class KubernetesSubstrate:
         leadership = self._leadership
         if leadership is None:
             leadership = LocalLeadership()
-            self._local_leader = asyncio.create_task(leadership.run(), name="k8s-local-leader")
+            self._local_leader.spawn(leadership.run(), name="k8s-local-leader")
         leadership.add_work("warm-pool", self._pool.run)
         if self.credentials is not None:
             leadership.add_work("sandbox-credential-renewal", self.credentials.run)
 
     async def close(self) -> None:
-        if self._local_leader is not None:
-            self._local_leader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._local_leader
+        await self._local_leader.close()
         if self._pool is not None:
             await self._pool.stop()
         if self._reflector is not None:
