@@ -310,3 +310,24 @@ def test_watch_takes_a_sane_interval(capsys: pytest.CaptureFixture[str]) -> None
         run(["workers", "--watch", "0"])
     assert exited.value.code == Exit.USAGE
     assert "not between 0.1 and 3600 seconds" in capsys.readouterr().err
+
+
+def test_usage_seen_by_a_tenant_says_the_cluster_bucket_is_not_shown() -> None:
+    """A caller scoped to some clients gets no cluster bucket (its fields left out,
+    so 0): "0.0 of 0" would read as an empty bucket refusing everything."""
+    import io
+
+    from rich.console import Console
+
+    from turnstile_cli.commands.admission import render_usage
+
+    def rendered(usage: admission_pb2.GetUsageResponse) -> str:
+        out = io.StringIO()
+        render_usage(Console(file=out, width=200, color_system=None), "acme", usage)
+        return out.getvalue()
+
+    tenant = rendered(admission_pb2.GetUsageResponse(client_capacity=20, client_tokens=20))
+    assert "0.0 of 0" not in tenant
+    assert "not shown to this identity" in tenant
+    operator = rendered(admission_pb2.GetUsageResponse(cluster_tokens=150, cluster_capacity=200))
+    assert "150.0 of 200" in operator

@@ -247,9 +247,9 @@ class Story:
             f"{self.acme} hits its in-flight limit (concurrency)",
             "Its limits allow 2 activations in flight. Two slow activations hold their "
             "admission (a hold each, as the substrate takes while a runtime starts); the third "
-            "is refused with the limit, the current value and when to retry. On Kubernetes the "
-            "live-sandbox cap refuses the same way (CAP_EXCEEDED); the Direct substrate cannot "
-            "count live sandboxes, so locally that verdict is 'unknown' and admits.",
+            "is refused with the limit, the current value and when to retry. The live-sandbox "
+            "cap refuses the same way (CAP_EXCEEDED): the local stack's Direct substrate "
+            "counts its runtimes (the cap's current value), as Kubernetes counts pods.",
         ):
             await self.set_limits(self.acme, {"concurrency": 2})
             holds: list[str] = []

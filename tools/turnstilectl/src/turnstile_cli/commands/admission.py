@@ -214,7 +214,11 @@ def render_usage(console: Console, who: str, usage: admission_pb2.GetUsageRespon
         if usage.HasField("live")
         else f"{usage.pending} pending of {usage.cap}",
         "tokens": f"{usage.client_tokens:.1f} of {usage.client_capacity:g}",
-        "cluster tokens": f"{usage.cluster_tokens:.1f} of {usage.cluster_capacity:g}",
+        # A bucket's burst is at least 1: a capacity of 0 is the field left out for a
+        # caller scoped to some clients (a tenant's certificate).
+        "cluster tokens": f"{usage.cluster_tokens:.1f} of {usage.cluster_capacity:g}"
+        if usage.cluster_capacity
+        else "not shown to this identity (it sees its own key only)",
         "in flight": f"{usage.in_flight} of {usage.concurrency_limit}",
     }
     if usage.node_slots_held:
