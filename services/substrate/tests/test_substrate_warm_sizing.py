@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -74,8 +75,9 @@ def test_shrinks_only_after_the_hold_and_one_step_at_a_time() -> None:
             sizer.record_demand(float(second))
         targets.append(sizer.size(float(second)).target)
     assert targets[30] == high  # within the hold
-    drops = [a - b for a, b in zip(targets, targets[1:], strict=False) if a != b]
-    assert drops and all(drop == 1 for drop in drops)
+    drops = [a - b for a, b in itertools.pairwise(targets) if a != b]
+    assert drops
+    assert all(drop == 1 for drop in drops)
     assert targets[-1] < high
 
 

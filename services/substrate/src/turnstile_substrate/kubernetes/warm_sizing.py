@@ -131,10 +131,7 @@ class PoolSizer:
             mean = forecast * ready
             raw = math.ceil(policy.headroom * mean + policy.z * math.sqrt(mean) - 1e-9)
         raw = max(policy.min_size, min(policy.max_size, raw))
-        if raw >= self._target:
-            self._target = raw
-            self._lower_since = None
-        elif idle:
+        if raw >= self._target or idle:
             self._target = raw
             self._lower_since = None
         else:
