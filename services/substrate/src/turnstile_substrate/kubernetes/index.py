@@ -54,6 +54,9 @@ class PodIndex:
         self.generation = 0
         #: called with a sandbox id whose live pods changed (the live publisher)
         self.on_sandbox_change: Callable[[str], None] | None = None
+        #: called with (tier, hit) for each sandbox pod that appeared: hit when it was a
+        #: warm pod adopted, else a cold create (the leader's warm-pool demand, SPEC W1)
+        self.on_demand: Callable[[str, bool], None] | None = None
         #: called with a sandbox pod that stopped being live — deleted, terminating, finished
         #: or relabelled — as the cache last saw it (the leader ends its execution row)
         self.on_runtime_gone: Callable[[PodInfo], None] | None = None
@@ -97,6 +100,8 @@ class PodIndex:
             self._warm_changed()
         if old is not None and old.is_sandbox and not pod.is_sandbox:
             self._runtime_gone(old)
+        if self.on_demand is not None and pod.is_sandbox and (old is None or old.is_warm):
+            self.on_demand(pod.tier, old is not None or "-warm-" in pod.name)
 
     def delete(self, name: str) -> None:
         """Apply a DELETED event."""

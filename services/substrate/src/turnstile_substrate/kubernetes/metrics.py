@@ -86,3 +86,22 @@ CREDENTIAL_WRITES = Counter(
     "adoption, renewed and swept: by the leader's renewal pass, failed: a pass's write failed).",
     ["kind"],
 )
+WARM_POOL = Gauge(
+    "turnstile_substrate_warm_pool",
+    "The leader's warm-pool sizing per tier (SPEC W1), by term: demand and forecast (warm pods "
+    "wanted per second), ready_seconds (smoothed time a new pod took to become ready), target "
+    "and size (warm pods available or on their way).",
+    ["tier", "term"],
+)
+WARM_DEMAND = Counter(
+    "turnstile_substrate_warm_demand_total",
+    "Sandbox pods the leader saw appear in a tier with a warm pool, by result (hit: a warm pod "
+    "was adopted, miss: a cold create a warm pod would have served).",
+    ["tier", "result"],
+)
+WARM_IDLE_SECONDS = Counter(
+    "turnstile_substrate_warm_idle_pod_seconds_total",
+    "Pod-seconds warm pods of a tier spent ready and unclaimed (what the pool costs), as the "
+    "leader's refill passes integrate them.",
+    ["tier"],
+)

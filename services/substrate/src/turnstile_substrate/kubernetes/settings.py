@@ -299,8 +299,12 @@ class KubernetesSettings(BaseSettings):
         return self.tier_runtime(tier).warm_pool_size
 
     def warm_tiers(self) -> list[str]:
-        """Tiers with a warm pool configured."""
-        return [tier for tier, runtime in self.tier_runtimes.items() if runtime.warm_pool_size]
+        """Tiers with a warm pool configured (a static size, or autosizing)."""
+        return [
+            tier
+            for tier, runtime in self.tier_runtimes.items()
+            if runtime.warm_pool_size or runtime.warm_autosize
+        ]
 
     def undeclared_tiers(self, declared: tuple[str, ...]) -> list[str]:
         """Tiers of ``tier_runtimes`` that are not among ``declared`` (a typo, or a tier

@@ -116,6 +116,7 @@ class KubernetesSubstrate:
             self._reflector.synced,
             credentials=self._issuer is not None,
         )
+        self.index.on_demand = self._pool.record_demand
         if self._issuer is not None:
             self.credentials = CredentialDelivery(
                 SecretsApi(self._api_client, self.settings),

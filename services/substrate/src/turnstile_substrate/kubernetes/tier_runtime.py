@@ -137,7 +137,27 @@ class TierRuntime(BaseModel):
 
     warm_pool_size: int = Field(default=0, ge=0, le=MAX_WARM_POOL_SIZE)
     """Warm pods the leader keeps for the tier; 0: no warm pool, every activation there is
-    a cold create."""
+    a cold create. With ``warm_autosize`` it is the size used until the leader has
+    measured demand, and the autosizer's bounds are ``warm_min``..``warm_max``."""
+
+    warm_autosize: bool = False
+    """Size the pool from demand (SPEC W1, :mod:`.warm_sizing`) instead of
+    ``warm_pool_size``."""
+
+    warm_min: int = Field(default=0, ge=0, le=MAX_WARM_POOL_SIZE)
+    """Fewest warm pods the autosizer keeps (also when demand stops)."""
+
+    warm_max: int = Field(default=50, ge=0, le=MAX_WARM_POOL_SIZE)
+    """Most warm pods the autosizer keeps."""
+
+    warm_headroom: float = Field(default=1.2, ge=1.0, le=10.0)
+    """Multiplies the autosizer's ``demand × ready time``."""
+
+    @model_validator(mode="after")
+    def _autosize_bounds(self) -> Self:
+        if self.warm_min > self.warm_max:
+            raise ValueError("warm_min must not exceed warm_max")
+        return self
 
     @field_validator("runtime_class_name")
     @classmethod

@@ -47,6 +47,7 @@ from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.warm_sizing import PoolSizer, SizingPolicy
 from turnstile_substrate.passes import log_failed_pass
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID, RuntimeSpec
 
@@ -101,6 +102,13 @@ class WarmPool:
         self._cleanups = BackgroundTasks("warm pool clean-ups")
         #: each tier's template hash (settings are frozen: computed once per tier)
         self._templates: dict[str, str] = {}
+        #: autosized tiers' sizers (fed on every replica, so a new leader starts warm)
+        self._sizers: dict[str, PoolSizer] = {}
+        #: warm pods this replica created and has not yet seen Running → created at
+        self._born: dict[str, float] = {}
+        #: when the last refill pass integrated idle warm pod-seconds
+        self._idle_at: float | None = None
+        self._clock = time.monotonic
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,6 +132,49 @@ class WarmPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._cleanups.wait()
+
+    def sizer(self, tier: str) -> PoolSizer | None:
+        """``tier``'s autosizer, or None when its size is static."""
+        runtime = self._settings.tier_runtime(tier)
+        if not runtime.warm_autosize:
+            return None
+        found = self._sizers.get(tier)
+        if found is None:
+            found = PoolSizer(
+                SizingPolicy(
+                    min_size=runtime.warm_min,
+                    max_size=runtime.warm_max,
+                    headroom=runtime.warm_headroom,
+                )
+            )
+            self._sizers[tier] = found
+        return found
+
+    def record_demand(self, tier: str, hit: bool) -> None:
+        """A sandbox pod appeared in ``tier``: a warm pod adopted (hit) or a cold create."""
+        runtime = self._settings.tier_runtime(tier)
+        if not (runtime.warm_autosize or runtime.warm_pool_size):
+            return
+        sizer = self.sizer(tier)
+        if sizer is not None:
+            sizer.record_demand(self._clock())
+            if not hit:
+                self.wake()  # a miss: grow now, not at the next interval
+        if self._task is not None:
+            metrics.WARM_DEMAND.labels(tier=tier, result="hit" if hit else "miss").inc()
+
+    def target_size(self, tier: str) -> int:
+        """The size the refill keeps ``tier`` at now (and the sizing gauges)."""
+        sizer = self.sizer(tier)
+        if sizer is None:
+            return self._settings.warm_size(tier)
+        sizing = sizer.size(self._clock())
+        gauge = metrics.WARM_POOL
+        gauge.labels(tier=tier, term="demand").set(sizing.demand)
+        gauge.labels(tier=tier, term="forecast").set(sizing.forecast)
+        gauge.labels(tier=tier, term="ready_seconds").set(sizing.ready_s)
+        gauge.labels(tier=tier, term="target").set(sizing.target)
+        return sizing.target
 
     def wake(self) -> None:
         """Ask the refill loop to look again now (a claim, a warm pod came or went)."""
@@ -252,19 +303,39 @@ class WarmPool:
         for name in list(self._discard_pending):
             await self._discard(name)
         tiers = set(self._settings.warm_tiers()) | set(self._index.warm_tiers())
+        now = self._clock()
+        since, self._idle_at = self._idle_at, now
         for tier in sorted(tiers):
+            self._observe(tier, now, 0.0 if since is None else now - since)
             await self._replace_stale(tier)
-            size = self._settings.warm_size(tier)
+            size = self.target_size(tier)
             have = self.available(tier)
+            metrics.WARM_POOL.labels(tier=tier, term="size").set(have)
             if have < size:
                 await asyncio.gather(*(self._create(tier) for _ in range(size - have)))
             elif have > size:
                 await self._trim(tier, have - size)
 
+    def _observe(self, tier: str, now: float, elapsed: float) -> None:
+        """Feed the ready times of this replica's new warm pods that are Running now, and
+        count the pod-seconds ready warm pods sat unclaimed since the last pass."""
+        sizer = self.sizer(tier)
+        ready = 0
+        for pod in self._index.warm(tier):
+            if pod.phase != "Running":
+                continue
+            ready += 1
+            born = self._born.pop(pod.name, None)
+            if born is not None and sizer is not None:
+                sizer.record_ready(now - born)
+        if elapsed > 0 and ready:
+            metrics.WARM_IDLE_SECONDS.labels(tier=tier).inc(ready * elapsed)
+
     async def _create(self, tier: str) -> None:
         body = template.warm_pod(self._settings, tier, credentials=self._credentials)
         name = body["metadata"]["name"]
         self._unseen[name] = (tier, time.monotonic() + _UNSEEN_TTL_S)
+        self._born[name] = self._clock()
         try:
             await self._api.create(body)
         except Exception as error:
@@ -324,6 +395,11 @@ class WarmPool:
             name: (tier, deadline)
             for name, (tier, deadline) in self._unseen.items()
             if name not in pods and deadline > now
+        }
+        self._born = {
+            name: born
+            for name, born in self._born.items()
+            if name in self._unseen or ((pod := pods.get(name)) is not None and pod.is_warm)
         }
 
     async def _run(self) -> None:
