@@ -72,6 +72,37 @@ async def test_a_call_through_two_services_is_one_trace() -> None:
     assert back_server.resource.attributes["service.name"] == "back"
 
 
+async def test_a_channel_without_client_spans_still_carries_the_callers_trace() -> None:
+    """``client_spans=False`` (turnstilectl with no exporter): no client span, and
+    the server's span is a child of the caller's current span all the same."""
+    caller_spans, server_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    caller = _provider("caller", caller_spans)
+
+    async def pong(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        return b"pong"
+
+    app = GrpcService(
+        "back", settings(), service_names=[], tracer_provider=_provider("back", server_spans)
+    )
+    add_probe(app, {"Pong": pong})
+    port = await app.start()
+    channel = create_channel(
+        f"127.0.0.1:{port}", SERVICE, timeout_s=5, tracer_provider=caller, client_spans=False
+    )
+    try:
+        with caller.get_tracer("test").start_as_current_span("command") as root:
+            assert await call(channel, "Pong") == b"pong"
+    finally:
+        await channel.close(None)
+        await app.stop()
+
+    assert [s.kind for s in caller_spans.get_finished_spans()] == [SpanKind.INTERNAL]
+    served = next(s for s in server_spans.get_finished_spans() if s.kind == SpanKind.SERVER)
+    assert served.context.trace_id == root.get_span_context().trace_id
+    assert served.parent is not None
+    assert served.parent.span_id == root.get_span_context().span_id
+
+
 async def test_health_checks_are_not_traced() -> None:
     spans = InMemorySpanExporter()
     app = GrpcService("probe", settings(), service_names=[], tracer_provider=_provider("p", spans))

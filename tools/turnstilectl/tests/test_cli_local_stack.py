@@ -1,7 +1,7 @@
 """The CLI finds the running local stack from any directory (its per-user
 ``stack.json``): addresses, plaintext or mTLS with its certificate, Redis URL
 and prefix, with nothing set by hand; and the stack's Redis prefix is its
-checkout's own."""
+checkout's own, and so are its database and (when not given) its ports."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,13 @@ from turnstile_cli.cli import run
 from turnstile_cli.context import Context, LocalStack, Targets
 from turnstile_cli.output import Output
 from turnstile_cli.stack import state
-from turnstile_cli.stack.config import checkout_prefix
+from turnstile_cli.stack.command import config_from_args
+from turnstile_cli.stack.config import StackConfig, checkout_prefix
+from turnstile_cli.stack.preflight import PreflightError, check_ports, settle_ports
 from turnstile_clientkeys.limits import LimitsStore
 from turnstile_platform.server import GrpcService
 from turnstile_testing.probe import settings
+from turnstile_testing.processes import free_port
 from turnstile_testing.stack import run_stack
 
 
@@ -201,6 +206,109 @@ def test_up_without_a_prefix_takes_its_checkouts(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("TURNSTILE_REDIS_PREFIX", raising=False)
     args = build_parser().parse_args(["up"])
     assert args.redis_prefix is None  # the command then takes checkout_prefix(state dir)
+
+
+def _up_config(monkeypatch: pytest.MonkeyPatch, checkout: Path, *argv: str) -> StackConfig:
+    from turnstile_cli.parser import build_parser
+
+    for variable in (
+        "TURNSTILE_REDIS_PREFIX",
+        "TURNSTILE_DATABASE_URL",
+        "TURNSTILE_DIRECT_STATE_DIR",
+    ):
+        monkeypatch.delenv(variable, raising=False)
+    checkout.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(checkout)
+    return config_from_args(build_parser().parse_args(["up", *argv]))
+
+
+def test_two_checkouts_stacks_share_neither_keys_nor_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = _up_config(monkeypatch, tmp_path / "one")
+    two = _up_config(monkeypatch, tmp_path / "two")
+
+    assert one.redis_prefix != two.redis_prefix
+    assert one.database_url != two.database_url
+    assert re.fullmatch(
+        r"postgresql://postgres@127\.0\.0\.1:5432/turnstile_[0-9a-f]{8}", one.database_url
+    )
+    # The same checkout gets the same ones on every start (its data stays its own).
+    assert _up_config(monkeypatch, tmp_path / "one") == one
+    # Nothing given: every port may move when taken; given ones never do.
+    assert one.pick_free == {"grpc", "metrics", "prometheus"}
+    given = _up_config(
+        monkeypatch, tmp_path / "one", "--grpc-ports", "1,2,3", "--database-url", "postgresql://h/x"
+    )
+    assert given.pick_free == {"metrics", "prometheus"}
+    assert given.ports == (1, 2, 3)
+    assert given.database_url == "postgresql://h/x"
+
+
+def test_a_taken_default_port_is_not_reused_and_a_given_one_is_refused() -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        defaulted = StackConfig(
+            ports=(taken, free_port(), free_port()),
+            metrics_ports=(0, taken, 0),
+            prometheus_port=taken,
+            pick_free=frozenset({"grpc", "metrics", "prometheus"}),
+        )
+
+        settled, moved = settle_ports(defaulted)
+
+        chosen = [*settled.ports, *settled.metrics_ports, settled.prometheus_port]
+        assert taken not in chosen
+        assert settled.ports[1:] == defaulted.ports[1:]  # free ones stay
+        assert settled.metrics_ports[0] == settled.metrics_ports[2] == 0  # off stays off
+        assert len({p for p in chosen if p}) == len([p for p in chosen if p])  # no two alike
+        assert f"admission port {taken} is taken" in moved[0]
+        check_ports(settled)  # every one free
+
+        given = replace(defaulted, pick_free=frozenset())
+        assert settle_ports(given) == (given, [])
+        with pytest.raises(PreflightError, match=f"port {taken} is in use"):
+            check_ports(given)
+    finally:
+        holder.close()
+
+
+async def test_a_stack_given_no_ports_moves_off_a_taken_default_and_says_where(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """A second checkout's ``./scripts/up`` while another stack holds :50051: it
+    starts on a free port, says so, records it, and the CLI finds it there."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 50051))
+        holder.listen()
+    except OSError:  # another process holds it already: as good for this test
+        holder.close()
+    try:
+        with run_stack(
+            tmp_path,
+            redis_url=redis_url,
+            redis_prefix=redis_prefix,
+            database_url=database_url,
+            pick_ports=True,
+        ) as stack:
+            await stack.wait_serving()
+            assert stack.ports[0] != 50051
+            assert f"admission port 50051 is taken: using {stack.ports[0]}" in stack.output()
+            status = await asyncio.to_thread(
+                _cli, ["status", "--json"], cwd=tmp_path, env=_bare_env(tmp_path / "xdg-state")
+            )
+            assert status.returncode == 0, status.stdout + status.stderr
+            assert json.loads(status.stdout)["admission"] == {
+                "address": stack.addresses[0],
+                "health": "SERVING",
+            }
+            assert stack.interrupt() == 0
+    finally:
+        holder.close()
 
 
 async def test_a_real_plaintext_stack_after_an_mtls_start_needs_no_setting(

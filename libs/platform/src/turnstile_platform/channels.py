@@ -84,6 +84,7 @@ def create_channel(
     max_message_bytes: int = 4 * 1024 * 1024,
     credentials: grpc.ChannelCredentials | None = None,
     server_id: str | None = None,
+    client_spans: bool = True,
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to ``target`` for calls to ``service``: mTLS with
     ``credentials`` (from :mod:`turnstile_platform.tls`) to a server that must hold
@@ -91,6 +92,8 @@ def create_channel(
     plaintext without credentials.
 
     ``service`` is the full service name (``turnstile.admission.v1.AdmissionService``).
+    ``client_spans=False`` propagates the trace context without client spans
+    (:func:`turnstile_platform.tracing.client_interceptors`).
     """
     provider = tracer_provider or trace.get_tracer_provider()
     options: list[tuple[str, object]] = [
@@ -104,7 +107,7 @@ def create_channel(
         ("grpc.keepalive_time_ms", 30_000),
     ]
     interceptors: list[grpc.aio.ClientInterceptor] = [
-        *tracing.client_interceptors(provider),
+        *tracing.client_interceptors(provider, spans=client_spans),
         cast(grpc.aio.ClientInterceptor, DefaultDeadline(timeout_s)),
     ]
     if credentials is not None:

@@ -157,6 +157,7 @@ def _peer(
     provider: trace.TracerProvider | None,
     timeout_s: float | None,
     server_id: str,
+    client_spans: bool = True,
 ) -> Peer[Any]:
     def make_channel(credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
         return create_channel(
@@ -168,6 +169,7 @@ def _peer(
             max_message_bytes=settings.max_message_bytes,
             credentials=credentials,
             server_id=server_id,
+            client_spans=client_spans,
         )
 
     def reload() -> tls.ChannelCredentialsSource:
@@ -186,6 +188,7 @@ def admission(
     target: str | None = None,
     timeout_s: float | None = None,
     server_id: str | None = None,
+    client_spans: bool = True,
 ) -> Peer[admission_pb2_grpc.AdmissionServiceAsyncStub]:
     """A peer of the admission service at ``target`` (default: the settings' address),
     whose certificate must hold ``server_id`` (default: ``admission_spiffe_id``)."""
@@ -197,6 +200,7 @@ def admission(
         provider,
         timeout_s,
         server_id or settings.admission_spiffe_id,
+        client_spans,
     )
 
 
@@ -207,6 +211,7 @@ def substrate(
     target: str | None = None,
     timeout_s: float | None = None,
     server_id: str | None = None,
+    client_spans: bool = True,
 ) -> Peer[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
     """A peer of the substrate service at ``target`` (default: the settings' address),
     whose certificate must hold ``server_id`` (default: ``substrate_spiffe_id``)."""
@@ -218,6 +223,7 @@ def substrate(
         provider,
         timeout_s,
         server_id or settings.substrate_spiffe_id,
+        client_spans,
     )
 
 
@@ -228,6 +234,7 @@ def affinity(
     target: str | None = None,
     timeout_s: float | None = None,
     server_id: str | None = None,
+    client_spans: bool = True,
 ) -> Peer[affinity_pb2_grpc.AffinityServiceAsyncStub]:
     """A peer of the affinity service at ``target`` (default: the settings' address),
     whose certificate must hold ``server_id`` (default: ``affinity_spiffe_id``)."""
@@ -239,4 +246,5 @@ def affinity(
         provider,
         timeout_s,
         server_id or settings.affinity_spiffe_id,
+        client_spans,
     )

@@ -16,7 +16,11 @@ a recording span gets the per-call attributes; the call's status comes from the
 interceptor, which knows it anyway, so the context is not wrapped. The spans
 look the same: name ``/pkg.Service/Method``, kind SERVER, the instrumentation's
 ``rpc.*`` and ``net.peer.*`` attributes, ERROR status for the codes that are the
-server's fault. Client spans still come from the instrumentation.
+server's fault. Client spans still come from the instrumentation, imported only
+when asked for: it loads ``wrapt`` and ``importlib.metadata``, the larger part of a
+short-lived caller's start-up. A caller whose spans go nowhere (``turnstilectl``
+with no exporter) asks for propagation alone (:func:`client_interceptors`'s
+``spans=False``): the servers still join its trace.
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import grpc
 import grpc.aio
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -176,9 +179,53 @@ def _call_attributes(context: grpc.aio.ServicerContext[Any, Any], metadata: Any)
     return out
 
 
-def client_interceptors(provider: trace.TracerProvider) -> list[grpc.aio.ClientInterceptor]:
-    """grpc.aio client interceptors that start client spans and propagate context."""
+def client_interceptors(
+    provider: trace.TracerProvider, *, spans: bool = True
+) -> list[grpc.aio.ClientInterceptor]:
+    """grpc.aio client interceptors that start client spans and propagate context.
+
+    ``spans=False``: propagation only (the current span's context in each call's
+    metadata, no client span), for a caller whose spans are exported nowhere."""
+    if not spans:
+        return [
+            cast(grpc.aio.ClientInterceptor, interceptor)
+            for interceptor in (_PropagateUnaryUnary(), _PropagateUnaryStream())
+        ]
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
     interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
         tracer_provider=provider, filter_=_traced()
     )
     return interceptors
+
+
+def _with_context(call_details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    """``call_details`` with the current trace context added to its metadata."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return call_details
+    metadata = grpc.aio.Metadata(*(call_details.metadata or ()))
+    for key, value in carrier.items():
+        metadata[key] = value
+    return grpc.aio.ClientCallDetails(
+        call_details.method,
+        call_details.timeout,
+        metadata,
+        call_details.credentials,
+        call_details.wait_for_ready,
+    )
+
+
+class _PropagateUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(_with_context(client_call_details), request)
+
+
+class _PropagateUnaryStream(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(_with_context(client_call_details), request)

@@ -21,6 +21,9 @@ from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
 from turnstile_testing.processes import free_port
 
+#: The ports of a stack started without them, until its ``stack.json`` names them.
+UNKNOWN_PORTS = (0, 0, 0)
+
 
 @dataclass
 class RunningStack:
@@ -76,6 +79,8 @@ class RunningStack:
         }
 
     async def wait_serving(self, timeout_s: float = 45.0) -> None:
+        if self.ports == UNKNOWN_PORTS:  # the stack picks them: its stack.json says
+            self.ports = await self._described_ports(timeout_s)
         if self.plaintext:  # no certificates to wait for
             await self._wait_answering(None, timeout_s)
             return
@@ -111,6 +116,24 @@ class RunningStack:
             await asyncio.sleep(0.05)
         raise AssertionError(f"no banner:\n{self.output()}")
 
+    async def _described_ports(self, timeout_s: float) -> tuple[int, int, int]:
+        import json
+
+        described = self.log.with_name("stack.json")
+        for _ in range(int(timeout_s / 0.05)):
+            try:
+                addresses = json.loads(described.read_text())["addresses"]
+                a, s, f = (
+                    int(addresses[name].rsplit(":", 1)[1])
+                    for name in ("admission", "substrate", "affinity")
+                )
+                return a, s, f
+            except (OSError, ValueError, KeyError):
+                if self.proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"no stack.json naming the ports:\n{self.output()}")
+
     def interrupt(self, timeout_s: float = 60.0) -> int:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(timeout=timeout_s)
@@ -142,13 +165,16 @@ def run_stack(
     prometheus_port: int = 0,
     through_tee: bool = False,
     plaintext: bool = False,
+    pick_ports: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
     Prometheus stay off unless ports are given for them. ``through_tee`` pipes
     the runner's output through a real ``tee`` (``./scripts/up | tee up.log``):
     :meth:`RunningStack.ctrl_c_through_tee` then stops both as a terminal's
-    Ctrl-C does. ``plaintext`` starts it with ``--plaintext``."""
-    ports = (free_port(), free_port(), free_port())
+    Ctrl-C does. ``plaintext`` starts it with ``--plaintext``. ``pick_ports`` gives no gRPC ports,
+    so the stack starts from the defaults and moves those taken; its ``stack.json``
+    then names them (:meth:`RunningStack.wait_serving` reads them there)."""
+    ports = UNKNOWN_PORTS if pick_ports else (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
         key: value
@@ -181,8 +207,7 @@ def run_stack(
                 "-m",
                 "turnstile_cli",
                 "up",
-                "--grpc-ports",
-                ",".join(map(str, ports)),
+                *([] if pick_ports else ["--grpc-ports", ",".join(map(str, ports))]),
                 "--metrics-ports",
                 ",".join(map(str, metrics_ports)),
                 "--prometheus-port",

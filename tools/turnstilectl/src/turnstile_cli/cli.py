@@ -103,6 +103,7 @@ async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:
 
     provider = tracing.create_tracer_provider("turnstilectl")
     ctx.tracer_provider = provider
+    ctx.client_spans = tracing.exporter_configured()
     tracer = provider.get_tracer("turnstile_cli")
     try:
         with tracer.start_as_current_span(f"turnstilectl {args.action}") as span:

@@ -250,6 +250,10 @@ class Context:
     tls: ClientTls = field(default_factory=ClientTls)
     #: The running local stack, if any (its ``stack.json`` names it).
     stack: LocalStack | None = None
+    #: Whether calls record client spans: only when they are exported somewhere;
+    #: otherwise each call only carries the command's trace context (the servers'
+    #: spans still join it), which spares every command the instrumentation's import.
+    client_spans: bool = False
 
     def redis_target(self, url: str | None, prefix: str | None) -> tuple[str, str]:
         """The Redis URL and key prefix of ``keys``, ``limits`` and ``demo``: the
@@ -309,7 +313,9 @@ class Context:
     async def admission(self) -> AsyncIterator[admission_pb2_grpc.AdmissionServiceAsyncStub]:
         from turnstile_platform import peers
 
-        peer = peers.admission(self.settings(), self.tracer_provider)
+        peer = peers.admission(
+            self.settings(), self.tracer_provider, client_spans=self.client_spans
+        )
         try:
             # A stub on a grpc.aio channel is the async stub.
             yield peer.stub
@@ -320,7 +326,9 @@ class Context:
     async def substrate(self) -> AsyncIterator[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
         from turnstile_platform import peers
 
-        peer = peers.substrate(self.settings(), self.tracer_provider)
+        peer = peers.substrate(
+            self.settings(), self.tracer_provider, client_spans=self.client_spans
+        )
         try:
             yield peer.stub
         finally:
@@ -330,7 +338,7 @@ class Context:
     async def affinity(self) -> AsyncIterator[affinity_pb2_grpc.AffinityServiceAsyncStub]:
         from turnstile_platform import peers
 
-        peer = peers.affinity(self.settings(), self.tracer_provider)
+        peer = peers.affinity(self.settings(), self.tracer_provider, client_spans=self.client_spans)
         try:
             yield peer.stub
         finally:

@@ -402,17 +402,23 @@ def _stack(sub: Subparsers) -> None:
     )
     up.add_argument(
         "--database-url",
-        default=env("TURNSTILE_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/turnstile"),
-        help="created when missing (default: $TURNSTILE_DATABASE_URL or the local "
-        "server's `turnstile` database)",
+        default=env("TURNSTILE_DATABASE_URL"),
+        help="created when missing (default: $TURNSTILE_DATABASE_URL, else a database of "
+        "this checkout's own on the local server, turnstile_<hash of its path>)",
     )
-    up.add_argument("--grpc-ports", type=_triple, default=(50051, 50052, 50053), metavar="A,S,F")
+    up.add_argument(
+        "--grpc-ports",
+        type=_triple,
+        metavar="A,S,F",
+        help="gRPC ports (default: 50051,50052,50053; one another process holds moves to a "
+        "free port, named in the banner and in the stack file the CLI reads)",
+    )
     up.add_argument(
         "--metrics-ports",
         type=_triple,
-        default=(9091, 9092, 9093),
         metavar="A,S,F",
-        help="Prometheus ports (0 turns one off)",
+        help="Prometheus ports, 0 turns one off (default: 9091,9092,9093, moved like the "
+        "gRPC ports when taken)",
     )
     up.add_argument(
         "--tiers",
@@ -465,9 +471,8 @@ def _stack(sub: Subparsers) -> None:
     up.add_argument(
         "--prometheus-port",
         type=int,
-        default=9090,
         help="when Prometheus is installed, run one here scraping the stack with "
-        "deploy/prometheus's rules (default 9090; 0: none)",
+        "deploy/prometheus's rules (default 9090, or a free port when that is taken; 0: none)",
     )
     up.add_argument(
         "--prometheus-scrape-interval",

@@ -65,6 +65,9 @@ class StackConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: Where a local Prometheus listens when one is installed (0: none).
     prometheus_port: int = 9090
+    #: Which ports were not given (``grpc``, ``metrics``, ``prometheus``): those
+    #: taken at start (another checkout's stack) move to free ones.
+    pick_free: frozenset[str] = frozenset()
     prometheus_scrape_s: float = 5.0
     tls_dir: Path | None = Path(".run/tls")
     """Where the local CA, certificates and policy live; None runs plaintext."""
@@ -180,15 +183,32 @@ class StackConfig:
 WORKER_PRELOAD = "turnstile_affinity.worker.__main__:main"
 
 
-def checkout_prefix(state_dir: Path) -> str:
-    """The Redis prefix of the local stack whose state lives in ``state_dir``:
-    ``turnstile:<8 hex digits of the checkout's path>:``, the checkout being the
-    directory holding ``.run/`` (two checkouts sharing one Redis would otherwise
-    share one key set, limits and live counts). Stable across restarts."""
+def checkout_id(state_dir: Path) -> str:
+    """8 hex digits of the path of the checkout whose stack keeps its state in
+    ``state_dir`` (the checkout being the directory holding ``.run/``): what tells
+    two checkouts' local stacks apart on one machine. Stable across restarts."""
     import hashlib
 
     checkout = state_dir.absolute().parent.parent
-    return f"turnstile:{hashlib.sha256(str(checkout).encode()).hexdigest()[:8]}:"
+    return hashlib.sha256(str(checkout).encode()).hexdigest()[:8]
+
+
+def checkout_prefix(state_dir: Path) -> str:
+    """The Redis prefix of the local stack whose state lives in ``state_dir``:
+    ``turnstile:<checkout id>:`` (two checkouts sharing one Redis would otherwise
+    share one key set, limits and live counts)."""
+    return f"turnstile:{checkout_id(state_dir)}:"
+
+
+#: The local PostgreSQL server the stack's database is created on by default.
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432"
+
+
+def checkout_database_url(state_dir: Path) -> str:
+    """The database of the local stack whose state lives in ``state_dir``:
+    ``turnstile_<checkout id>`` on the local server, created at start when
+    missing, so two checkouts never share sandbox records."""
+    return f"{LOCAL_POSTGRES}/turnstile_{checkout_id(state_dir)}"
 
 
 def bin_dir() -> Path:

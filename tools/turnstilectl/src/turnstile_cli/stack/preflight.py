@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -48,18 +49,61 @@ def check_commands(config: StackConfig) -> None:
         )
 
 
+def port_free(port: int) -> bool:
+    """Whether a server could listen on ``127.0.0.1:port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _any_free_port(avoid: set[int]) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+def settle_ports(config: StackConfig) -> tuple[StackConfig, list[str]]:
+    """``config`` with each port it was not given (:attr:`StackConfig.pick_free`)
+    that another process holds (another checkout's stack, its Prometheus) moved to
+    a free one, and a line per move. Ports given explicitly stay as given:
+    :func:`check_ports` refuses them when taken."""
+    taken: set[int] = set()
+    moved: list[str] = []
+
+    def settle(group: str, names: tuple[str, ...], ports: tuple[int, ...]) -> tuple[int, ...]:
+        chosen = []
+        for name, port in zip(names, ports, strict=True):
+            if group in config.pick_free and port != 0 and (port in taken or not port_free(port)):
+                new = _any_free_port(taken | set(ports))
+                moved.append(f"{name} port {port} is taken: using {new}")
+                port = new
+            taken.add(port)
+            chosen.append(port)
+        return tuple(chosen)
+
+    services = ("admission", "substrate", "affinity")
+    a, s, f = settle("grpc", services, config.ports)
+    ma, ms, mf = settle("metrics", tuple(f"{n} metrics" for n in services), config.metrics_ports)
+    (prometheus,) = settle("prometheus", ("Prometheus",), (config.prometheus_port,))
+    settled = replace(
+        config, ports=(a, s, f), metrics_ports=(ma, ms, mf), prometheus_port=prometheus
+    )
+    return settled, moved
+
+
 def check_ports(config: StackConfig) -> None:
     for port in (*config.ports, *config.metrics_ports):
-        if port == 0:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                raise PreflightError(
-                    f"port {port} is in use: is a stack already running? (turnstilectl status)"
-                ) from None
+        if port != 0 and not port_free(port):
+            raise PreflightError(
+                f"port {port} is in use: is a stack already running? (turnstilectl status)"
+            )
 
 
 async def check_redis(url: str) -> None:

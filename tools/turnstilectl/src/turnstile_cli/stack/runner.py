@@ -52,6 +52,7 @@ from turnstile_cli.stack.preflight import (
     ensure_database,
     migrate,
     redacted,
+    settle_ports,
 )
 from turnstile_cli.stack.runtime_user import runtime_user_env
 from turnstile_cli.stack.terminal import DetachingOutput
@@ -205,6 +206,10 @@ class Stack:
             )
         check_tiers(self.config)
         check_commands(self.config)
+        # Another checkout's stack may hold the default ports: take free ones then.
+        self.config, moved = settle_ports(self.config)
+        for line in moved:
+            self.say(line)
         check_ports(self.config)
         self.runtime_user_env, note = await asyncio.to_thread(
             runtime_user_env, self.config.state_dir, {**os.environ, **self.config.extra_env}
@@ -406,6 +411,9 @@ class Stack:
             "transport": transport,
             "redis_url": config.redis_url,
             "redis_prefix": config.redis_prefix,
+            "database": redacted(config.database_url),
+            "metrics_ports": dict(zip(SERVICE_NAMES, config.metrics_ports, strict=True)),
+            "prometheus": self.prometheus.url if self.prometheus is not None else None,
         }
 
     async def stop_leftovers(self) -> None:
