@@ -112,9 +112,57 @@ async def test_ctrl_c_through_tee_stops_everything_and_tells_the_stop_in_a_log(
         assert not (tmp_path / "stack.json").exists()
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _guard(stack: RunningStack) -> procs.Proc:
+    return next(
+        p
+        for p in procs.all_processes()
+        if p.ppid == stack.proc.pid and "turnstile_cli.stack.guard" in _cmdline(p.pid)
+    )
+
+
+async def _launched_runtime(stack: RunningStack, sandbox_id: str) -> procs.Proc:
+    """A runtime started through the preloaded launcher (the local stack's default)."""
+    activated = await _activate(stack, sandbox_id)
+    runtime = procs.read(int(activated.sandbox.runtime_name.removeprefix("proc-")))
+    assert runtime is not None
+    assert "turnstile_substrate.direct.launcher" in _cmdline(runtime.ppid), _cmdline(runtime.ppid)
+    return runtime
+
+
+async def test_a_killed_runners_runtimes_and_services_are_stopped_by_its_guard(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    with run_stack(
+        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
+    ) as stack:
+        await stack.wait_serving()
+        runtime = await _launched_runtime(stack, "sb-stack-guard")
+        guard = _guard(stack)
+        tree = [p for p in _tree(stack) if p.pid != guard.pid]
+
+        stack.proc.kill()  # SIGKILL: the runner stops nothing itself
+        stack.proc.wait(10)
+
+        assert await _wait_gone([*tree, guard], timeout_s=30) == [], stack.output()
+        assert runtime in tree
+        told = (tmp_path / "stop.log").read_text()
+        assert f"runner (pid {stack.proc.pid}) is gone" in told
+        assert f"runtime of sb-stack-guard[{runtime.pid}]" in told
+        assert not (tmp_path / "stack.json").exists()
+
+
 async def test_the_next_up_stops_what_a_killed_runner_left_and_says_so(
     tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
 ) -> None:
+    """The runner and its guard both killed (``kill -9`` of both, the OOM killer):
+    the next ``up`` finds what is left by its recorded pids."""
     up = partial(
         run_stack,
         tmp_path,
@@ -124,12 +172,12 @@ async def test_the_next_up_stops_what_a_killed_runner_left_and_says_so(
     )
     with up() as stack:
         await stack.wait_serving()
-        activated = await _activate(stack, "sb-stack-kill")
-        runtime = procs.read(int(activated.sandbox.runtime_name.removeprefix("proc-")))
-        assert runtime is not None
-        services = [p for p in _tree(stack) if p.ppid == stack.proc.pid]
+        runtime = await _launched_runtime(stack, "sb-stack-kill")
+        guard = _guard(stack)
+        services = [p for p in _tree(stack) if p.ppid == stack.proc.pid and p.pid != guard.pid]
 
-        stack.proc.kill()  # SIGKILL: the runner stops nothing
+        os.kill(guard.pid, signal.SIGKILL)
+        stack.proc.kill()
         stack.proc.wait(10)
 
         # The services die with their parent; the runtime outlives it by design.
@@ -184,6 +232,34 @@ async def test_sighup_stops_the_stack_as_ctrl_c_does_and_logs_where_it_can(
         assert code == 0, stack.output()
         assert await _wait_gone(tree) == []
         # Nobody reads the terminal any more: the stop is told in stop.log.
+        told = (tmp_path / "stop.log").read_text()
+        assert "SIGHUP" in told
+        assert "stopping 1 sandbox runtime(s)" in told
+        assert not (tmp_path / "stack.json").exists()
+
+
+async def test_closing_the_terminal_stops_the_stack_and_tells_the_stop_in_a_log(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """A real terminal closed under the runner: the kernel's hang-up (not a signal
+    sent by hand) and a terminal that fails every later write."""
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        through_terminal=True,
+    ) as stack:
+        await stack.wait_serving()
+        runtime = await _launched_runtime(stack, "sb-stack-window")
+        tree = _tree(stack)
+
+        stack.close_terminal()
+        code = await asyncio.to_thread(stack.proc.wait, 60)
+
+        assert code == 0, stack.output()
+        assert runtime in tree
+        assert await _wait_gone(tree) == []
         told = (tmp_path / "stop.log").read_text()
         assert "SIGHUP" in told
         assert "stopping 1 sandbox runtime(s)" in told

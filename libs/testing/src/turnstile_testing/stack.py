@@ -38,6 +38,8 @@ class RunningStack:
     state_home: Path | None = None
     #: Started with ``--plaintext``: no certificates, no authorization.
     plaintext: bool = False
+    #: The terminal the runner runs in (``through_terminal``), until it is closed.
+    terminal: _Terminal | None = None
 
     def tls_env(self) -> dict[str, str]:
         """The stack's CLI certificate (``turnstilectl up`` issues it on start)."""
@@ -148,8 +150,61 @@ class RunningStack:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(timeout=timeout_s)
 
+    def close_terminal(self) -> None:
+        """Close the terminal window the runner runs in (``through_terminal``): the
+        kernel hangs up its controlling terminal, sending it SIGHUP, and every
+        later write of the runner to it fails."""
+        assert self.terminal is not None, "run_stack(through_terminal=True)"
+        self.terminal.close()
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+class _Terminal:
+    """A pseudo-terminal whose screen is copied to a log, like a terminal window."""
+
+    def __init__(self, log: Path) -> None:
+        import pty
+        import threading
+
+        self.master, self.slave = pty.openpty()
+        self._closing = threading.Event()
+        self._copier = threading.Thread(target=self._copy, args=(log,), daemon=True)
+        self._copier.start()
+
+    def _copy(self, log: Path) -> None:
+        import select
+
+        with log.open("ab") as out:
+            while not self._closing.is_set():
+                ready, _, _ = select.select([self.master], [], [], 0.05)
+                if not ready:
+                    continue
+                try:
+                    data = os.read(self.master, 65536)
+                except OSError:  # EIO: nothing holds the other side any more
+                    return
+                if not data:
+                    return
+                out.write(data)
+                out.flush()
+
+    def close(self) -> None:
+        """Stop reading and close the master side: the terminal is gone."""
+        self._closing.set()
+        self._copier.join(5)
+        if self.master >= 0:  # once: a closed fd's number may be reused
+            os.close(self.master)
+            self.master = -1
+
+
+def _take_terminal() -> None:  # pragma: no cover - runs in the child before exec
+    """Make stdin (a terminal) the controlling terminal of this new session."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 @contextmanager
@@ -166,6 +221,7 @@ def run_stack(
     through_tee: bool = False,
     plaintext: bool = False,
     pick_ports: bool = False,
+    through_terminal: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
     Prometheus stay off unless ports are given for them. ``through_tee`` pipes
@@ -173,7 +229,10 @@ def run_stack(
     :meth:`RunningStack.ctrl_c_through_tee` then stops both as a terminal's
     Ctrl-C does. ``plaintext`` starts it with ``--plaintext``. ``pick_ports`` gives no gRPC ports,
     so the stack starts from the defaults and moves those taken; its ``stack.json``
-    then names them (:meth:`RunningStack.wait_serving` reads them there)."""
+    then names them (:meth:`RunningStack.wait_serving` reads them there).
+    ``through_terminal`` runs it in a terminal of its own (a pseudo-terminal, its
+    controlling one) whose screen goes to the log: :meth:`RunningStack.close_terminal`
+    closes it as a person closes the window."""
     ports = UNKNOWN_PORTS if pick_ports else (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -200,7 +259,12 @@ def run_stack(
         if through_tee
         else None
     )
+    terminal = _Terminal(log) if through_terminal else None
     with log.open("ab") as out:
+        if terminal is not None:
+            output: Any = terminal.slave
+        else:
+            output = out if tee is None else tee.stdin
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -230,11 +294,15 @@ def run_stack(
                 "10",
                 *(["--plaintext"] if plaintext else []),
             ],
-            stdout=out if tee is None else tee.stdin,
+            stdin=terminal.slave if terminal is not None else None,
+            stdout=output,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_take_terminal if terminal is not None else None,
         )
+    if terminal is not None:
+        os.close(terminal.slave)  # the runner holds the terminal's only other side
     if tee is not None and tee.stdin is not None:
         tee.stdin.close()  # the runner holds the pipe's only write end
     stack = RunningStack(
@@ -247,6 +315,7 @@ def run_stack(
         tee,
         tmp_path / "xdg-state",
         plaintext,
+        terminal,
     )
     try:
         yield stack
@@ -261,3 +330,5 @@ def run_stack(
         if tee is not None and tee.poll() is None:
             tee.kill()
             tee.wait()
+        if terminal is not None:
+            terminal.close()

@@ -15,6 +15,11 @@ Stop, in an order that leaves nothing behind:
    after the grace gets SIGKILL;
 3. whatever is still below the runner (a runtime whose substrate died: the
    runner is a child subreaper, so it inherited it) gets SIGTERM, then SIGKILL.
+
+A runner killed outright does none of this: its services get SIGTERM from the
+kernel (``PR_SET_PDEATHSIG``), and its guard (:mod:`.guard`, a process of its own
+that sees the runner go) stops the runtimes and whatever else ``stack.json``
+recorded; should the guard be gone too, the next ``up`` does it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
@@ -32,7 +38,7 @@ import grpc.aio
 from rich.console import Console
 from rich.table import Table
 
-from turnstile_cli.stack import procs, prometheus, state
+from turnstile_cli.stack import guard, procs, prometheus, state
 from turnstile_cli.stack.config import (
     HOLDERS,
     SERVERS,
@@ -116,6 +122,8 @@ class Stack:
         self.prometheus_note = "not installed (Debian's prometheus package)"
         #: Who the substrate's runtimes run as (SPEC O4), chosen at preflight.
         self.runtime_user_env: dict[str, str] = {}
+        #: The guard process and its pipe (:mod:`.guard`), once the stack is described.
+        self.guard: tuple[subprocess.Popen[bytes], int] | None = None
 
     def say(self, text: str) -> None:
         self.printer.line("stack", text)
@@ -139,6 +147,10 @@ class Stack:
                 await self.stop()
                 return 1
             self.describe()  # from here a killed runner leaves a list of what to stop
+            # ... and its guard stops what is on it, should the runner be killed.
+            self.guard = guard.start(self.config.state_dir)
+            if self.guard is None:
+                self.say("could not start the guard: if killed, the next `up` stops what is left")
             await self.start_prometheus()
             # stack.json first: whoever sees the banner may read it at once.
             self.describe()
@@ -473,6 +485,9 @@ class Stack:
         # Last: until everything is stopped, the next ``up`` can still find it here.
         with contextlib.suppress(OSError):
             state.path_for(self.config.state_dir).unlink()
+        if self.guard is not None:  # nothing left for it to stop
+            await asyncio.to_thread(guard.stand_down, *self.guard)
+            self.guard = None
         with contextlib.suppress(OSError):
             state.retire(os.getpid())
         self.say("stopped")
@@ -540,7 +555,8 @@ class Stack:
 
     async def sweep(self) -> None:
         """Stop anything still below the runner: runtimes orphaned by a dead substrate."""
-        left = procs.descendants(os.getpid())
+        mine = {self.guard[0].pid} if self.guard is not None else set()
+        left = [p for p in procs.descendants(os.getpid()) if p.pid not in mine]
         if left:
             self.say(
                 f"stopping {len(left)} leftover process(es): "
