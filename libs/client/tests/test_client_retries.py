@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import grpc
 import grpc.aio
 import pytest
-from turnstile_client import Refused, Retry, TurnstileClient, TurnstileError
 
+from turnstile_client import Refused, Retry, TurnstileClient, TurnstileError
 from turnstile_contracts import admission_pb2, admission_pb2_grpc
 from turnstile_platform.errors import RichError
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from turnstile_client import Refused, Tls, TurnstileClient, TurnstileError
 
+from turnstile_client import Refused, Tls, TurnstileClient, TurnstileError
 from turnstile_clientkeys import KeySetStore
 from turnstile_clientkeys.limits import limits_key
 from turnstile_testing.stack import RunningStack, run_stack

@@ -58,6 +58,11 @@ class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
             )
         if request.sandbox_id.startswith("bad"):
             await abort(context, bad_field("sandbox_id", "must be a label value"))
+        if request.sandbox_id.startswith("form"):  # says which client form arrived
+            return substrate_pb2.ActivateResponse(
+                sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
+                charged_client_id=str(request.client.WhichOneof("client")),
+            )
         return substrate_pb2.ActivateResponse(
             sandbox=substrate_pb2.Sandbox(
                 sandbox_id=request.sandbox_id, tier=request.tier, runtime_name="proc-1"
@@ -225,6 +230,16 @@ async def test_json_errors_carry_the_decoded_details_for_scripts(
     assert error["reason"] == "RATE_LIMITED"
     assert error["retry_after_s"] == pytest.approx(1.2)
     assert error["metadata"]["limit"] == "2"
+
+
+@pytest.mark.parametrize("form", ["inherit", "native"])
+async def test_activate_sends_every_client_form_through_the_typed_client(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str], form: str
+) -> None:
+    """``activate`` calls through turnstile_client (its activate takes any form)."""
+    code, out = await _cli(capsys, servers[0], "activate", "form-1", f"--{form}", "--json")
+    assert code == 0, out
+    assert json.loads(out)["charged_client_id"] == form
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 retries and one shape for refusals (docs/clients.md)."""
 
 from turnstile_client.client import DEFAULT_TRUST_DOMAIN, Retry, Tls, TurnstileClient, server_name
-from turnstile_client.errors import Refused, TurnstileError, Violation, decode
+from turnstile_client.errors import Refused, TurnstileError, Violation, decode, refused_admit
 
 __all__ = [
     "DEFAULT_TRUST_DOMAIN",
@@ -13,5 +13,6 @@ __all__ = [
     "TurnstileError",
     "Violation",
     "decode",
+    "refused_admit",
     "server_name",
 ]

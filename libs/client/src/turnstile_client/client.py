@@ -181,14 +181,23 @@ class TurnstileClient:
         return response
 
     async def activate(
-        self, sandbox_id: str, client_id: str, *, tier: str = "", deadline_s: float | None = None
+        self,
+        sandbox_id: str,
+        client: str | common_pb2.ActivationClient,
+        *,
+        tier: str = "",
+        deadline_s: float | None = None,
     ) -> substrate_pb2.ActivateResponse:
-        """Make the sandbox's runtime exist. Raises :class:`Refused` when a limit
-        refused it, :class:`TurnstileError` for any other error."""
+        """Make the sandbox's runtime exist, charged to ``client``: a client id, or
+        any form of ``ActivationClient`` (``inherit``, ``native``, ``unattributed``).
+        Raises :class:`Refused` when a limit refused it, :class:`TurnstileError` for
+        any other error."""
         stub = _need(self._substrate, "substrate")
         request = substrate_pb2.ActivateRequest(
             sandbox_id=sandbox_id,
-            client=common_pb2.ActivationClient(client_id=client_id),
+            client=(
+                common_pb2.ActivationClient(client_id=client) if isinstance(client, str) else client
+            ),
             tier=tier,
         )
         response: substrate_pb2.ActivateResponse = await self._call(

@@ -126,18 +126,19 @@ async def _handle(args: argparse.Namespace, ctx: Context) -> int:
 
     from turnstile_cli import exits
     from turnstile_cli.commands.base import load_handler
-    from turnstile_platform.errors import decode
+    from turnstile_client import TurnstileError, decode
 
     handler = load_handler(args.handler)
     try:
         code: int = await handler(args, ctx)
-    except grpc.aio.AioRpcError as error:
-        rich = decode(error)
-        if error.code() == grpc.StatusCode.UNAVAILABLE and not rich.reason:
+    except (grpc.aio.AioRpcError, TurnstileError) as error:
+        # Raw stubs raise the first, the typed client (turnstile_client) the second.
+        rich = error if isinstance(error, TurnstileError) else decode(error)
+        if rich.code == grpc.StatusCode.UNAVAILABLE and not rich.reason:
             from turnstile_cli.transport import explain
 
             problem = explain(
-                error.details() or "", ctx.tls, ctx.targets, service=getattr(args, "service", None)
+                rich.message, ctx.tls, ctx.targets, service=getattr(args, "service", None)
             )
             if problem is not None:
                 ctx.out.failure(problem.text, code="UNAVAILABLE", reason=problem.kind)

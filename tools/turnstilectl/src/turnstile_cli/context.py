@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # a command imports the contracts and channels it uses, when 
     from opentelemetry import trace
 
     from turnstile_cli.output import Output
+    from turnstile_client import TurnstileClient
     from turnstile_contracts import admission_pb2_grpc, affinity_pb2_grpc, substrate_pb2_grpc
 
 #: Where the local stack (``turnstilectl up``) listens.
@@ -308,6 +309,35 @@ class Context:
 
         source = tls.client_source(self.settings(), target, "turnstilectl", server_id=server_id)
         return (source.credentials, source.options) if source is not None else (None, [])
+
+    @asynccontextmanager
+    async def client(self, *services: str) -> AsyncIterator[TurnstileClient]:
+        """The typed client (:mod:`turnstile_client`, what docs/clients.md offers
+        callers) on this CLI's channels to ``services``: their transport, deadline
+        and trace come from here; its calls give refusals and errors one shape
+        (:class:`turnstile_client.TurnstileError`). It does not retry: a person
+        sees the retry hint and decides (exit 4)."""
+        from turnstile_client import Retry, TurnstileClient
+        from turnstile_platform import peers
+
+        opened = {
+            name: getattr(peers, name)(
+                self.settings(), self.tracer_provider, client_spans=self.client_spans
+            )
+            for name in services
+        }
+        channels = {name: peer.channel for name, peer in opened.items()}
+        try:
+            yield TurnstileClient(
+                admission=channels.get("admission"),
+                substrate=channels.get("substrate"),
+                affinity=channels.get("affinity"),
+                deadline_s=self.timeout_s,
+                retry=Retry(attempts=1),
+            )
+        finally:
+            for peer in opened.values():
+                await peer.close()
 
     @asynccontextmanager
     async def admission(self) -> AsyncIterator[admission_pb2_grpc.AdmissionServiceAsyncStub]:

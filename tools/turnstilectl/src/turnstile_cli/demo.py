@@ -54,6 +54,7 @@ from turnstile_cli.commands.substrate import render_activate
 from turnstile_cli.context import ClientTls, Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import render_error
+from turnstile_client import Refused, TurnstileError, decode
 from turnstile_clientkeys import KeySetStore
 from turnstile_clientkeys.limits import LimitsError, LimitsStore
 from turnstile_contracts import (
@@ -63,7 +64,6 @@ from turnstile_contracts import (
     substrate_pb2,
 )
 from turnstile_platform import tracing
-from turnstile_platform.errors import RichError, decode
 from turnstile_platform.pki import CertificateAuthority
 from turnstile_platform.redis_client import create_redis
 
@@ -132,14 +132,9 @@ class Story:
         self, sandbox_id: str, client_id: str, tier: str
     ) -> substrate_pb2.ActivateResponse:
         self.shell(f"turnstilectl activate {sandbox_id} --client {client_id} --tier {tier}")
-        async with self.ctx.substrate() as stub:
-            response = await stub.Activate(
-                substrate_pb2.ActivateRequest(
-                    sandbox_id=sandbox_id,
-                    client=common_pb2.ActivationClient(client_id=client_id),
-                    tier=tier,
-                )
-            )
+        # Through the typed client (docs/clients.md): a refusal raises Refused.
+        async with self.ctx.client("substrate") as client:
+            response = await client.activate(sandbox_id, client_id, tier=tier)
         render_activate(self.console, response)
         return response
 
@@ -164,7 +159,7 @@ class Story:
         render_place(self.console, session_id, response, released.released)
         return response
 
-    def refused(self, error: RichError, action: str) -> None:
+    def refused(self, error: TurnstileError, action: str) -> None:
         self.console.print(render_error(error, action=action))
 
     async def set_limits(self, key: str, limits: dict[str, float]) -> None:
@@ -287,8 +282,7 @@ class Story:
                 sandbox_id = self.sandbox(f"acme-{n}")
                 try:
                     await self.activate(sandbox_id, self.acme, "container")
-                except grpc.aio.AioRpcError as raw:
-                    error = decode(raw)
+                except Refused as error:
                     if error.reason != "RATE_LIMITED":
                         raise
                     self.refused(error, "activate")
@@ -305,8 +299,8 @@ class Story:
         for _ in range(attempts - 1):
             try:
                 return await call()
-            except grpc.aio.AioRpcError as raw:
-                error = decode(raw)
+            except (grpc.aio.AioRpcError, TurnstileError) as raw:
+                error = raw if isinstance(raw, TurnstileError) else decode(raw)
                 if error.retry_after_s is None:
                     raise
                 self.refused(error, "retry")
@@ -353,8 +347,7 @@ class Story:
             for n in range(3, 6):
                 try:
                     await self.activate(self.sandbox(f"globex-{n}"), self.globex, "microvm")
-                except grpc.aio.AioRpcError as raw:
-                    error = decode(raw)
+                except Refused as error:
                     if error.reason != "RATE_LIMITED":
                         raise
                     self.refused(error, "activate")
@@ -435,7 +428,7 @@ class Story:
                 f"{after[0]} and {after[1].lower()}"
             )
 
-    async def _refused_activate(self, tenant: Context, sandbox_id: str) -> RichError:
+    async def _refused_activate(self, tenant: Context, sandbox_id: str) -> TurnstileError:
         async with tenant.substrate() as stub:
             try:
                 await stub.Activate(
@@ -541,8 +534,8 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
         await story.tell()
     except DemoError as error:
         failure, code = str(error), Exit.ERROR
-    except grpc.aio.AioRpcError as raw:
-        rpc_error = decode(raw)
+    except (grpc.aio.AioRpcError, TurnstileError) as raw:
+        rpc_error = raw if isinstance(raw, TurnstileError) else decode(raw)
         story.refused(rpc_error, "demo step")
         failure, code = f"{rpc_error.code.name}: {rpc_error.message}", Exit.ERROR
     except asyncio.CancelledError:  # Ctrl-C: say why the next seconds are quiet

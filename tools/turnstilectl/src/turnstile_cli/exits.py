@@ -24,7 +24,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported by the parser's path: grpc only when a call failed
-    from turnstile_platform.errors import RichError
+    from turnstile_client import TurnstileError
 
 
 class Exit(enum.IntEnum):
@@ -65,7 +65,7 @@ class UsageError(Exception):
     """A command line that cannot be run as given (exit 2, message on stderr)."""
 
 
-def for_error(error: RichError) -> Exit:
+def for_error(error: TurnstileError) -> Exit:
     """The exit code of a failed call."""
     code = error.code.name
     if error.reason in REFUSAL_REASONS:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from google.protobuf import message
     from google.protobuf.timestamp_pb2 import Timestamp
 
-    from turnstile_platform.errors import RichError
+    from turnstile_client import TurnstileError
 
 #: Width of output that is not a terminal (a pipe, a file): rich would cut tables
 #: at 80 columns; ``COLUMNS`` still wins when set.
@@ -145,7 +145,7 @@ def proto_dict(msg: message.Message) -> dict[str, Any]:
     return data
 
 
-def error_dict(error: RichError) -> dict[str, Any]:
+def error_dict(error: TurnstileError) -> dict[str, Any]:
     """A decoded error as JSON-able data."""
     return {
         "code": error.code.name,
@@ -157,7 +157,7 @@ def error_dict(error: RichError) -> dict[str, Any]:
             {"subject": v.subject, "description": v.description} for v in error.quota_violations
         ],
         "field_violations": [
-            {"field": v.field, "description": v.description} for v in error.field_violations
+            {"field": v.subject, "description": v.description} for v in error.field_violations
         ],
     }
 
@@ -270,7 +270,7 @@ class Output:
             # One line, however long: the terminal wraps it, a pipe keeps it whole.
             self.err.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
 
-    def rpc_error(self, error: RichError, *, action: str) -> None:
+    def rpc_error(self, error: TurnstileError, *, action: str) -> None:
         """A decoded RPC error: reason, limit, current value and when to retry."""
         if self.json_mode:
             self.print_json({"error": error_dict(error)})
@@ -315,7 +315,7 @@ def _console(file: IO[str], *, no_color: bool, force: bool | None) -> Console:
     return console
 
 
-def render_error(error: RichError, *, action: str) -> Table:
+def render_error(error: TurnstileError, *, action: str) -> Table:
     """The human form of an error: what was refused and why, and what to do."""
     from turnstile_cli.exits import Exit, for_error
 
@@ -336,7 +336,7 @@ def render_error(error: RichError, *, action: str) -> Table:
     rows: dict[str, object] = {}
     # An INVALID_ARGUMENT's message is its field violations joined, and its
     # metadata names the first field: show each violation once, not three times.
-    covered = [f"{v.field}: {v.description}" for v in error.field_violations]
+    covered = [f"{v.subject}: {v.description}" for v in error.field_violations]
     if error.message and error.message not in ("; ".join(covered), *covered):
         rows["why"] = error.message
     meta = dict(error.metadata)
@@ -360,7 +360,7 @@ def render_error(error: RichError, *, action: str) -> Table:
         else:
             rows["hint"] = "is the service running there? try: turnstilectl status (or --target)"
     for violation in error.field_violations:
-        rows[f"field {violation.field}"] = violation.description
+        rows[f"field {violation.subject}"] = violation.description
     for quota in error.quota_violations:
         rows[f"quota {quota.subject}"] = quota.description
     table = Table.grid(padding=(0, 2))

@@ -70,28 +70,19 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     return Exit.REFUSED if refused else Exit.OK
 
 
-#: The ErrorInfo reason each refusing policy's refusal carries as an RPC error.
-REFUSAL_REASONS = {
-    admission_pb2.POLICY_CAP: "CAP_EXCEEDED",
-    admission_pb2.POLICY_RATE: "RATE_LIMITED",
-    admission_pb2.POLICY_CONCURRENCY: "CONCURRENCY_LIMITED",
-    admission_pb2.POLICY_NODE_SLOTS: "NODE_SLOTS_EXHAUSTED",
-}
-
-
 def refusal_dict(response: admission_pb2.AdmitResponse) -> dict[str, Any]:
     """A refused decision in the shape of ``--json`` errors (docs/cli.md): scripts
-    read ``error.retry_after_s`` as a number of seconds, whatever refused."""
-    retry = (
-        response.retry_after.ToTimedelta().total_seconds()
-        if response.HasField("retry_after")
-        else None
-    )
+    read ``error.retry_after_s`` as a number of seconds, whatever refused. The
+    reason and hint are the client library's (:func:`turnstile_client.refused_admit`),
+    the same a refused ``Activate`` carries."""
+    from turnstile_client import refused_admit
+
+    refused = refused_admit(response)
     return {
         "code": "REFUSED",
-        "reason": REFUSAL_REASONS.get(response.refused_by, ""),
+        "reason": refused.reason,
         "message": response.message,
-        "retry_after_s": retry,
+        "retry_after_s": refused.retry_after_s,
     }
 
 

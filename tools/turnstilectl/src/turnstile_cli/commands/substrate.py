@@ -23,11 +23,8 @@ OUTCOME_STYLES = {
 
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
-    request = substrate_pb2.ActivateRequest(
-        sandbox_id=args.sandbox_id, client=client_from_args(args), tier=args.tier
-    )
-    async with ctx.substrate() as stub:
-        response = await stub.Activate(request)
+    async with ctx.client("substrate") as client:
+        response = await client.activate(args.sandbox_id, client_from_args(args), tier=args.tier)
     ctx.out.emit(proto_dict(response), lambda console: render_activate(console, response))
     return Exit.OK
 
