@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from turnstile_cli.exits import Exit
@@ -62,6 +61,8 @@ def run(argv: list[str] | None = None) -> int:
     stack = LocalStack.find()
     targets = Targets.resolve(args.admission, args.substrate, args.affinity, stack=stack)
     if getattr(args, "service", None) and getattr(args, "target", None):
+        from dataclasses import replace
+
         targets = replace(targets, **{args.service: args.target})
     tls = ClientTls.resolve(
         args.cert, args.key, args.ca, stack=stack if targets.reach(stack) else None

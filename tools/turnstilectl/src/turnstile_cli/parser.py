@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from turnstile_cli.clients import add_client_options
 from turnstile_cli.commands.base import Subparsers, command, common_options
-from turnstile_cli.stack.config import LOCAL_GRACE_S, LOCAL_TIERS
+from turnstile_cli.stack.defaults import LOCAL_GRACE_S, LOCAL_TIERS
 
 EPILOG = """\
 exit codes: 0 ok · 1 error · 2 usage or invalid request · 3 refused by a limit ·

@@ -13,8 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Tiers of the local stack: two, so placement inside a tier can be seen.
-LOCAL_TIERS = "container,microvm"
+from turnstile_cli.stack.defaults import LOCAL_GRACE_S, LOCAL_TIERS
 
 #: The local stack's SPIFFE trust domain (the Kubernetes manifests use the same).
 TRUST_DOMAIN = "turnstile.local"
@@ -31,10 +30,6 @@ HOLDERS = {
 #: The holders that serve (server certificates: serverAuth and their server name);
 #: the CLI and the sandbox class get client-only certificates (SPEC O5).
 SERVERS = frozenset({"admission", "substrate", "affinity"})
-
-#: The local stack's grace period: short, so a killed worker's sessions fall
-#: back within the demo (production default: 60 s).
-LOCAL_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -221,3 +216,19 @@ def find_command(name: str) -> str | None:
     if local.exists():
         return str(local)
     return shutil.which(name)
+
+
+__all__ = [
+    "HOLDERS",
+    "LOCAL_GRACE_S",
+    "LOCAL_TIERS",
+    "SERVERS",
+    "TRUST_DOMAIN",
+    "ServiceSpec",
+    "StackConfig",
+    "bin_dir",
+    "checkout_database_url",
+    "checkout_id",
+    "checkout_prefix",
+    "find_command",
+]
