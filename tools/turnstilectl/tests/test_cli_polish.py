@@ -331,3 +331,26 @@ def test_usage_seen_by_a_tenant_says_the_cluster_bucket_is_not_shown() -> None:
     assert "not shown to this identity" in tenant
     operator = rendered(admission_pb2.GetUsageResponse(cluster_tokens=150, cluster_capacity=200))
     assert "150.0 of 200" in operator
+
+
+@pytest.mark.parametrize(
+    ("why", "says"),
+    [
+        ("unsupported", "the substrate does not count live sandboxes"),
+        ("unavailable", "no current count from the substrate's leader"),
+    ],
+)
+def test_usage_explains_an_unknown_live_count(why: str, says: str) -> None:
+    """Not just "unknown": why the count is missing and what the cap does meanwhile."""
+    import io
+
+    from rich.console import Console
+
+    from turnstile_cli.commands.admission import render_usage
+
+    out = io.StringIO()
+    usage = admission_pb2.GetUsageResponse(live_unknown=why, pending=2, cap=5)
+    render_usage(Console(file=out, width=300, color_system=None), "acme", usage)
+    text = out.getvalue()
+    assert says in text
+    assert "2 pending of 5" in text

@@ -158,6 +158,35 @@ async def test_a_killed_runners_runtimes_and_services_are_stopped_by_its_guard(
         assert not (tmp_path / "stack.json").exists()
 
 
+async def test_a_killed_up_script_takes_its_stack_down_cleanly(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """``./scripts/up`` killed outright: the runner it started in its background
+    gets SIGTERM and stops everything as on Ctrl-C (rather than running on where
+    no Ctrl-C reaches it)."""
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        under_script=True,
+    ) as script:
+        await script.wait_serving()
+        (runner,) = [p for p in procs.descendants(script.proc.pid) if p.ppid == script.proc.pid]
+        runtime = await _launched_runtime(script, "sb-stack-script")
+        tree = procs.descendants(script.proc.pid)
+        try:
+            script.proc.kill()  # SIGKILL of the script's shell
+            script.proc.wait(10)
+
+            assert await _wait_gone(tree, timeout_s=45) == [], script.output()
+        finally:
+            procs.signal_proc(runner, signal.SIGKILL)
+        assert runtime in tree
+        assert "stopping 1 sandbox runtime(s)" in script.output()
+        assert not (tmp_path / "stack.json").exists()
+
+
 async def test_the_next_up_stops_what_a_killed_runner_left_and_says_so(
     tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
 ) -> None:

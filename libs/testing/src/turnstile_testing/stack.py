@@ -222,6 +222,7 @@ def run_stack(
     plaintext: bool = False,
     pick_ports: bool = False,
     through_terminal: bool = False,
+    under_script: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
     Prometheus stay off unless ports are given for them. ``through_tee`` pipes
@@ -232,7 +233,9 @@ def run_stack(
     then names them (:meth:`RunningStack.wait_serving` reads them there).
     ``through_terminal`` runs it in a terminal of its own (a pseudo-terminal, its
     controlling one) whose screen goes to the log: :meth:`RunningStack.close_terminal`
-    closes it as a person closes the window."""
+    closes it as a person closes the window. ``under_script`` starts it as
+    ``./scripts/up`` does, in the background of a shell that waits for it and names
+    itself in ``TURNSTILE_STOP_WITH_PARENT``: ``proc`` is then that shell."""
     ports = UNKNOWN_PORTS if pick_ports else (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -265,8 +268,10 @@ def run_stack(
             output: Any = terminal.slave
         else:
             output = out if tee is None else tee.stdin
+        script = ["bash", "-c", 'TURNSTILE_STOP_WITH_PARENT=$$ "$@" & wait', "up"]
         proc = subprocess.Popen(
             [
+                *(script if under_script else []),
                 sys.executable,
                 "-m",
                 "turnstile_cli",

@@ -94,7 +94,8 @@ def signal_group_of(proc: Proc, sig: signal.Signals) -> None:
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """If the runner itself is killed, the child still gets SIGTERM."""
+    """Get SIGTERM when the parent dies: a child of the runner when the runner is
+    killed; the runner itself when the script that started it is."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 

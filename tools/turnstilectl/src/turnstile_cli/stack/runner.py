@@ -136,6 +136,9 @@ class Stack:
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.hang_up, stop)
         try:
+            if not self.stop_with_parent():
+                self.say("the script that started the stack is gone: not starting")
+                return 1
             try:
                 await self.preflight()
             except PreflightError as error:
@@ -163,6 +166,19 @@ class Stack:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+
+    @staticmethod
+    def stop_with_parent() -> bool:
+        """``./scripts/up`` runs the runner in the background of its shell and sets
+        ``TURNSTILE_STOP_WITH_PARENT`` to that shell's pid: should the script be
+        killed outright, the runner gets SIGTERM (``PR_SET_PDEATHSIG``) and stops
+        as on Ctrl-C, instead of running on where no Ctrl-C reaches it. False when
+        that shell is gone already (before the signal could be asked for)."""
+        parent = os.environ.pop("TURNSTILE_STOP_WITH_PARENT", "")
+        if not parent.isdigit():
+            return True
+        procs.die_with_parent()
+        return os.getppid() == int(parent)
 
     def prepare_tls(self) -> None:
         """Issue the local CA and certificates on first start (kept afterwards) and
