@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -43,6 +44,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter, Gauge
+
+from turnstile_platform.background import BackgroundTasks
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -106,7 +109,8 @@ class _WorkSet:
 
     def __init__(self) -> None:
         self._work: dict[str, LeaderWork] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Only while this replica leads: started with each term, closed when it ends.
+        self._running = BackgroundTasks("leader work")
         self._term: LeaderTerm | None = None
 
     def add(self, name: str, work: LeaderWork) -> None:
@@ -122,34 +126,20 @@ class _WorkSet:
             self._start(name, work, term)
 
     def _start(self, name: str, work: LeaderWork, term: LeaderTerm) -> None:
-        self._tasks[name] = asyncio.create_task(_supervise(name, work, term), name=f"leader-{name}")
+        # Leader work runs while leading: one that returns or raises is restarted.
+        self._running.supervise(
+            functools.partial(work, term),
+            name=f"leader-{name}",
+            backoff_s=_WORK_BACKOFF_S,
+            max_backoff_s=_WORK_BACKOFF_MAX_S,
+            forever=True,
+            on_restart=WORK_RESTARTS.labels(work=name).inc,
+        )
 
     async def stop(self) -> None:
         """Cancel every running piece and wait until each has finished."""
         self._term = None
-        tasks, self._tasks = list(self._tasks.values()), {}
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _supervise(name: str, work: LeaderWork, term: LeaderTerm) -> None:
-    backoff = _WORK_BACKOFF_S
-    while True:
-        started = time.monotonic()
-        try:
-            await work(term)
-            log.warning("leader work %s returned while leading; restarting", name)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("leader work %s failed; restarting", name)
-        WORK_RESTARTS.labels(work=name).inc()
-        if time.monotonic() - started > _WORK_BACKOFF_MAX_S:
-            backoff = _WORK_BACKOFF_S
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, _WORK_BACKOFF_MAX_S)
+        await self._running.close()
 
 
 class LocalLeadership:

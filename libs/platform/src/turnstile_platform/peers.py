@@ -108,6 +108,7 @@ class Peer(Generic[StubT]):
         self.channel = make_channel(source.credentials if source else None)
         self._stub = make_stub(self.channel)
         self._checked_at = time.monotonic()
+        # On every replica: each closes its own retired channels once their calls end.
         self._retired = BackgroundTasks("peer channel retirement")
         self.stub: StubT = (
             _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]

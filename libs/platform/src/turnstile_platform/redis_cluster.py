@@ -41,7 +41,6 @@ whole cluster).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import logging
@@ -64,6 +63,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.bounded import Guard
 from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.redis_bounded import guarded
@@ -145,7 +145,8 @@ class BoundedRedisCluster(RedisCluster):
     #: The bound of the first topology read (see :meth:`_start`).
     start_timeout_s: float = 10.0
     _refresh: asyncio.Task[None] | None = None
-    _cleanups: set[asyncio.Future[Any]]
+    #: Topology refreshes and detached calls (see :meth:`_detached`), on every replica.
+    _background: BackgroundTasks
     _refreshed_at: float = float("-inf")
 
     def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
@@ -163,7 +164,8 @@ class BoundedRedisCluster(RedisCluster):
             event_dispatcher=dispatcher,
             guard=guard,
         )
-        self._cleanups = set()
+        # On every replica: topology refreshes and detached calls of this client.
+        self._background = BackgroundTasks("Redis Cluster client")
         self._started = False
 
     async def _start(self) -> None:
@@ -282,14 +284,8 @@ class BoundedRedisCluster(RedisCluster):
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.cancel()
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleaned_up)
+            self._background.adopt(task)
             raise
-
-    def _cleaned_up(self, task: asyncio.Future[Any]) -> None:
-        self._cleanups.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a cancelled call's error is nobody's to see
 
     def refresh_topology_soon(self) -> None:
         """Re-read the slot map in the background, unless that was just done."""
@@ -299,7 +295,9 @@ class BoundedRedisCluster(RedisCluster):
         if loop.time() - self._refreshed_at < self.refresh_interval_s:
             return
         self._refreshed_at = loop.time()
-        self._refresh = loop.create_task(self._refresh_topology(), name="redis-cluster-refresh")
+        self._refresh = self._background.spawn(
+            self._refresh_topology(), name="redis-cluster-refresh"
+        )
 
     async def _refresh_topology(self) -> None:
         """Re-read the slot map from a node that answers.
@@ -323,9 +321,7 @@ class BoundedRedisCluster(RedisCluster):
 
     async def aclose(self) -> None:
         if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+            await self._background.stop(self._refresh)
         await super().aclose()
 
 

@@ -40,7 +40,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from turnstile_platform.background import run_to_end
+from turnstile_platform.background import BackgroundTasks, run_to_end
 from turnstile_substrate.db import claims
 from turnstile_substrate.db.claims import Claim
 
@@ -100,6 +100,8 @@ class SandboxClaims:
         self._max_s = max_s
         self._db_timeout_s = database_timeout_s
         self.instance = instance or f"{socket.gethostname()}/{os.getpid()}"
+        #: One renewal per held claim, on the replica holding it, for the block's length.
+        self._renewals = BackgroundTasks("activation claim renewal")
 
     @asynccontextmanager
     async def hold(self, sandbox_id: str, timeout_s: float) -> AsyncIterator[Claim]:
@@ -108,13 +110,12 @@ class SandboxClaims:
         write (``fence``), which is what makes a lost claim harmless."""
         claim = Claim(sandbox_id, f"{self.instance}/{uuid.uuid4().hex[:16]}")
         await self._take(claim, timeout_s)
-        renewer = asyncio.create_task(self._renew(claim), name=f"claim-renewal:{sandbox_id}")
+        renewer = self._renewals.spawn(self._renew(claim), name=f"claim-renewal:{sandbox_id}")
         try:
             yield claim
         finally:
-            renewer.cancel()
             try:
-                await asyncio.wait([renewer])
+                await self._renewals.stop(renewer)
             finally:
                 await run_to_end(self._release(claim))
 
