@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -203,9 +204,9 @@ def decode(error: grpc.aio.AioRpcError | grpc.RpcError) -> RichError:
     )
 
 
-def _pack(message: object) -> any_pb2.Any:
+def _pack(message: Message) -> any_pb2.Any:
     packed = any_pb2.Any()
-    packed.Pack(message)  # type: ignore[arg-type]
+    packed.Pack(message)
     return packed
 
 

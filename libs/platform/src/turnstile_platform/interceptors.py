@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 import grpc.aio
@@ -80,9 +80,14 @@ _KNOWN_LIMIT = 4096
 _PLATFORM_SERVICES = ("grpc.health.", "grpc.reflection.")
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+# Generic in grpc-stubs only: the class itself cannot be subscripted.
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
 
 
-class PlatformInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class PlatformInterceptor(_ServerInterceptor):
     """Serves every method through the steps in the module docstring.
 
     ``spans`` None traces nothing, ``limits`` None counts no slots, ``authorizer``

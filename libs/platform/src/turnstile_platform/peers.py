@@ -111,7 +111,7 @@ class Peer(Generic[StubT]):
         # On every replica: each closes its own retired channels once their calls end.
         self._retired = BackgroundTasks("peer channel retirement")
         self.stub: StubT = (
-            _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]
+            _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]  # a proxy with StubT's methods
         )
 
     def current_stub(self) -> StubT:

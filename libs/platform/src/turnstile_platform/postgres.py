@@ -244,7 +244,7 @@ class BoundedPool(asyncpg.Pool):
     async def _acquire(self, timeout: float | None) -> Any:
         self.guard.check()
         try:
-            return await super()._acquire(timeout)  # type: ignore[misc]
+            return await super()._acquire(timeout)  # type: ignore[misc]  # private in asyncpg: not in its stubs
         except _UNREACHABLE as error:
             # A refused or dropped connect. A timeout is not counted here: it may
             # only mean every connection was busy (this process's limit); a hung

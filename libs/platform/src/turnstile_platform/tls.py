@@ -185,7 +185,7 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     # "no change", which is what most calls return.
     return grpc.dynamic_ssl_server_credentials(
         fetcher.initial,
-        fetcher,  # type: ignore[arg-type]
+        fetcher,  # type: ignore[arg-type]  # None is "no change" (see above)
         require_client_authentication=True,
     )
 

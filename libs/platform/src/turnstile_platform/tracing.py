@@ -178,7 +178,7 @@ def _call_attributes(context: grpc.aio.ServicerContext[Any, Any], metadata: Any)
 
 def client_interceptors(provider: trace.TracerProvider) -> list[grpc.aio.ClientInterceptor]:
     """grpc.aio client interceptors that start client spans and propagate context."""
-    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(
         tracer_provider=provider, filter_=_traced()
     )
     return interceptors
