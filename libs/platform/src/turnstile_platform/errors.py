@@ -130,6 +130,23 @@ def reason_name(reason: common_pb2.ErrorReason.ValueType) -> str:
     return name.removeprefix("ERROR_REASON_")
 
 
+def retry_later(
+    reason: common_pb2.ErrorReason.ValueType,
+    message: str,
+    retry_after_s: float | None,
+    **metadata: str,
+) -> RichError:
+    """``UNAVAILABLE``: nothing was done and a retry (after ``retry_after_s``) may
+    succeed, with its ``ErrorInfo`` reason and metadata."""
+    return RichError(
+        code=grpc.StatusCode.UNAVAILABLE,
+        message=message,
+        reason=reason_name(reason),
+        metadata=metadata,
+        retry_after_s=retry_after_s,
+    )
+
+
 def dependency_error(
     error: DependencyUnavailable | DependencyOverloaded, retry_after_s: float
 ) -> RichError:
@@ -140,20 +157,18 @@ def dependency_error(
     metadata, and a retry hint. The message names no host or library error."""
     what = error.dependency
     if isinstance(error, DependencyOverloaded):
-        return RichError(
-            code=grpc.StatusCode.UNAVAILABLE,
-            message=f"this replica is overloaded: its {what} call could not complete in "
+        return retry_later(
+            common_pb2.ERROR_REASON_REPLICA_OVERLOADED,
+            f"this replica is overloaded: its {what} call could not complete in "
             "time; nothing was decided, retry (on another replica if you can)",
-            reason=reason_name(common_pb2.ERROR_REASON_REPLICA_OVERLOADED),
-            metadata={"dependency": what},
-            retry_after_s=retry_after_s,
+            retry_after_s,
+            dependency=what,
         )
-    return RichError(
-        code=grpc.StatusCode.UNAVAILABLE,
-        message=f"{what} is unavailable; retry",
-        reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
-        metadata={"dependency": what},
-        retry_after_s=retry_after_s,
+    return retry_later(
+        common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE,
+        f"{what} is unavailable; retry",
+        retry_after_s,
+        dependency=what,
     )
 
 
