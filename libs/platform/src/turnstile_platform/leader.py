@@ -4,26 +4,13 @@ Work that must happen once per cluster (the warm-pool refill and trim, the sweep
 live counts) registers on the process's :class:`Leadership` with :meth:`~Leadership.add_work`;
 it runs only while this replica leads and is cancelled when it stops leading.
 
-Why not ``kubernetes_asyncio.leaderelection``: it runs one term and returns (no re-candidacy),
-puts no bound on a single renew call (a hung API server keeps a deposed leader "leading" past its
-renew deadline, so two leaders can overlap), has no epoch (it never writes ``leaseTransitions``),
-never releases the lease on shutdown, and refuses periods under a second. This module keeps its
-algorithm (client-go's) and adds what fencing needs:
-
-* **Expiry by observation.** A candidate takes a lease held by another only after seeing the
-  same record, unchanged, for the record's ``leaseDurationSeconds`` on its own monotonic clock,
-  so no two clocks are compared.
-* **Optimistic writes.** Every acquire and renew is a ``PUT`` carrying the ``resourceVersion``
-  just read (a create for a missing lease); of two candidates the API server accepts one.
-* **Fencing.** The leader counts its renew deadline from the *start* of its last successful
-  renew; every call is bounded by the time left, and when the deadline passes it cancels and
-  awaits its work before anything else. Others cannot take the lease before that start plus the
-  lease duration, so the work is stopped ``lease_duration_s - renew_deadline_s`` before it can.
-* **Epoch.** :attr:`LeaderTerm.epoch` is the lease's ``leaseTransitions``, incremented by every
-  change of holder; a writer that tags its output with the epoch lets readers drop a deposed
-  leader's late writes. (Deleting the Lease object by hand resets it.)
-* **Release.** :meth:`LeaderElector.run` gives the lease up when cancelled (an empty holder), so
-  a rolling update hands over at once rather than after the lease duration.
+Why not ``kubernetes_asyncio.leaderelection``: it runs one term and returns, puts no bound on a
+renew call (a hung API server keeps a deposed leader "leading" past its deadline), has no epoch,
+never releases the lease and refuses periods under a second. This module keeps its algorithm
+(client-go's) and adds what fencing needs: expiry by observation on the candidate's own clock,
+optimistic writes, work stopped before the renew deadline passes, an epoch
+(:attr:`LeaderTerm.epoch`) and release on shutdown; docs/architecture.md ("Leader election")
+explains each.
 """
 
 from __future__ import annotations
