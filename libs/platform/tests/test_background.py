@@ -123,3 +123,54 @@ async def test_run_to_end_finishes_the_work_then_lets_the_cancellation_through()
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert finished.is_set()
+
+
+async def test_supervise_forever_restarts_work_that_returns_and_counts_each_restart() -> None:
+    tasks = BackgroundTasks("test")
+    runs = 0
+    restarts = 0
+    third = asyncio.Event()
+
+    async def returns() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 3:
+            third.set()
+            await asyncio.Event().wait()
+
+    def counted() -> None:
+        nonlocal restarts
+        restarts += 1
+
+    task = tasks.supervise(
+        returns,
+        name="returns",
+        backoff_s=0.001,
+        max_backoff_s=0.002,
+        forever=True,
+        on_restart=counted,
+    )
+    await third.wait()
+    await tasks.stop(task)
+    assert (runs, restarts) == (3, 2)
+    assert task.cancelled()
+
+
+async def test_an_adopted_task_is_held_and_its_failure_is_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = BackgroundTasks("test")
+    release = asyncio.Event()
+
+    async def fails_later() -> None:
+        await release.wait()
+        raise RuntimeError("nobody's to see")
+
+    task = asyncio.get_running_loop().create_task(fails_later())
+    tasks.adopt(task)
+    assert len(tasks) == 1
+    with caplog.at_level(logging.DEBUG):
+        release.set()
+        await tasks.wait()
+    assert len(tasks) == 0
+    assert not [r for r in caplog.records if r.name == "turnstile_platform.background"]

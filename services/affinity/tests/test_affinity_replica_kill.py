@@ -106,14 +106,21 @@ class Fleet:
         self.proc = proc
         self.status: dict[str, int] = {"attached": 0, "welcomes": 0}
 
-    async def until(self, predicate: Any, timeout: float = 120) -> dict[str, int]:
+    async def until(self, what: str, predicate: Any, timeout: float) -> dict[str, int]:
+        """The first status for which ``predicate`` holds; a timeout says which wait
+        it was, how long it took and the last status (so a stall is told apart)."""
         assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout):
-            while not predicate(self.status):
-                line = await self.proc.stdout.readline()
-                if not line:
-                    raise AssertionError(f"the load generator exited at {self.status}")
-                self.status = json.loads(line)
+        started = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(timeout):
+                while not predicate(self.status):
+                    line = await self.proc.stdout.readline()
+                    if not line:
+                        raise AssertionError(f"the load generator exited at {self.status}")
+                    self.status = json.loads(line)
+        except TimeoutError:
+            waited = asyncio.get_running_loop().time() - started
+            raise AssertionError(f"{what}: not after {waited:.0f} s, at {self.status}") from None
         return self.status
 
 
@@ -150,7 +157,7 @@ async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and
     )
     fleet = Fleet(proc)
     try:
-        await fleet.until(lambda s: s["attached"] == count, timeout=180)
+        await fleet.until("every worker attached", lambda s: s["attached"] == count, 180)
         survivor = replicas[1]
         assert set(await survivor.workers()) == set(ids)
         # One session per sandbox, placed before the kill.
@@ -172,8 +179,10 @@ async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and
         killed.proc.kill()
         await killed.proc.wait()
         # Its workers lose their streams, then all are attached again, elsewhere.
-        await fleet.until(lambda s: s["attached"] < count)
-        status = await fleet.until(lambda s: s["attached"] == count, timeout=180)
+        await fleet.until("a worker lost its stream", lambda s: s["attached"] < count, 120)
+        status = await fleet.until(
+            "every worker attached again", lambda s: s["attached"] == count, 180
+        )
         reattached = status["welcomes"] - welcomes_before
         assert reattached > 0
         # Workers of the surviving replicas kept their streams: the kill moved only

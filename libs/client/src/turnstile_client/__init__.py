@@ -2,7 +2,8 @@
 retries and one shape for refusals (docs/clients.md)."""
 
 from turnstile_client.client import DEFAULT_TRUST_DOMAIN, Retry, Tls, TurnstileClient, server_name
-from turnstile_client.errors import Refused, TurnstileError, Violation, decode, refused_admit
+from turnstile_client.errors import Refused, TurnstileError, decode, refused_admit
+from turnstile_contracts.rich_status import Violation
 
 __all__ = [
     "DEFAULT_TRUST_DOMAIN",

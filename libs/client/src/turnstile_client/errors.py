@@ -4,22 +4,21 @@ A refused ``Admit`` is an OK response whose decision is ``DECISION_REFUSED``; a
 refused ``Activate`` is a ``RESOURCE_EXHAUSTED`` error with ``ErrorInfo``,
 ``RetryInfo`` and ``QuotaFailure`` details. Callers should not need to know which:
 both become :class:`Refused`, and every other error becomes :class:`TurnstileError`
-with the decoded ``google.rpc.Status`` details. This module decodes on its own
-(no dependency on the services' platform library) so the client stays light.
+with the decoded ``google.rpc.Status`` details. The client does not depend on
+the services' platform library, so it stays light; both read the wire format with
+the contracts' :func:`~turnstile_contracts.rich_status.decode_status`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
-from turnstile_contracts import admission_pb2
-
-#: The ``google.rpc.ErrorInfo.domain`` of every Turnstile error.
-ERROR_DOMAIN = "turnstile.dev"
+from turnstile_contracts import ERROR_DOMAIN, admission_pb2
+from turnstile_contracts.rich_status import Violation, decode_status
 
 #: The ``ErrorInfo.reason`` a refused Admit maps to, by refusing policy, as the
 #: substrate reports a refused Activate.
@@ -29,15 +28,6 @@ _POLICY_REASONS = {
     admission_pb2.POLICY_CONCURRENCY: "CONCURRENCY_LIMITED",
     admission_pb2.POLICY_NODE_SLOTS: "NODE_SLOTS_EXHAUSTED",
 }
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One entry of a ``QuotaFailure`` (subject: a bounded key) or a ``BadRequest``
-    (subject: the field's path)."""
-
-    subject: str
-    description: str
 
 
 @dataclass(eq=False)
@@ -80,55 +70,27 @@ def decode(error: grpc.RpcError) -> TurnstileError:
     """An RPC error as a :class:`TurnstileError`; a limit refusal
     (``RESOURCE_EXHAUSTED`` with a Turnstile ``ErrorInfo``) as :class:`Refused`.
     Errors without details (a deadline, a dropped connection) keep code and message."""
-    code: grpc.StatusCode = getattr(error, "code", lambda: grpc.StatusCode.UNKNOWN)()
-    message: str = getattr(error, "details", lambda: str(error))() or ""
-    reason, domain, metadata = "", "", {}
-    retry: float | None = None
-    quotas: list[Violation] = []
-    fields: list[Violation] = []
-    status = _status_from_trailers(error)
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry_info = error_details_pb2.RetryInfo()
-            detail.Unpack(retry_info)
-            retry = retry_info.retry_delay.ToTimedelta().total_seconds()
-        elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
-            quota = error_details_pb2.QuotaFailure()
-            detail.Unpack(quota)
-            quotas.extend(Violation(v.subject, v.description) for v in quota.violations)
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields.extend(Violation(v.field, v.description) for v in bad.field_violations)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and domain == ERROR_DOMAIN:
+    status = decode_status(error)
+    common: dict[str, Any] = {
+        "code": status.code,
+        "message": status.message,
+        "reason": status.reason,
+        "domain": status.domain or "",
+        "metadata": status.metadata,
+        "retry_after_s": status.retry_after_s,
+        "quota_violations": status.quota_violations,
+        "field_violations": status.field_violations,
+    }
+    metadata = status.metadata
+    if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED and status.domain == ERROR_DOMAIN:
         return Refused(
-            code=code,
-            message=message,
-            reason=reason,
-            domain=domain,
-            metadata=metadata,
-            retry_after_s=retry,
-            quota_violations=tuple(quotas),
-            field_violations=tuple(fields),
+            **common,
             key=metadata.get("key", ""),
             policy=metadata.get("policy", ""),
             limit=_int(metadata.get("limit")),
             current=_int(metadata.get("current")),
         )
-    return TurnstileError(
-        code=code,
-        message=message,
-        reason=reason,
-        domain=domain,
-        metadata=metadata,
-        retry_after_s=retry,
-        quota_violations=tuple(quotas),
-        field_violations=tuple(fields),
-    )
+    return TurnstileError(**common)
 
 
 def refused_admit(response: admission_pb2.AdmitResponse) -> Refused:
@@ -158,13 +120,3 @@ def _int(text: str | None) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
-
-
-def _status_from_trailers(error: object) -> status_pb2.Status | None:
-    trailers = getattr(error, "trailing_metadata", lambda: ())() or ()
-    for key, value in trailers:
-        if key == "grpc-status-details-bin" and isinstance(value, bytes):
-            status = status_pb2.Status()
-            status.MergeFromString(value)
-            return status
-    return None

@@ -97,7 +97,13 @@ class KeySetStore:
 
 
 class KeySetWatcher:
-    """Keeps a :class:`Resolver` on the newest stored key set."""
+    """Keeps a :class:`Resolver` on the newest stored key set.
+
+    Its two loops (pub/sub and a version poll) run on **every replica**. They are
+    held here and awaited by :meth:`stop`, and catch and log their own failures: this
+    library sits below ``turnstile_platform`` (which imports it), so it cannot use the
+    platform's ``BackgroundTasks``.
+    """
 
     def __init__(
         self,
@@ -112,7 +118,8 @@ class KeySetWatcher:
         self._redis = client
         self._poll_interval_s = poll_interval_s
         self._tasks: list[asyncio.Task[None]] = []
-        self._installed = asyncio.Condition()
+        #: Set, then replaced, at each install: wakes every waiter without a task.
+        self._installed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._listeners: list[Callable[[KeySet], None]] = []
 
@@ -143,8 +150,8 @@ class KeySetWatcher:
 
     async def wait_for_version(self, version: int) -> KeySet:
         """Wait until a key set at ``version`` or newer is installed."""
-        async with self._installed:
-            await self._installed.wait_for(lambda: self.resolver.version >= version)
+        while self.resolver.version < version:
+            await self._installed.wait()
         return self.resolver.keyset
 
     def _install(self, keyset: KeySet) -> None:
@@ -156,11 +163,8 @@ class KeySetWatcher:
                     listener(keyset)
                 except Exception:
                     log.exception("key-set listener failed")
-            asyncio.get_running_loop().create_task(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._installed:
-            self._installed.notify_all()
+            self._installed.set()
+            self._installed = asyncio.Event()
 
     async def _listen(self) -> None:
         # get_message with a timeout, not listen(): cancelling a pub/sub read that

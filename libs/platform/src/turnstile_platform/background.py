@@ -16,13 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Restarts:
+    backoff_s: float
+    max_backoff_s: float
+    forever: bool
+    on_restart: Callable[[], object] | None
 
 
 class BackgroundTasks:
@@ -36,12 +46,31 @@ class BackgroundTasks:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def spawn(self, work: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    def spawn(
+        self,
+        work: Coroutine[Any, Any, T],
+        *,
+        name: str,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[T]:
         """Start ``work`` as a task held here until it ends; returns at once."""
-        task = asyncio.get_running_loop().create_task(work, name=name)
+        task = asyncio.get_running_loop().create_task(work, name=name, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
         return task
+
+    def adopt(self, task: asyncio.Task[Any]) -> None:
+        """Hold a task started elsewhere until it ends, quietly: its failure is
+        retrieved, not logged (a call its caller stopped waiting for, whose error
+        is nobody's to see)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._dropped)
+
+    async def stop(self, task: asyncio.Task[Any]) -> None:
+        """Cancel one task and wait until it has ended (a cancellation of the
+        caller's own still propagates)."""
+        task.cancel()
+        await asyncio.wait([task])
 
     def supervise(
         self,
@@ -50,12 +79,16 @@ class BackgroundTasks:
         name: str,
         backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
+        forever: bool = False,
+        on_restart: Callable[[], object] | None = None,
     ) -> asyncio.Task[None]:
         """Run ``work()`` again whenever it fails, waiting ``backoff_s`` (doubled
         after each failure in a row, at most ``max_backoff_s``; reset once a run
-        lasted longer than the wait before it). It ends when ``work()`` returns,
-        or when the task is cancelled (:meth:`close`)."""
-        return self.spawn(self._supervised(work, name, backoff_s, max_backoff_s), name=name)
+        lasted longer than the wait before it). It ends when ``work()`` returns
+        (with ``forever``, that is restarted too), or when the task is cancelled
+        (:meth:`close`). ``on_restart`` is called before each restart (a metric)."""
+        restarts = _Restarts(backoff_s, max_backoff_s, forever, on_restart)
+        return self.spawn(self._supervised(work, name, restarts), name=name)
 
     async def shielded(self, work: Coroutine[Any, Any, T]) -> T:
         """Run ``work`` to its end even if the caller is cancelled meanwhile (a
@@ -90,24 +123,31 @@ class BackgroundTasks:
             )
 
     async def _supervised(
-        self, work: Callable[[], Awaitable[None]], name: str, backoff_s: float, max_backoff_s: float
+        self, work: Callable[[], Awaitable[None]], name: str, restarts: _Restarts
     ) -> None:
         loop = asyncio.get_running_loop()
-        pause = backoff_s
+        pause = restarts.backoff_s
         while True:
             started = loop.time()
+            extra = {"owner": self.owner, "task": name, "retry_in_s": pause}
             try:
                 await work()
-                return
+                if not restarts.forever:
+                    return
+                log.warning("background task returned; restarting", extra=extra)
             except Exception:
-                log.exception(
-                    "background task failed; restarting",
-                    extra={"owner": self.owner, "task": name, "retry_in_s": pause},
-                )
+                log.exception("background task failed; restarting", extra=extra)
+            if restarts.on_restart is not None:
+                restarts.on_restart()
             if loop.time() - started > pause:
-                pause = backoff_s
+                pause = restarts.backoff_s
             await asyncio.sleep(pause)
-            pause = min(pause * 2, max_backoff_s)
+            pause = min(pause * 2, restarts.max_backoff_s)
+
+    def _dropped(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: see adopt()
 
 
 async def run_to_end(work: Awaitable[T]) -> T:

@@ -3,32 +3,24 @@
 Why one timer around the whole call: a per-socket timeout does not bound a call
 (redis-py retries, reconnects and health-checks inside one command; asyncpg waits
 for a pool connection, connects, then runs the statement), so :class:`Guard`
-cancels the call's task when its budget is spent, as ``asyncio.timeout`` would.
-Repeated failures open a :class:`Breaker` per dependency (per node of a Redis
-Cluster, :class:`Source`), which then refuses calls at once until one probe
-succeeds (the resilience4j state machine).
+cancels the call's task when its budget is spent. Repeated failures open a
+:class:`Breaker` per dependency (per node of a Redis Cluster, :class:`Source`),
+which refuses calls at once until one probe succeeds.
 
 Why a spent budget is judged before it fails the call: the budget counts our own
 queueing too, and a fail mode applied to our own overload admits past a fail-open
-cap. A budget spent while the dependency answered others (signs of life), or while
-the event loop was stalled (:class:`_Stalls`), gives the call more time, up to
-``overload_wait_s``; only a budget the loop had in full with no sign of life fails
-as unavailable and counts toward the breaker. A call still held up after the
-overload wait is overloaded: not counted, never a fail mode.
+cap. A budget spent while the dependency answered others, or while the event loop
+stalled (:class:`_Stalls`), gets up to ``overload_wait_s`` more; only a budget the
+loop had in full with no sign of life fails as unavailable and counts toward the
+breaker, and a call still held up after the wait is overloaded, never a fail mode.
+Callers see only the two exceptions of :mod:`turnstile_platform.dependencies`,
+translated at the guarded call's exit (the client library's own retries inside the
+call still see its own types).
 
-What callers see is one of the two exceptions of
-:mod:`turnstile_platform.dependencies`, translated at the guarded call's exit, so
-the client library's own retries and topology refreshes inside the call still see
-its own types: a spent budget (:class:`BudgetExceededError`), an open breaker
-(:class:`BreakerOpenError`), a refused or dropped connection (``unreachable``) or
-the client's own timeout are ``DependencyUnavailable``; the overload wait spent or
-a ``local`` failure (an exhausted pool) are ``DependencyOverloaded``. Anything else
-the dependency answered (a script error, a constraint violation) goes on as it is.
-
-The breaker is written here rather than taken from a library: it counts only the
-failures that mean "unreachable", treats a caller's cancellation as neither success
-nor failure, and reports into the platform's health map and metrics. The details,
-with their measurements, are in docs/operations.md, "When a dependency fails".
+The breaker is written here, not taken from a library: it counts only failures
+that mean "unreachable", takes a caller's cancellation as neither success nor
+failure, and reports into the health map and metrics. Details and measurements:
+docs/operations.md, "When a dependency fails".
 """
 
 from __future__ import annotations

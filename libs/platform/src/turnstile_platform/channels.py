@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
@@ -25,8 +25,14 @@ from opentelemetry import trace
 
 from turnstile_platform import tls, tracing
 
+# Generic in grpc-stubs only: the class itself cannot be subscripted.
+if TYPE_CHECKING:
+    _UnaryUnaryClientInterceptor = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+else:
+    _UnaryUnaryClientInterceptor = grpc.aio.UnaryUnaryClientInterceptor
 
-class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+
+class DefaultDeadline(_UnaryUnaryClientInterceptor):
     """Gives every unary call without a deadline of its own a default one."""
 
     def __init__(self, timeout_s: float) -> None:

@@ -21,10 +21,12 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from turnstile_contracts import ERROR_DOMAIN, common_pb2
+from turnstile_contracts.rich_status import decode_status
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 #: Bounds on what a status carries. A message echoing a 10 KB field would push the
@@ -128,6 +130,23 @@ def reason_name(reason: common_pb2.ErrorReason.ValueType) -> str:
     return name.removeprefix("ERROR_REASON_")
 
 
+def retry_later(
+    reason: common_pb2.ErrorReason.ValueType,
+    message: str,
+    retry_after_s: float | None,
+    **metadata: str,
+) -> RichError:
+    """``UNAVAILABLE``: nothing was done and a retry (after ``retry_after_s``) may
+    succeed, with its ``ErrorInfo`` reason and metadata."""
+    return RichError(
+        code=grpc.StatusCode.UNAVAILABLE,
+        message=message,
+        reason=reason_name(reason),
+        metadata=metadata,
+        retry_after_s=retry_after_s,
+    )
+
+
 def dependency_error(
     error: DependencyUnavailable | DependencyOverloaded, retry_after_s: float
 ) -> RichError:
@@ -138,20 +157,18 @@ def dependency_error(
     metadata, and a retry hint. The message names no host or library error."""
     what = error.dependency
     if isinstance(error, DependencyOverloaded):
-        return RichError(
-            code=grpc.StatusCode.UNAVAILABLE,
-            message=f"this replica is overloaded: its {what} call could not complete in "
+        return retry_later(
+            common_pb2.ERROR_REASON_REPLICA_OVERLOADED,
+            f"this replica is overloaded: its {what} call could not complete in "
             "time; nothing was decided, retry (on another replica if you can)",
-            reason=reason_name(common_pb2.ERROR_REASON_REPLICA_OVERLOADED),
-            metadata={"dependency": what},
-            retry_after_s=retry_after_s,
+            retry_after_s,
+            dependency=what,
         )
-    return RichError(
-        code=grpc.StatusCode.UNAVAILABLE,
-        message=f"{what} is unavailable; retry",
-        reason=reason_name(common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE),
-        metadata={"dependency": what},
-        retry_after_s=retry_after_s,
+    return retry_later(
+        common_pb2.ERROR_REASON_DEPENDENCY_UNAVAILABLE,
+        f"{what} is unavailable; retry",
+        retry_after_s,
+        dependency=what,
     )
 
 
@@ -185,56 +202,26 @@ def decode(error: grpc.aio.AioRpcError | grpc.RpcError) -> RichError:
     Errors without rich details (a deadline, a dropped connection) decode with
     their code and message only.
     """
-    code: grpc.StatusCode = getattr(error, "code", lambda: grpc.StatusCode.UNKNOWN)()
-    message: str = getattr(error, "details", lambda: str(error))() or ""
-    status = _status_from_trailers(error)
-    reason, domain, metadata = "", ERROR_DOMAIN, {}
-    retry: float | None = None
-    quotas: list[QuotaViolation] = []
-    fields: list[FieldViolation] = []
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry_info = error_details_pb2.RetryInfo()
-            detail.Unpack(retry_info)
-            retry = retry_info.retry_delay.ToTimedelta().total_seconds()
-        elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
-            quota = error_details_pb2.QuotaFailure()
-            detail.Unpack(quota)
-            quotas.extend(QuotaViolation(v.subject, v.description) for v in quota.violations)
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
+    status = decode_status(error)
     return RichError(
-        code=code,
-        message=message,
-        reason=reason,
-        domain=domain,
-        metadata=metadata,
-        retry_after_s=retry,
-        quota_violations=tuple(quotas),
-        field_violations=tuple(fields),
+        code=status.code,
+        message=status.message,
+        reason=status.reason,
+        domain=ERROR_DOMAIN if status.domain is None else status.domain,
+        metadata=status.metadata,
+        retry_after_s=status.retry_after_s,
+        quota_violations=tuple(
+            QuotaViolation(v.subject, v.description) for v in status.quota_violations
+        ),
+        field_violations=tuple(
+            FieldViolation(v.subject, v.description) for v in status.field_violations
+        ),
     )
 
 
-def _status_from_trailers(error: object) -> status_pb2.Status | None:
-    """The packed ``google.rpc.Status`` in the trailers, sync or aio errors alike."""
-    trailers = getattr(error, "trailing_metadata", lambda: ())() or ()
-    for key, value in trailers:
-        if key == "grpc-status-details-bin" and isinstance(value, bytes):
-            status = status_pb2.Status()
-            status.MergeFromString(value)
-            return status
-    return None
-
-
-def _pack(message: object) -> any_pb2.Any:
+def _pack(message: Message) -> any_pb2.Any:
     packed = any_pb2.Any()
-    packed.Pack(message)  # type: ignore[arg-type]
+    packed.Pack(message)
     return packed
 
 

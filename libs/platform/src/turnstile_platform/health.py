@@ -39,7 +39,7 @@ OVERALL = ""
 LIVENESS = "liveness"
 
 
-class _HealthServicer(health.aio.HealthServicer):  # type: ignore[misc,name-defined]
+class _HealthServicer(health.aio.HealthServicer):  # type: ignore[misc,name-defined]  # grpcio-health-checking ships no types
     """grpcio-health-checking's servicer plus ``List`` (newer in the proto than in
     the servicer, which raises NotImplementedError and logs a traceback per call)."""
 

@@ -1,35 +1,22 @@
 """The one server interceptor every service runs: tracing, limits, authorization,
 undecodable requests, rich errors and RPC metrics, in one wrapper per method.
 
-Each call of a served method, in this order:
+Each call, in order: its server span starts; it takes a slot of its kind from
+:class:`~turnstile_platform.call_limits.CallLimits` or is refused
+``RESOURCE_EXHAUSTED`` (SPEC F6, O6); the
+:class:`~turnstile_platform.authz.authorizer.Authorizer` checks the caller; an
+undecodable request is answered ``INVALID_ARGUMENT``; the handler runs, and a
+:class:`RichError` becomes its rich status, a failing dependency ``UNAVAILABLE``
+with the service's retry hint (:func:`~turnstile_platform.errors.dependency_error`,
+the one place that answer is built), anything unexpected a generic ``INTERNAL``;
+then the slot is freed, the RPC counted and timed, the span ended. Health and
+reflection skip the span, the slot and (health) authorization.
 
-1. its server span starts (:class:`~turnstile_platform.tracing.ServerSpans`;
-   not for health and reflection);
-2. it takes a slot of its kind from :class:`~turnstile_platform.call_limits.CallLimits`
-   (unary calls, and streams of any direction; not health and reflection, nor a
-   stream whose handler takes its slot itself, as the relay's ``Attach`` does at
-   its Hello) or is refused ``RESOURCE_EXHAUSTED`` (SPEC F6, O6);
-3. the :class:`~turnstile_platform.authz.authorizer.Authorizer`, when the server
-   has one (mutual TLS), checks the caller (not for health);
-4. a request that did not decode is answered ``INVALID_ARGUMENT`` naming
-   ``request`` (:mod:`turnstile_platform.decoding`; every method);
-5. the handler runs; a :class:`RichError` it raises becomes its rich status, a
-   failing dependency (:mod:`turnstile_platform.dependencies`) ``UNAVAILABLE``
-   with ``DEPENDENCY_UNAVAILABLE`` or ``REPLICA_OVERLOADED`` and the service's
-   retry hint (:func:`~turnstile_platform.errors.dependency_error`, counted in
-   ``turnstile_grpc_server_dependency_refusals_total``), an unexpected exception
-   ``INTERNAL`` with a log line (the message stays generic: internals are not
-   leaked), ``NotImplementedError`` ``UNIMPLEMENTED``;
-6. the slot is freed, the RPC counted by its status code and timed, the span ended.
-
-Why one interceptor and not one per concern: grpc.aio runs every interceptor's
-``intercept_service`` on every call, and each wrapped the handler anew, so four
-of them cost four handler rebuilds and four nested coroutines per call before
-any service code ran (docs/performance.md). Here the wrapped handler of a method
-is built on its first call and kept: grpc.aio's method lookup returns the same
-handler object for a method every time (registered methods and the generic
-handlers' dicts alike), and the cache checks that identity, so a handler that
-did change would be wrapped again rather than served stale.
+Why one interceptor: grpc.aio runs every interceptor's ``intercept_service`` on
+every call, each rebuilding the handler (docs/performance.md). Here a method's
+wrapped handler is built on its first call and kept, keyed by the identity of the
+handler grpc.aio returns for it, so a changed handler is wrapped again, never
+served stale. docs/architecture.md ("One process") describes the whole server.
 """
 
 from __future__ import annotations
@@ -39,7 +26,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 import grpc.aio
@@ -80,9 +67,14 @@ _KNOWN_LIMIT = 4096
 _PLATFORM_SERVICES = ("grpc.health.", "grpc.reflection.")
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+# Generic in grpc-stubs only: the class itself cannot be subscripted.
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
 
 
-class PlatformInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class PlatformInterceptor(_ServerInterceptor):
     """Serves every method through the steps in the module docstring.
 
     ``spans`` None traces nothing, ``limits`` None counts no slots, ``authorizer``

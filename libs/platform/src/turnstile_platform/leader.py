@@ -4,32 +4,20 @@ Work that must happen once per cluster (the warm-pool refill and trim, the sweep
 live counts) registers on the process's :class:`Leadership` with :meth:`~Leadership.add_work`;
 it runs only while this replica leads and is cancelled when it stops leading.
 
-Why not ``kubernetes_asyncio.leaderelection``: it runs one term and returns (no re-candidacy),
-puts no bound on a single renew call (a hung API server keeps a deposed leader "leading" past its
-renew deadline, so two leaders can overlap), has no epoch (it never writes ``leaseTransitions``),
-never releases the lease on shutdown, and refuses periods under a second. This module keeps its
-algorithm (client-go's) and adds what fencing needs:
-
-* **Expiry by observation.** A candidate takes a lease held by another only after seeing the
-  same record, unchanged, for the record's ``leaseDurationSeconds`` on its own monotonic clock,
-  so no two clocks are compared.
-* **Optimistic writes.** Every acquire and renew is a ``PUT`` carrying the ``resourceVersion``
-  just read (a create for a missing lease); of two candidates the API server accepts one.
-* **Fencing.** The leader counts its renew deadline from the *start* of its last successful
-  renew; every call is bounded by the time left, and when the deadline passes it cancels and
-  awaits its work before anything else. Others cannot take the lease before that start plus the
-  lease duration, so the work is stopped ``lease_duration_s - renew_deadline_s`` before it can.
-* **Epoch.** :attr:`LeaderTerm.epoch` is the lease's ``leaseTransitions``, incremented by every
-  change of holder; a writer that tags its output with the epoch lets readers drop a deposed
-  leader's late writes. (Deleting the Lease object by hand resets it.)
-* **Release.** :meth:`LeaderElector.run` gives the lease up when cancelled (an empty holder), so
-  a rolling update hands over at once rather than after the lease duration.
+Why not ``kubernetes_asyncio.leaderelection``: it runs one term and returns, puts no bound on a
+renew call (a hung API server keeps a deposed leader "leading" past its deadline), has no epoch,
+never releases the lease and refuses periods under a second. This module keeps its algorithm
+(client-go's) and adds what fencing needs: expiry by observation on the candidate's own clock,
+optimistic writes, work stopped before the renew deadline passes, an epoch
+(:attr:`LeaderTerm.epoch`) and release on shutdown; docs/architecture.md ("Leader election")
+explains each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -43,6 +31,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter, Gauge
+
+from turnstile_platform.background import BackgroundTasks
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -106,7 +96,8 @@ class _WorkSet:
 
     def __init__(self) -> None:
         self._work: dict[str, LeaderWork] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Only while this replica leads: started with each term, closed when it ends.
+        self._running = BackgroundTasks("leader work")
         self._term: LeaderTerm | None = None
 
     def add(self, name: str, work: LeaderWork) -> None:
@@ -122,34 +113,20 @@ class _WorkSet:
             self._start(name, work, term)
 
     def _start(self, name: str, work: LeaderWork, term: LeaderTerm) -> None:
-        self._tasks[name] = asyncio.create_task(_supervise(name, work, term), name=f"leader-{name}")
+        # Leader work runs while leading: one that returns or raises is restarted.
+        self._running.supervise(
+            functools.partial(work, term),
+            name=f"leader-{name}",
+            backoff_s=_WORK_BACKOFF_S,
+            max_backoff_s=_WORK_BACKOFF_MAX_S,
+            forever=True,
+            on_restart=WORK_RESTARTS.labels(work=name).inc,
+        )
 
     async def stop(self) -> None:
         """Cancel every running piece and wait until each has finished."""
         self._term = None
-        tasks, self._tasks = list(self._tasks.values()), {}
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _supervise(name: str, work: LeaderWork, term: LeaderTerm) -> None:
-    backoff = _WORK_BACKOFF_S
-    while True:
-        started = time.monotonic()
-        try:
-            await work(term)
-            log.warning("leader work %s returned while leading; restarting", name)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("leader work %s failed; restarting", name)
-        WORK_RESTARTS.labels(work=name).inc()
-        if time.monotonic() - started > _WORK_BACKOFF_MAX_S:
-            backoff = _WORK_BACKOFF_S
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, _WORK_BACKOFF_MAX_S)
+        await self._running.close()
 
 
 class LocalLeadership:

@@ -1,29 +1,18 @@
 """How late the serving event loop runs: a sign of a stalled or CPU-starved
 replica that gRPC itself does not give.
 
-grpc.aio takes arrived calls up one at a time, each on a turn of the event loop;
-the others wait inside gRPC before any handler runs
-(:func:`turnstile_platform.server.connection_options`), where neither the RPC
-metrics (they start with the handler) nor the dependency guard's stall
-heartbeat (:mod:`turnstile_platform.bounded`, alive only while a Redis or
-PostgreSQL call is in flight) can see them. A timer that asks to run every
-``interval_s`` and records how late it ran measures how long one turn takes to
-come round: long when the process gets no CPU (a node's other load, CPU-limit
-throttling), when something blocks the loop, or when a turn has a burst of work.
+grpc.aio takes arrived calls up one per event-loop turn; the others wait inside gRPC,
+where neither the RPC metrics nor the dependency guard's stall heartbeat see them. A
+timer that asks to run every ``interval_s`` and records how late it ran measures how
+long a turn takes to come round: long when the process gets no CPU, something blocks
+the loop, or a turn has a burst of work. It is a lower bound on a call's wait, not the
+wait: a loop busy with short turns keeps it low while calls queue (measured: 256 in
+flight, 1 ms of CPU each, mean lag 0.4-0.8 ms); the call rate against the replica's
+ceiling shows that overload.
 
-It is a lower bound on a waiting call's wait, not that wait: a call waits one
-turn for each call taken up before it, the timer one turn. A loop that is
-merely busy with short turns keeps the lag low while calls queue in gRPC
-(measured: 256 calls in flight on a replica whose handler burns 1 ms of CPU,
-mean lag 0.4-0.8 ms, none over 10 ms); the call rate against the replica's
-ceiling shows that overload, not this.
-
-The monitor is a plain timer callback (``loop.call_at``), not a task: there is
-no coroutine to wake, nothing to cancel but one handle, and nothing left behind
-if the loop closes first. Each beat schedules the next from when it ran, not
-from when it was due, so a long stall is one late beat, not a burst of beats
-catching up. The histogram has no labels: Prometheus adds ``job`` and
-``instance``, and lag is a property of one replica.
+The monitor is a plain timer callback (``loop.call_at``), not a task: nothing to
+cancel but one handle, nothing left if the loop closes first. Each beat schedules the
+next from when it ran, so a long stall is one late beat, not a burst catching up.
 """
 
 from __future__ import annotations

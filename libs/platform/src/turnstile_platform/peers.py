@@ -108,9 +108,10 @@ class Peer(Generic[StubT]):
         self.channel = make_channel(source.credentials if source else None)
         self._stub = make_stub(self.channel)
         self._checked_at = time.monotonic()
+        # On every replica: each closes its own retired channels once their calls end.
         self._retired = BackgroundTasks("peer channel retirement")
         self.stub: StubT = (
-            _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]
+            _RotatingStub(self) if source is not None else self._stub  # type: ignore[assignment]  # a proxy with StubT's methods
         )
 
     def current_stub(self) -> StubT:

@@ -1,32 +1,20 @@
 """PostgreSQL connection pools whose every acquire and statement is a bounded call.
 
-:func:`create_pool` returns an asyncpg pool built on two small subclasses: the
-pool refuses an ``acquire`` at once while the PostgreSQL breaker is open and
-counts a failed connect against it; each connection runs every statement
-(``execute``, ``fetch*``, transaction ``BEGIN``/``COMMIT``, the pool's rollback
-or reset on release) inside the dependency's
-:class:`~turnstile_platform.bounded.Guard`, bounded by the budget (or by the
-statement's own ``timeout``).
+:func:`create_pool` returns an asyncpg pool that refuses an ``acquire`` at once
+while the PostgreSQL breaker is open and counts a failed connect against it; each
+connection runs every statement (transaction ``BEGIN``/``COMMIT`` and the release's
+rollback included) inside the dependency's :class:`~turnstile_platform.bounded.Guard`.
 
 A connection whose statement spent its budget, met a read-only server (a demoted
-primary) or was ended by the server while idle (its next statement fails with
-``InternalClientError`` before anything is sent, MagicStack/asyncpg#1069) is
-closed rather than returned: the next acquire connects again, with
-``target_session_attrs=read-write`` in a multi-host URL to whichever host is now
-the primary (asyncpg tries the hosts in order).
-
-Releasing a connection costs no round trip: asyncpg's rollback of an open
-transaction stays, but its reset query (advisory unlock-all, ``CLOSE ALL``,
-``UNLISTEN *``, ``RESET ALL``) runs only on a connection marked as holding
-session state (:func:`mark_session_state`; :meth:`BoundedConnection.add_listener`
-marks itself). Nothing in the services takes such state today, and a test fails
-if session-state SQL appears in a module that never marks (docs/performance.md).
-
-A failing PostgreSQL reaches callers as one of the two exceptions of
-:mod:`turnstile_platform.dependencies`, never as an asyncpg error or an
-``OSError``: what the guard counts as unreachable it translates itself, and the
-answers that still mean "cannot serve now" (:data:`UNAVAILABLE_ERRORS`) are
-translated here, at the same exit, to ``DependencyUnavailable``.
+primary) or was ended by the server while idle (MagicStack/asyncpg#1069) is closed,
+not returned, so the next acquire connects again, with
+``target_session_attrs=read-write`` to whichever host is now the primary. Releasing
+costs no round trip: asyncpg's reset query runs only on a connection marked as
+holding session state (:func:`mark_session_state`), which nothing takes today (a
+test fails if session-state SQL appears unmarked). A failing PostgreSQL reaches
+callers as one of the two exceptions of :mod:`turnstile_platform.dependencies`,
+never an asyncpg error or an ``OSError``. docs/operations.md ("PgBouncer", the
+failure table) says what an operator sees.
 """
 
 from __future__ import annotations
@@ -244,7 +232,7 @@ class BoundedPool(asyncpg.Pool):
     async def _acquire(self, timeout: float | None) -> Any:
         self.guard.check()
         try:
-            return await super()._acquire(timeout)  # type: ignore[misc]
+            return await super()._acquire(timeout)  # type: ignore[misc]  # private in asyncpg: not in its stubs
         except _UNREACHABLE as error:
             # A refused or dropped connect. A timeout is not counted here: it may
             # only mean every connection was busy (this process's limit); a hung

@@ -1,47 +1,26 @@
 """A Redis Cluster, through redis-py's own ``RedisCluster``, each call bounded.
 
-redis-py follows ``MOVED`` (patching its slot map, re-reading the whole map
-every few redirections) and ``ASK``, waits out ``TRYAGAIN``, and on a dropped
-connection re-reads the topology and retries — which is how a ``CLUSTER
-FAILOVER`` or a failed master's replacement reaches the client. All of that
-happens inside one call here, so the guard's budget bounds it like any other
-call (SPEC F2, F3). A ``CLUSTERDOWN`` reply fails the call at once
-(:mod:`turnstile_platform.redis_cluster_nodes`): redis-py would close every
-node's connections, sleep 0.25 s and retry, three times, a second in all while
-the cluster kept answering, so the guard, seeing it answer, let the call run
-past its budget.
+redis-py follows ``MOVED`` and ``ASK``, waits out ``TRYAGAIN`` and re-reads the
+topology after a dropped connection, all inside one call, so the guard's budget
+bounds it like any other (SPEC F2, F3). Two things redis-py leaves to its caller
+are done here. Errors of a topology change (``CLUSTERDOWN``, ``TRYAGAIN``, an
+uncovered slot, a redirection loop, a failed slot-map read) are raised as
+:class:`RedisClusterUnavailableError`, a ``ConnectionError``: the breaker counts
+them and callers see ``DependencyUnavailable``, for which retrying is right. And a
+hung master does not strand the client: redis-py re-reads the topology only after
+an error it saw itself, never after a budget cut the call off, so a spent budget
+schedules one background refresh (at most one per ``refresh_interval_s``) that
+finds the promoted replica; an overloaded call (our own queueing) does not.
 
-Two things redis-py leaves to its caller, done here:
-
-- **Errors of a topology change are "unreachable".** While slots move or a
-  master is replaced, redis-py may give up with ``CLUSTERDOWN``, ``TRYAGAIN``,
-  a slot not covered, a redirection loop ("TTL exhausted"), a failed
-  topology read, or trip over a connection it disconnected under a command.
-  Those are raised as :class:`RedisClusterUnavailableError`, a redis-py
-  ``ConnectionError``: the breaker counts them, and callers see
-  ``DependencyUnavailable`` as for a server that went away; retrying is right.
-- **A hung master does not strand the client.** redis-py re-reads the topology
-  only after a connection error it saw itself; a call the budget cut off (a
-  paused master, a black-holed network) ends in a cancellation, so without
-  help it would keep sending that master's slots to the hung node after the
-  cluster promoted its replica. A spent budget therefore schedules one
-  background topology refresh (at most one at a time, at most one per
-  ``refresh_interval_s``), bounded by its own timeout; a call that failed as
-  overloaded (this process's own queueing) does not.
-
-And one thing the guard needs: each call's **route**, the master that owns its
-slot (:mod:`turnstile_platform.redis_cluster_nodes`). A hung master's calls are
-judged by that master's signs of life and counted by its breaker, so they fail
-at their budget (then at once, while its breaker is open) while other masters'
-slots go on as before; the slot is read from the command's first key without a
-round trip (a command whose keys only the server can find is routed to the
-whole cluster).
+Each call's route, the master that owns its slot, is read from its first key
+without a round trip (:mod:`turnstile_platform.redis_cluster_nodes`), so a hung
+master's calls fail at their budget while other slots go on. Operating a Cluster
+is in docs/deploy.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import logging
@@ -64,6 +43,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.bounded import Guard
 from turnstile_platform.dependencies import DependencyUnavailable
 from turnstile_platform.redis_bounded import guarded
@@ -145,7 +125,8 @@ class BoundedRedisCluster(RedisCluster):
     #: The bound of the first topology read (see :meth:`_start`).
     start_timeout_s: float = 10.0
     _refresh: asyncio.Task[None] | None = None
-    _cleanups: set[asyncio.Future[Any]]
+    #: Topology refreshes and detached calls (see :meth:`_detached`), on every replica.
+    _background: BackgroundTasks
     _refreshed_at: float = float("-inf")
 
     def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
@@ -163,7 +144,8 @@ class BoundedRedisCluster(RedisCluster):
             event_dispatcher=dispatcher,
             guard=guard,
         )
-        self._cleanups = set()
+        # On every replica: topology refreshes and detached calls of this client.
+        self._background = BackgroundTasks("Redis Cluster client")
         self._started = False
 
     async def _start(self) -> None:
@@ -282,14 +264,8 @@ class BoundedRedisCluster(RedisCluster):
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.cancel()
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleaned_up)
+            self._background.adopt(task)
             raise
-
-    def _cleaned_up(self, task: asyncio.Future[Any]) -> None:
-        self._cleanups.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a cancelled call's error is nobody's to see
 
     def refresh_topology_soon(self) -> None:
         """Re-read the slot map in the background, unless that was just done."""
@@ -299,7 +275,9 @@ class BoundedRedisCluster(RedisCluster):
         if loop.time() - self._refreshed_at < self.refresh_interval_s:
             return
         self._refreshed_at = loop.time()
-        self._refresh = loop.create_task(self._refresh_topology(), name="redis-cluster-refresh")
+        self._refresh = self._background.spawn(
+            self._refresh_topology(), name="redis-cluster-refresh"
+        )
 
     async def _refresh_topology(self) -> None:
         """Re-read the slot map from a node that answers.
@@ -323,9 +301,7 @@ class BoundedRedisCluster(RedisCluster):
 
     async def aclose(self) -> None:
         if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+            await self._background.stop(self._refresh)
         await super().aclose()
 
 

@@ -1,51 +1,20 @@
 """The nodes of a bounded Redis Cluster client, each judged on its own (SPEC F3).
 
-A Cluster is one dependency served by several masters, and one of them can hang
-(SIGSTOP, a black-holed host) while the others answer. The guard
-(:mod:`turnstile_platform.bounded`) tells a silent dependency from this
-process's own overload by signs of life during a call's budget; were they the
-whole cluster's, the other masters' answers would make a call to the hung one
-look held up by our own queueing, and it would wait out the overload wait
-instead of failing at its budget. And one breaker for the whole cluster would
-refuse every slot's calls for one master's sake. So each node here has
+One master can hang while the others answer; were signs of life and the breaker
+the whole cluster's, the others' answers would make a call to the hung one look
+held up by our own queueing, and one master would close every slot. So each node
+has its own signs of life (every reply on its connections), its own breaker
+(a member of the dependency's while it is a master) and its own FIFO waiting
+pool (:class:`~turnstile_platform.pool_turns.Turns`) instead of redis-py's
+``MaxConnectionsError``. A call's :class:`Route` names the master of its slot; a
+call without one slot is the whole cluster's, as on one server.
 
-- its own **signs of life**: every reply read on any of its connections (a new
-  connection's handshake included), and each call that completes on it;
-- its own **breaker** (:meth:`~turnstile_platform.bounded.Guard.node_breaker`),
-  tracked as a member of the dependency's while the node is a master, so the
-  dependency's gauge and health show "open" while any master's breaker is, and
-  a master replaced by its replica stops counting;
-- its own **waiting pool**: a call that finds all of the node's
-  ``max_connections`` in use waits its turn
-  (:class:`~turnstile_platform.pool_turns.Turns`, FIFO, inside its budget)
-  instead of redis-py's ``MaxConnectionsError``.
-
-A call names its :class:`Route` (the guard's
-:class:`~turnstile_platform.bounded.Source`): the master that owns its slot
-when it starts, whose breaker refuses and counts it. Its signs of life are
-those of the node it is waiting on at the moment (a redirection moves it to
-another, a slot-map read inside the call to the node asked), else its
-master's. A call without one slot (``PING`` or ``SCRIPT LOAD`` to every
-master, a pipeline over several nodes, a command whose keys redis-py must ask
-the server for) is routed to the whole cluster: the guard's own breaker, and
-any node's reply as a sign of life, as on one server.
-
-redis-py creates its ``ClusterNode`` objects itself, in
-:class:`~redis.asyncio.cluster.NodesManager`; :class:`BoundedNodesManager`
-adopts each new one as a :class:`BoundedClusterNode` when it enters the node
-cache (``set_nodes``, through which every slot-map read and redirection passes),
-before the slot map is built from that cache.
-
-A node that answers ``CLUSTERDOWN`` fails the call at once as
-:class:`RedisClusterUnavailableError` (unreachable: the breaker counts it, a
-fail mode applies, the slot map is re-read), instead of redis-py's closing of
-every node's connections, 0.25 s sleep and retry, three times over: a second
-spent inside one call while the cluster answered, which the guard would take
-for this process's own slowness and let run past the budget.
-
-Transaction pipelines and pub/sub take a node connection without waiting
-(redis-py takes it synchronously): they raise ``MaxConnectionsError`` if none is
-free, a local error the breaker does not count.
+redis-py creates its ``ClusterNode`` objects itself: :class:`BoundedNodesManager`
+adopts each as a :class:`BoundedClusterNode` in ``set_nodes``, through which every
+slot-map read and redirection passes. ``CLUSTERDOWN`` fails the call at once as
+unreachable, not after redis-py's three sleeps and retries (a second the guard
+would take for our own slowness). The behaviour is in docs/operations.md ("On a
+Redis Cluster each master is judged on its own").
 """
 
 from __future__ import annotations

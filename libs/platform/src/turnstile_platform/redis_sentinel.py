@@ -28,6 +28,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.bounded import Breaker, BreakerState, Guard
 from turnstile_platform.redis_bounded import BoundedRedis, UncontendedPool
 from turnstile_platform.redis_internals import idle, in_use
@@ -93,6 +94,7 @@ class FailoverWatch:
         self._pool = pool
         self._breaker = breaker
         self._budget_s = budget_s
+        self._watching = BackgroundTasks("Redis Sentinel failover watch")
         self._task: asyncio.Task[None] | None = None
         #: The primary the pool was using when the breaker opened.
         self._old: Address | None = None
@@ -109,9 +111,7 @@ class FailoverWatch:
             address = self._pool.master_address
             self._old = (str(address[0]), int(address[1])) if address else None
             self._subscribed = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(
-                self._watch(), name="sentinel-failover-watch"
-            )
+            self._task = self._watching.spawn(self._watch(), name="sentinel-failover-watch")
 
     def stop(self) -> None:
         """End the watch (the breaker closed); it unsubscribes on its own."""
@@ -123,10 +123,7 @@ class FailoverWatch:
         """End the watch and wait until it has unsubscribed (the client is closing)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.wait([task])  # (a cancellation of our own still propagates)
-            if not task.cancelled():
-                task.exception()  # retrieved: it ended before the cancel
+            await self._watching.stop(task)
 
     async def _watch(self) -> None:
         listeners = [self._listen(client) for client in self._sentinel.sentinels]

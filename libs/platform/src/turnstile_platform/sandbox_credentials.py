@@ -1,48 +1,23 @@
 """Sandbox credentials: proof that a worker is the runtime of one sandbox (SPEC Z3).
 
-The substrate *mints* a credential for each runtime it starts and hands it to
-that runtime; the affinity relay *verifies* it on a worker's ``Hello`` and on
-each renewal. Both services use this module (services never import each other).
+The substrate *mints* a credential for each runtime it starts; the affinity relay
+*verifies* it on a worker's ``Hello`` and on each renewal. Both services use this
+module (services never import each other). A credential is ``<payload>.<signature>``:
+a JSON payload (sandbox, pod uid, the runtime's random *generation*, issue and
+expiry times, key id) signed with Ed25519 over a fixed context string, so a
+signature made for anything else never verifies. It also carries what the
+substrate started (owner, tier, capacity, endpoint: :class:`PresenceClaims`,
+SPEC O3), so the relay never believes the worker's ``Hello`` about them; one
+minted before them verifies with :attr:`SandboxClaims.presence` None (ownerless).
 
-A credential is ``<payload>.<signature>``, both base64url without padding. The
-payload is JSON with the sandbox id (``sb``), the pod uid on Kubernetes
-(``uid``, empty on Direct), the runtime's *generation* (``gen``, random per
-runtime start), issue and expiry times in Unix ms (``iat``, ``exp``) and the
-signing key's id (``kid``). The signature is Ed25519 over a fixed context
-string plus the payload bytes, so a signature made for anything else never
-verifies as a credential.
-
-**Attested presence (SPEC O3).** A credential also carries what the substrate
-started, so the relay never has to believe the worker's ``Hello`` about it:
-the sandbox's owner (``own``: its recorded client id, ``native``, or ``""`` for
-none), its tier (``tier``), the capacity it was started with (``cap``) and its
-endpoint (``ep``: on Direct the address the substrate assigned, ``""`` as it
-assigns none; on Kubernetes the pod IP and the declared worker port, bound by
-the renewal once the pod is scheduled, ``""`` before). The four are minted
-together (:class:`PresenceClaims`). A credential minted before them (no
-``cap``) still verifies: its :attr:`SandboxClaims.presence` is None, which the
-relay takes as *ownerless*, never a placement candidate for any client's
-session (docs/security.md, "Worker credentials").
-
-Why asymmetric: the substrate holds the only signing key; relays hold public
-keys, so a compromised relay replica cannot mint credentials. Why a key *set*:
-the relay accepts any key in its public-key file, so the signing key rotates by
-(1) adding the new public key to the relays' file, (2) switching the
-substrate's signing key, (3) removing the old public key once every credential
-it signed has expired.
-
-Why a Redis record as well as an expiry: a signature cannot be taken back. The
-substrate writes ``<prefix>{affinity}:credential:<sandbox>`` = the generation
-it minted when it starts a runtime, and ``revoked`` when the runtime ends
-(Deactivate, a failed start), each with the credential ttl as expiry. The
-relay's ``attach.lua`` and ``heartbeat.lua`` refuse a credential whose
-generation differs from the record, in the same script that writes presence,
-so a revoked or superseded runtime's credential stops working at its next
-Hello or heartbeat. A missing record (Redis lost its data, or it expired with
-every credential it covered) refuses nothing: the signed expiry still bounds
-the credential, and the substrate's next renewal puts the record back. So a
-Redis restart does not detach every worker. The key shares affinity's
-``{affinity}`` hash tag, so those scripts may read it on a Redis Cluster.
+Why asymmetric: only the substrate holds the signing key, so a compromised relay
+cannot mint; relays accept a key *set*, so the key rotates without a gap. Why a
+Redis record as well (``<prefix>{affinity}:credential:<sandbox>``, the generation or
+``revoked``): a signature cannot be taken back; ``attach.lua`` and
+``heartbeat.lua`` refuse another generation atomically with presence, and a
+missing record refuses nothing, so a Redis restart detaches no worker.
+The format, the checks and the residual risks are in docs/security.md
+("Worker credentials").
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """The grpc.aio server bootstrap every Turnstile service starts with (SPEC X3).
 
-It wires, in one place: the health service driven by a component map, server
-reflection (v1 and v1alpha), mutual TLS, keepalive, a maximum connection age and
-a message-size limit, and the one platform interceptor
-(:mod:`turnstile_platform.interceptors`) that serves every call with its
-OpenTelemetry server span (health and reflection excluded), limits on concurrent
-unary calls and streams (:mod:`.call_limits`), per-method authorization (SPEC
-Z1, Z2; :mod:`turnstile_platform.tls`, :mod:`turnstile_platform.authz`),
-undecodable requests answered with INVALID_ARGUMENT, rich errors and RPC metrics,
-and the event-loop lag monitor (:mod:`turnstile_platform.loop_lag`) on every replica.
+It wires, in one place: health driven by a component map, server reflection, mutual
+TLS and per-method authorization (SPEC Z1, Z2), keepalive, a maximum connection age
+and message size, the one platform interceptor (:mod:`turnstile_platform.interceptors`)
+and the event-loop lag monitor (:mod:`turnstile_platform.loop_lag`). Without its
+certificate and policy files an mTLS process refuses to start; ``plaintext`` listens
+only on loopback with no authorization; an optional plaintext ``health_port`` serves
+health alone, for kubelet probes.
 
-With mTLS (the default) the process needs its certificate files and a policy
-file, and refuses to start without them; with ``plaintext`` it listens only on
-loopback, callers have no identity and no authorization is installed. An
-optional plaintext ``health_port`` serves health alone, for kubelet probes.
-
-Shutdown is staged (kopf style), each stage bounded:
-
-1. health goes NOT_SERVING for every service name;
-2. after ``shutdown_drain_delay_s``, drain hooks run (they tell long-lived
-   streams to end, so a relay's workers move to another replica now rather than
-   when the grace runs out); then the server stops accepting calls and in-flight
-   calls get ``shutdown_grace_s`` to finish;
-3. registered cleanups run in reverse order (close pools, stop background tasks);
-4. the event-loop lag monitor stops (it measures the drain too), and the tracer
-   provider flushes and shuts down its exporters.
+Shutdown is staged, each stage bounded: health goes NOT_SERVING; after
+``shutdown_drain_delay_s`` drain hooks tell long-lived streams to end (a relay's
+workers move now, not when the grace runs out), the server stops accepting and
+in-flight calls get ``shutdown_grace_s``; cleanups run in reverse order; the lag
+monitor stops and the tracer provider flushes. docs/architecture.md ("One process").
 """
 
 from __future__ import annotations

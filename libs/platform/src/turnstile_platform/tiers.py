@@ -1,34 +1,18 @@
 """Sandbox tiers: the one parser of the declared tiers and the default tier (SPEC T2).
 
 Every consumer (the affinity service, the substrate, the CLI) parses the tier
-configuration here, so they all accept and refuse exactly the same inputs. The
-shared fixture ``tests/fixtures/tiers.json`` pins that behaviour; each
-consumer's tests run every case of it through :func:`parse_tiers`.
+configuration here, so they all accept and refuse exactly the same inputs; the
+shared fixture ``tests/fixtures/tiers.json`` pins that, and each consumer's tests
+run every case of it through :func:`parse_tiers`.
 
-The format is the environment's: ``TURNSTILE_TIERS`` is a comma-separated list
-of tier names (``container,microvm``), ``TURNSTILE_DEFAULT_TIER`` one of them.
-
-- Tiers unset or blank: no tiers are configured, nothing is filtered and
-  affinity alone applies (SPEC T6). A default tier without any declared tier is
-  an error (it would silently do nothing).
-- Each tier is a Kubernetes label value (it is the ``turnstile.dev/tier``
-  label), listed once; blanks around commas are ignored, empty entries are not.
-- The default tier, when unset or blank, is the first declared tier; otherwise
-  it must be a declared tier.
-
-``TURNSTILE_TIER_SETTINGS`` (optional) is a JSON object of per-tier settings,
-``{"container": {"max_capacity": 8, "shared_pool": true}}``; the key ``"*"``
-gives every tier's defaults (and the settings when no tiers are declared):
-
-- ``max_capacity`` (1 to :data:`MAX_CAPACITY`, default :data:`MAX_CAPACITY`): the
-  most concurrent turns one sandbox of the tier is credited with, whatever its
-  credential or Hello claims (SPEC O3).
-- ``shared_pool`` (default false): sessions of the tier may be placed on the
-  platform's shared pool, the sandboxes owned by ``native``, besides their own
-  client's (SPEC O2).
-
-A key that is neither ``"*"`` nor a declared tier, an unknown setting or a value
-of the wrong type is refused, naming ``tier_settings``.
+``TURNSTILE_TIERS`` is a comma-separated list of label values (none: nothing is
+filtered, SPEC T6), ``TURNSTILE_DEFAULT_TIER`` one of them (unset: the first; set
+without tiers: an error, as it would silently do nothing).
+``TURNSTILE_TIER_SETTINGS`` is a JSON object of per-tier ``max_capacity`` (the most
+turns a sandbox is credited with, whatever it claims, SPEC O3) and ``shared_pool``
+(sessions may use ``native``'s sandboxes, SPEC O2), ``"*"`` for every tier's
+defaults; an unknown tier, setting or type is refused naming ``tier_settings``.
+The settings are documented in docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,19 @@
 """Transport security for every Turnstile server and channel (SPEC Z1, Z4, Z5).
 
 One place builds credentials from certificate files; no other module calls
-``grpc.ssl_*``:
-
-* **Servers** use grpc's dynamic SSL credentials with client authentication
-  required: every caller must present a certificate signed by the CA bundle.
-  gRPC calls the certificate-configuration fetcher before each new connection's
-  handshake; :class:`ReloadingServerFiles` answers it by comparing the files'
-  ``stat`` signatures and re-reading them only when one changed, so a rotated
-  certificate (cert-manager, SPIRE, ``./scripts/up``) is used by the next
-  connection, with no restart and no cost on the hot path beyond three ``stat``\\ s
-  per new connection. Connections already open keep the credentials they were
-  handshaken with, so no in-flight call fails.
-* **Channels** use ``grpc.ssl_channel_credentials``: grpc reads the PEM bytes when
-  the credentials are built, so a channel keeps its client certificate for its
-  life. :class:`ChannelCredentialsSource` remembers the files' signatures, and
-  long-lived holders (:mod:`turnstile_platform.peers`) ask it whether the files
-  changed and rebuild their channel when they did.
-* **Whom a channel talks to** (SPEC O5): grpcio's Python API has no certificate
-  verification callback, and gRPC's hostname check reads only DNS and IP SANs
-  (and the CN when there are none), never the URI SAN. So each server certificate
-  carries, beside its SPIFFE ID, the DNS name derived from it
-  (:func:`~turnstile_platform.identity.server_name`:
-  ``spiffe://turnstile.local/service/admission`` →
-  ``admission.service.turnstile.local``), and a channel to a Turnstile service sets
-  ``grpc.ssl_target_name_override`` to the name of the SPIFFE ID it expects
-  (:func:`server_check_options`): the handshake fails against a server whose
-  valid-CA certificate names anything else. Only service certificates have the
-  ``serverAuth`` usage, which BoringSSL requires of a server certificate, so a
-  client or sandbox certificate cannot serve at all. Limits: docs/security.md.
-* **Plaintext** exists only when explicitly enabled and only on a loopback
-  address (:func:`check_plaintext_allowed`); the process refuses to start
-  otherwise.
-
-TLS 1.2 is the floor gRPC's BoringSSL enforces for ``ssl_*`` credentials; TLS 1.3 is
-negotiated where both ends offer it.
+``grpc.ssl_*``. Servers require a client certificate signed by the CA bundle and
+answer gRPC's per-handshake fetcher with :class:`ReloadingServerFiles`, which
+re-reads the files only when their ``stat`` changed: a rotated certificate serves
+the next connection, with no restart and no in-flight call failed. Channels keep
+their certificate for life (grpc reads the bytes once), so long-lived holders
+(:mod:`turnstile_platform.peers`) ask :class:`ChannelCredentialsSource` whether the
+files changed and rebuild. gRPC's hostname check never reads the URI SAN, so each
+server certificate also carries the DNS name derived from its SPIFFE ID
+(:func:`~turnstile_platform.identity.server_name`) and a channel overrides the
+target name with the one it expects (:func:`server_check_options`, SPEC O5).
+Plaintext exists only when enabled and only on loopback
+(:func:`check_plaintext_allowed`). The design and its limits are in
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -185,7 +164,7 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     # "no change", which is what most calls return.
     return grpc.dynamic_ssl_server_credentials(
         fetcher.initial,
-        fetcher,  # type: ignore[arg-type]
+        fetcher,  # type: ignore[arg-type]  # None is "no change" (see above)
         require_client_authentication=True,
     )
 

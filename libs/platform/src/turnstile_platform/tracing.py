@@ -193,7 +193,7 @@ def client_interceptors(
         ]
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(
         tracer_provider=provider, filter_=_traced()
     )
     return interceptors

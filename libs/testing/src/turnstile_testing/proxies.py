@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from turnstile_platform.background import BackgroundTasks
+
 
 class ReplyHoldingProxy:
     """A TCP proxy in front of Redis that can hold Redis's replies back.
@@ -33,7 +35,7 @@ class ReplyHoldingProxy:
         self._deliver = asyncio.Event()
         self._late_reply: asyncio.Future[bytes] | None = None
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._pipes = BackgroundTasks("redis delaying proxy")
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -67,10 +69,13 @@ class ReplyHoldingProxy:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         delivered: list[asyncio.Future[bytes]] = []  # this connection's late command
         tasks = [
-            asyncio.create_task(self._pipe(reader, up_writer, replies=False, late=delivered)),
-            asyncio.create_task(self._pipe(up_reader, writer, replies=True, late=delivered)),
+            self._pipes.spawn(
+                self._pipe(reader, up_writer, replies=False, late=delivered), name="commands"
+            ),
+            self._pipes.spawn(
+                self._pipe(up_reader, writer, replies=True, late=delivered), name="replies"
+            ),
         ]
-        self._tasks.update(tasks)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _pipe(
@@ -119,6 +124,4 @@ class ReplyHoldingProxy:
         self.release()
         if self._server is not None:
             self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._pipes.close()

@@ -26,6 +26,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Monitor
 from redis.exceptions import ResponseError
 
+from turnstile_platform.background import BackgroundTasks
+
 _LINE = re.compile(r"^\S+ \[\d+ (?P<client>[^\]]+)\] (?P<args>.*)$")
 _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)")
@@ -86,7 +88,7 @@ class ScriptKeyRecorder:
         self._prefix = prefix
         self._lines: list[list[str]] = [[] for _ in self._nodes]
         self._monitors: list[Monitor] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._readers = BackgroundTasks("script key recorder")
         self._arrived = asyncio.Condition()
 
     async def __aenter__(self) -> ScriptKeyRecorder:
@@ -94,16 +96,14 @@ class ScriptKeyRecorder:
             monitor = node.monitor()
             await monitor.__aenter__()
             self._monitors.append(monitor)
-            self._tasks.append(asyncio.create_task(self._read(monitor, self._lines[n])))
+            self._readers.spawn(self._read(monitor, self._lines[n]), name=f"monitor {n}")
         self._calibration = f"return redis.call('TIME') -- script-keys {uuid.uuid4().hex}"
         for node in self._nodes:  # no keys: every node runs it itself
             await node.eval(self._calibration, 0)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._readers.close()
         for monitor in self._monitors:
             await monitor.__aexit__(None, None, None)
 

@@ -19,9 +19,10 @@ excuse, so this heartbeat is the test's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from types import TracebackType
+
+from turnstile_platform.background import BackgroundTasks
 
 
 class LoopStalls:
@@ -36,11 +37,11 @@ class LoopStalls:
         self.stall_s = stall_s
         #: (start, end) of each stall seen so far.
         self.stalls: list[tuple[float, float]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._beating = BackgroundTasks("loop stall detector")
         self._beaten = asyncio.Event()
 
     async def __aenter__(self) -> LoopStalls:
-        self._task = asyncio.create_task(self._beat())
+        self._beating.spawn(self._beat(), name="heartbeat")
         return self
 
     async def __aexit__(
@@ -49,10 +50,7 @@ class LoopStalls:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await self._beating.close()
 
     async def _beat(self) -> None:
         due = time.perf_counter() + self.beat_s

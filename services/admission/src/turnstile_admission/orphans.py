@@ -45,6 +45,7 @@ class OrphanedHolds:
     def __init__(self, store: AdmissionStore, hold_ttl_s: float) -> None:
         self._store = store
         self._ttl_s = hold_ttl_s
+        # On every replica: each settles the holds its own calls orphaned.
         self._tasks = BackgroundTasks("admission orphaned holds")
 
     def cancel(self, hold_id: str) -> None:

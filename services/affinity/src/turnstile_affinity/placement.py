@@ -53,7 +53,7 @@ from turnstile_affinity.wake import Waker
 from turnstile_contracts import common_pb2
 from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DependencyUnavailable
-from turnstile_platform.errors import QuotaViolation, RichError, reason_name
+from turnstile_platform.errors import QuotaViolation, RichError, reason_name, retry_later
 from turnstile_platform.tiers import TierConfig
 
 log = logging.getLogger(__name__)
@@ -289,36 +289,28 @@ class Placer:
 
     def _busy(self, session_id: str, busy: Busy) -> RichError:
         trace.get_current_span().set_attribute("turnstile.sandbox_id", busy.sandbox_id)
-        return RichError(
-            grpc.StatusCode.UNAVAILABLE,
+        return retry_later(
+            common_pb2.ERROR_REASON_SANDBOX_BUSY,
             f"sandbox {busy.sandbox_id} of session {session_id} is busy "
             f"({busy.leases} of {busy.capacity} turns)",
-            reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_BUSY),
-            metadata={
-                "sandbox_id": busy.sandbox_id,
-                "session_id": session_id,
-                "tier": busy.tier,
-                "leases": str(busy.leases),
-                "capacity": str(busy.capacity),
-            },
-            retry_after_s=self._policy.retry_after_s,
+            self._policy.retry_after_s,
+            sandbox_id=busy.sandbox_id,
+            session_id=session_id,
+            tier=busy.tier,
+            leases=str(busy.leases),
+            capacity=str(busy.capacity),
         )
 
     def _pending(self, session_id: str, pending: Pending) -> RichError:
         trace.get_current_span().set_attribute("turnstile.sandbox_id", pending.sandbox_id)
-        return RichError(
-            grpc.StatusCode.UNAVAILABLE,
+        return retry_later(
+            common_pb2.ERROR_REASON_SANDBOX_PENDING,
             f"sandbox {pending.sandbox_id} of session {session_id} is away; it keeps the "
             f"session for {pending.remaining_grace_ms} ms more",
-            reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_PENDING),
-            metadata={
-                "sandbox_id": pending.sandbox_id,
-                "session_id": session_id,
-                "remaining_grace_ms": str(pending.remaining_grace_ms),
-            },
-            retry_after_s=pending_retry_after_s(
-                pending.remaining_grace_ms, self._policy.retry_after_s
-            ),
+            pending_retry_after_s(pending.remaining_grace_ms, self._policy.retry_after_s),
+            sandbox_id=pending.sandbox_id,
+            session_id=session_id,
+            remaining_grace_ms=str(pending.remaining_grace_ms),
         )
 
     def _exhausted(self, session_tier: str) -> RichError:
@@ -338,10 +330,9 @@ class Placer:
         )
 
     def _contended(self, session_id: str) -> RichError:
-        return RichError(
-            grpc.StatusCode.UNAVAILABLE,
+        return retry_later(
+            common_pb2.ERROR_REASON_SANDBOX_BUSY,
             f"session {session_id} kept moving under concurrent turns; retry",
-            reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_BUSY),
-            metadata={"session_id": session_id},
-            retry_after_s=self._policy.retry_after_s,
+            self._policy.retry_after_s,
+            session_id=session_id,
         )

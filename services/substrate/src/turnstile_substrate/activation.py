@@ -37,7 +37,6 @@ from datetime import datetime
 from typing import TypeVar
 
 import asyncpg
-import grpc
 from prometheus_client import Counter, Histogram
 
 from turnstile_clientkeys import Client, ClientForm, record_value
@@ -49,7 +48,7 @@ from turnstile_platform.dependencies import (
     DependencyOverloaded,
     DependencyUnavailable,
 )
-from turnstile_platform.errors import RichError, reason_name
+from turnstile_platform.errors import RichError, retry_later
 from turnstile_platform.metric_children import Children
 from turnstile_substrate.admission_client import AdmissionClient, Admitted
 from turnstile_substrate.db import records
@@ -126,22 +125,20 @@ class SandboxView:
 
 
 def activation_in_progress(sandbox_id: str, retry_after_s: float) -> RichError:
-    return RichError(
-        code=grpc.StatusCode.UNAVAILABLE,
-        message=f"another activation of sandbox {sandbox_id!r} is still in progress; retry",
-        reason=reason_name(common_pb2.ERROR_REASON_SANDBOX_PENDING),
-        metadata={"sandbox_id": sandbox_id},
-        retry_after_s=retry_after_s,
+    return retry_later(
+        common_pb2.ERROR_REASON_SANDBOX_PENDING,
+        f"another activation of sandbox {sandbox_id!r} is still in progress; retry",
+        retry_after_s,
+        sandbox_id=sandbox_id,
     )
 
 
 def runtime_failed(sandbox_id: str, retry_after_s: float) -> RichError:
-    return RichError(
-        code=grpc.StatusCode.UNAVAILABLE,
-        message=f"the runtime of sandbox {sandbox_id!r} could not be started; retry",
-        reason=reason_name(common_pb2.ERROR_REASON_RUNTIME_FAILED),
-        metadata={"sandbox_id": sandbox_id},
-        retry_after_s=retry_after_s,
+    return retry_later(
+        common_pb2.ERROR_REASON_RUNTIME_FAILED,
+        f"the runtime of sandbox {sandbox_id!r} could not be started; retry",
+        retry_after_s,
+        sandbox_id=sandbox_id,
     )
 
 

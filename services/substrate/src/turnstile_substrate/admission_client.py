@@ -20,7 +20,7 @@ from prometheus_client import Counter
 
 from turnstile_clientkeys import Client, to_proto
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
-from turnstile_platform.errors import QuotaViolation, RichError, decode, reason_name
+from turnstile_platform.errors import QuotaViolation, RichError, decode, reason_name, retry_later
 from turnstile_platform.peers import Peer
 from turnstile_substrate.runtime import CapGate, CreateKind
 
@@ -101,12 +101,8 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
     }
     summary = response.message or f"refused by the {policy_name} policy"
     if verdict is not None and verdict.verdict == admission_pb2.VERDICT_UNKNOWN:
-        return RichError(
-            code=grpc.StatusCode.UNAVAILABLE,
-            message=summary,
-            reason=reason_name(common_pb2.ERROR_REASON_POLICY_BACKEND_UNAVAILABLE),
-            metadata=metadata,
-            retry_after_s=retry,
+        return retry_later(
+            common_pb2.ERROR_REASON_POLICY_BACKEND_UNAVAILABLE, summary, retry, **metadata
         )
     reason = REFUSAL_REASONS.get(policy, common_pb2.ERROR_REASON_UNSPECIFIED)
     return RichError(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -12,6 +10,7 @@ from turnstile_clientkeys import Resolver, watch_keyset
 from turnstile_clientkeys.live_store import LiveStore
 from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.bounded import report_breaker
 from turnstile_platform.health import Check, HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
@@ -119,15 +118,12 @@ async def create_app(
         database_timeout_s=settings.database_timeout_s,
     )
     leadership.add_work("stale-activation-claims", stale_claims.run)
-    leader_task = asyncio.create_task(leadership.run(), name="leadership")
-
-    async def stop_leading() -> None:
-        # Before the substrate closes: leader work stops, a held lease is released.
-        leader_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await leader_task
-
-    app.add_cleanup(stop_leading)
+    # On every replica: the candidacy (Kubernetes) or the always-leading loop (Direct),
+    # which starts and stops the leader-only work above. Closed before the substrate
+    # closes: leader work stops, a held lease is released.
+    leading = BackgroundTasks("substrate leadership")
+    leading.spawn(leadership.run(), name="leadership")
+    app.add_cleanup(leading.close)
     monitor.add("substrate", _ready(substrate))
 
     if app.authorizer is not None:

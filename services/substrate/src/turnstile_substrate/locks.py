@@ -1,31 +1,16 @@
 """One activation (or deactivation) of a sandbox at a time, across every replica,
 without holding a database connection while it runs (SPEC F5, F7).
 
-Two layers:
-
-* an in-process lock per sandbox id (:class:`KeyedLocks`), so a burst of requests
-  for one sandbox on one replica waits in memory;
-* an **activation claim** in PostgreSQL (:class:`SandboxClaims`, table
-  ``activation_claims``): a row naming its owner (``host/pid/attempt``) and an
-  expiry, taken by one short statement, renewed every third of its TTL while the
-  activation runs, and deleted at the end. Between those statements the activation
-  holds no connection: ``Admit``, the pod or process create and ``CommitHold`` run
-  with none borrowed, so a replica's pool bounds concurrent *statements*, not
-  concurrent activations, and the service works behind PgBouncer in transaction
-  mode (nothing depends on staying on one database session, unlike the session
-  advisory lock this replaced).
-
-A replica that dies mid-activation leaves its claim to expire (``activation_claim_ttl_s``);
-the next activation of the sandbox then takes it over and finds what the dead one may
-have made through the deterministic pod name or the sweeps. The claim that expired
-is **fenced**: the first owner's final transaction checks, under a row lock, that the
-claim is still its own (:func:`turnstile_substrate.db.claims.fence`) and writes
-nothing if it was taken over. Renewal stops after ``activation_claim_max_s``, so a
-stuck activation cannot hold a sandbox for ever.
-
-Waiting for a claim held elsewhere is polling (10 ms growing to 100 ms), each try
-one statement bounded by the database budget: ``LISTEN``/``NOTIFY`` would need a
-session of its own, which PgBouncer in transaction mode does not keep.
+Two layers: an in-process lock per sandbox id (:class:`KeyedLocks`), so a burst on
+one replica waits in memory, and an **activation claim** row in PostgreSQL
+(:class:`SandboxClaims`): owner and expiry, taken by one short statement, renewed
+every third of its TTL (for at most ``activation_claim_max_s``) and deleted at the
+end. Between those statements the activation borrows no connection, so a pool bounds
+concurrent statements, not activations, and PgBouncer in transaction mode works
+(unlike the session advisory lock this replaced; for the same reason a claim held
+elsewhere is polled, not ``LISTEN``-ed for). A dead replica's claim expires and is
+taken over; its late final write is **fenced** (:func:`turnstile_substrate.db.claims.fence`).
+docs/substrate.md ("One runtime per sandbox") has the whole protocol.
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from turnstile_platform.background import run_to_end
+from turnstile_platform.background import BackgroundTasks, run_to_end
 from turnstile_substrate.db import claims
 from turnstile_substrate.db.claims import Claim
 
@@ -100,6 +85,8 @@ class SandboxClaims:
         self._max_s = max_s
         self._db_timeout_s = database_timeout_s
         self.instance = instance or f"{socket.gethostname()}/{os.getpid()}"
+        #: One renewal per held claim, on the replica holding it, for the block's length.
+        self._renewals = BackgroundTasks("activation claim renewal")
 
     @asynccontextmanager
     async def hold(self, sandbox_id: str, timeout_s: float) -> AsyncIterator[Claim]:
@@ -108,13 +95,12 @@ class SandboxClaims:
         write (``fence``), which is what makes a lost claim harmless."""
         claim = Claim(sandbox_id, f"{self.instance}/{uuid.uuid4().hex[:16]}")
         await self._take(claim, timeout_s)
-        renewer = asyncio.create_task(self._renew(claim), name=f"claim-renewal:{sandbox_id}")
+        renewer = self._renewals.spawn(self._renew(claim), name=f"claim-renewal:{sandbox_id}")
         try:
             yield claim
         finally:
-            renewer.cancel()
             try:
-                await asyncio.wait([renewer])
+                await self._renewals.stop(renewer)
             finally:
                 await run_to_end(self._release(claim))
 

@@ -1,28 +1,19 @@
 """The authorization check: identity, method and client checked before the handler.
 
-For every call but health (always open: kubelet probes carry no certificate)
-and reflection (open to any caller with an identity):
+For every call but health (open: kubelet probes carry no certificate) and reflection
+(open to any identity): the caller's SPIFFE ID from the verified peer certificate
+(none: UNAUTHENTICATED); the policy's decision for (identity, method) (not allowed:
+PERMISSION_DENIED); and, for a method that acts for a client
+(:data:`~turnstile_platform.authz.methods.CLIENT_SOURCES`), every client the call acts
+for must be allowed. A call let through carries its
+:class:`~turnstile_platform.authz.ownership.CallerScope`, so the handler checks the
+record it reads against the same decision (SPEC O1).
 
-1. the caller's SPIFFE ID from the verified peer certificate
-   (:func:`turnstile_platform.identity.peer_identity`); none → UNAUTHENTICATED;
-2. the policy's decision for (identity, method); not allowed → PERMISSION_DENIED;
-3. for a method that acts for a client (:data:`~turnstile_platform.authz.methods.CLIENT_SOURCES`),
-   unless the identity may act for any client: every client the call acts for
-   (the named one, the sandbox's owner), which must be ones the decision allows →
-   PERMISSION_DENIED otherwise; a call let through gets its
-   :class:`~turnstile_platform.authz.ownership.CallerScope`, so the handler can
-   check the record it reads against the same decision (SPEC O1).
-
-Refusals carry ``ErrorInfo`` (reason ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``,
-metadata ``identity`` and ``method``), are counted per identity label and logged:
-one line per identity, method and reason a minute, with a count of the rest
-(:mod:`turnstile_platform.log_throttle`, SPEC O6). The handler never runs for a
-refused call, so nothing changes.
-
-The platform interceptor (:mod:`turnstile_platform.interceptors`) runs
-:meth:`Authorizer.authorize` for every call it serves, once the call holds its
-slot and before the request is checked for undecodable bytes. In explicit
-loopback plaintext there are no identities and no authorizer at all.
+Refusals carry ``ErrorInfo`` (metadata ``identity`` and ``method``), are counted per
+identity and logged once a minute per identity, method and reason
+(:mod:`turnstile_platform.log_throttle`, SPEC O6); the handler never runs. The
+platform interceptor runs :meth:`Authorizer.authorize` once the call holds its slot;
+in loopback plaintext there is no authorizer at all.
 """
 
 from __future__ import annotations

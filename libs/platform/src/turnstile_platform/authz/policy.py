@@ -1,46 +1,18 @@
 """The authorization policy: which identities may call which methods, for which clients.
 
-The file is TOML (stdlib ``tomllib``)::
-
-    # Whose client a "self" rule acts for: the one path segment {client}.
-    self = "spiffe://turnstile.local/client/{client}"
-
-    [[allow]]
-    identities = ["spiffe://turnstile.local/service/substrate"]
-    methods = ["turnstile.admission.v1.AdmissionService/*"]
-    clients = "any"
-
-    [[allow]]
-    identities = ["spiffe://turnstile.local/client/*"]
-    methods = ["turnstile.substrate.v1.SubstrateService/Activate"]
-    clients = "self"
-
-* ``self`` (top level, or in a rule to override it for that rule): the identity
-  template a ``clients = "self"`` rule reads the caller's own client from. It is a
-  SPIFFE ID with exactly one path segment written ``{client}``; an identity acts
-  for ``X`` only when it is the template with ``{client}`` replaced by the one
-  segment ``X`` (``…/client/acme`` → ``acme``; ``…/client/acme/globex``,
-  ``…/client`` or another trust domain → no one). A template never yields a
-  reserved client id (``native``, ``unattributed``, ``shared``): those belong to
-  the platform and are granted only by ``"any"`` or a list (SPEC O5).
-* ``identities``: exact SPIFFE IDs, prefixes written ``spiffe://td/path/*`` (any
-  identity under that path), or ``*`` (any authenticated identity).
-* ``methods``: ``package.Service/Method``, ``package.Service/*`` or ``*``; every
-  name must exist in Turnstile's contracts, so a typo is an invalid file rather
-  than a silent deny.
-* ``clients`` (for the methods that act for a client, see
-  :mod:`turnstile_platform.authz.methods`): ``"any"``, ``"self"`` (the client the
-  ``self`` template reads from the caller's identity; a ``"self"`` rule with no
-  template is an invalid file), or a list of client ids. Omitted: no client — the
-  rule grants only the methods that do not act for one. Fail closed.
-
-Default deny: a call is allowed only if some rule matching the caller's identity
-names the method, and (for a method that acts for a client) some such rule's
-clients include the client. Rules add up; none subtracts.
+The file is TOML: ``[[allow]]`` rules of ``identities`` (exact SPIFFE IDs, ``…/*``
+prefixes or ``*``), ``methods`` (``package.Service/Method``, ``…/*`` or ``*``; every
+name must exist in the contracts, so a typo is an invalid file, not a silent deny)
+and, for the methods that act for a client (:mod:`turnstile_platform.authz.methods`),
+``clients``: ``"any"``, ``"self"`` (the client a ``self`` identity template with one
+``{client}`` segment reads from the caller; a template never yields a reserved
+client id, SPEC O5) or a list. Default deny, fail closed: rules add up, none
+subtracts, and a rule without ``clients`` grants only methods that act for none.
 
 Decisions are compiled once per (identity, method) and cached on the policy
 object, so the check on the hot path is a dict lookup; a reload builds a new
-policy with an empty cache.
+policy with an empty cache. The file's format, with examples, is in
+docs/security.md.
 """
 
 from __future__ import annotations

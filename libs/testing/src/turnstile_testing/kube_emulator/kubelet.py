@@ -25,6 +25,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from turnstile_platform.background import BackgroundTasks
 from turnstile_testing.kube_emulator.errors import ApiError
 from turnstile_testing.kube_emulator.store import DELETED, Event, PodStore, now_rfc3339
 
@@ -100,7 +101,7 @@ class Kubelet:
         self._store = store
         self._config = config
         self._nodes = itertools.cycle(config.nodes)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._steps = BackgroundTasks("kube emulator kubelet")
         #: pods with a step scheduled, so one event burst schedules one step
         self._pending: set[tuple[str, str, str]] = set()
 
@@ -111,11 +112,7 @@ class Kubelet:
 
     async def stop(self) -> None:
         self._store.remove_observer(self._on_event)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._steps.close()
 
     def _on_event(self, event: Event) -> None:
         if event.type != DELETED:
@@ -140,9 +137,7 @@ class Kubelet:
         if marker in self._pending:
             return
         self._pending.add(marker)
-        task = asyncio.get_running_loop().create_task(self._step(step, key, delay))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._steps.spawn(self._step(step, key, delay), name=f"{step} {key[0]}/{key[1]}")
 
     async def _step(self, step: str, key: tuple[str, str], delay: float) -> None:
         try:

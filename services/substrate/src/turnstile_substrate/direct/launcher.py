@@ -1,36 +1,20 @@
 """A preloaded launcher: runtimes forked from a process that has imported them already.
 
 Why: a woken sandbox waits for its runtime to start, and the worker agent's
-imports (pydantic, protobuf, grpc) take 0.5 s on an idle machine and well over
-a second under load, most of the wake (``services/affinity/bench/bench_wake.py``).
-A process that imported the runtime's module once, before any wake, can fork
-a new runtime in milliseconds.
+imports take 0.5 s idle and over a second under load, most of the wake
+(``services/affinity/bench/bench_wake.py``); a process that imported them once
+forks a runtime in milliseconds.
 
-The launcher is a child of the substrate (``python -m
-turnstile_substrate.direct.launcher MODULE:FUNCTION FD``), talking over one
-end of a socket pair: a request is one line of JSON (environment, working
-directory, log file, ``argv[0]``, the uid and gid to run as), the answer one
-line with the new runtime's pid, or an error. It forks, and the child sets
-itself up as a runtime started by
-:func:`~turnstile_substrate.direct.processes.spawn` would be (its own session
-and process group, the working directory, stdin from ``/dev/null``, stdout and
-stderr to the log, its uid and gid with no supplementary groups, only the given
-environment), then calls ``FUNCTION()`` and exits with its status.
-
-The answer comes only once the child is set up (or failed to be), so the
-runtime's process group exists when the substrate learns its pid. The launcher
-never runs an event loop or a thread, so forking it is safe; children are
-reaped by the kernel (``SIGCHLD`` ignored), and their exits are seen through
-pidfds like any runtime's. It exits when the substrate closes its end.
-
-The launcher itself runs as the substrate's user (it must, to give each runtime
-its uid) but with the runtimes' allowlisted environment, never the substrate's
-(SPEC O4): a forked child's ``/proc/<pid>/environ`` is the launcher's, whatever
-it later puts in ``os.environ``. It holds no secret in memory either: it imports
-the runtime's module and nothing of the substrate's.
-
-This module imports only the standard library, so the substrate side
-(:class:`Launcher`) costs nothing to load.
+The launcher is a child of the substrate talking over a socket pair: one JSON
+line per request (environment, directory, log, uid and gid), one line back with
+the pid once the child has set itself up exactly as
+:func:`~turnstile_substrate.direct.processes.spawn` would (so its process group
+exists when the substrate learns the pid). It never runs an event loop or a
+thread, so forking it is safe; the kernel reaps its children. It runs with the
+runtimes' allowlisted environment, never the substrate's, and holds no secret
+(SPEC O4): a forked child's ``/proc/<pid>/environ`` is the launcher's. This module
+imports only the standard library, so :class:`Launcher` costs nothing to load.
+docs/substrate.md ("Preloaded runtimes") describes it for operators.
 """
 
 from __future__ import annotations

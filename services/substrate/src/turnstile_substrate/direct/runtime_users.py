@@ -1,34 +1,20 @@
 """Which uid a Direct runtime runs as (SPEC O4): never the substrate's own when it can help it.
 
-A runtime runs untrusted code. Running as the substrate's uid, it could read every
-file the substrate can (the signing key, the TLS keys, the CA key, the database
-password file) and the substrate's ``/proc/<pid>/environ``. A different uid can
-read none of them: the files are 0600 and owned by the substrate's user, and the
-kernel lets only the same uid (or root) read another process's environment.
+A runtime runs untrusted code. As the substrate's uid it could read every file the
+substrate can (the signing, TLS and CA keys, the database password) and its
+``/proc/<pid>/environ``; another uid can read none of them. Three modes:
 
-Three modes, from ``TURNSTILE_DIRECT_RUNTIME_UIDS`` and ``TURNSTILE_DIRECT_RUNTIME_USER``:
+- **a uid per runtime** (``TURNSTILE_DIRECT_RUNTIME_UIDS=first-last``): a uid of the
+  range no other running runtime holds, cleared of any process before it is handed
+  out, so runtimes cannot read each other's files either (the strongest mode; the
+  uids share group ``first``, which reads only the sandbox-class TLS files);
+- **one shared user** (``TURNSTILE_DIRECT_RUNTIME_USER``): kept from the substrate's
+  secrets, not from each other;
+- **the substrate's own uid**: when neither is set and the substrate is not root;
+  only the environment is isolated.
 
-- **a uid per runtime** (``TURNSTILE_DIRECT_RUNTIME_UIDS=first-last``): each
-  running runtime gets a uid of the range no other running runtime holds, cleared of
-  any process before it is handed out, so runtimes cannot read each other's
-  credential or workspace either. The uids need no
-  ``/etc/passwd`` entry. All of them share one group, the number ``first``, which
-  only lets them read the sandbox-class TLS files (below). The strongest mode.
-- **one shared user** (``TURNSTILE_DIRECT_RUNTIME_USER=name`` or a number): every
-  runtime runs as that user and its primary group. Runtimes are kept from the
-  substrate's secrets, but not from each other: one runtime can read another's
-  credential and workspace.
-- **the substrate's own uid**: when neither is set and the substrate is not root
-  (it cannot change uid), or when the user named is the substrate's own. Only the
-  environment is then isolated; the runtime can read the substrate's files.
-
-A root substrate with neither setting refuses to start: untrusted code never runs
-as root by default. Switching uid needs root (CAP_SETUID/CAP_SETGID).
-
-The sandbox-class certificate and key (one for every runtime: it proves only "a
-sandbox runtime", the per-sandbox proof is the credential) are copied by the
-substrate where the runtimes' group can read them; see
-:mod:`turnstile_substrate.direct.substrate`.
+A root substrate with neither refuses to start: untrusted code never runs as root by
+default. docs/security.md ("Runtimes hold no secrets") has the layout and limits.
 """
 
 from __future__ import annotations

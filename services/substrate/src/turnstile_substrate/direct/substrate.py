@@ -1,69 +1,21 @@
 """The Direct substrate: each sandbox's runtime is a process on this host.
 
-The runtime is the worker agent (``turnstile-worker``, configurable), started
-in the sandbox's workspace directory with the worker's settings in its
-environment. A cold start gets a fresh workspace; a restore keeps the one the
-sandbox's previous runtime left (that is what is restored).
-With ``direct_runtime_preload`` set, runtimes are forked from a launcher that
-imported the runtime once (:mod:`.launcher`), set up the same way: a woken
-session does not wait for an interpreter's start and imports.
+The runtime (the worker agent by default) starts in the sandbox's workspace
+directory: fresh on a cold start, kept on a restore (that is what is restored);
+with ``direct_runtime_preload`` it is forked from a launcher that imported it once
+(:mod:`.launcher`), so a woken session does not wait for an interpreter's start.
 
-Where the truth lives: a runtime record per sandbox in the state directory
-(``<state_dir>/<sandbox_id>/runtime.json``: pid, start time, label, tier). The
-processes are this host's, so this host's files, not the database, say which
-exist. A runtime *runs* only while its pid still names the process that
-started at the recorded time, and that process has not exited: a dead or
-reused pid is not running, and its stale record is dropped.
+The processes are this host's, so this host's files, not the database, say which
+exist: a runtime record per sandbox in the state directory. A runtime runs only
+while its pid still names the process started at the recorded time, so after a
+restart :meth:`DirectSubstrate.find_running` adopts the runtimes that outlived
+the substrate, and a dead or reused pid is never signalled. Runtimes hold no
+secrets (SPEC O4): an allowlisted environment and, as root, a uid of their own.
+Each start mints a sandbox credential (SPEC Z3) when a signing key is configured;
+live counts (SPEC S4) are published only with ``TURNSTILE_DIRECT_LIVE_COUNTS=count``.
 
-After the substrate restarts, :meth:`DirectSubstrate.find_running` finds the
-runtimes that outlived it through those records, and :meth:`stop_runtime`
-stops them like its own. Runtimes are not stopped when the substrate stops
-(pods do not vanish when a Kubernetes substrate restarts either).
-
-Live counts (SPEC S4): with ``TURNSTILE_DIRECT_LIVE_COUNTS=count`` (the local
-stack's) the substrate publishes its live runtimes by bounded key, as the
-Kubernetes leader publishes its reflector's, so the cap applies; by default it
-declares it cannot count, and the cap answers unknown (unsupported) and admits
-(:mod:`turnstile_substrate.direct.live_counts`).
-
-Sandbox credentials (SPEC Z3), when a signing key is configured: each runtime
-start (cold or restore) mints a credential of a new generation, written to
-``<state_dir>/<sandbox_id>/credential`` (mode 0600, replaced atomically) before
-the process starts, and named in ``TURNSTILE_WORKER_CREDENTIAL_FILE``; the
-generation is kept in the runtime record. A renewal pass re-mints the
-credentials past half their ttl (the file's age says when it was written), for
-every runtime of this host, including those adopted after a restart. It is
-leader work, registered on the process's leadership (Direct: always the leader,
-one host, one process), and idempotent, so it would be safe on every replica too.
-Stopping a runtime revokes its credential first. Each credential attests the
-runtime's presence (SPEC O3): its owner (the record's client label), tier,
-capacity (``TURNSTILE_DIRECT_WORKER_CAPACITY``, else the worker's default 1) and
-endpoint — empty, as Direct assigns its runtimes no address.
-
-Runtimes hold no secrets (SPEC O4): each starts with an allowlisted
-environment (:mod:`.environment`), never this process's, and, when this
-process runs as root, as another uid (:mod:`.runtime_users`), so it can read
-neither the substrate's key and password files (0600, the substrate's) nor
-its ``/proc/<pid>/environ``. With a uid per runtime, the state directory is
-laid out so that a runtime reaches only its own files:
-
-=================================  =========================  =====
-``<state_dir>/``                   the substrate              0711
-``<state_dir>/worker-tls/``        the substrate, runtimes'   0750
-                                   group
-``  tls.crt, tls.key, ca.crt``     the same                   0640
-``<state_dir>/<id>/``              the substrate              0711
-``  runtime.json, runtime.log``    the substrate              0600
-``  credential``                   the runtime's uid          0600
-``  workspace/`` (its ``HOME``)    the runtime's uid          0700
-=================================  =========================  =====
-
-The sandbox-class key in ``worker-tls`` is the one key every runtime holds (it
-proves only "a sandbox runtime", which may call ``Attach`` alone; the
-per-sandbox proof is the credential): a copy of
-``direct_worker_tls_key_file`` that the runtimes' group may read, refreshed
-from it at each start and renewal pass, so the original stays 0600.
-Without uid switching everything is 0700/0600 and the substrate's own.
+Details (the state directory's layout and modes, stop and sweep, credential
+renewal) are in docs/substrate.md (Direct substrate) and docs/security.md.
 """
 
 from __future__ import annotations

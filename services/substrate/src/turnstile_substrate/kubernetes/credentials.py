@@ -1,45 +1,20 @@
 """Sandbox credentials on Kubernetes (SPEC Z3): one Secret per sandbox pod, renewed by the leader.
 
-**Delivery.** The credential lives in the Secret ``<pod name>-credential`` (key
-``credential``), which every pod mounts as an optional volume (see
-:mod:`.template`): never in the pod spec, where anyone who can list pods would
-read it. The Secret is written *before* the pod becomes the sandbox's — before
-the create of a cold pod, before the adoption patch of a warm one — so the
-kubelet sync that follows the pod's creation or label change finds it.
+The credential lives in the Secret ``<pod name>-credential``, which every pod
+mounts as an optional volume (:mod:`.template`), never in the pod spec where
+anyone who can list pods would read it. It is written *before* the pod becomes
+the sandbox's, so the kubelet sync that follows finds it. A cold pod's uid and IP
+exist only after its create, so rather than make every cold start wait for a
+second Secret sync, its first credential binds neither and the first renewal
+binds both (SPEC O3: Place returns no endpoint until then, never one the worker
+chose). The generation is derived from the pod name, sandbox and activation, so
+a retried create keeps its Secret.
 
-**Binding.** A warm pod exists before its claim, so its credential is bound to
-the pod's uid at once. A cold pod's uid exists only after its create; rather
-than mint after the create (and make every cold start wait for a Secret the
-kubelet picks up on its next sync, up to a minute later), its first credential
-names the sandbox and the activation but no uid, and the first renewal binds the
-uid. The Secret's name ties it to that pod either way.
-
-**Presence (SPEC O3).** Each credential attests the sandbox's owner (its client-id
-label's value), tier, capacity (``TURNSTILE_K8S_WORKER_CAPACITY``) and endpoint. The
-endpoint is the pod's IP and the declared ``TURNSTILE_K8S_WORKER_PORT``; a pod has
-an IP only once scheduled, so, like the uid, it is bound by a renewal: a warm pod's
-first credential has it already, a cold pod's has an empty endpoint until the next
-renewal pass finds the pod's IP in the cache (the pass renews any credential whose
-bound endpoint differs from the pod's, annotation ``turnstile.dev/credential-endpoint``).
-Until then Place returns no endpoint for it, never one the worker chose.
-
-**Generation.** Derived from the pod name, the sandbox id and the activation's
-generation, so a retried create of the same activation (deterministic pod name)
-gets the same generation and its Secret, if already made, is kept as is. The
-substrate records the generation in Redis; a credential of any other generation,
-or a ``revoked`` record, is refused by the relay.
-
-**Renewal** is leader-only work (``sandbox-credential-renewal`` on the substrate's
-``leadership``): one paged list of the credential Secrets per pass; each one past
-half its ttl whose pod is live in the cache is re-minted (bound to the pod's uid)
-and replaced with a resourceVersion precondition; each one whose pod is gone, or
-belongs to another sandbox, and older than the orphan grace is revoked (only if its
-generation is still the sandbox's current one) and deleted. Writes are
-paced to ``TURNSTILE_K8S_CREDENTIAL_RENEW_RATE`` a second.
-
-**Ending.** Stopping a runtime revokes the record first, then deletes the Secrets
-(and pods) of the sandbox; compensation for a failed activation stops the runtime
-the same way.
+Renewal is leader-only work (``sandbox-credential-renewal``): one paged list of
+the Secrets per pass, re-minting those past half their ttl, revoking and deleting
+orphans, paced to ``TURNSTILE_K8S_CREDENTIAL_RENEW_RATE``. Stopping a runtime
+revokes the record first, then deletes its Secrets and pods. Details are in
+docs/substrate-kubernetes.md ("Sandbox credentials") and docs/security.md.
 """
 
 from __future__ import annotations

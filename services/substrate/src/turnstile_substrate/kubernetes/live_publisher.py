@@ -1,33 +1,17 @@
 """The live publisher: the substrate leader's copy of its reflector's live sandboxes
 in Redis, per bounded key, which admission's ``admit.lua`` reads (SPEC S4).
 
-Leader-only work (``run(term)``, registered on the process's leadership): one
-replica writes, fenced by its epoch in every script (see
-:mod:`turnstile_clientkeys.live_store`), so a deposed leader that is slow to notice
-is refused by Redis itself.
-
-* **Taking over**: drop the ``live-state`` marker under the new epoch (which
-  fences every older writer), read what is published (HSCAN, page by page), and
-  resync: the index's live sandboxes against what Redis has, written in chunks
-  of ``live_counts_chunk`` ids per script so a 50,000-pod cluster never blocks
-  Redis for long. Only then is the marker set.
-* **Incremental**: the index reports each sandbox whose live pods changed; its
-  id is moved into its key's live set (out of the key's pending set, in the same
-  script) or removed.
-* **Behind**: while the reflector is not current (a cut watch, a 410, a re-list
-  in progress) the marker is dropped, so admission counts the pending set alone;
-  after the re-list (a new index generation) the publisher resyncs in full
-  before setting it again. A key-set change is a new generation too.
-* **Renewal**: the marker has a TTL (``live_counts_ttl_s``), renewed every third
-  of it while current; a leader that dies or hangs lets it lapse, never leaving
-  stale counts trusted for longer than that.
-* **Lost by Redis**: every write after the term's first requires the epoch it
-  set (``continuing``). A Redis restarted without its data, or failed over to a
-  replica that never got the writes, no longer has it: the write is refused
-  (:class:`~turnstile_clientkeys.live_store.StateLostError`) and the publisher
-  starts over as a new leader does — drop the marker, read what is published,
-  resync, mark. Without this, the next renewal marked empty live sets current
-  and the cap counted no live sandbox until the next re-list.
+Leader-only work (``run(term)``): one replica writes, fenced by its epoch in every
+script (:mod:`turnstile_clientkeys.live_store`), so a deposed leader slow to notice is
+refused by Redis itself. Taking over, it drops the ``live-state`` marker, reads what
+is published and resyncs in chunks of ``live_counts_chunk`` ids (a 50,000-pod
+cluster never blocks Redis for long) before setting the marker; then each change the
+index reports moves one sandbox. While the reflector is behind the marker is dropped
+(admission counts the pending set alone), and it is renewed every third of its TTL,
+so a dead leader's counts lapse. A Redis that lost the epoch refuses the next write
+(:class:`~turnstile_clientkeys.live_store.StateLostError`) and the publisher starts
+over as a new leader does; without that, empty sets were marked current. Details:
+docs/substrate-kubernetes.md (live counts) and docs/admission.md.
 """
 
 from __future__ import annotations

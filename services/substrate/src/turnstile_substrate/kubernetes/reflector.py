@@ -1,29 +1,19 @@
 """The reflector: a list-then-watch cache of sandbox pods (SPEC S3).
 
-One loop, the shape client-go's reflector has:
+One loop, the shape client-go's reflector has: **list** every matching pod, page by
+page, and install the result whole into the :class:`PodIndex` (the list is the truth
+at its resourceVersion, so what happened unwatched is reconciled by replacement, not
+by diffing); **watch** from that version with bookmarks (so a quiet watch does not
+fall behind compaction); when the watch ends cleanly, watch again from the newest
+version seen; when it fails (``410 Gone``, a broken connection, any error),
+**re-list**, backing off exponentially except after a 410. kubernetes-asyncio's
+``Watch`` is not used: it raises on 410 and builds a ``V1Pod`` per event; the stream
+is read as raw JSON lines (:mod:`turnstile_substrate.kubernetes.api`).
 
-1. **List** every matching pod, page by page (``limit``/``continue``), and
-   install the result whole into the :class:`PodIndex` — the list is the truth at
-   its resourceVersion, so whatever happened while we were not watching (pods
-   deleted, labels changed) is reconciled by replacement, not by diffing.
-2. **Watch** from that resourceVersion with bookmarks, applying each event to the
-   index and remembering the newest version seen (bookmarks move it forward
-   without an object, so a quiet watch does not fall behind compaction).
-3. When the watch ends cleanly (``timeoutSeconds`` elapsed), watch again from
-   the remembered version. When it fails — ``410 Gone`` (the version was
-   compacted away), a broken connection, any error — **re-list** and start over.
-   Errors back off exponentially; a 410 re-lists at once.
-
-kubernetes-asyncio's ``Watch`` helper is not used: it raises on 410 and builds a
-``V1Pod`` per event. The stream is read as raw JSON lines instead (see
-:mod:`turnstile_substrate.kubernetes.api`).
-
-``synced`` is set once the first list is installed; until then counts are
-unknown and the substrate is not ready. ``current`` is narrower: True only while
-the cache follows a watch from a list (False from a failure until the re-list is
-installed); the live publisher withdraws its counts while it is False. After
-the first list the cache keeps serving counts while a re-list runs: a brief gap is
-an error of the kind SPEC P6 accepts (rare, temporary, corrected by the next list).
+``synced`` is set once the first list is installed (until then counts are unknown
+and the substrate is not ready); ``current`` only while the cache follows a watch
+from a list, and the live publisher withdraws its counts while it is not. During a
+re-list the cache keeps serving counts: a brief gap SPEC P6 accepts.
 """
 
 from __future__ import annotations

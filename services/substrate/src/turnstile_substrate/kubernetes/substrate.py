@@ -94,6 +94,7 @@ class KubernetesSubstrate:
         #: pods stop_runtime deleted that the cache may still show (until the reflector
         #: sees them go), so find_running does not answer with a pod just stopped
         self._stopped: set[str] = set()
+        # On every replica: the clean-ups of its own cancelled calls.
         self._cleanups = BackgroundTasks("kubernetes substrate clean-ups")
         self._leadership = leadership
         # With no elector given this replica leads alone (one replica, or tests).

@@ -1,37 +1,16 @@
 """The sweeps (SPEC F4): nothing Turnstile made is left behind, and no record outlives its pod.
 
-Leader-only work: one replica compares the reflector's pods with the PostgreSQL records every
-``sweep_interval_s``. Each pass runs four sweeps, in this order:
-
-1. **gone runtimes** — an active execution whose pod is gone, finished or terminating (deleted
-   outside Turnstile, evicted, crashed) is ended (``end_reason = 'runtime_gone'``), the sandbox
-   is marked stopped and its admission slot released. A miss in the cache is confirmed with a
-   GET first (the reflector may lag a fresh create). If the sandbox has another live pod, that
-   pod is **adopted** instead: the record follows it, as an activation that finds a runtime
-   without a record does.
-2. **finished pods** — ``Failed``/``Succeeded`` pods are deleted (sandbox pods never restart:
-   ``restartPolicy: Never``).
-3. **expired warm pods** — unclaimed warm pods older than ``sweep_warm_max_age_s`` are deleted
-   (with a resourceVersion precondition, so one adopted meanwhile stays); the refill replaces
-   them with pods of the current template.
-4. **orphan pods** — live pods with Turnstile's labels that no active execution names, older
-   than ``sweep_orphan_grace_s``: the create that landed after its client timed out, a duplicate,
-   a pod whose activation died between creating and recording it and was never retried. The
-   record is read again right before the delete, and the delete carries the pod's uid.
-
-The first sweep has a prompt path: the leader ends a gone pod's execution as soon as its
-reflector sees the pod go (:mod:`.gone_watch`), so the pass only catches what that missed (a
-leader change, a failed write).
-
-A pod whose sandbox has a live activation claim (its activation is still under way, or its
-replica died less than a claim TTL ago) is left for a later pass, and the grace should still
-exceed the longest activation (create → record). ``sweep_dry_run`` finds and counts without
-changing anything.
-
-Why not ``ownerReferences`` or ``activeDeadlineSeconds``: sandbox pods are owned by records in
-PostgreSQL, not by an API object the garbage collector could follow (owning them by the
-substrate's Deployment would delete every sandbox on a re-deploy), and a sandbox runs as long
-as its sessions use it, so no deadline fits it; the sweeps do both jobs against the records.
+Leader-only work: every ``sweep_interval_s`` one replica compares the reflector's
+pods with the PostgreSQL records, in four sweeps: **gone runtimes** (an active
+execution whose pod is gone is ended and its slot released, or follows another
+live pod of its sandbox; a cache miss is confirmed with a GET), **finished pods**,
+**expired warm pods** and **orphan pods** (older than the grace, re-read before
+the delete, which carries the pod's uid). Gone pods are mostly caught at once by
+:mod:`.gone_watch`; the pass catches what it missed. A pod whose sandbox holds a
+live activation claim is left for a later pass. Sandbox pods have no
+``ownerReferences`` or deadline: records in PostgreSQL own them, and the sweeps do
+both jobs against the records. The table of sweeps is in
+docs/substrate-kubernetes.md ("Sweeps").
 """
 
 from __future__ import annotations

@@ -1,48 +1,18 @@
 """Pod manifests: a sandbox pod, a warm-pool pod, and the label patch that adopts one.
 
-Labels (SPEC S2, DESIGN "Kubernetes"):
+Warm and cold pods of a tier are built by the same function from the same
+settings (its runtime from ``tier_runtimes``, :mod:`.tier_runtime`), so they
+differ only in name and labels (SPEC S2), and a claim hands out the runtime a
+cold create would have made. The worker's sandbox id is not in its environment,
+which never changes while a warm pod has none: it reads the pod's labels from a
+downward-API file the kubelet rewrites after the adoption patch. With sandbox
+credentials on (SPEC Z3) every pod, warm ones too (a volume cannot be added to a
+running pod), mounts its ``<pod>-credential`` Secret as an optional volume; the
+credential is never in the pod spec. Pods meet the restricted Pod Security
+Standard and carry no service-account token.
 
-* ``turnstile.dev/sandbox-id`` — the sandbox the pod runs; absent on a warm pod;
-* ``turnstile.dev/client-id`` — the record value of the activating client, set
-  when the pod becomes the sandbox's (at create, or by the adoption patch of a
-  warm pod, which never has one) and never changed after; absent when the
-  record is NULL (an inheriting activation of an unattributed sandbox);
-* ``turnstile.dev/tier`` — the tier;
-* ``turnstile.dev/pool`` — only on unclaimed warm pods; the adoption patch removes it;
-* ``turnstile.dev/template`` — only on unclaimed warm pods: a hash of the spec their tier's
-  template gave them (:func:`template_hash`), so the pool claims only pods made from the
-  current template and replaces the others (a tier moved to another RuntimeClass never
-  hands out a pod of the old one); the adoption patch removes it;
-* ``app.kubernetes.io/managed-by: turnstile`` — what the reflector selects;
-* ``app.kubernetes.io/name: turnstile-worker`` — what the NetworkPolicies select.
-
-The runtime container runs the worker agent (the image's command): it attaches
-to the affinity relay as the sandbox's presence. Its sandbox id is not in its
-environment, because a warm pod has none when it starts and a container's
-environment never changes. The worker reads it from a downward-API file of the
-pod's labels instead, which the kubelet rewrites after the adoption patch; it
-waits, unattached, until ``turnstile.dev/sandbox-id`` appears there. Cold pods
-take the same path (their file names the sandbox from the start), so both kinds
-of pod differ only in labels.
-
-With sandbox credentials on (SPEC Z3, ``credentials=True``), every pod — warm ones
-too, since a volume cannot be added to a running pod — mounts the Secret
-``<pod name>-credential`` (:func:`credential_secret_name`) as an *optional* volume
-on ``/etc/turnstile/credential`` and names the file in
-``TURNSTILE_WORKER_CREDENTIAL_FILE``; the worker waits for the file before it
-attaches. The credential itself is never in the pod spec. The pod's ``fsGroup``
-is its ``runAsGroup``, so the group-readable (0440) file is the worker's to read.
-
-Each tier's pods take its runtime from ``tier_runtimes`` (:mod:`.tier_runtime`):
-``runtimeClassName``, resources, node selector and tolerations. Warm and cold pods of a tier
-are built by the same function from the same settings, so they differ only in name and
-labels, and a claim (which takes only warm pods of the activation's tier) hands out the
-runtime a cold create would have made.
-
-Pods meet the restricted Pod Security Standard: non-root, no privilege
-escalation, no capabilities, the runtime's seccomp profile, a read-only root
-filesystem with an emptyDir on ``/tmp``, and no service-account token (a sandbox
-has no business with the API server).
+The labels, the credential volume and the pod's security settings are described
+in docs/substrate-kubernetes.md.
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        # Leader only (the warm pool is leader work): the clean-ups of its refills.
         self._cleanups = BackgroundTasks("warm pool clean-ups")
         #: each tier's template hash (settings are frozen: computed once per tier)
         self._templates: dict[str, str] = {}
