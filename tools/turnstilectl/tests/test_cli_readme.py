@@ -1,6 +1,6 @@
 """The README's Quickstart and certificate snippet, run as written, in a new terminal.
 
-Issue 21's "done when": from the checkout, in a terminal with nothing set (no
+A new user's first hour: from the checkout, in a terminal with nothing set (no
 ``TURNSTILE_*`` variable, no uv on ``PATH``), every line of the Quickstart's block
 and of the local certificate snippet works against a running local stack, and
 ends with the exit code its comment promises. The lines are read from README.md
