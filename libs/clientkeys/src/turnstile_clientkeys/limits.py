@@ -38,6 +38,9 @@ class Limits:
     rate: float | None = None
     burst: float | None = None
     concurrency: int | None = None
+    #: The key's weight in admission's fair queue (SPEC Q1): its share of the
+    #: cluster bucket while keys wait, relative to the others' (default 1).
+    weight: float | None = None
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
@@ -46,7 +49,7 @@ class Limits:
     def parse(cls, doc: Any) -> Limits:
         if not isinstance(doc, dict):
             raise LimitsError("limits must be a JSON object")
-        unknown = set(doc) - {"cap", "rate", "burst", "concurrency"}
+        unknown = set(doc) - {"cap", "rate", "burst", "concurrency", "weight"}
         if unknown:
             raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}")
         limits = cls(
@@ -54,7 +57,10 @@ class Limits:
             rate=_number(doc, "rate"),
             burst=_number(doc, "burst"),
             concurrency=_integer(doc, "concurrency"),
+            weight=_number(doc, "weight"),
         )
+        if limits.weight is not None and limits.weight <= 0:
+            raise LimitsError("weight must be greater than 0")
         if limits.rate is not None and limits.rate <= 0:
             raise LimitsError("rate must be greater than 0")
         if limits.burst is not None and limits.burst < 1:
@@ -79,7 +85,7 @@ class ClusterLimits:
     @classmethod
     def parse(cls, doc: Any) -> ClusterLimits:
         limits = Limits.parse(doc)
-        if limits.cap is not None or limits.concurrency is not None:
+        if limits.cap is not None or limits.concurrency is not None or limits.weight is not None:
             raise LimitsError("the cluster has only rate and burst")
         return cls(rate=limits.rate, burst=limits.burst)
 

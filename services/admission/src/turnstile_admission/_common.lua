@@ -97,3 +97,7 @@ local function extend_written(key, ttl_ms, created)
 end
 
 local function fmt(x) return string.format('%.17g', x) end
+
+-- True only inside claim.lua: the decision is a granted waiter's, whose tokens the
+-- fair queue handed back to the cluster bucket for it (admit.lua's queue check).
+local queue_claim = false

@@ -157,6 +157,12 @@ local client_tokens, cluster_tokens, rate_over = 0, 0, false
 if rate_mode > 0 then
   client_tokens = bucket_level(KEYS[3], lim.rate, lim.burst, now)
   cluster_tokens = bucket_level(KEYS[4], lim.cluster_rate, lim.cluster_burst, now)
+  -- While the fair queue has waiters (q:serving, tick.lua), the cluster bucket's
+  -- tokens are theirs: a call from outside the queue does not jump it.
+  if cluster_tokens >= cost and not queue_claim
+      and redis.call('EXISTS', base_of(KEYS[1]) .. 'q:serving') == 1 then
+    cluster_tokens = 0
+  end
   if client_tokens < cost then
     rate_over = true
     local retry = -1

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Histogram
 
 from turnstile_admission import metrics
 from turnstile_admission.decision import Decision
+from turnstile_admission.fair_queue import FairQueue
 from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
     ActivationShape,
@@ -44,7 +45,7 @@ from turnstile_admission.redis_store import (
     CancelAnswer,
 )
 from turnstile_admission.settings import AdmissionSettings
-from turnstile_clientkeys import BoundedKey, Client, Resolver
+from turnstile_clientkeys import BoundedKey, Client, KeyKind, Resolver
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class AdmitInput(NamedTuple):
     kind: Kind
     tier: str = ""
     candidate_nodes: tuple[str, ...] = ()
+    #: How long the call may wait in the fair queue (0: answer at once).
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class Admitter:
         )
         self._slots = settings.slots
         self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
+        self.queue = FairQueue(store, settings)
         self._plans: dict[tuple[Kind, bool], _Plan] = {}
         #: Per decision shape, what its decisions share (``Decision.shape``).
         self._shapes: dict[tuple[object, ...], _Shape] = {}
@@ -149,10 +153,56 @@ class Admitter:
         started = time.perf_counter()
         key = self.resolver.resolve(request.client)
         decision = await self._decide(request, key)
+        if request.wait_s > 0 and not decision.admitted and _queueable(decision):
+            decision = await self._wait(request, key, decision)
         self._record(decision, time.perf_counter() - started)
         return decision
 
-    async def _decide(self, request: AdmitInput, key: BoundedKey) -> Decision:
+    async def _wait(self, request: AdmitInput, key: BoundedKey, refused: Decision) -> Decision:
+        """Wait in the fair queue for the cluster bucket, then decide on the grant
+        (SPEC Q1). Refused when the budget ends first (the first refusal, its
+        retry hint with it), or when the grant's decision refuses on a limit of
+        the client's own."""
+        queue = self.queue
+        budget = min(request.wait_s, self.settings.queue.max_wait_s)
+        if budget <= 0 or not queue.enabled:
+            return refused
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + budget
+        decision = refused
+        joined = None
+        while (remaining := deadline - loop.time()) > 0:
+            wait = await queue.wait(key.key, remaining)
+            if joined is None:
+                joined = wait.queued
+            if not wait.granted:
+                break
+            claimed = await self._decide(request, key, claim=wait.waiter)
+            if claimed is _LOST:
+                continue  # swept before it claimed: join again
+            decision = claimed
+            if decision.admitted or not _queueable(decision):
+                break
+        waited = loop.time() - started
+        estimate = None
+        if joined is not None and joined.queued and joined.estimated_wait_ms >= 0:
+            estimate = joined.estimated_wait_ms / 1000
+        message = decision.message
+        if not decision.admitted:
+            message += (
+                f"; the fair queue was full ({joined.waiters} waiting)"
+                if joined is not None and not joined.queued
+                else f"; waited {waited:.3f}s in the fair queue"
+            )
+        return decision._replace(
+            waited_s=waited,
+            queue_position=joined.position if joined is not None else 0,
+            estimated_wait_s=estimate,
+            message=message,
+        )
+
+    async def _decide(self, request: AdmitInput, key: BoundedKey, claim: str = "") -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
         modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
@@ -168,7 +218,7 @@ class Admitter:
         # The one place admission decides on a failing Redis: fail modes apply
         # to an unavailable Redis only. Anything else (a script error) is a bug.
         try:
-            answer = await self.store.admit(args)
+            answer = await self.store.admit(args, claim)
         except (DependencyOverloaded, asyncio.CancelledError):
             # Not an outage, so no fail mode: this replica could not keep up
             # (or the caller gave up). Nothing was decided for the caller (the
@@ -182,6 +232,8 @@ class Admitter:
             return self._unreachable(request, key, plan, args.hold_id, error)
         if answer.outcome == "cancelled":
             return self._cancelled(key, plan)
+        if answer.outcome == "lost":
+            return _LOST
         if modes[PolicyName.CAP]:
             metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
@@ -375,6 +427,22 @@ class Admitter:
             concurrency_limit=answer.concurrency_limit,
             node_slots_held=answer.node_slots_held,
         )
+
+
+#: A claim whose grant was gone (``claim.lua``'s ``lost``): nothing was decided.
+_LOST = Decision(False, BoundedKey("", KeyKind.UNATTRIBUTED, 0), ())
+
+#: The refusal the fair queue can wait out: the cluster bucket's (SPEC Q1).
+_CLUSTER_BUCKET = "cluster bucket"
+
+
+def _queueable(decision: Decision) -> bool:
+    """Whether only the cluster bucket refused: the one shared resource the queue
+    waits for (a client's own limits refuse at once)."""
+    refusing = [v for v in decision.verdicts if v.verdict is Verdict.REFUSE]
+    return bool(refusing) and all(
+        v.policy is PolicyName.RATE and v.detail == _CLUSTER_BUCKET for v in refusing
+    )
 
 
 def _new_hold_id() -> str:

@@ -48,6 +48,7 @@ async def create_app(
     # from the live sets the substrate's leader keeps in Redis (SPEC S4).
     admitter = Admitter(settings, AdmissionStore(redis, settings), resolver)
     app.add_cleanup(admitter.orphans.close)
+    app.add_cleanup(admitter.queue.close)
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(admitter), app.server
     )

@@ -28,6 +28,12 @@ class Decision(NamedTuple):
     built once (``Admitter._record``, :class:`~turnstile_admission.responses.AdmitResponses`);
     shapes are bounded by the keys (SPEC C3) times the verdicts. ``None`` for a
     decision built outside the admitter: it shares nothing."""
+    waited_s: float | None = None
+    """How long the call waited in the fair queue (None: it did not join it)."""
+    queue_position: int = 0
+    """Its position among its key's waiters when it joined (0: it did not)."""
+    estimated_wait_s: float | None = None
+    """The wait estimated when it joined (None: it did not, or no estimate)."""
 
     @property
     def refused_by(self) -> PolicyVerdict | None:

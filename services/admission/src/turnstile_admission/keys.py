@@ -84,3 +84,17 @@ class AdmissionKeys:
     def slots(self, node: str) -> str:
         """Sorted set: ``h:<hold>`` / ``s:<sandbox>`` → expiry (ms) of held slots."""
         return f"{self.base}slots:{node}"
+
+    def queue(self, key: str) -> str:
+        """Sorted set: waiter id → arrival number, one bounded key's fair-queue
+        waiters in FIFO order (the queue's other keys: ``_queue.lua``)."""
+        return f"{self.base}q:key:{key}"
+
+    def granted(self, owner: str) -> str:
+        """Sorted set: the waiters of replica ``owner`` granted since its last tick."""
+        return f"{self.base}q:granted:{owner}"
+
+    @property
+    def queue_info(self) -> str:
+        """Hash: waiter id → its JSON record (state, key, owner, tokens granted)."""
+        return f"{self.base}q:info"

@@ -25,11 +25,25 @@ _PACKAGE = "turnstile_admission"
 SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, PolicyName.RATE)
 
 
+#: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
+QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
+
+
 def script_text(name: str, test_clock: bool = False) -> str:
     """The full text of one script: the shared helpers (with ``test_clock``, the
-    frozen clock of ``_test_clock.lua`` over them), then the script."""
-    parts = ["_common.lua", *(["_test_clock.lua"] if test_clock else []), name]
-    return "\n".join(read_script(_PACKAGE, part) for part in parts)
+    frozen clock of ``_test_clock.lua`` over them), then the script.
+
+    ``claim.lua`` is a granted waiter's ``admit.lua``: admit.lua's text, wrapped
+    as the function ``admit_body`` (a chunk's ``return`` is then the function's),
+    comes before it."""
+    parts = ["_common.lua", *(["_test_clock.lua"] if test_clock else [])]
+    if name in QUEUE_SCRIPTS:
+        parts.append("_queue.lua")
+    texts = [read_script(_PACKAGE, part) for part in parts]
+    if name == "claim.lua":
+        texts += ["local function admit_body()", read_script(_PACKAGE, "admit.lua"), "end"]
+    texts.append(read_script(_PACKAGE, name))
+    return "\n".join(texts)
 
 
 class AdmitArgs(NamedTuple):
@@ -110,6 +124,29 @@ class AdmitAnswer(NamedTuple):
     """Pending entries this call dropped because they expired unconsumed."""
 
 
+class Queued(NamedTuple):
+    """``enqueue.lua``'s answer."""
+
+    queued: bool
+    """False: the queue is full (``queue.max_waiters``)."""
+    position: int
+    """Among the key's waiters, 1 the head."""
+    estimated_wait_ms: int
+    """-1: no estimate (the cluster bucket has no rate)."""
+    waiters: int
+
+
+class Tick(NamedTuple):
+    """``tick.lua``'s answer."""
+
+    granted: tuple[str, ...]
+    """This replica's waiters granted since its last tick."""
+    waiters: int
+    grants: int
+    swept: int
+    returned: float
+
+
 @dataclass(frozen=True)
 class CancelAnswer:
     cancelled: bool
@@ -152,6 +189,10 @@ class AdmissionStore:
         self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua", clock))
         self._release: AsyncScript = client.register_script(script_text("release_sandbox.lua"))
         self._usage: AsyncScript = client.register_script(script_text("usage.lua", clock))
+        self._enqueue: AsyncScript = client.register_script(script_text("enqueue.lua", clock))
+        self._tick: AsyncScript = client.register_script(script_text("tick.lua", clock))
+        self._claim: AsyncScript = client.register_script(script_text("claim.lua", clock))
+        self._leave: AsyncScript = client.register_script(script_text("leave.lua", clock))
         s = settings
         self._key_defaults = [
             s.cap.default_cap,
@@ -266,9 +307,16 @@ class AdmissionStore:
             argv += [name, capacity]
         return keys, argv
 
-    async def admit(self, args: AdmitArgs) -> AdmitAnswer:
+    async def admit(self, args: AdmitArgs, claim: str = "") -> AdmitAnswer:
+        """One decision; with ``claim`` (a granted waiter's id), the waiter's,
+        through ``claim.lua`` (outcome ``lost`` when it holds no grant)."""
         keys, argv = self.admit_request(args)
-        raw = await self._admit(keys=keys, args=argv)
+        if claim:
+            raw = await self._claim(keys=keys, args=[*argv, claim])
+            if _s(raw[0]) == "lost":
+                return AdmitAnswer("lost", 0, 0, "", {}, 0, _LIVE_UNKNOWN)
+        else:
+            raw = await self._admit(keys=keys, args=argv)
         results = {}
         at = 4
         for policy in SCRIPT_ORDER:
@@ -355,6 +403,63 @@ class AdmissionStore:
             node_slots_held={_s(held[i]): int(held[i + 1]) for i in range(0, len(held), 2)},
             pending_expired=int(raw[10]),
         )
+
+    async def enqueue(
+        self, waiter: str, key: str, owner: str, budget_ms: int, ttl_ms: int
+    ) -> Queued:
+        q = self._settings.queue
+        raw = await self._enqueue(
+            keys=[self.keys.limits, self.keys.queue(key), *self._clock_keys],
+            args=[
+                waiter,
+                key,
+                owner,
+                budget_ms,
+                q.max_waiters,
+                round(q.owner_ttl_s * 1000),
+                round(q.serving_ttl_s * 1000),
+                self._settings.rate.cost,
+                self._settings.rate.cluster_rate_per_s,
+                ttl_ms,
+            ],
+        )
+        return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]))
+
+    async def tick(self, owner: str) -> Tick:
+        q = self._settings.queue
+        rate = self._settings.rate
+        raw = await self._tick(
+            keys=[
+                self.keys.limits,
+                self.keys.cluster_bucket,
+                self.keys.granted(owner),
+                *self._clock_keys,
+            ],
+            args=[
+                owner,
+                rate.cluster_rate_per_s,
+                rate.cluster_burst,
+                rate.cost,
+                q.max_grants_per_tick,
+                round(q.owner_ttl_s * 1000),
+                round(q.claim_ttl_s * 1000),
+                round(q.serving_ttl_s * 1000),
+                q.sweep_limit,
+            ],
+        )
+        return Tick(
+            tuple(_s(w) for w in raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), float(_s(raw[4]))
+        )
+
+    async def leave(self, waiter: str) -> tuple[bool, float]:
+        """The waiter leaves the queue: whether it was there, and the tokens of a
+        grant it had not claimed, returned to the cluster bucket."""
+        rate = self._settings.rate
+        raw = await self._leave(
+            keys=[self.keys.limits, self.keys.cluster_bucket, *self._clock_keys],
+            args=[waiter, rate.cluster_rate_per_s, rate.cluster_burst],
+        )
+        return bool(int(raw[0])), float(_s(raw[1]))
 
     async def set_test_clock(self, now_ms: int) -> None:
         """Tests only (``test_clock``): freeze the scripts' clock at ``now_ms``."""

@@ -90,6 +90,8 @@ class AdmitResponses:
         if decision.node:
             response.node = decision.node
         response.message = decision.message
+        if decision.waited_s is not None:
+            _waited(response, decision)
         if decision.admitted:
             response.hold_id = decision.hold_id
             # Timestamp.FromMilliseconds's arithmetic, without its range check: the
@@ -106,6 +108,16 @@ class AdmitResponses:
             retry = decision.retry_after_s or 1.0
             response.retry_after.FromMilliseconds(max(1, round(retry * 1000)))
         return response
+
+
+def _waited(response: admission_pb2.AdmitResponse, decision: Decision) -> None:
+    """What the fair queue adds to the answer of a call that joined it."""
+    assert decision.waited_s is not None
+    response.waited.FromMilliseconds(round(decision.waited_s * 1000))
+    if decision.queue_position:
+        response.queue_position = decision.queue_position
+    if decision.estimated_wait_s is not None:
+        response.estimated_wait.FromMilliseconds(round(decision.estimated_wait_s * 1000))
 
 
 def _template(decision: Decision) -> _Template:

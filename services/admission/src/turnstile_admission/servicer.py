@@ -26,7 +26,14 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def Admit(  # noqa: N802 - the gRPC method name
         self, request: admission_pb2.AdmitRequest, context: Context
     ) -> admission_pb2.AdmitResponse:
-        decision = await self._admitter.admit(validation.admit_request(request))
+        admit = validation.admit_request(request)
+        if admit.wait_s > 0:
+            # The wait ends before the caller's deadline, with time left to claim.
+            remaining = context.time_remaining()
+            if remaining is not None:
+                margin = self._admitter.settings.queue.claim_margin_s
+                admit = admit._replace(wait_s=max(0.0, min(admit.wait_s, remaining - margin)))
+        decision = await self._admitter.admit(admit)
         return self._responses.response(decision)
 
     async def CommitHold(  # noqa: N802

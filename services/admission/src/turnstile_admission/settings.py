@@ -8,7 +8,7 @@ the defaults below apply to keys without limits of their own.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from turnstile_admission.policies import (
@@ -18,6 +18,43 @@ from turnstile_admission.policies import (
     SlotsSettings,
 )
 from turnstile_platform.settings import ServiceSettings
+
+
+class QueueSettings(BaseModel):
+    """The fair queue (SPEC Q1): where an Admit with a wait budget waits when only
+    the cluster bucket refuses it."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    max_wait_s: float = Field(default=30.0, ge=0, le=600)
+    """The longest any call waits, whatever its budget; 0 turns queuing off."""
+
+    tick_interval_s: float = Field(default=0.02, gt=0, le=1)
+    """How often a replica with waiters runs the grant script (tick.lua)."""
+
+    claim_ttl_s: float = Field(default=2.0, gt=0, le=60)
+    """How long a grant waits for its waiter's claim before its tokens go back."""
+
+    owner_ttl_s: float = Field(default=3.0, gt=0, le=60)
+    """How long a replica counts as alive after its last tick: the waiters of a
+    replica silent longer are dropped, never granted."""
+
+    serving_ttl_s: float = Field(default=1.0, gt=0, le=60)
+    """How long the queue's mark (the cluster bucket is the waiters') outlives
+    the last tick: calls outside the queue take tokens again this long after
+    every replica with waiters stopped."""
+
+    max_waiters: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Waiters across the cluster; a call past it is refused at once."""
+
+    max_grants_per_tick: int = Field(default=200, ge=1, le=10_000)
+    """Grants one tick makes at most (bounds one script's run)."""
+
+    sweep_limit: int = Field(default=200, ge=1, le=10_000)
+    """Expired waiters one tick removes at most."""
+
+    claim_margin_s: float = Field(default=0.05, ge=0, le=10)
+    """Time kept back from a call's deadline for its claim after the wait."""
 
 
 class AdmissionSettings(ServiceSettings):
@@ -42,6 +79,9 @@ class AdmissionSettings(ServiceSettings):
 
     slots: SlotsSettings = SlotsSettings()
     """The node-slot policy (SPEC P4)."""
+
+    queue: QueueSettings = QueueSettings()
+    """The fair queue (SPEC Q1)."""
 
     hold_ttl_s: float = Field(default=60.0, gt=0, le=3600)
     """How long an uncommitted hold lives: its lease and node slot free when it

@@ -94,12 +94,19 @@ def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
         if node in seen:
             raise bad_field(f"candidate_nodes[{i}]", f"duplicate node {node!r}")
         seen.add(node)
+    wait_s = 0.0
+    if request.HasField("wait_budget"):
+        budget = request.wait_budget
+        if budget.seconds < 0 or budget.nanos < 0:
+            raise bad_field("wait_budget", "must not be negative")
+        wait_s = budget.seconds + budget.nanos / 1e9
     return AdmitInput(
         sandbox_id=sandbox_id(request.sandbox_id),
         client=client(request.client),
         kind=kind,
         tier=request.tier,
         candidate_nodes=nodes,
+        wait_s=wait_s,
     )
 
 

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from turnstile.common.v1 import common_pb2 as turnstile_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&turnstile/admission/v1/admission.proto\x12\x16turnstile.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a turnstile/common/v1/common.proto\"\xb3\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x35\n\x06\x63lient\x18\x02 \x01(\x0b\x32%.turnstile.common.v1.ActivationClient\x12\x31\n\x04kind\x18\x03 \x01(\x0e\x32#.turnstile.common.v1.ActivationKind\x12\x0c\n\x04tier\x18\x04 \x01(\t\x12\x17\n\x0f\x63\x61ndidate_nodes\x18\x05 \x03(\t\"\xd3\x01\n\rPolicyVerdict\x12.\n\x06policy\x18\x01 \x01(\x0e\x32\x1e.turnstile.admission.v1.Policy\x12\x30\n\x04mode\x18\x02 \x01(\x0e\x32\".turnstile.admission.v1.PolicyMode\x12\x30\n\x07verdict\x18\x03 \x01(\x0e\x32\x1f.turnstile.admission.v1.Verdict\x12\r\n\x05limit\x18\x04 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\x93\x03\n\rAdmitResponse\x12\x32\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32 .turnstile.admission.v1.Decision\x12\x0f\n\x07hold_id\x18\x02 \x01(\t\x12\x33\n\x0fhold_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x03key\x18\x04 \x01(\x0b\x32\x1f.turnstile.common.v1.BoundedKey\x12\x32\n\nrefused_by\x18\x05 \x01(\x0e\x32\x1e.turnstile.admission.v1.Policy\x12\r\n\x05limit\x18\x06 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x07 \x01(\x03\x12.\n\x0bretry_after\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x37\n\x08verdicts\x18\t \x03(\x0b\x32%.turnstile.admission.v1.PolicyVerdict\x12\x0c\n\x04node\x18\n \x01(\t\x12\x0f\n\x07message\x18\x0b \x01(\t\"$\n\x11\x43ommitHoldRequest\x12\x0f\n\x07hold_id\x18\x01 \x01(\t\"\'\n\x12\x43ommitHoldResponse\x12\x11\n\tcommitted\x18\x01 \x01(\x08\"$\n\x11\x43\x61ncelHoldRequest\x12\x0f\n\x07hold_id\x18\x01 \x01(\t\"h\n\x12\x43\x61ncelHoldResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x1e\n\x16\x63lient_tokens_returned\x18\x02 \x01(\x01\x12\x1f\n\x17\x63luster_tokens_returned\x18\x03 \x01(\x01\"+\n\x15ReleaseSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"*\n\x16ReleaseSandboxResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"H\n\x0fGetUsageRequest\x12\x35\n\x06\x63lient\x18\x01 \x01(\x0b\x32%.turnstile.common.v1.ActivationClient\"\xac\x03\n\x10GetUsageResponse\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1f.turnstile.common.v1.BoundedKey\x12\x11\n\x04live\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07pending\x18\x03 \x01(\x03\x12\x0b\n\x03\x63\x61p\x18\x04 \x01(\x03\x12\x15\n\rclient_tokens\x18\x05 \x01(\x01\x12\x17\n\x0f\x63lient_capacity\x18\x06 \x01(\x01\x12\x16\n\x0e\x63luster_tokens\x18\x07 \x01(\x01\x12\x18\n\x10\x63luster_capacity\x18\x08 \x01(\x01\x12\x11\n\tin_flight\x18\t \x01(\x03\x12\x19\n\x11\x63oncurrency_limit\x18\n \x01(\x03\x12T\n\x0fnode_slots_held\x18\x0b \x03(\x0b\x32;.turnstile.admission.v1.GetUsageResponse.NodeSlotsHeldEntry\x12\x14\n\x0clive_unknown\x18\x0c \x01(\t\x1a\x34\n\x12NodeSlotsHeldEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x07\n\x05_live*p\n\x06Policy\x12\x16\n\x12POLICY_UNSPECIFIED\x10\x00\x12\x0e\n\nPOLICY_CAP\x10\x01\x12\x0f\n\x0bPOLICY_RATE\x10\x02\x12\x16\n\x12POLICY_CONCURRENCY\x10\x03\x12\x15\n\x11POLICY_NODE_SLOTS\x10\x04*o\n\nPolicyMode\x12\x1b\n\x17POLICY_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPOLICY_MODE_OFF\x10\x01\x12\x16\n\x12POLICY_MODE_SHADOW\x10\x02\x12\x17\n\x13POLICY_MODE_ENFORCE\x10\x03*\x8d\x01\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x12\n\x0eVERDICT_REFUSE\x10\x02\x12\x19\n\x15VERDICT_SHADOW_REFUSE\x10\x03\x12\x13\n\x0fVERDICT_UNKNOWN\x10\x04\x12\x13\n\x0fVERDICT_SKIPPED\x10\x05*Q\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x43ISION_ADMITTED\x10\x01\x12\x14\n\x10\x44\x45\x43ISION_REFUSED\x10\x02\x32\x82\x04\n\x10\x41\x64missionService\x12T\n\x05\x41\x64mit\x12$.turnstile.admission.v1.AdmitRequest\x1a%.turnstile.admission.v1.AdmitResponse\x12\x63\n\nCommitHold\x12).turnstile.admission.v1.CommitHoldRequest\x1a*.turnstile.admission.v1.CommitHoldResponse\x12\x63\n\nCancelHold\x12).turnstile.admission.v1.CancelHoldRequest\x1a*.turnstile.admission.v1.CancelHoldResponse\x12o\n\x0eReleaseSandbox\x12-.turnstile.admission.v1.ReleaseSandboxRequest\x1a..turnstile.admission.v1.ReleaseSandboxResponse\x12]\n\x08GetUsage\x12\'.turnstile.admission.v1.GetUsageRequest\x1a(.turnstile.admission.v1.GetUsageResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&turnstile/admission/v1/admission.proto\x12\x16turnstile.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a turnstile/common/v1/common.proto\"\xe3\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x35\n\x06\x63lient\x18\x02 \x01(\x0b\x32%.turnstile.common.v1.ActivationClient\x12\x31\n\x04kind\x18\x03 \x01(\x0e\x32#.turnstile.common.v1.ActivationKind\x12\x0c\n\x04tier\x18\x04 \x01(\t\x12\x17\n\x0f\x63\x61ndidate_nodes\x18\x05 \x03(\t\x12.\n\x0bwait_budget\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd3\x01\n\rPolicyVerdict\x12.\n\x06policy\x18\x01 \x01(\x0e\x32\x1e.turnstile.admission.v1.Policy\x12\x30\n\x04mode\x18\x02 \x01(\x0e\x32\".turnstile.admission.v1.PolicyMode\x12\x30\n\x07verdict\x18\x03 \x01(\x0e\x32\x1f.turnstile.admission.v1.Verdict\x12\r\n\x05limit\x18\x04 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\x89\x04\n\rAdmitResponse\x12\x32\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32 .turnstile.admission.v1.Decision\x12\x0f\n\x07hold_id\x18\x02 \x01(\t\x12\x33\n\x0fhold_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x03key\x18\x04 \x01(\x0b\x32\x1f.turnstile.common.v1.BoundedKey\x12\x32\n\nrefused_by\x18\x05 \x01(\x0e\x32\x1e.turnstile.admission.v1.Policy\x12\r\n\x05limit\x18\x06 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x07 \x01(\x03\x12.\n\x0bretry_after\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x37\n\x08verdicts\x18\t \x03(\x0b\x32%.turnstile.admission.v1.PolicyVerdict\x12\x0c\n\x04node\x18\n \x01(\t\x12\x0f\n\x07message\x18\x0b \x01(\t\x12)\n\x06waited\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0equeue_position\x18\x0f \x01(\x05\x12\x31\n\x0e\x65stimated_wait\x18\x10 \x01(\x0b\x32\x19.google.protobuf.Duration\"$\n\x11\x43ommitHoldRequest\x12\x0f\n\x07hold_id\x18\x01 \x01(\t\"\'\n\x12\x43ommitHoldResponse\x12\x11\n\tcommitted\x18\x01 \x01(\x08\"$\n\x11\x43\x61ncelHoldRequest\x12\x0f\n\x07hold_id\x18\x01 \x01(\t\"h\n\x12\x43\x61ncelHoldResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x1e\n\x16\x63lient_tokens_returned\x18\x02 \x01(\x01\x12\x1f\n\x17\x63luster_tokens_returned\x18\x03 \x01(\x01\"+\n\x15ReleaseSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"*\n\x16ReleaseSandboxResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"H\n\x0fGetUsageRequest\x12\x35\n\x06\x63lient\x18\x01 \x01(\x0b\x32%.turnstile.common.v1.ActivationClient\"\xac\x03\n\x10GetUsageResponse\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1f.turnstile.common.v1.BoundedKey\x12\x11\n\x04live\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07pending\x18\x03 \x01(\x03\x12\x0b\n\x03\x63\x61p\x18\x04 \x01(\x03\x12\x15\n\rclient_tokens\x18\x05 \x01(\x01\x12\x17\n\x0f\x63lient_capacity\x18\x06 \x01(\x01\x12\x16\n\x0e\x63luster_tokens\x18\x07 \x01(\x01\x12\x18\n\x10\x63luster_capacity\x18\x08 \x01(\x01\x12\x11\n\tin_flight\x18\t \x01(\x03\x12\x19\n\x11\x63oncurrency_limit\x18\n \x01(\x03\x12T\n\x0fnode_slots_held\x18\x0b \x03(\x0b\x32;.turnstile.admission.v1.GetUsageResponse.NodeSlotsHeldEntry\x12\x14\n\x0clive_unknown\x18\x0c \x01(\t\x1a\x34\n\x12NodeSlotsHeldEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x07\n\x05_live*p\n\x06Policy\x12\x16\n\x12POLICY_UNSPECIFIED\x10\x00\x12\x0e\n\nPOLICY_CAP\x10\x01\x12\x0f\n\x0bPOLICY_RATE\x10\x02\x12\x16\n\x12POLICY_CONCURRENCY\x10\x03\x12\x15\n\x11POLICY_NODE_SLOTS\x10\x04*o\n\nPolicyMode\x12\x1b\n\x17POLICY_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPOLICY_MODE_OFF\x10\x01\x12\x16\n\x12POLICY_MODE_SHADOW\x10\x02\x12\x17\n\x13POLICY_MODE_ENFORCE\x10\x03*\x8d\x01\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x12\n\x0eVERDICT_REFUSE\x10\x02\x12\x19\n\x15VERDICT_SHADOW_REFUSE\x10\x03\x12\x13\n\x0fVERDICT_UNKNOWN\x10\x04\x12\x13\n\x0fVERDICT_SKIPPED\x10\x05*Q\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x43ISION_ADMITTED\x10\x01\x12\x14\n\x10\x44\x45\x43ISION_REFUSED\x10\x02\x32\x82\x04\n\x10\x41\x64missionService\x12T\n\x05\x41\x64mit\x12$.turnstile.admission.v1.AdmitRequest\x1a%.turnstile.admission.v1.AdmitResponse\x12\x63\n\nCommitHold\x12).turnstile.admission.v1.CommitHoldRequest\x1a*.turnstile.admission.v1.CommitHoldResponse\x12\x63\n\nCancelHold\x12).turnstile.admission.v1.CancelHoldRequest\x1a*.turnstile.admission.v1.CancelHoldResponse\x12o\n\x0eReleaseSandbox\x12-.turnstile.admission.v1.ReleaseSandboxRequest\x1a..turnstile.admission.v1.ReleaseSandboxResponse\x12]\n\x08GetUsage\x12\'.turnstile.admission.v1.GetUsageRequest\x1a(.turnstile.admission.v1.GetUsageResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,38 +36,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETUSAGERESPONSE_NODESLOTSHELDENTRY']._loaded_options = None
   _globals['_GETUSAGERESPONSE_NODESLOTSHELDENTRY']._serialized_options = b'8\001'
-  _globals['_POLICY']._serialized_start=1784
-  _globals['_POLICY']._serialized_end=1896
-  _globals['_POLICYMODE']._serialized_start=1898
-  _globals['_POLICYMODE']._serialized_end=2009
-  _globals['_VERDICT']._serialized_start=2012
-  _globals['_VERDICT']._serialized_end=2153
-  _globals['_DECISION']._serialized_start=2155
-  _globals['_DECISION']._serialized_end=2236
+  _globals['_POLICY']._serialized_start=1950
+  _globals['_POLICY']._serialized_end=2062
+  _globals['_POLICYMODE']._serialized_start=2064
+  _globals['_POLICYMODE']._serialized_end=2175
+  _globals['_VERDICT']._serialized_start=2178
+  _globals['_VERDICT']._serialized_end=2319
+  _globals['_DECISION']._serialized_start=2321
+  _globals['_DECISION']._serialized_end=2402
   _globals['_ADMITREQUEST']._serialized_start=166
-  _globals['_ADMITREQUEST']._serialized_end=345
-  _globals['_POLICYVERDICT']._serialized_start=348
-  _globals['_POLICYVERDICT']._serialized_end=559
-  _globals['_ADMITRESPONSE']._serialized_start=562
-  _globals['_ADMITRESPONSE']._serialized_end=965
-  _globals['_COMMITHOLDREQUEST']._serialized_start=967
-  _globals['_COMMITHOLDREQUEST']._serialized_end=1003
-  _globals['_COMMITHOLDRESPONSE']._serialized_start=1005
-  _globals['_COMMITHOLDRESPONSE']._serialized_end=1044
-  _globals['_CANCELHOLDREQUEST']._serialized_start=1046
-  _globals['_CANCELHOLDREQUEST']._serialized_end=1082
-  _globals['_CANCELHOLDRESPONSE']._serialized_start=1084
-  _globals['_CANCELHOLDRESPONSE']._serialized_end=1188
-  _globals['_RELEASESANDBOXREQUEST']._serialized_start=1190
-  _globals['_RELEASESANDBOXREQUEST']._serialized_end=1233
-  _globals['_RELEASESANDBOXRESPONSE']._serialized_start=1235
-  _globals['_RELEASESANDBOXRESPONSE']._serialized_end=1277
-  _globals['_GETUSAGEREQUEST']._serialized_start=1279
-  _globals['_GETUSAGEREQUEST']._serialized_end=1351
-  _globals['_GETUSAGERESPONSE']._serialized_start=1354
-  _globals['_GETUSAGERESPONSE']._serialized_end=1782
-  _globals['_GETUSAGERESPONSE_NODESLOTSHELDENTRY']._serialized_start=1721
-  _globals['_GETUSAGERESPONSE_NODESLOTSHELDENTRY']._serialized_end=1773
-  _globals['_ADMISSIONSERVICE']._serialized_start=2239
-  _globals['_ADMISSIONSERVICE']._serialized_end=2753
+  _globals['_ADMITREQUEST']._serialized_end=393
+  _globals['_POLICYVERDICT']._serialized_start=396
+  _globals['_POLICYVERDICT']._serialized_end=607
+  _globals['_ADMITRESPONSE']._serialized_start=610
+  _globals['_ADMITRESPONSE']._serialized_end=1131
+  _globals['_COMMITHOLDREQUEST']._serialized_start=1133
+  _globals['_COMMITHOLDREQUEST']._serialized_end=1169
+  _globals['_COMMITHOLDRESPONSE']._serialized_start=1171
+  _globals['_COMMITHOLDRESPONSE']._serialized_end=1210
+  _globals['_CANCELHOLDREQUEST']._serialized_start=1212
+  _globals['_CANCELHOLDREQUEST']._serialized_end=1248
+  _globals['_CANCELHOLDRESPONSE']._serialized_start=1250
+  _globals['_CANCELHOLDRESPONSE']._serialized_end=1354
+  _globals['_RELEASESANDBOXREQUEST']._serialized_start=1356
+  _globals['_RELEASESANDBOXREQUEST']._serialized_end=1399
+  _globals['_RELEASESANDBOXRESPONSE']._serialized_start=1401
+  _globals['_RELEASESANDBOXRESPONSE']._serialized_end=1443
+  _globals['_GETUSAGEREQUEST']._serialized_start=1445
+  _globals['_GETUSAGEREQUEST']._serialized_end=1517
+  _globals['_GETUSAGERESPONSE']._serialized_start=1520
+  _globals['_GETUSAGERESPONSE']._serialized_end=1948
+  _globals['_GETUSAGERESPONSE_NODESLOTSHELDENTRY']._serialized_start=1887
+  _globals['_GETUSAGERESPONSE_NODESLOTSHELDENTRY']._serialized_end=1939
+  _globals['_ADMISSIONSERVICE']._serialized_start=2405
+  _globals['_ADMISSIONSERVICE']._serialized_end=2919
 # @@protoc_insertion_point(module_scope)

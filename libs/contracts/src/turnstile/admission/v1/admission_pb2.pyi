@@ -149,6 +149,7 @@ class AdmitRequest(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     TIER_FIELD_NUMBER: _builtins.int
     CANDIDATE_NODES_FIELD_NUMBER: _builtins.int
+    WAIT_BUDGET_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """The sandbox being activated: 1 to 63 characters, a valid label value."""
     kind: _common_pb2.ActivationKind.ValueType
@@ -167,6 +168,15 @@ class AdmitRequest(_message.Message):
         for other kinds. At most 256 names.
         """
 
+    @_builtins.property
+    def wait_budget(self) -> _duration_pb2.Duration:
+        """How long the call may wait in admission's fair queue when only a shared
+        resource (the cluster bucket) refuses: it returns once admitted, or refused
+        when the budget, the call's deadline or the service's longest wait ends,
+        whichever is first. Unset or zero: the answer comes at once, as without a
+        queue. Negative is INVALID_ARGUMENT.
+        """
+
     def __init__(
         self,
         *,
@@ -175,10 +185,11 @@ class AdmitRequest(_message.Message):
         kind: _common_pb2.ActivationKind.ValueType = ...,
         tier: _builtins.str = ...,
         candidate_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        wait_budget: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "kind", b"kind", "sandbox_id", b"sandbox_id", "tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "kind", b"kind", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -240,6 +251,9 @@ class AdmitResponse(_message.Message):
     VERDICTS_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    ESTIMATED_WAIT_FIELD_NUMBER: _builtins.int
     decision: Global___Decision.ValueType
     hold_id: _builtins.str
     """Set when admitted: commit it after the runtime exists, or cancel it."""
@@ -252,6 +266,10 @@ class AdmitResponse(_message.Message):
     """Set when admitted with node slots checked: the node whose slot was taken."""
     message: _builtins.str
     """A human-readable summary of the decision."""
+    queue_position: _builtins.int
+    """Set when the call joined the queue: its position among its key's waiters
+    when it joined (1 is the head).
+    """
     @_builtins.property
     def hold_expires_at(self) -> _timestamp_pb2.Timestamp:
         """When an uncommitted hold expires on its own (its owner died)."""
@@ -268,6 +286,16 @@ class AdmitResponse(_message.Message):
     def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyVerdict]:
         """Every policy's verdict, in evaluation order."""
 
+    @_builtins.property
+    def waited(self) -> _duration_pb2.Duration:
+        """How long the call waited in the fair queue (unset: it did not wait)."""
+
+    @_builtins.property
+    def estimated_wait(self) -> _duration_pb2.Duration:
+        """Set when the call joined the queue: the wait estimated when it joined,
+        from its position, the keys waiting and the cluster bucket's rate.
+        """
+
     def __init__(
         self,
         *,
@@ -282,10 +310,13 @@ class AdmitResponse(_message.Message):
         verdicts: _abc.Iterable[Global___PolicyVerdict] | None = ...,
         node: _builtins.str = ...,
         message: _builtins.str = ...,
+        waited: _duration_pb2.Duration | None = ...,
+        queue_position: _builtins.int = ...,
+        estimated_wait: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hold_expires_at", b"hold_expires_at", "key", b"key", "retry_after", b"retry_after"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_wait", b"estimated_wait", "hold_expires_at", b"hold_expires_at", "key", b"key", "retry_after", b"retry_after", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "decision", b"decision", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "key", b"key", "limit", b"limit", "message", b"message", "node", b"node", "refused_by", b"refused_by", "retry_after", b"retry_after", "verdicts", b"verdicts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "decision", b"decision", "estimated_wait", b"estimated_wait", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "key", b"key", "limit", b"limit", "message", b"message", "node", b"node", "queue_position", b"queue_position", "refused_by", b"refused_by", "retry_after", b"retry_after", "verdicts", b"verdicts", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

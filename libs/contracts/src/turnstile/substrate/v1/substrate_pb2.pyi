@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -170,6 +171,7 @@ class ActivateRequest(_message.Message):
     SANDBOX_ID_FIELD_NUMBER: _builtins.int
     CLIENT_FIELD_NUMBER: _builtins.int
     TIER_FIELD_NUMBER: _builtins.int
+    WAIT_BUDGET_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """1 to 63 characters, a valid Kubernetes label value."""
     tier: _builtins.str
@@ -183,16 +185,24 @@ class ActivateRequest(_message.Message):
         INVALID_ARGUMENT (it is what `inherit` resolves to, never sent by callers).
         """
 
+    @_builtins.property
+    def wait_budget(self) -> _duration_pb2.Duration:
+        """Wait in admission's fair queue, at most this long, when only a shared
+        resource refuses; the call's own deadline (less what the create needs)
+        bounds it too. Unset or zero: admission answers at once.
+        """
+
     def __init__(
         self,
         *,
         sandbox_id: _builtins.str = ...,
         client: _common_pb2.ActivationClient | None = ...,
         tier: _builtins.str = ...,
+        wait_budget: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "sandbox_id", b"sandbox_id", "tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -206,6 +216,7 @@ class ActivateResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     CHARGED_CLIENT_ID_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     charged_client_id: _builtins.str
     """The client id charged and recorded; absent when the record is NULL."""
@@ -215,6 +226,10 @@ class ActivateResponse(_message.Message):
     def key(self) -> _common_pb2.BoundedKey:
         """The bounded key admission charged (unset for ALREADY_RUNNING)."""
 
+    @_builtins.property
+    def waited(self) -> _duration_pb2.Duration:
+        """How long admission's fair queue made the call wait (unset: it did not wait)."""
+
     def __init__(
         self,
         *,
@@ -222,10 +237,11 @@ class ActivateResponse(_message.Message):
         outcome: Global___Outcome.ValueType = ...,
         charged_client_id: _builtins.str | None = ...,
         key: _common_pb2.BoundedKey | None = ...,
+        waited: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "sandbox", b"sandbox"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "outcome", b"outcome", "sandbox", b"sandbox"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "outcome", b"outcome", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__charged_client_id: _TypeAlias = _typing.Literal["charged_client_id"]  # noqa: Y015
     _WhichOneofArgType__charged_client_id: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id"]  # noqa: Y015

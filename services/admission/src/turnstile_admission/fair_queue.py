@@ -1,0 +1,139 @@
+"""The fair queue (SPEC Q1): an Admit with a wait budget that only the cluster
+bucket refuses waits its turn here instead of being refused.
+
+The queue lives in Redis, in admission's slot (``_queue.lua`` lists its keys), so
+it is one queue across every replica. Grants happen inside ``tick.lua``: each
+replica that has waiters runs it every ``queue.tick_interval_s``, and each run
+refills the cluster bucket and hands its tokens to the heads of the queue in
+weighted-fair order, whichever replica owns them. A waiter costs no Redis work
+while it waits and holds no connection: it waits on an ``asyncio.Event`` that its
+replica's one tick loop sets when a tick reports it granted; it then decides with
+``claim.lua`` (admit.lua on the granted tokens). A waiter that gives up (budget
+ended, caller cancelled) leaves with ``leave.lua``; one whose replica died is
+swept by another replica's tick (each entry has an owner and an expiry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+from turnstile_admission.redis_store import AdmissionStore, Queued
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_platform.background import BackgroundTasks
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
+
+log = logging.getLogger(__name__)
+
+#: How much longer than the longest wait the queue's structures live in Redis
+#: after their last write: an abandoned queue (every replica gone) vanishes.
+_STRUCTURE_GRACE_MS = 60_000
+
+
+@dataclass
+class Wait:
+    """One waiter's outcome: granted (claim with ``waiter``) or not."""
+
+    waiter: str
+    granted: bool
+    queued: Queued | None
+    """What joining answered (None: Redis could not be reached to join)."""
+
+
+class FairQueue:
+    """This replica's waiters, and the tick loop that serves them."""
+
+    def __init__(self, store: AdmissionStore, settings: AdmissionSettings) -> None:
+        self._store = store
+        self._settings = settings.queue
+        #: This replica's id, the owner of its waiters in Redis.
+        self.owner = os.urandom(8).hex()
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._tasks = BackgroundTasks("admission fair queue")
+        self._ticker: asyncio.Task[None] | None = None
+        self._ttl_ms = round((self._settings.max_wait_s + self._settings.claim_ttl_s) * 1000) + (
+            _STRUCTURE_GRACE_MS
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings.max_wait_s > 0
+
+    @property
+    def waiting(self) -> int:
+        """This replica's waiters."""
+        return len(self._waiters)
+
+    async def wait(self, key: str, budget_s: float) -> Wait:
+        """Join ``key``'s queue and wait up to ``budget_s`` for a grant.
+
+        Not granted: the waiter has left the queue (or will be swept: it has an
+        expiry), holding nothing. Cancelled: it leaves, and the cancellation goes
+        on."""
+        waiter = os.urandom(16).hex()
+        budget_ms = max(1, round(budget_s * 1000))
+        event = asyncio.Event()
+        self._waiters[waiter] = event
+        try:
+            try:
+                queued = await self._store.enqueue(waiter, key, self.owner, budget_ms, self._ttl_ms)
+            except (DependencyUnavailable, DependencyOverloaded):
+                return Wait(waiter, False, None)
+            if not queued.queued:
+                return Wait(waiter, False, queued)
+            self._ensure_ticking()
+            try:
+                await asyncio.wait_for(event.wait(), budget_s)
+                return Wait(waiter, True, queued)
+            except TimeoutError:
+                await self._leave(waiter)
+                return Wait(waiter, False, queued)
+            except asyncio.CancelledError:
+                # The caller gave up: leave in the background (a grant made
+                # meanwhile goes back); if that fails, the expiry sweeps it.
+                self._tasks.spawn(self._leave(waiter), name="fair queue: leave")
+                raise
+        finally:
+            del self._waiters[waiter]
+
+    async def leave(self, waiter: str) -> None:
+        """A granted waiter that will not claim (its caller went) gives its grant back."""
+        await self._leave(waiter)
+
+    async def _leave(self, waiter: str) -> None:
+        try:
+            await self._store.leave(waiter)
+        except (DependencyUnavailable, DependencyOverloaded) as error:
+            log.warning("fair queue: leave failed; the entry expires", extra={"error": str(error)})
+
+    def _ensure_ticking(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = self._tasks.spawn(self._tick_loop(), name="fair queue: tick")
+
+    async def _tick_loop(self) -> None:
+        """Serve the queue while this replica has waiters (a BackgroundTasks job
+        that runs on every replica, only while it has waiters): one ``tick.lua``
+        per interval grants tokens to the heads of the queue in fair order, for
+        every replica's waiters, and wakes this replica's granted ones."""
+        interval = self._settings.tick_interval_s
+        while self._waiters:
+            try:
+                tick = await self._store.tick(self.owner)
+            except (DependencyUnavailable, DependencyOverloaded) as error:
+                log.warning("fair queue: tick failed", extra={"error": str(error)})
+                await asyncio.sleep(interval)
+                continue
+            for waiter in tick.granted:
+                event = self._waiters.get(waiter)
+                if event is not None:
+                    event.set()
+                else:
+                    # Its caller left between the grant and now (its leave may
+                    # have run first, or be on its way): give the grant back.
+                    self._tasks.spawn(self._leave(waiter), name="fair queue: return grant")
+            await asyncio.sleep(interval)
+
+    async def close(self) -> None:
+        await self._tasks.close()

@@ -1,0 +1,90 @@
+-- tick.lua: one replica's turn at serving the fair queue (SPEC Q1). Refills the
+-- cluster bucket, sweeps expired waiters (a granted one's tokens go back), then
+-- hands tokens to the heads of the queue in virtual-finish order while the
+-- bucket has them: each grant is O(1) commands, whoever's replica owns the
+-- waiter. Returns the waiters of this replica granted since its last tick (by
+-- any replica's tick), so the replica wakes them; they claim with claim.lua.
+--
+-- KEYS: 1 limits hash, 2 cluster bucket, 3 q:granted:<owner>, then (clock).
+-- ARGV: owner, cluster rate default, cluster burst default, cost, max_grants,
+--       owner_ttl_ms, claim_ttl_ms, serving_ttl_ms, sweep_limit.
+-- Returns: {{granted waiter ids of this owner}, waiters left, grants made,
+--           waiters swept, tokens returned}.
+local owner = ARGV[1]
+local cost, max_grants = tonumber(ARGV[4]), tonumber(ARGV[5])
+local owner_ttl, claim_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local serving_ttl, sweep_limit = tonumber(ARGV[8]), tonumber(ARGV[9])
+local base = base_of(KEYS[1])
+local q = queue_keys(base)
+local now = now_ms()
+local rate, burst = cluster_limits(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+redis.call('ZADD', q.owners, now + owner_ttl, owner)
+redis.call('ZREMRANGEBYSCORE', q.owners, '-inf', now)
+
+-- Sweep: waiters past their budget, granted ones nobody claimed.
+local returned, swept = 0, 0
+local expired = redis.call('ZRANGE', q.exp, '-inf', now, 'BYSCORE', 'LIMIT', 0, sweep_limit)
+for _, wid in ipairs(expired) do
+  returned = returned + drop_waiter(base, q, wid)
+  swept = swept + 1
+end
+
+local level = bucket_level(KEYS[2], rate, burst, now)
+local start_level = level
+level = level + returned
+if level > burst then level = burst end
+local grants = 0
+local weights = {}
+local v = nil
+while grants < max_grants and level >= cost do
+  local top = redis.call('ZRANGE', q.active, 0, 0, 'WITHSCORES')
+  if not top[1] then break end
+  local key, tag = top[1], tonumber(top[2])
+  local qk = queue_of(base, key)
+  local head = redis.call('ZRANGE', qk, 0, 0)
+  if not head[1] then
+    redis.call('ZREM', q.active, key)
+  else
+    local wid = head[1]
+    redis.call('ZREM', qk, wid)
+    local info = decode(redis.call('HGET', q.info, wid))
+    local alive = info ~= nil and info.s == 'w'
+      and (tonumber(redis.call('ZSCORE', q.exp, wid)) or 0) > now
+      and (tonumber(redis.call('ZSCORE', q.owners, info.o)) or 0) > now
+    if not alive then
+      -- Its replica is gone, or its budget ended before a sweep reached it: it
+      -- holds nothing; drop it without serving the key.
+      redis.call('HDEL', q.info, wid)
+      redis.call('ZREM', q.exp, wid)
+      swept = swept + 1
+    else
+      level = level - cost
+      grants = grants + 1
+      info.s, info.g = 'g', cost
+      redis.call('HSET', q.info, wid, cjson.encode(info))
+      redis.call('ZADD', q.exp, now + claim_ttl, wid)
+      redis.call('ZADD', granted_of(base, info.o), now, wid)
+      redis.call('PEXPIRE', granted_of(base, info.o), claim_ttl + owner_ttl)
+      v = tag
+      redis.call('HSET', q.vf, key, tag)
+    end
+    if redis.call('EXISTS', qk) == 0 then
+      redis.call('ZREM', q.active, key)
+    elseif alive then
+      if not weights[key] then weights[key] = key_weight(KEYS[1], key) end
+      redis.call('ZADD', q.active, tag + cost / weights[key], key)
+    end
+  end
+end
+if v ~= nil then redis.call('HSET', q.meta, 'V', v) end
+if level ~= start_level then bucket_store(KEYS[2], level, rate, burst, now) end
+
+local mine = redis.call('ZRANGE', KEYS[3], 0, -1)
+if mine[1] then redis.call('DEL', KEYS[3]) end
+local left = redis.call('HLEN', q.info)
+if left > 0 then
+  redis.call('SET', q.serving, owner, 'PX', serving_ttl)
+else
+  redis.call('DEL', q.serving)
+end
+return {mine, left, grants, swept, fmt(returned)}

@@ -1,0 +1,251 @@
+"""The fair queue through the real Admit gRPC path, on real Redis with real
+concurrency (SPEC Q1): waiters are admitted as the cluster bucket refills, never
+past it, each once, FIFO within a key and fairly across keys; a waiter that
+gives up or whose replica died leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from functools import partial
+from typing import Any
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from google.protobuf.duration_pb2 import Duration
+
+from turnstile_admission.redis_store import AdmissionStore
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys.limits import ClusterLimits, LimitsStore
+from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_testing.eventually import eventually
+
+ADMITTED = admission_pb2.DECISION_ADMITTED
+CLIENTS = ("heavy", "l1", "l2", "l3", "l4", "acme")
+RATE = 20.0
+
+
+def settings(rate: float = RATE) -> dict[str, Any]:
+    return {
+        "client_allowlist": CLIENTS,
+        "rpc_timeout_s": 60,
+        "rate": {
+            "cluster_rate_per_s": rate,
+            "cluster_burst": 1,
+            "default_rate_per_s": 1000,
+            "default_burst": 1000,
+        },
+        "concurrency": {"default_limit": 10_000},
+        "cap": {"default_cap": 10_000},
+        "queue": {"tick_interval_s": 0.01},
+    }
+
+
+def warm(sandbox_id: str, client_id: str, wait_s: float = 0.0) -> admission_pb2.AdmitRequest:
+    request = admission_pb2.AdmitRequest(
+        sandbox_id=sandbox_id,
+        client=common_pb2.ActivationClient(client_id=client_id),
+        kind=common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+    )
+    if wait_s:
+        request.wait_budget.CopyFrom(Duration(seconds=int(wait_s), nanos=int(wait_s % 1 * 1e9)))
+    return request
+
+
+async def waiters(redis: aioredis.Redis, prefix: str) -> int:
+    return int(await redis.hlen(f"{prefix}{{adm}}:q:info"))
+
+
+async def queue_is_empty(redis: aioredis.Redis, prefix: str) -> bool:
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q:*")]
+    held = [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners"))]
+    holds = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:hold:*")]
+    return not held and not holds
+
+
+@pytest.mark.redis_topologies("single", "cluster")
+async def test_waiters_are_admitted_as_the_bucket_refills_never_past_it(
+    start_admission: Any,
+) -> None:
+    running = await start_admission(**settings())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    done: list[float] = []
+
+    async def admit(n: int) -> Any:
+        answer = await running.stub.Admit(warm(f"sb-{n}", "acme", 10), timeout=15)
+        done.append(loop.time() - started)
+        return answer
+
+    answers = await asyncio.gather(*(admit(n) for n in range(30)))
+    assert all(a.decision == ADMITTED for a in answers), {a.message for a in answers}
+    assert len({a.hold_id for a in answers}) == 30  # no waiter granted twice
+    # Burst 1 then 20 per second: by time t at most 1 + 20 t admitted (a 50 ms
+    # allowance for the clock of this process against Redis's).
+    for n, t in enumerate(sorted(done)):
+        assert n + 1 <= 1 + RATE * (t + 0.05), (n, t)
+    waited = [a for a in answers if a.HasField("waited")]
+    assert len(waited) >= 28
+    assert all(a.queue_position >= 1 for a in waited)
+
+
+async def test_fifo_within_a_key(start_admission: Any, redis: aioredis.Redis) -> None:
+    running = await start_admission(**settings())
+    prefix = running.settings.redis_prefix
+    limits = LimitsStore(redis, prefix)
+    # The bucket refills once in 1000 s while they join, one after the other.
+    await limits.set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    order: list[int] = []
+
+    async def admit(n: int) -> None:
+        answer = await running.stub.Admit(warm(f"sb-{n}", "acme", 20), timeout=30)
+        assert answer.decision == ADMITTED, answer.message
+        order.append(n)
+
+    tasks = []
+    for n in range(8):
+        tasks.append(asyncio.create_task(admit(n)))
+        await eventually(partial(_at_least, redis, prefix, n + 1), what=f"waiter {n} queued")
+    await limits.set_cluster(ClusterLimits(rate=RATE, burst=1))
+    await asyncio.gather(*tasks)
+    assert order == list(range(8))
+
+
+async def _at_least(redis: aioredis.Redis, prefix: str, count: int) -> bool:
+    return await waiters(redis, prefix) >= count
+
+
+async def test_a_heavy_key_does_not_starve_light_ones(start_admission: Any) -> None:
+    running = await start_admission(**settings())
+    loop = asyncio.get_running_loop()
+    done: list[tuple[float, str]] = []
+
+    async def admit(client: str, n: int) -> None:
+        answer = await running.stub.Admit(warm(f"{client}-{n}", client, 30), timeout=40)
+        assert answer.decision == ADMITTED, answer.message
+        done.append((loop.time(), client))
+
+    heavy = [admit("heavy", n) for n in range(40)]
+    light = [admit(f"l{k}", n) for k in range(1, 5) for n in range(4)]
+    await asyncio.gather(*heavy, *light)
+    first = Counter(client for _, client in sorted(done)[:20])
+    # Five keys waiting, equal weights: about 4 grants each in the first 20.
+    for k in range(1, 5):
+        assert first[f"l{k}"] >= 3, first
+    assert first["heavy"] <= 8, first
+
+
+async def test_a_call_whose_budget_ends_is_refused_and_leaves_nothing(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings(rate=0.001))
+    prefix = running.settings.redis_prefix
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    await running.stub.CommitHold(
+        admission_pb2.CommitHoldRequest(hold_id=(await _hold(redis, prefix)))
+    )
+    answer = await running.stub.Admit(warm("sb-late", "acme", 0.3), timeout=5)
+    assert answer.decision == admission_pb2.DECISION_REFUSED
+    assert answer.waited.ToMilliseconds() >= 250
+    assert answer.queue_position == 1
+    assert "fair queue" in answer.message
+    assert await eventually(lambda: queue_is_empty(redis, prefix))
+
+
+async def _hold(redis: aioredis.Redis, prefix: str) -> str:
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:hold:*")]
+    assert len(keys) == 1
+    return str(keys[0].decode().rsplit(":", 1)[1])
+
+
+async def test_the_callers_deadline_bounds_the_wait(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings(rate=0.001))
+    prefix = running.settings.redis_prefix
+    await running.stub.Admit(warm("sb-first", "acme"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # A budget of 30 s, a deadline of 0.5 s: the answer comes before the deadline.
+    answer = await running.stub.Admit(warm("sb-late", "acme", 30), timeout=0.5)
+    assert answer.decision == admission_pb2.DECISION_REFUSED
+    assert loop.time() - started < 0.5
+    assert await eventually(lambda: _no_waiters(redis, prefix))
+
+
+async def _no_waiters(redis: aioredis.Redis, prefix: str) -> bool:
+    return await waiters(redis, prefix) == 0
+
+
+async def test_a_cancelled_waiter_releases_everything(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings(rate=0.001))
+    prefix = running.settings.redis_prefix
+    first = await running.stub.Admit(warm("sb-first", "acme"))
+    await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=first.hold_id))
+    # The token is back, but a waiter that is queued first keeps it from outsiders.
+    await LimitsStore(redis, prefix).set_cluster(ClusterLimits(rate=0.001, burst=1))
+    await redis.hset(
+        f"{prefix}{{adm}}:cluster-bucket", mapping={"t": 0, "ts": 10**13}
+    )  # empty, and refilling only in the far future
+    call = running.stub.Admit(warm("sb-waiting", "acme", 30), timeout=40)
+    await eventually(lambda: _at_least(redis, prefix, 1), what="queued")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await eventually(lambda: queue_is_empty(redis, prefix))
+    # And with the bucket refilled, an outsider takes the token: nothing was kept.
+    await redis.delete(f"{prefix}{{adm}}:cluster-bucket")
+    outsider = await eventually(
+        lambda: _admitted(running.stub, warm("sb-out", "l1")), what="outsider admitted"
+    )
+    assert outsider
+
+
+async def _admitted(stub: Any, request: admission_pb2.AdmitRequest) -> bool:
+    answer = await stub.Admit(request)
+    if answer.decision == ADMITTED:
+        await stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=answer.hold_id))
+        return True
+    return False
+
+
+async def test_a_dead_replicas_waiters_are_dropped_and_the_rest_served(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings())
+    prefix = running.settings.redis_prefix
+    await running.stub.Admit(warm("sb-first", "acme"))
+    # Waiters a replica left behind when it died: it never ticks again.
+    dead = AdmissionStore(redis, AdmissionSettings(redis_prefix=prefix))
+    for n in range(5):
+        await dead.enqueue(f"dead-{n}", "heavy", "dead-replica", 30_000, 600_000)
+    await redis.zadd(f"{prefix}{{adm}}:q:owners", {"dead-replica": 0})  # its lease is over
+    answers = await asyncio.gather(
+        *(running.stub.Admit(warm(f"sb-{n}", "l1", 10), timeout=15) for n in range(3))
+    )
+    assert all(a.decision == ADMITTED for a in answers)
+    assert await eventually(lambda: _no_waiters(redis, prefix))
+    for answer in answers:
+        await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=answer.hold_id))
+
+
+async def test_without_a_budget_the_answer_comes_at_once(start_admission: Any) -> None:
+    running = await start_admission(**settings(rate=0.001))
+    await running.stub.Admit(warm("sb-first", "acme"))
+    answer = await running.stub.Admit(warm("sb-2", "acme"))
+    assert answer.decision == admission_pb2.DECISION_REFUSED
+    assert not answer.HasField("waited")
+    assert answer.queue_position == 0
+
+
+async def test_a_negative_budget_is_invalid(start_admission: Any) -> None:
+    running = await start_admission(**settings())
+    request = warm("sb-1", "acme")
+    request.wait_budget.CopyFrom(Duration(seconds=-1))
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await running.stub.Admit(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -1,0 +1,208 @@
+"""The fair queue's scripts (enqueue, tick, claim, leave) against real Redis, on a
+frozen clock: grants never exceed the bucket, FIFO within a key, weighted fair
+across keys, and a waiter that leaves, expires or loses its replica holds nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_admission.policies import PolicyName, RateSettings
+from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
+from turnstile_admission.settings import AdmissionSettings, QueueSettings
+from turnstile_clientkeys.limits import Limits, LimitsStore
+
+if TYPE_CHECKING:
+    from conftest import LiveSets
+
+NOW = 7_000_000
+RATE = 10.0  # tokens per second: one every 100 ms
+RATE_ONLY = {PolicyName.CAP: 0, PolicyName.RATE: 2, PolicyName.CONCURRENCY: 0, PolicyName.SLOTS: 0}
+TTL = 600_000
+
+
+@pytest.fixture
+async def store(redis: aioredis.Redis, redis_prefix: str, live: LiveSets) -> AdmissionStore:
+    settings = AdmissionSettings(
+        redis_prefix=redis_prefix,
+        test_clock=True,
+        rate=RateSettings(
+            cluster_rate_per_s=RATE, cluster_burst=1, default_rate_per_s=1000, default_burst=1000
+        ),
+        queue=QueueSettings(claim_ttl_s=2, owner_ttl_s=3),
+    )
+    store = AdmissionStore(redis, settings)
+    await store.set_test_clock(NOW)
+    return store
+
+
+async def drain_bucket(store: AdmissionStore, key: str = "drain") -> None:
+    """Take the cluster bucket's one token (burst 1) so waiters must wait."""
+    answer = await store.admit(AdmitArgs("h-drain", key, "sb-drain", RATE_ONLY))
+    assert answer.outcome == "admit"
+
+
+#: The queue's bookkeeping, which outlives its waiters (each with a TTL).
+BOOKKEEPING = (b"q:meta", b"q:vf", b"q:owners")
+
+
+async def queue_keys(redis: aioredis.Redis, prefix: str) -> list[bytes]:
+    """The queue's keys that hold waiters, grants or its serving mark."""
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q:*")]
+    return sorted(k for k in keys if not k.endswith(BOOKKEEPING))
+
+
+async def test_tick_grants_one_token_per_refill_in_fifo_order(store: AdmissionStore) -> None:
+    await drain_bucket(store)
+    for n in range(3):
+        queued = await store.enqueue(f"w{n}", "acme", "r1", 10_000, TTL)
+        assert queued.queued
+        assert queued.position == n + 1
+    assert (await store.tick("r1")).granted == ()  # the bucket is empty
+    granted: list[str] = []
+    for step in range(1, 4):
+        await store.set_test_clock(NOW + step * 100)
+        tick = await store.tick("r1")
+        assert tick.grants == 1  # one token refilled, never more
+        granted += tick.granted
+    assert granted == ["w0", "w1", "w2"]
+
+
+async def test_a_grant_is_reported_once_to_its_own_replica(store: AdmissionStore) -> None:
+    await drain_bucket(store)
+    await store.enqueue("w-b", "acme", "rb", 10_000, TTL)
+    await store.set_test_clock(NOW + 100)
+    by_a = await store.tick("ra")  # replica a's tick grants replica b's waiter
+    assert by_a.grants == 1
+    assert by_a.granted == ()
+    assert (await store.tick("rb")).granted == ("w-b",)
+    assert (await store.tick("rb")).granted == ()  # never twice
+
+
+async def test_claim_takes_the_granted_token_and_nothing_more(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await drain_bucket(store)
+    await store.enqueue("w1", "acme", "r1", 10_000, TTL)
+    await store.set_test_clock(NOW + 100)
+    assert (await store.tick("r1")).granted == ("w1",)
+    claimed = await store.admit(AdmitArgs("h1", "acme", "sb-1", RATE_ONLY), claim="w1")
+    assert claimed.outcome == "admit"
+    # The grant is spent: a second claim finds nothing, an outsider finds no token.
+    again = await store.admit(AdmitArgs("h2", "acme", "sb-2", RATE_ONLY), claim="w1")
+    assert again.outcome == "lost"
+    outsider = await store.admit(AdmitArgs("h3", "other", "sb-3", RATE_ONLY))
+    assert outsider.outcome == "refuse"
+    assert await queue_keys(redis, redis_prefix) == []
+
+
+async def test_while_waiters_are_served_outsiders_do_not_jump_the_queue(
+    store: AdmissionStore,
+) -> None:
+    await drain_bucket(store)
+    await store.enqueue("w1", "acme", "r1", 10_000, TTL)
+    await store.tick("r1")  # marks the queue served
+    await store.set_test_clock(NOW + 500)  # five tokens refilled (burst 1: one)
+    outsider = await store.admit(AdmitArgs("h-out", "other", "sb-out", RATE_ONLY))
+    assert outsider.outcome == "refuse"
+    assert outsider.results[PolicyName.RATE].detail == "cluster bucket"
+    assert (await store.tick("r1")).granted == ("w1",)
+
+
+async def test_keys_share_the_bucket_by_weight_and_fifo_within_each(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    for n in range(40):
+        await store.enqueue(f"heavy-{n}", "heavy", "r1", 100_000, TTL)
+    for n in range(20):
+        await store.enqueue(f"gold-{n}", "gold", "r1", 100_000, TTL)
+    for n in range(5):
+        await store.enqueue(f"light-{n}", "light", "r1", 100_000, TTL)
+    order: list[str] = []
+    for step in range(1, 21):
+        await store.set_test_clock(NOW + step * 100)
+        order += (await store.tick("r1")).granted
+    shares = Counter(w.rsplit("-", 1)[0] for w in order)
+    # 20 grants over weights 1:3:1 while all three wait: 4, 12, 4.
+    assert shares == {"heavy": 4, "gold": 12, "light": 4}
+    for key in shares:
+        mine = [int(w.rsplit("-", 1)[1]) for w in order if w.startswith(key)]
+        assert mine == sorted(mine) == list(range(len(mine)))
+
+
+async def test_an_idle_key_banks_no_credit(store: AdmissionStore) -> None:
+    """Work-conserving: while one key waits alone it gets every token; a key that
+    joins later gets its share from then on, not a backlog of turns."""
+    await drain_bucket(store)
+    for n in range(30):
+        await store.enqueue(f"heavy-{n}", "heavy", "r1", 100_000, TTL)
+    order: list[str] = []
+    for step in range(1, 11):
+        await store.set_test_clock(NOW + step * 100)
+        order += (await store.tick("r1")).granted
+    assert len(order) == 10
+    assert all(w.startswith("heavy") for w in order)
+    for n in range(10):
+        await store.enqueue(f"late-{n}", "late", "r1", 100_000, TTL)
+    later: list[str] = []
+    for step in range(11, 21):
+        await store.set_test_clock(NOW + step * 100)
+        later += (await store.tick("r1")).granted
+    assert Counter(w.split("-")[0] for w in later) == {"heavy": 5, "late": 5}
+
+
+async def test_leave_returns_an_unclaimed_grant(store: AdmissionStore) -> None:
+    await drain_bucket(store)
+    await store.enqueue("w1", "acme", "r1", 10_000, TTL)
+    await store.set_test_clock(NOW + 100)
+    assert (await store.tick("r1")).granted == ("w1",)
+    assert await store.leave("w1") == (True, 1.0)
+    assert await store.leave("w1") == (False, 0.0)
+    # The token is back and the queue is empty: an outsider takes it.
+    outsider = await store.admit(AdmitArgs("h-out", "other", "sb-out", RATE_ONLY))
+    assert outsider.outcome == "admit"
+
+
+async def test_expired_waiters_and_abandoned_grants_are_swept(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await drain_bucket(store)
+    await store.enqueue("granted", "acme", "r-dead", 60_000, TTL)
+    await store.enqueue("short", "acme", "r-dead", 150, TTL)
+    await store.set_test_clock(NOW + 100)
+    tick = await store.tick("r-live")
+    assert tick.grants == 1  # "granted", whose replica never claims it
+    await store.set_test_clock(NOW + 100 + 2_001)  # past the claim TTL
+    tick = await store.tick("r-live")
+    assert tick.swept == 2
+    assert tick.returned == 1.0
+    assert tick.waiters == 0
+    assert await queue_keys(redis, redis_prefix) == []
+
+
+async def test_a_dead_replicas_waiters_are_dropped_never_granted(store: AdmissionStore) -> None:
+    await drain_bucket(store)
+    await store.enqueue("dead-1", "acme", "r-dead", 60_000, TTL)
+    await store.enqueue("live-1", "other", "r-live", 60_000, TTL)
+    await store.set_test_clock(NOW + 3_001)  # r-dead's owner entry has expired
+    tick = await store.tick("r-live")
+    assert tick.granted == ("live-1",)
+    assert tick.swept == 1
+    assert tick.waiters == 1
+
+
+async def test_the_queue_refuses_past_max_waiters(
+    redis: aioredis.Redis, redis_prefix: str, live: Any
+) -> None:
+    settings = AdmissionSettings(redis_prefix=redis_prefix, queue=QueueSettings(max_waiters=2))
+    store = AdmissionStore(redis, settings)
+    assert (await store.enqueue("w1", "acme", "r1", 10_000, TTL)).queued
+    assert (await store.enqueue("w2", "acme", "r1", 10_000, TTL)).queued
+    full = await store.enqueue("w3", "acme", "r1", 10_000, TTL)
+    assert not full.queued
+    assert full.waiters == 2
