@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import redis.asyncio as aioredis
+from google.protobuf.duration_pb2 import Duration
 
 from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
 from turnstile_platform.sandbox_credentials import VerificationKeys, credential_key
@@ -314,3 +315,44 @@ async def test_with_redis_unreachable_activate_starts_nothing_and_deactivate_sti
     )
     assert stopped.code == grpc.StatusCode.UNAVAILABLE
     assert not pid_alive(pid)
+
+
+async def test_a_wait_budget_reaches_admission_bounded_by_the_deadline(
+    migrated_url: str, start_service: StartService
+) -> None:
+    """Activate passes its wait budget down to Admit (SPEC Q1), less what the
+    create needs from the caller's remaining deadline."""
+    harness = await start_service(migrated_url, admission_wait_margin_s=2.0)
+    request = substrate_pb2.ActivateRequest(
+        sandbox_id="sb-1",
+        client=common_pb2.ActivationClient(client_id="acme"),
+        wait_budget=Duration(seconds=30),
+    )
+    response = await harness.stub.Activate(request, timeout=10)
+    assert response.outcome == substrate_pb2.OUTCOME_CREATED
+    [admit] = harness.admission.admits
+    budget = admit.wait_budget.ToMilliseconds() / 1000
+    assert 7.0 < budget <= 8.0  # 10 s deadline less the 2 s margin, not 30 s
+    # Without a budget, admission is asked to answer at once.
+    await harness.activate("sb-2", "acme")
+    assert not harness.admission.admits[1].HasField("wait_budget")
+
+
+async def test_an_activate_that_waited_says_how_long(
+    migrated_url: str, start_service: StartService
+) -> None:
+    harness = await start_service(migrated_url)
+    answer = admission_pb2.AdmitResponse(
+        decision=admission_pb2.DECISION_ADMITTED,
+        hold_id="h-waited",
+        key=common_pb2.BoundedKey(key="acme", kind=common_pb2.KEY_KIND_OWN, key_set_version=1),
+        waited=Duration(nanos=250_000_000),
+    )
+    harness.admission.answer = answer
+    request = substrate_pb2.ActivateRequest(
+        sandbox_id="sb-1",
+        client=common_pb2.ActivationClient(client_id="acme"),
+        wait_budget=Duration(seconds=5),
+    )
+    response = await harness.stub.Activate(request, timeout=30)
+    assert response.waited.ToMilliseconds() == 250

@@ -58,6 +58,12 @@ class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
             )
         if request.sandbox_id.startswith("bad"):
             await abort(context, bad_field("sandbox_id", "must be a label value"))
+        if request.sandbox_id.startswith("wait"):  # echoes the wait budget as the wait
+            return substrate_pb2.ActivateResponse(
+                sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
+                outcome=substrate_pb2.OUTCOME_CREATED,
+                waited=request.wait_budget if request.HasField("wait_budget") else None,
+            )
         if request.sandbox_id.startswith("form"):  # says which client form arrived
             return substrate_pb2.ActivateResponse(
                 sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
@@ -240,6 +246,22 @@ async def test_activate_sends_every_client_form_through_the_typed_client(
     code, out = await _cli(capsys, servers[0], "activate", "form-1", f"--{form}", "--json")
     assert code == 0, out
     assert json.loads(out)["charged_client_id"] == form
+
+
+async def test_activate_wait_sends_the_budget_and_shows_the_wait(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = await _cli(
+        capsys, servers[0], "activate", "wait-1", "--client", "a", "--wait", "1500ms"
+    )
+    assert code == 0, out
+    assert "waited" in out
+    assert "1.500s" in out
+    code, out = await _cli(capsys, servers[0], "activate", "wait-2", "--client", "a", "--json")
+    assert "waited" not in json.loads(out)
+    with pytest.raises(SystemExit) as usage:
+        await _cli(capsys, servers[0], "activate", "wait-3", "--client", "a", "--wait", "soon")
+    assert usage.value.code == 2
 
 
 @pytest.mark.parametrize(

@@ -187,11 +187,15 @@ class TurnstileClient:
         *,
         tier: str = "",
         deadline_s: float | None = None,
+        wait_s: float = 0.0,
     ) -> substrate_pb2.ActivateResponse:
         """Make the sandbox's runtime exist, charged to ``client``: a client id, or
         any form of ``ActivationClient`` (``inherit``, ``native``, ``unattributed``).
         Raises :class:`Refused` when a limit refused it, :class:`TurnstileError` for
-        any other error."""
+        any other error.
+
+        ``wait_s`` > 0: wait up to that long in admission's fair queue when only a
+        shared resource refuses (the default deadline grows by it)."""
         stub = _need(self._substrate, "substrate")
         request = substrate_pb2.ActivateRequest(
             sandbox_id=sandbox_id,
@@ -200,6 +204,10 @@ class TurnstileClient:
             ),
             tier=tier,
         )
+        if wait_s > 0:
+            request.wait_budget.FromMilliseconds(round(wait_s * 1000))
+            if deadline_s is None:
+                deadline_s = self.deadline_s + wait_s
         response: substrate_pb2.ActivateResponse = await self._call(
             lambda t: stub.Activate(request, timeout=t), deadline_s
         )

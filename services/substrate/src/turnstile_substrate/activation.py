@@ -114,6 +114,8 @@ class Activation:
     outcome: Outcome
     #: The bounded key admission charged; None when nothing was charged.
     key: common_pb2.BoundedKey | None = None
+    #: How long admission's fair queue made it wait (None: it did not wait).
+    waited_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -207,17 +209,23 @@ class Activator:
     # -- Activate ------------------------------------------------------------
 
     async def activate(
-        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None = None
+        self,
+        sandbox_id: str,
+        client: Client,
+        tier: str,
+        scope: CallerScope | None = None,
+        wait_s: float = 0.0,
     ) -> Activation:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
         A ``scope`` (a caller not allowed every client) must own the sandbox: checked
         on each record read here (the already-running path, then under the claim),
-        before anything is made or admitted."""
+        before anything is made or admitted. ``wait_s``: how long admission may
+        keep the call in its fair queue (SPEC Q1; 0: answer at once)."""
         started = time.perf_counter()
         result = "error"
         try:
-            activation = await self._guard(self._activate(sandbox_id, client, tier, scope))
+            activation = await self._guard(self._activate(sandbox_id, client, tier, scope, wait_s))
             result = activation.outcome.value
             return activation
         except RichError as error:
@@ -237,7 +245,12 @@ class Activator:
             _activation_seconds(self.substrate.name, result).observe(time.perf_counter() - started)
 
     async def _activate(
-        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None
+        self,
+        sandbox_id: str,
+        client: Client,
+        tier: str,
+        scope: CallerScope | None,
+        wait_s: float = 0.0,
     ) -> Activation:
         inherit = client.form is ClientForm.INHERIT
         runtime = await self.substrate.find_running(sandbox_id)
@@ -267,7 +280,7 @@ class Activator:
                         )
                     )
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
-            return await self._create(claim, sandbox_id, client, tier, record, generation)
+            return await self._create(claim, sandbox_id, client, tier, record, generation, wait_s)
 
     async def _create(
         self,
@@ -277,6 +290,7 @@ class Activator:
         tier: str,
         record: SandboxRecord | None,
         generation: int,
+        wait_s: float = 0.0,
     ) -> Activation:
         charged = charged_client(client, record)
         spec = RuntimeSpec(
@@ -288,7 +302,7 @@ class Activator:
         )
         plan = self.substrate.plan(spec)
         admitted = await self._admission.admit(
-            sandbox_id, charged, plan.kind, spec.tier, plan.candidate_nodes
+            sandbox_id, charged, plan.kind, spec.tier, plan.candidate_nodes, wait_s
         )
         runtime: Runtime | None = None
         stage = "runtime"
@@ -322,7 +336,9 @@ class Activator:
             await run_to_end(self._compensate(sandbox_id, admitted, stop_runtime=stop))
             raise
         await run_to_end(self._admission.commit(admitted.hold_id))
-        return Activation(recorded, runtime, OUTCOMES[runtime.kind], admitted.key)
+        return Activation(
+            recorded, runtime, OUTCOMES[runtime.kind], admitted.key, admitted.waited_s
+        )
 
     async def _ensure_runtime(
         self, spec: RuntimeSpec, plan: Plan, admitted: Admitted, charged: Client

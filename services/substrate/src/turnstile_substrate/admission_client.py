@@ -62,6 +62,8 @@ class Admitted:
     node: str
     #: The cap policy's verdict in this decision, if admission reported one.
     cap: admission_pb2.PolicyVerdict | None
+    #: How long admission's fair queue made the call wait (None: it did not).
+    waited_s: float | None = None
 
 
 def _admission_unavailable(retry_after_s: float, reason: str) -> RichError:
@@ -150,12 +152,16 @@ class AdmissionClient:
         kind: CreateKind,
         tier: str,
         candidate_nodes: Sequence[str],
+        wait_s: float = 0.0,
     ) -> Admitted:
         """Admit the activation or raise its refusal as a :class:`RichError`.
 
         Admit is not retried here: a retry after a lost answer would take a
         second hold. An answer lost in transit leaves a hold that expires on its
         own (its owner, this call, is gone).
+
+        ``wait_s`` > 0 asks admission to queue the call that long when only a
+        shared resource refuses (SPEC Q1); the call's deadline grows by it.
         """
         request = admission_pb2.AdmitRequest(
             sandbox_id=sandbox_id,
@@ -164,14 +170,21 @@ class AdmissionClient:
             tier=tier,
             candidate_nodes=list(candidate_nodes),
         )
+        timeout = self._timeout_s
+        if wait_s > 0:
+            request.wait_budget.FromMilliseconds(round(wait_s * 1000))
+            timeout += wait_s
         try:
-            response = await self._stub.Admit(request, timeout=self._timeout_s)
+            response = await self._stub.Admit(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
             raise self._peer_error(error) from error
         if response.decision != admission_pb2.DECISION_ADMITTED:
             raise refusal_error(response, self._retry_after_s)
         cap = next((v for v in response.verdicts if v.policy == admission_pb2.POLICY_CAP), None)
-        return Admitted(hold_id=response.hold_id, key=response.key, node=response.node, cap=cap)
+        waited = response.waited.ToMilliseconds() / 1000 if response.HasField("waited") else None
+        return Admitted(
+            hold_id=response.hold_id, key=response.key, node=response.node, cap=cap, waited_s=waited
+        )
 
     async def commit(self, hold_id: str) -> None:
         """Commit the hold of an activation that succeeded.

@@ -137,7 +137,10 @@ async def create_app(
 
     activator = Activator(substrate, pool, admission, settings)
     substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(
-        SubstrateServicer(activator, resolver, settings.tier_config), app.server
+        SubstrateServicer(
+            activator, resolver, settings.tier_config, settings.admission_wait_margin_s
+        ),
+        app.server,
     )
     await monitor.start()
     app.add_cleanup(monitor.stop)

@@ -23,7 +23,13 @@ from turnstile_clientkeys import (
     parse_client,
 )
 from turnstile_contracts import common_pb2, substrate_pb2
-from turnstile_platform.errors import FieldViolation, RichError, invalid_argument, reason_name
+from turnstile_platform.errors import (
+    FieldViolation,
+    RichError,
+    bad_field,
+    invalid_argument,
+    reason_name,
+)
 from turnstile_platform.tiers import TierConfig, UnknownTierError
 from turnstile_substrate.activation import Activation, Outcome, SandboxView
 from turnstile_substrate.db.records import SandboxRecord
@@ -234,6 +240,23 @@ def sandbox_view(found: SandboxView, substrate_name: str) -> substrate_pb2.Sandb
     return sandbox(found.record, found.runtime, substrate_name, live=True)
 
 
+def wait_budget(
+    request: substrate_pb2.ActivateRequest, remaining_s: float | None, create_margin_s: float
+) -> float:
+    """How long admission may queue this Activate (SPEC Q1): its ``wait_budget``,
+    bounded by the call's remaining deadline less what the create needs; 0 when
+    it asks not to wait or has no time to."""
+    if not request.HasField("wait_budget"):
+        return 0.0
+    budget = request.wait_budget
+    if budget.seconds < 0 or budget.nanos < 0:
+        raise bad_field("wait_budget", "must not be negative")
+    wait_s = budget.seconds + budget.nanos / 1e9
+    if remaining_s is not None:
+        wait_s = min(wait_s, remaining_s - create_margin_s)
+    return max(0.0, wait_s)
+
+
 def activate_response(
     activation: Activation, substrate_name: str
 ) -> substrate_pb2.ActivateResponse:
@@ -248,6 +271,8 @@ def activate_response(
         response.charged_client_id = charged
     if activation.key is not None:
         response.key.CopyFrom(activation.key)
+    if activation.waited_s is not None:
+        response.waited.FromMilliseconds(round(activation.waited_s * 1000))
     return response
 
 

@@ -23,8 +23,16 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
     Sandbox-addressed calls pass the caller's scope (SPEC O1) to the domain, which
     checks the records it reads against it."""
 
-    def __init__(self, activator: Activator, resolver: Resolver, tiers: TierConfig) -> None:
+    def __init__(
+        self,
+        activator: Activator,
+        resolver: Resolver,
+        tiers: TierConfig,
+        create_margin_s: float = 10.0,
+    ) -> None:
         self._activator = activator
+        #: Kept back from an Activate's deadline for the create when it waits.
+        self._create_margin_s = create_margin_s
         self._tiers = tiers
         self._resolver = resolver
         self._substrate = activator.substrate
@@ -33,7 +41,10 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.ActivateRequest, context: Context
     ) -> substrate_pb2.ActivateResponse:
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
-        activation = await self._activator.activate(sandbox_id, client, tier, current_scope())
+        wait_s = contract.wait_budget(request, context.time_remaining(), self._create_margin_s)
+        activation = await self._activator.activate(
+            sandbox_id, client, tier, current_scope(), wait_s
+        )
         return contract.activate_response(activation, self._substrate.name)
 
     async def Deactivate(  # noqa: N802 - gRPC method names

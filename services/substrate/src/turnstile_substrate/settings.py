@@ -64,6 +64,10 @@ class SubstrateSettings(TieredSettings):
     """Budget of one database statement, and of waiting for a pool connection (connect
     included); a statement that spends it closes its connection."""
 
+    admission_wait_margin_s: float = Field(default=10.0, ge=0, le=600)
+    """What an Activate that asks to wait (``wait_budget``) keeps back from its
+    deadline for the create: admission's fair queue may keep it until then."""
+
     activation_lock_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """How long an Activate or Deactivate waits for another one of the same sandbox
     (on any replica) to finish before answering UNAVAILABLE."""

@@ -141,6 +141,25 @@ def _triple(text: str) -> tuple[int, int, int]:
     return a, s, f
 
 
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``30s``, ``500ms``, ``2m`` or a bare number of seconds."""
+    number, unit = text, "s"
+    for suffix in ("ms", "s", "m"):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)], suffix
+            break
+    try:
+        value = float(number) * _DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a duration (30s, 500ms, 2m)") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a duration (30s, 500ms, 2m)")
+    return value
+
+
 def _admission(sub: Subparsers) -> None:
     admit = command(
         sub,
@@ -196,6 +215,14 @@ def _substrate(sub: Subparsers) -> None:
     activate.add_argument("sandbox_id")
     add_client_options(activate, forms=("client", "inherit", "native"))
     activate.add_argument("--tier", default="", help="tier of a new sandbox (empty: the default)")
+    activate.add_argument(
+        "--wait",
+        type=duration,
+        default=0.0,
+        metavar="DURATION",
+        help="wait up to DURATION (30s, 500ms, 2m) in admission's fair queue when the "
+        "cluster is contended, instead of being refused",
+    )
 
     deactivate = command(
         sub,

@@ -24,7 +24,9 @@ OUTCOME_STYLES = {
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.client("substrate") as client:
-        response = await client.activate(args.sandbox_id, client_from_args(args), tier=args.tier)
+        response = await client.activate(
+            args.sandbox_id, client_from_args(args), tier=args.tier, wait_s=args.wait
+        )
     ctx.out.emit(proto_dict(response), lambda console: render_activate(console, response))
     return Exit.OK
 
@@ -50,6 +52,8 @@ def render_activate(console: Console, response: substrate_pb2.ActivateResponse) 
         rows["bounded key"] = (
             f"{response.key.key} ({kind}, key set v{response.key.key_set_version})"
         )
+    if response.HasField("waited"):
+        rows["waited"] = f"{response.waited.ToMilliseconds() / 1000:.3f}s in admission's fair queue"
     if sandbox.node:
         rows["node"] = sandbox.node
     if sandbox.endpoint:
