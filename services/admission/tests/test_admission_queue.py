@@ -14,6 +14,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 from google.protobuf.duration_pb2 import Duration
+from prometheus_client import REGISTRY
 
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.settings import AdmissionSettings
@@ -69,6 +70,9 @@ async def test_waiters_are_admitted_as_the_bucket_refills_never_past_it(
     start_admission: Any,
 ) -> None:
     running = await start_admission(**settings())
+    grants_before = (
+        REGISTRY.get_sample_value("turnstile_admission_queue_grants_total", {"key": "acme"}) or 0
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     done: list[float] = []
@@ -86,6 +90,9 @@ async def test_waiters_are_admitted_as_the_bucket_refills_never_past_it(
     for n, t in enumerate(sorted(done)):
         assert n + 1 <= 1 + RATE * (t + 0.05), (n, t)
     waited = [a for a in answers if a.HasField("waited")]
+    assert REGISTRY.get_sample_value(
+        "turnstile_admission_queue_grants_total", {"key": "acme"}
+    ) == grants_before + len(waited)
     assert len(waited) >= 28
     assert all(a.queue_position >= 1 for a in waited)
 

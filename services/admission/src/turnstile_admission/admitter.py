@@ -185,6 +185,10 @@ class Admitter:
             if decision.admitted or not _queueable(decision):
                 break
         waited = loop.time() - started
+        outcome = "admitted" if decision.admitted else "refused"
+        metrics.queue_wait_seconds(outcome).observe(waited)
+        if decision.admitted:
+            metrics.queue_grants(key.key).inc()
         estimate = None
         if joined is not None and joined.queued and joined.estimated_wait_ms >= 0:
             estimate = joined.estimated_wait_ms / 1000

@@ -20,6 +20,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from turnstile_admission import metrics
 from turnstile_admission.redis_store import AdmissionStore, Queued
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_platform.background import BackgroundTasks
@@ -125,6 +126,11 @@ class FairQueue:
                 log.warning("fair queue: tick failed", extra={"error": str(error)})
                 await asyncio.sleep(interval)
                 continue
+            metrics.QUEUE_WAITERS.set(tick.waiters)
+            if tick.swept:
+                metrics.QUEUE_SWEPT.inc(tick.swept)
+            if tick.returned:
+                metrics.QUEUE_RETURNED.inc(tick.returned)
             for waiter in tick.granted:
                 event = self._waiters.get(waiter)
                 if event is not None:
@@ -134,6 +140,7 @@ class FairQueue:
                     # have run first, or be on its way): give the grant back.
                     self._tasks.spawn(self._leave(waiter), name="fair queue: return grant")
             await asyncio.sleep(interval)
+        metrics.QUEUE_WAITERS.set(0)
 
     async def close(self) -> None:
         await self._tasks.close()

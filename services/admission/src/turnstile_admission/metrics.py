@@ -50,6 +50,33 @@ HOLDS = Counter(
     ["action", "result"],
 )
 
+QUEUE_WAITERS = Gauge(
+    "turnstile_admission_queue_waiters",
+    "Waiters in the fair queue across every replica (granted, unclaimed ones included), "
+    "as this replica's last tick saw them (0 when it has none waiting).",
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "turnstile_admission_queue_wait_seconds",
+    "Time an Admit waited in the fair queue, by outcome (admitted, or refused when its "
+    "budget, its deadline or the queue's room ran out).",
+    ["decision"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+QUEUE_GRANTS = Counter(
+    "turnstile_admission_queue_grants_total",
+    "Waiters admitted on a grant of the fair queue, by bounded key.",
+    ["key"],
+)
+QUEUE_SWEPT = Counter(
+    "turnstile_admission_queue_swept_total",
+    "Fair-queue entries a tick removed because they expired or their replica died (a "
+    "waiter that leaves itself is not counted).",
+)
+QUEUE_RETURNED = Counter(
+    "turnstile_admission_queue_returned_tokens_total",
+    "Cluster-bucket tokens granted to waiters that never claimed them, given back.",
+)
+
 #: The children the decision path records into, looked up once per label values
 #: (``labels()`` per call was a measurable share of an Admit: docs/performance.md).
 decisions = Children(DECISIONS)
@@ -59,6 +86,8 @@ fail_open = Children(FAIL_OPEN)
 pending = Children(PENDING)
 decision_seconds = Children(DECISION_SECONDS)
 holds = Children(HOLDS)
+queue_wait_seconds = Children(QUEUE_WAIT_SECONDS)
+queue_grants = Children(QUEUE_GRANTS)
 
 #: Per-key gauges: a key that left the key set must leave them too, or its last
 #: value is reported forever (counters keep their history: rates need it).
