@@ -206,3 +206,57 @@ async def test_the_queue_refuses_past_max_waiters(
     full = await store.enqueue("w3", "acme", "r1", 10_000, TTL)
     assert not full.queued
     assert full.waiters == 2
+
+
+async def set_level(redis: aioredis.Redis, prefix: str, key: str, level: str) -> None:
+    await LimitsStore(redis, prefix).set_key(key, Limits(level=level))
+
+
+async def grants(store: AdmissionStore, first_step: int, steps: int) -> list[str]:
+    order: list[str] = []
+    for step in range(first_step, first_step + steps):
+        await store.set_test_clock(NOW + step * 100)
+        order += (await store.tick("r1")).granted
+    return order
+
+
+async def test_levels_get_their_guaranteed_shares_under_contention(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """SPEC Q2: shares 50/35/15; 40 grants while all three levels wait: 20/14/6."""
+    for key, level in (("p", "platform"), ("i", "interactive"), ("b", "batch")):
+        await set_level(redis, redis_prefix, key, level)
+    await drain_bucket(store)
+    for n in range(60):
+        for key in ("p", "i", "b"):
+            queued = await store.enqueue(f"{key}-{n}", key, "r1", 100_000, TTL)
+            assert queued.level == {"p": "platform", "i": "interactive", "b": "batch"}[key]
+    shares = Counter(w.split("-")[0] for w in await grants(store, 1, 40))
+    assert shares == {"p": 20, "i": 14, "b": 6}
+
+
+async def test_a_levels_unused_share_is_borrowed_and_returned_when_it_waits(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await set_level(redis, redis_prefix, "b", "batch")
+    await set_level(redis, redis_prefix, "p", "platform")
+    await drain_bucket(store)
+    for n in range(60):
+        await store.enqueue(f"b-{n}", "b", "r1", 100_000, TTL)
+    # Batch alone: every token is batch's (the others' shares borrowed).
+    assert Counter(w.split("-")[0] for w in await grants(store, 1, 10)) == {"b": 10}
+    # Platform arrives: from its first tick it gets its share back, 50 / (50 + 15),
+    # and no backlog of the turns it did not take.
+    for n in range(20):
+        await store.enqueue(f"p-{n}", "p", "r1", 100_000, TTL)
+    first = await grants(store, 11, 1)
+    assert first == ["p-0"]  # within one refill interval
+    shares = Counter(w.split("-")[0] for w in first + await grants(store, 12, 12))
+    assert shares == {"p": 10, "b": 3}
+
+
+async def test_a_key_without_a_level_waits_in_the_default_level(
+    store: AdmissionStore,
+) -> None:
+    queued = await store.enqueue("w1", "acme", "r1", 10_000, TTL)
+    assert queued.level == "interactive"

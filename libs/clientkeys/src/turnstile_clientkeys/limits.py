@@ -25,6 +25,10 @@ import redis.asyncio as aioredis
 
 from turnstile_clientkeys.labels import is_label_value
 
+#: The fair queue's priority levels (SPEC Q2), a fixed set: a key's ``level``
+#: names one; admission's settings give each its guaranteed share.
+LEVELS = ("platform", "interactive", "batch")
+
 
 class LimitsError(ValueError):
     """A limits change that cannot be stored."""
@@ -41,6 +45,8 @@ class Limits:
     #: The key's weight in admission's fair queue (SPEC Q1): its share of the
     #: cluster bucket while keys wait, relative to the others' (default 1).
     weight: float | None = None
+    #: The key's priority level in the fair queue (SPEC Q2), one of :data:`LEVELS`.
+    level: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
@@ -49,7 +55,7 @@ class Limits:
     def parse(cls, doc: Any) -> Limits:
         if not isinstance(doc, dict):
             raise LimitsError("limits must be a JSON object")
-        unknown = set(doc) - {"cap", "rate", "burst", "concurrency", "weight"}
+        unknown = set(doc) - {"cap", "rate", "burst", "concurrency", "weight", "level"}
         if unknown:
             raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}")
         limits = cls(
@@ -58,6 +64,7 @@ class Limits:
             burst=_number(doc, "burst"),
             concurrency=_integer(doc, "concurrency"),
             weight=_number(doc, "weight"),
+            level=_level(doc),
         )
         if limits.weight is not None and limits.weight <= 0:
             raise LimitsError("weight must be greater than 0")
@@ -67,7 +74,7 @@ class Limits:
             raise LimitsError("burst must be at least 1")
         return limits
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | str]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
@@ -85,7 +92,9 @@ class ClusterLimits:
     @classmethod
     def parse(cls, doc: Any) -> ClusterLimits:
         limits = Limits.parse(doc)
-        if limits.cap is not None or limits.concurrency is not None or limits.weight is not None:
+        if limits.cap is not None or limits.concurrency is not None:
+            raise LimitsError("the cluster has only rate and burst")
+        if limits.weight is not None or limits.level is not None:
             raise LimitsError("the cluster has only rate and burst")
         return cls(rate=limits.rate, burst=limits.burst)
 
@@ -123,6 +132,15 @@ def _number(doc: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
+def _level(doc: dict[str, Any]) -> str | None:
+    value = doc.get("level")
+    if value is None:
+        return None
+    if value not in LEVELS:
+        raise LimitsError(f"level must be one of {', '.join(LEVELS)}")
+    return str(value)
+
+
 def _integer(doc: dict[str, Any], name: str) -> int | None:
     value = _number(doc, name)
     if value is None:
@@ -154,9 +172,11 @@ class LimitsStore:
         raw = await self._redis.hget(self.hash, field)
         return None if raw is None else dict(json.loads(raw))
 
-    async def put(self, field: str, doc: Any) -> dict[str, float]:
+    async def put(self, field: str, doc: Any) -> dict[str, float | str]:
         """Replace the document with ``doc`` (validated); the document stored."""
-        stored = (ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
+        stored: dict[str, float | str] = {
+            **(ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
+        }
         await self._redis.hset(self.hash, field, json.dumps(stored))
         return stored
 

@@ -1,37 +1,58 @@
 -- _queue.lua: helpers of the fair queue's scripts (enqueue, tick, claim, leave),
--- prepended after _common.lua; not a script itself (SPEC Q1, docs/admission.md).
+-- prepended after _common.lua; not a script itself (SPEC Q1, Q2, docs/admission.md).
 --
 -- The queue's keys, all in admission's slot ('<prefix>{adm}:q:...'):
---   q:active      zset  bounded key -> virtual finish tag of its head waiter
---   q:key:<key>   zset  waiter id -> arrival number (FIFO within the key)
---   q:info        hash  waiter id -> JSON {s = 'w' waiting | 'g' granted, k = key,
---                       o = owner replica, g = tokens granted}
---   q:exp         zset  waiter id -> expiry (ms): its budget, then its claim's
---   q:meta        hash  V (virtual time: the last tag served), seq (arrivals)
---   q:vf          hash  bounded key -> the last finish tag it was served at
---   q:owners      zset  replica id -> alive until (ms), refreshed by its ticks
---   q:granted:<o> zset  waiter id -> arrival: granted, not yet told to replica o
---   q:serving     string, with a short TTL: waiters are being served, so the
---                       cluster bucket is theirs (admit.lua's one queue check)
--- Weighted fair queuing by self-clocked virtual finish times: a key that joins
--- (its queue was empty) starts at max(V, its last tag) + cost / weight, so an
--- idle key banks no credit and its share goes to the keys waiting (work-conserving).
+--   q:levels          zset  priority level -> virtual finish tag of its next grant
+--   q:active:<l>      zset  bounded key -> virtual finish tag of its head, in level l
+--   q:key:<l>:<key>   zset  waiter id -> arrival number (FIFO within the key)
+--   q:info            hash  waiter id -> JSON {s = 'w' waiting | 'g' granted, k = key,
+--                           l = level, o = owner replica, g = tokens granted}
+--   q:exp             zset  waiter id -> expiry (ms): its budget, then its claim's
+--   q:meta            hash  LV (levels' virtual time), V:<l> (level l's), seq (arrivals)
+--   q:vf              hash  <l>:<key> and level:<l> -> the last tag it was served at
+--   q:owners          zset  replica id -> alive until (ms), refreshed by its ticks
+--   q:granted:<o>     zset  waiter id -> grant time: granted, not yet told to replica o
+--   q:serving         string, with a short TTL: waiters are being served, so the
+--                           cluster bucket is theirs (admit.lua's one queue check)
+-- Two levels of weighted fair queuing by self-clocked virtual finish times: first
+-- across priority levels (weights: their guaranteed shares, SPEC Q2), then across
+-- the level's bounded keys (weights: the keys'). A level or key that joins (it had
+-- nothing waiting) starts at max(virtual time, its last tag) + cost / weight, so
+-- an idle one banks no credit: its share goes to those waiting (work-conserving,
+-- a level's unused share borrowed) and comes back as soon as it waits again.
 
 local function queue_keys(base)
-  return {active = base .. 'q:active', info = base .. 'q:info', exp = base .. 'q:exp',
+  return {levels = base .. 'q:levels', info = base .. 'q:info', exp = base .. 'q:exp',
           meta = base .. 'q:meta', vf = base .. 'q:vf', owners = base .. 'q:owners',
           serving = base .. 'q:serving'}
 end
 
-local function queue_of(base, key) return base .. 'q:key:' .. key end
+local function active_of(base, level) return base .. 'q:active:' .. level end
+local function queue_of(base, level, key) return base .. 'q:key:' .. level .. ':' .. key end
 local function granted_of(base, owner) return base .. 'q:granted:' .. owner end
 
--- A key's weight: its limits document's 'weight', else the stored default's, else 1.
-local function key_weight(limits_key, key)
+-- A key's weight and level: its limits document's 'weight' and 'level', else the
+-- stored default's, else 1 and the default level. A level not in shares is ignored.
+local function key_queueing(limits_key, key, shares, default_level)
   local raw = redis.call('HMGET', limits_key, 'default', 'key:' .. key)
-  local w = field(decode(raw[2]), 'weight', field(decode(raw[1]), 'weight', 1))
+  local default, own = decode(raw[1]), decode(raw[2])
+  local w = field(own, 'weight', field(default, 'weight', 1))
   if w <= 0 then w = 1 end
-  return w
+  local function named(doc)
+    if type(doc) == 'table' and type(doc.level) == 'string' and shares[doc.level] then
+      return doc.level
+    end
+    return nil
+  end
+  return w, named(own) or named(default) or default_level
+end
+
+-- The tag a level or key starts at when it joins: max(virtual time, its last) + step.
+local function join_tag(q, vkey, last_field, step)
+  local v = tonumber(redis.call('HGET', q.meta, vkey)) or 0
+  local last = tonumber(redis.call('HGET', q.vf, last_field)) or 0
+  if last > v then v = last end
+  return v + step
 end
 
 -- The cluster bucket's rate and burst: the stored 'cluster' document over the defaults.
@@ -58,8 +79,13 @@ local function drop_waiter(base, q, wid)
     redis.call('ZREM', granted_of(base, info.o), wid)
     return tonumber(info.g) or 0
   end
-  local qk = queue_of(base, info.k)
+  local level = info.l or ''
+  local qk = queue_of(base, level, info.k)
   redis.call('ZREM', qk, wid)
-  if redis.call('EXISTS', qk) == 0 then redis.call('ZREM', q.active, info.k) end
+  if redis.call('EXISTS', qk) == 0 then
+    local active = active_of(base, level)
+    redis.call('ZREM', active, info.k)
+    if redis.call('EXISTS', active) == 0 then redis.call('ZREM', q.levels, level) end
+  end
   return 0
 end

@@ -186,7 +186,8 @@ class Admitter:
                 break
         waited = loop.time() - started
         outcome = "admitted" if decision.admitted else "refused"
-        metrics.queue_wait_seconds(outcome).observe(waited)
+        level = joined.level if joined is not None else ""
+        metrics.queue_wait_seconds(level, outcome).observe(waited)
         if decision.admitted:
             metrics.queue_grants(key.key).inc()
         estimate = None

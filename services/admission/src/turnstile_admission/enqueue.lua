@@ -1,44 +1,55 @@
--- enqueue.lua: one Admit joins the fair queue (SPEC Q1). The waiter gets an
--- owner (this replica) and an expiry (its budget): whatever happens to the
--- replica, tick.lua sweeps it once expired.
+-- enqueue.lua: one Admit joins the fair queue (SPEC Q1, Q2), in its key's level.
+-- The waiter gets an owner (this replica) and an expiry (its budget): whatever
+-- happens to the replica, tick.lua sweeps it once expired.
 --
--- KEYS: 1 limits hash, 2 q:key:<key>, then (clock).
+-- KEYS: 1 limits hash, then (clock). The queue's keys are built from KEYS[1]'s
+-- base (the key's level is read here, from its limits document).
 -- ARGV: waiter id, bounded key, owner, budget_ms, max_waiters, owner_ttl_ms,
---       serving_ttl_ms, cost, cluster rate default, structure ttl_ms.
--- Returns: {'queued', position in the key's queue (1 = head), estimated wait ms,
---           waiters in all}, or {'full', 0, 0, waiters}.
+--       serving_ttl_ms, cost, cluster rate default, structure ttl_ms,
+--       level shares (JSON object level -> share), default level.
+-- Returns: {'queued', position in the key's queue (1 = head), estimated wait ms
+--           (-1 none), waiters in all, level}, or {'full', 0, 0, waiters, level}.
 local wid, key, owner = ARGV[1], ARGV[2], ARGV[3]
 local budget, max_waiters = tonumber(ARGV[4]), tonumber(ARGV[5])
 local owner_ttl, serving_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
 local cost, default_rate, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local shares, default_level = cjson.decode(ARGV[11]), ARGV[12]
 local base = base_of(KEYS[1])
 local q = queue_keys(base)
 local now = now_ms()
+local weight, level = key_queueing(KEYS[1], key, shares, default_level)
 local waiting = redis.call('HLEN', q.info)
-if waiting >= max_waiters then return {'full', 0, 0, waiting} end
+if waiting >= max_waiters then return {'full', 0, 0, waiting, level} end
+local qk, active = queue_of(base, level, key), active_of(base, level)
 local seq = redis.call('HINCRBY', q.meta, 'seq', 1)
-redis.call('ZADD', KEYS[2], seq, wid)
+redis.call('ZADD', qk, seq, wid)
 redis.call('ZADD', q.exp, now + budget, wid)
-redis.call('HSET', q.info, wid, cjson.encode({s = 'w', k = key, o = owner}))
+redis.call('HSET', q.info, wid, cjson.encode({s = 'w', k = key, l = level, o = owner}))
 redis.call('ZADD', q.owners, now + owner_ttl, owner)
-if redis.call('ZSCORE', q.active, key) == false then
-  local v = tonumber(redis.call('HGET', q.meta, 'V')) or 0
-  local last = tonumber(redis.call('HGET', q.vf, key)) or 0
-  if last > v then v = last end
-  redis.call('ZADD', q.active, v + cost / key_weight(KEYS[1], key), key)
+if redis.call('ZSCORE', active, key) == false then
+  redis.call('ZADD', active, join_tag(q, 'V:' .. level, level .. ':' .. key, cost / weight), key)
+end
+local share = tonumber(shares[level]) or 1
+if redis.call('ZSCORE', q.levels, level) == false then
+  redis.call('ZADD', q.levels, join_tag(q, 'LV', 'level:' .. level, cost / share), level)
 end
 redis.call('SET', q.serving, owner, 'PX', serving_ttl)
 -- Every structure outlives its newest entry, and no longer: an abandoned queue
 -- (every replica gone) leaves nothing behind.
-for _, name in ipairs({KEYS[2], q.exp, q.info, q.meta, q.vf, q.owners, q.active}) do
+for _, name in ipairs({qk, active, q.levels, q.exp, q.info, q.meta, q.vf, q.owners}) do
   redis.call('PEXPIRE', name, ttl)
 end
-local position = redis.call('ZCARD', KEYS[2])
--- The estimate assumes equal weights: one grant per waiting key per round.
+local position = redis.call('ZCARD', qk)
+-- The estimate assumes the keys of the level have equal weights: one grant per
+-- waiting key per round, the level served at its share of the levels waiting.
 local rate = cluster_limits(KEYS[1], default_rate, 0)
 local estimate = -1
 if rate > 0 then
-  local keys = redis.call('ZCARD', q.active)
-  estimate = math.ceil(position * keys * cost / rate * 1000)
+  local total = 0
+  for _, l in ipairs(redis.call('ZRANGE', q.levels, 0, -1)) do
+    total = total + (tonumber(shares[l]) or 1)
+  end
+  local keys = redis.call('ZCARD', active)
+  estimate = math.ceil(position * keys * cost / (rate * share / total) * 1000)
 end
-return {'queued', position, estimate, waiting + 1}
+return {'queued', position, estimate, waiting + 1, level}

@@ -85,10 +85,11 @@ class AdmissionKeys:
         """Sorted set: ``h:<hold>`` / ``s:<sandbox>`` → expiry (ms) of held slots."""
         return f"{self.base}slots:{node}"
 
-    def queue(self, key: str) -> str:
+    def queue(self, level: str, key: str) -> str:
         """Sorted set: waiter id → arrival number, one bounded key's fair-queue
-        waiters in FIFO order (the queue's other keys: ``_queue.lua``)."""
-        return f"{self.base}q:key:{key}"
+        waiters in a priority level, in FIFO order (the queue's other keys:
+        ``_queue.lua``, where the scripts build them)."""
+        return f"{self.base}q:key:{level}:{key}"
 
     def granted(self, owner: str) -> str:
         """Sorted set: the waiters of replica ``owner`` granted since its last tick."""

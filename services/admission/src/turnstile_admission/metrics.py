@@ -57,9 +57,9 @@ QUEUE_WAITERS = Gauge(
 )
 QUEUE_WAIT_SECONDS = Histogram(
     "turnstile_admission_queue_wait_seconds",
-    "Time an Admit waited in the fair queue, by outcome (admitted, or refused when its "
-    "budget, its deadline or the queue's room ran out).",
-    ["decision"],
+    "Time an Admit waited in the fair queue, by priority level and outcome (admitted, or "
+    "refused when its budget, its deadline or the queue's room ran out).",
+    ["level", "decision"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 QUEUE_GRANTS = Counter(

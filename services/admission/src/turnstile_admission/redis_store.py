@@ -8,6 +8,7 @@ arithmetic exist once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -134,6 +135,8 @@ class Queued(NamedTuple):
     estimated_wait_ms: int
     """-1: no estimate (the cluster bucket has no rate)."""
     waiters: int
+    level: str
+    """The priority level it waits in (SPEC Q2)."""
 
 
 class Tick(NamedTuple):
@@ -194,6 +197,8 @@ class AdmissionStore:
         self._claim: AsyncScript = client.register_script(script_text("claim.lua", clock))
         self._leave: AsyncScript = client.register_script(script_text("leave.lua", clock))
         s = settings
+        #: The levels' shares as the queue's scripts take them (JSON).
+        self._shares = json.dumps(s.queue.level_shares, sort_keys=True)
         self._key_defaults = [
             s.cap.default_cap,
             s.rate.default_rate_per_s,
@@ -409,7 +414,7 @@ class AdmissionStore:
     ) -> Queued:
         q = self._settings.queue
         raw = await self._enqueue(
-            keys=[self.keys.limits, self.keys.queue(key), *self._clock_keys],
+            keys=[self.keys.limits, *self._clock_keys],
             args=[
                 waiter,
                 key,
@@ -421,9 +426,11 @@ class AdmissionStore:
                 self._settings.rate.cost,
                 self._settings.rate.cluster_rate_per_s,
                 ttl_ms,
+                self._shares,
+                q.default_level,
             ],
         )
-        return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]))
+        return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]), _s(raw[4]))
 
     async def tick(self, owner: str) -> Tick:
         q = self._settings.queue
@@ -445,6 +452,7 @@ class AdmissionStore:
                 round(q.claim_ttl_s * 1000),
                 round(q.serving_ttl_s * 1000),
                 q.sweep_limit,
+                self._shares,
             ],
         )
         return Tick(

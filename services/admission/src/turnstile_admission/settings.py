@@ -17,6 +17,7 @@ from turnstile_admission.policies import (
     RateSettings,
     SlotsSettings,
 )
+from turnstile_clientkeys.limits import LEVELS
 from turnstile_platform.settings import ServiceSettings
 
 
@@ -55,6 +56,25 @@ class QueueSettings(BaseModel):
 
     claim_margin_s: float = Field(default=0.05, ge=0, le=10)
     """Time kept back from a call's deadline for its claim after the wait."""
+
+    level_shares: dict[str, float] = Field(
+        default_factory=lambda: {"platform": 50.0, "interactive": 35.0, "batch": 15.0}
+    )
+    """Each priority level's guaranteed share of the cluster bucket while it has
+    waiters (SPEC Q2), relative to the others'; a level with none waiting lends its
+    share to those that have. Every level of ``platform``, ``interactive`` and
+    ``batch`` needs one, greater than 0."""
+
+    default_level: str = "interactive"
+    """The level of a key whose limits document names none."""
+
+    @model_validator(mode="after")
+    def _levels_known(self) -> QueueSettings:
+        if set(self.level_shares) != set(LEVELS) or min(self.level_shares.values()) <= 0:
+            raise ValueError(f"level_shares needs a share > 0 for each of {', '.join(LEVELS)}")
+        if self.default_level not in LEVELS:
+            raise ValueError(f"default_level must be one of {', '.join(LEVELS)}")
+        return self
 
 
 class AdmissionSettings(ServiceSettings):
