@@ -17,6 +17,8 @@ Two modes, one after the other on the same replicas:
 * ``retry``: no wait budget. The heavy client retries at once on a refusal; a
   light one sleeps the refusal's RetryInfo and retries, until admitted (or 10 s).
 * ``queue``: every call carries a 10 s wait budget and is answered once admitted.
+* ``mixed``: the light clients queue (10 s budget); the heavy one keeps retrying at
+  once without a budget, as in ``retry`` (it cannot jump the queue).
 
 Per mode: each light client's share of its demand admitted, its p50/p99 wait
 per admission and calls per admission; the heavy client's calls and
@@ -112,7 +114,8 @@ def request(client: str, n: int, wait: bool) -> admission_pb2.AdmitRequest:
 async def run_mode(
     stubs: list[Any], mode: str, seconds: float, rate: float, heavy_loops: int
 ) -> dict[str, Any]:
-    queue = mode == "queue"
+    queue = mode in ("queue", "mixed")
+    heavy_queues = mode == "queue"
     loop = asyncio.get_running_loop()
     stats = {c: ClientStats() for c in [HEAVY, *LIGHT]}
     admitted_in_run = 0
@@ -159,7 +162,7 @@ async def run_mode(
             s.calls += 1
             timeout = min(BUDGET_S, max(0.05, end - loop.time()))
             r = request(HEAVY, counter, False)
-            if queue:
+            if heavy_queues:
                 r.wait_budget.FromMilliseconds(round(timeout * 1000))
             began = loop.time()
             try:
@@ -257,7 +260,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--heavy-loops", type=int, default=8)
-    parser.add_argument("--modes", nargs="+", default=["retry", "queue"])
+    parser.add_argument("--modes", nargs="+", default=["retry", "queue", "mixed"])
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
