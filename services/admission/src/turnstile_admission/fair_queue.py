@@ -3,7 +3,8 @@ bucket refuses waits its turn here instead of being refused.
 
 The queue lives in Redis, in admission's slot (``_queue.lua`` lists its keys), so
 it is one queue across every replica. Grants happen inside ``tick.lua``: each
-replica that has waiters runs it every ``queue.tick_interval_s``, and each run
+replica runs it every ``queue.tick_interval_s`` from its first waiter until the
+queue is empty, and each run
 refills the cluster bucket and hands its tokens to the heads of the queue in
 weighted-fair order, whichever replica owns them. A waiter costs no Redis work
 while it waits and holds no connection: it waits on an ``asyncio.Event`` that its
@@ -114,18 +115,24 @@ class FairQueue:
             self._ticker = self._tasks.spawn(self._tick_loop(), name="fair queue: tick")
 
     async def _tick_loop(self) -> None:
-        """Serve the queue while this replica has waiters (a BackgroundTasks job
-        that runs on every replica, only while it has waiters): one ``tick.lua``
-        per interval grants tokens to the heads of the queue in fair order, for
-        every replica's waiters, and wakes this replica's granted ones."""
+        """Serve the queue (a BackgroundTasks job that runs on every replica, from
+        its first waiter until the queue is empty): one ``tick.lua`` per interval
+        grants tokens to the heads of the queue in fair order, for every replica's
+        waiters, and wakes this replica's granted ones. It goes on after its own
+        waiters are served while the queue still has entries, so a dead replica's
+        are swept and its unclaimed grants returned even when no one else waits."""
         interval = self._settings.tick_interval_s
-        while self._waiters:
+        queued = 1
+        while self._waiters or queued:
             try:
                 tick = await self._store.tick(self.owner)
             except (DependencyUnavailable, DependencyOverloaded) as error:
                 log.warning("fair queue: tick failed", extra={"error": str(error)})
+                if not self._waiters:
+                    break  # the next waiter starts it again; expiries cover the rest
                 await asyncio.sleep(interval)
                 continue
+            queued = tick.waiters
             metrics.QUEUE_WAITERS.set(tick.waiters)
             if tick.swept:
                 metrics.QUEUE_SWEPT.inc(tick.swept)

@@ -1,0 +1,81 @@
+"""A replica SIGKILLed with waiters in the fair queue leaves nothing behind (SPEC Q1,
+X6): its waiters are dropped (never granted) once its lease is over, and the other
+replicas' waiters are served. (A grant a dead replica never claimed going back to
+the bucket: test_admission_queue_lua.py, on a frozen clock.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import redis.asyncio as aioredis
+
+from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
+from turnstile_testing.eventually import eventually
+from turnstile_testing.service_process import ServiceProcess
+
+ADMITTED = admission_pb2.DECISION_ADMITTED
+QUEUE = {"tick_interval_s": 0.01, "owner_ttl_s": 0.5, "claim_ttl_s": 0.5}
+
+
+def warm(sandbox_id: str, client_id: str, wait_s: float) -> admission_pb2.AdmitRequest:
+    request = admission_pb2.AdmitRequest(
+        sandbox_id=sandbox_id,
+        client=common_pb2.ActivationClient(client_id=client_id),
+        kind=common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+    )
+    request.wait_budget.FromMilliseconds(round(wait_s * 1000))
+    return request
+
+
+async def queue_is_empty(redis: aioredis.Redis, prefix: str) -> bool:
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q:*")]
+    return not [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners"))]
+
+
+async def test_a_killed_replicas_waiters_are_dropped_and_the_others_served(
+    start_admission: Any, redis: aioredis.Redis, redis_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
+    clients = ("dead", "alive", "acme")
+    env = {
+        "TURNSTILE_REDIS_URL": redis_url,
+        "TURNSTILE_REDIS_PREFIX": redis_prefix,
+        "TURNSTILE_CLIENT_ALLOWLIST": json.dumps(clients),
+        "TURNSTILE_RATE__CLUSTER_RATE_PER_S": "0.001",  # nothing refills while they queue
+        "TURNSTILE_RATE__CLUSTER_BURST": "1",
+        "TURNSTILE_QUEUE": json.dumps(QUEUE),
+    }
+    victim = await ServiceProcess("turnstile_admission", env, tmp_path / "victim.log").start()
+    channel = grpc.aio.insecure_channel(victim.address)
+    stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
+    try:
+        assert (await stub.Admit(warm("sb-0", "acme", 0))).decision == ADMITTED
+        calls = [stub.Admit(warm(f"dead-{n}", "dead", 30), timeout=40) for n in range(4)]
+        await eventually(lambda: _waiting(redis, redis_prefix, 4), what="the victim's waiters")
+        victim.kill()
+        for call in calls:
+            call.cancel()
+    finally:
+        await channel.close(None)
+        victim.kill()
+
+    survivor = await start_admission(
+        client_allowlist=clients,
+        rate={"cluster_rate_per_s": 20, "cluster_burst": 1},
+        queue=QUEUE,
+    )
+    answers = await asyncio.gather(
+        *(survivor.stub.Admit(warm(f"alive-{n}", "alive", 10), timeout=15) for n in range(3))
+    )
+    assert all(a.decision == ADMITTED for a in answers), [a.message for a in answers]
+    # The victim's waiters were never granted: dropped, then the queue emptied.
+    assert await eventually(lambda: queue_is_empty(redis, redis_prefix), timeout_s=10)
+    holds = [k async for k in redis.scan_iter(match=f"{redis_prefix}{{adm}}:hold:*")]
+    assert len(holds) == 1 + 3  # sb-0 and the survivor's three: none of the victim's
+
+
+async def _waiting(redis: aioredis.Redis, prefix: str, count: int) -> bool:
+    return int(await redis.hlen(f"{prefix}{{adm}}:q:info")) >= count
