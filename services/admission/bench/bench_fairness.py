@@ -1,4 +1,4 @@
-"""F1, heavy vs light: refuse-and-retry against the fair queue, in the same run.
+"""F1, heavy vs light: refuse-and-retry against the fair queue, in the same run (and F2).
 
     uv run python services/admission/bench/bench_fairness.py [--seconds 20] [--replicas 3]
 
@@ -19,6 +19,13 @@ Two modes, one after the other on the same replicas:
 * ``queue``: every call carries a 10 s wait budget and is answered once admitted.
 * ``mixed``: the light clients queue (10 s budget); the heavy one keeps retrying at
   once without a budget, as in ``retry`` (it cannot jump the queue).
+
+``--scenario f2`` runs F2 instead (SPEC Q2): a batch client (level ``batch``) with
+``--heavy-loops`` loops flooding the queue, and a platform client (level
+``platform``) needing ``rate / 4`` admissions a second, both queuing; it reports
+the platform client's share of demand admitted, its p50/p99 wait (the goal:
+within one refill interval of its guaranteed share, ``1 / (rate × 0.5)``) and
+the levels' shares of the grants.
 
 Per mode: each light client's share of its demand admitted, its p50/p99 wait
 per admission and calls per admission; the heavy client's calls and
@@ -45,6 +52,7 @@ import grpc
 import grpc.aio
 import redis.asyncio as aioredis
 
+from turnstile_clientkeys.limits import Limits, LimitsStore
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 
 LIGHT = [f"light-{n}" for n in range(1, 10)]
@@ -66,7 +74,7 @@ def start_replica(port: int, redis_url: str, prefix: str, rate: float) -> subpro
         "TURNSTILE_METRICS_PORT": "0",
         "TURNSTILE_REDIS_URL": redis_url,
         "TURNSTILE_REDIS_PREFIX": prefix,
-        "TURNSTILE_CLIENT_ALLOWLIST": json.dumps([HEAVY, *LIGHT]),
+        "TURNSTILE_CLIENT_ALLOWLIST": json.dumps([HEAVY, *LIGHT, "platform", "batch"]),
         "TURNSTILE_LOG_LEVEL": "WARNING",
         "TURNSTILE_PLAINTEXT": "true",
         "TURNSTILE_CAP__MODE": "off",
@@ -210,7 +218,70 @@ async def run_mode(
     }
 
 
+async def run_f2(stubs: list[Any], seconds: float, rate: float, loops: int) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    end = start + seconds
+    platform_waits: list[float] = []
+    admitted = {"platform": 0, "batch": 0}
+    demand = 0
+    counter = 0
+
+    async def platform_need(stub: Any) -> None:
+        nonlocal counter
+        counter += 1
+        began = loop.time()
+        answer = await stub.Admit(request("platform", counter, True), timeout=BUDGET_S + 5)
+        if answer.decision == admission_pb2.DECISION_ADMITTED:
+            platform_waits.append(loop.time() - began)
+            admitted["platform"] += 1
+
+    async def platform() -> None:
+        nonlocal demand
+        period, at, tasks = 4 / rate, start + 1.0, []  # after the flood has filled the queue
+        while at < end:
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            demand += 1
+            tasks.append(asyncio.create_task(platform_need(stubs[demand % len(stubs)])))
+            at += period
+        await asyncio.gather(*tasks)
+
+    async def batch(index: int) -> None:
+        nonlocal counter
+        stub = stubs[index % len(stubs)]
+        while loop.time() < end:
+            counter += 1
+            r = request("batch", counter, False)
+            r.wait_budget.FromMilliseconds(
+                round(min(BUDGET_S, max(0.05, end - loop.time())) * 1000)
+            )
+            answer = await stub.Admit(r, timeout=BUDGET_S + 5)
+            if answer.decision == admission_pb2.DECISION_ADMITTED:
+                admitted["batch"] += 1
+
+    await asyncio.gather(platform(), *(batch(i) for i in range(loops)))
+    waits = sorted(platform_waits)
+
+    def q(p: float) -> float:
+        return round(waits[min(len(waits) - 1, int(p * len(waits)))], 3) if waits else float("nan")
+
+    return {
+        "mode": "f2",
+        "platform_admitted_share": round(admitted["platform"] / max(1, demand), 3),
+        "platform_p50_wait_s": q(0.5),
+        "platform_p99_wait_s": q(0.99),
+        "refill_interval_at_share_s": round(1 / (rate * 0.5), 3),
+        "batch_admitted": admitted["batch"],
+        "platform_admitted": admitted["platform"],
+    }
+
+
 def show(result: dict[str, Any]) -> None:
+    if result["mode"] == "f2":
+        for name, value in result.items():
+            print(f"  {name:28} {value}")
+        return
+
     def span(values: list[float]) -> str:
         return f"{min(values)}–{max(values)}"
 
@@ -234,7 +305,16 @@ async def main_async(args: argparse.Namespace) -> None:
     stubs: list[Any] = [admission_pb2_grpc.AdmissionServiceStub(c) for c in channels]
     results = []
     try:
-        for mode in args.modes:
+        if args.scenario == "f2":
+            limits = LimitsStore(redis, prefix)
+            await limits.set_key("platform", Limits(level="platform"))
+            await limits.set_key("batch", Limits(level="batch"))
+            await redis.delete(f"{prefix}{{adm}}:cluster-bucket")
+            result = await run_f2(stubs, args.seconds, args.rate, args.heavy_loops * 4)
+            print("--- f2")
+            show(result)
+            results.append(result)
+        for mode in args.modes if args.scenario == "f1" else ():
             await redis.delete(f"{prefix}{{adm}}:cluster-bucket")
             result = await run_mode(stubs, mode, args.seconds, args.rate, args.heavy_loops)
             show(result)
@@ -251,7 +331,8 @@ async def main_async(args: argparse.Namespace) -> None:
         if keys:
             await redis.delete(*keys)
         await redis.aclose()
-    print(json.dumps({"bench": "fairness_f1", "seconds": args.seconds, "results": results}))
+    bench = f"fairness_{args.scenario}"
+    print(json.dumps({"bench": bench, "seconds": args.seconds, "results": results}))
 
 
 def main() -> None:
@@ -261,6 +342,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--heavy-loops", type=int, default=8)
     parser.add_argument("--modes", nargs="+", default=["retry", "queue", "mixed"])
+    parser.add_argument("--scenario", choices=("f1", "f2"), default="f1")
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
