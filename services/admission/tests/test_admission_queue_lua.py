@@ -182,6 +182,7 @@ async def test_expired_waiters_and_abandoned_grants_are_swept(
     assert tick.swept == 2
     assert tick.returned == 1.0
     assert tick.waiters == 0
+    assert tick.lengths == {"platform": 0, "interactive": 0, "batch": 0}
     assert await queue_keys(redis, redis_prefix) == []
 
 
@@ -233,6 +234,8 @@ async def test_levels_get_their_guaranteed_shares_under_contention(
             assert queued.level == {"p": "platform", "i": "interactive", "b": "batch"}[key]
     shares = Counter(w.split("-")[0] for w in await grants(store, 1, 40))
     assert shares == {"p": 20, "i": 14, "b": 6}
+    lengths = (await store.tick("r1")).lengths  # no time has passed: no grant
+    assert lengths == {"platform": 40, "interactive": 46, "batch": 54}
 
 
 async def test_a_levels_unused_share_is_borrowed_and_returned_when_it_waits(

@@ -8,7 +8,8 @@
 --   q:info            hash  waiter id -> JSON {s = 'w' waiting | 'g' granted, k = key,
 --                           l = level, o = owner replica, g = tokens granted}
 --   q:exp             zset  waiter id -> expiry (ms): its budget, then its claim's
---   q:meta            hash  LV (levels' virtual time), V:<l> (level l's), seq (arrivals)
+--   q:meta            hash  LV (levels' virtual time), V:<l> (level l's), seq (arrivals),
+--                           n:<l> (level l's waiters not yet granted)
 --   q:vf              hash  <l>:<key> and level:<l> -> the last tag it was served at
 --   q:owners          zset  replica id -> alive until (ms), refreshed by its ticks
 --   q:granted:<o>     zset  waiter id -> grant time: granted, not yet told to replica o
@@ -81,7 +82,7 @@ local function drop_waiter(base, q, wid)
   end
   local level = info.l or ''
   local qk = queue_of(base, level, info.k)
-  redis.call('ZREM', qk, wid)
+  if redis.call('ZREM', qk, wid) == 1 then redis.call('HINCRBY', q.meta, 'n:' .. level, -1) end
   if redis.call('EXISTS', qk) == 0 then
     local active = active_of(base, level)
     redis.call('ZREM', active, info.k)

@@ -22,6 +22,7 @@ local waiting = redis.call('HLEN', q.info)
 if waiting >= max_waiters then return {'full', 0, 0, waiting, level} end
 local qk, active = queue_of(base, level, key), active_of(base, level)
 local seq = redis.call('HINCRBY', q.meta, 'seq', 1)
+redis.call('HINCRBY', q.meta, 'n:' .. level, 1)
 redis.call('ZADD', qk, seq, wid)
 redis.call('ZADD', q.exp, now + budget, wid)
 redis.call('HSET', q.info, wid, cjson.encode({s = 'w', k = key, l = level, o = owner}))

@@ -50,6 +50,7 @@ class FairQueue:
     def __init__(self, store: AdmissionStore, settings: AdmissionSettings) -> None:
         self._store = store
         self._settings = settings.queue
+        self._levels = tuple(settings.queue.level_shares)
         #: This replica's id, the owner of its waiters in Redis.
         self.owner = os.urandom(8).hex()
         self._waiters: dict[str, asyncio.Event] = {}
@@ -134,6 +135,8 @@ class FairQueue:
                 continue
             queued = tick.waiters
             metrics.QUEUE_WAITERS.set(tick.waiters)
+            for level, length in tick.lengths.items():
+                metrics.QUEUE_LENGTH.labels(level).set(length)
             if tick.swept:
                 metrics.QUEUE_SWEPT.inc(tick.swept)
             if tick.returned:
@@ -148,6 +151,8 @@ class FairQueue:
                     self._tasks.spawn(self._leave(waiter), name="fair queue: return grant")
             await asyncio.sleep(interval)
         metrics.QUEUE_WAITERS.set(0)
+        for level in self._levels:
+            metrics.QUEUE_LENGTH.labels(level).set(0)
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -55,6 +55,12 @@ QUEUE_WAITERS = Gauge(
     "Waiters in the fair queue across every replica (granted, unclaimed ones included), "
     "as this replica's last tick saw them (0 when it has none waiting).",
 )
+QUEUE_LENGTH = Gauge(
+    "turnstile_admission_queue_length",
+    "Fair-queue waiters not yet granted across every replica, by priority level, as this "
+    "replica's last tick saw them.",
+    ["level"],
+)
 QUEUE_WAIT_SECONDS = Histogram(
     "turnstile_admission_queue_wait_seconds",
     "Time an Admit waited in the fair queue, by priority level and outcome (admitted, or "

@@ -148,6 +148,8 @@ class Tick(NamedTuple):
     grants: int
     swept: int
     returned: float
+    lengths: dict[str, int]
+    """Per priority level, its waiters not yet granted."""
 
 
 @dataclass(frozen=True)
@@ -455,8 +457,14 @@ class AdmissionStore:
                 self._shares,
             ],
         )
+        lengths = raw[5]
         return Tick(
-            tuple(_s(w) for w in raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), float(_s(raw[4]))
+            tuple(_s(w) for w in raw[0]),
+            int(raw[1]),
+            int(raw[2]),
+            int(raw[3]),
+            float(_s(raw[4])),
+            {_s(lengths[i]): int(lengths[i + 1]) for i in range(0, len(lengths), 2)},
         )
 
     async def leave(self, waiter: str) -> tuple[bool, float]:

@@ -10,7 +10,7 @@
 --       owner_ttl_ms, claim_ttl_ms, serving_ttl_ms, sweep_limit,
 --       level shares (JSON object level -> share).
 -- Returns: {{granted waiter ids of this owner}, waiters left, grants made,
---           waiters swept, tokens returned}.
+--           waiters swept, tokens returned, {level, waiters not yet granted, ...}}.
 local owner = ARGV[1]
 local cost, max_grants = tonumber(ARGV[4]), tonumber(ARGV[5])
 local owner_ttl, claim_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -55,6 +55,7 @@ while grants < max_grants and level >= cost do
     else
       local wid = head[1]
       redis.call('ZREM', qk, wid)
+      redis.call('HINCRBY', q.meta, 'n:' .. lvl, -1)
       local info = decode(redis.call('HGET', q.info, wid))
       alive = info ~= nil and info.s == 'w'
         and (tonumber(redis.call('ZSCORE', q.exp, wid)) or 0) > now
@@ -100,4 +101,9 @@ if left > 0 then
 else
   redis.call('DEL', q.serving)
 end
-return {mine, left, grants, swept, fmt(returned)}
+local lengths = {}
+for name in pairs(shares) do
+  lengths[#lengths + 1] = name
+  lengths[#lengths + 1] = tonumber(redis.call('HGET', q.meta, 'n:' .. name)) or 0
+end
+return {mine, left, grants, swept, fmt(returned), lengths}
