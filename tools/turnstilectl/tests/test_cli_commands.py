@@ -148,6 +148,17 @@ class Admission(admission_pb2_grpc.AdmissionServiceServicer):
     async def Admit(
         self, request: admission_pb2.AdmitRequest, context: Context
     ) -> admission_pb2.AdmitResponse:
+        if request.HasField("wait_budget"):  # as if it had waited its whole budget
+            return admission_pb2.AdmitResponse(
+                decision=admission_pb2.DECISION_REFUSED,
+                key=common_pb2.BoundedKey(key="acme", kind=common_pb2.KEY_KIND_OWN),
+                refused_by=admission_pb2.POLICY_RATE,
+                retry_after=duration_pb2.Duration(nanos=20_000_000),
+                message="refused by rate; waited in the fair queue",
+                waited=request.wait_budget,
+                queue_position=3,
+                estimated_wait=duration_pb2.Duration(nanos=600_000_000),
+            )
         return admission_pb2.AdmitResponse(
             retry_after=duration_pb2.Duration(seconds=1, nanos=250_000_000),
             message="refused by concurrency",
@@ -246,6 +257,15 @@ async def test_activate_sends_every_client_form_through_the_typed_client(
     code, out = await _cli(capsys, servers[0], "activate", "form-1", f"--{form}", "--json")
     assert code == 0, out
     assert json.loads(out)["charged_client_id"] == form
+
+
+async def test_admit_wait_shows_the_wait_position_and_estimate(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = await _cli(capsys, servers[0], "admit", "sb-1", "--client", "acme", "--wait", "2s")
+    assert code == 3, out
+    assert "2.000s in the fair queue" in out
+    assert "3 when it joined, estimated 0.600s" in out
 
 
 async def test_activate_wait_sends_the_budget_and_shows_the_wait(

@@ -176,6 +176,14 @@ def _admission(sub: Subparsers) -> None:
         "--node", action="append", default=[], help="a candidate node (repeat); checks node slots"
     )
     admit.add_argument(
+        "--wait",
+        type=duration,
+        default=0.0,
+        metavar="DURATION",
+        help="wait up to DURATION in the fair queue when only the cluster bucket refuses "
+        "(shows the position and estimated wait it joined at)",
+    )
+    admit.add_argument(
         "--commit", action="store_true", help="commit the hold at once (as a finished activation)"
     )
     admit.add_argument(

@@ -46,8 +46,12 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
         tier=args.tier,
         candidate_nodes=args.node,
     )
+    timeout = None
+    if args.wait > 0:
+        request.wait_budget.FromMilliseconds(round(args.wait * 1000))
+        timeout = args.wait + 10
     async with ctx.admission() as stub:
-        response = await stub.Admit(request)
+        response = await stub.Admit(request, timeout=timeout)
         settled: str | None = None
         if response.decision == admission_pb2.DECISION_ADMITTED and (args.commit or args.cancel):
             if args.commit:
@@ -113,6 +117,13 @@ def render_admit(
         if response.HasField("retry_after"):
             seconds = response.retry_after.ToTimedelta().total_seconds()
             rows["retry"] = retry_text(seconds).removeprefix("retry ")
+    if response.HasField("waited"):
+        rows["waited"] = f"{response.waited.ToMilliseconds() / 1000:.3f}s in the fair queue"
+    if response.queue_position:
+        estimate = ""
+        if response.HasField("estimated_wait"):
+            estimate = f", estimated {response.estimated_wait.ToMilliseconds() / 1000:.3f}s"
+        rows["queue position"] = f"{response.queue_position} when it joined{estimate}"
     if response.message:
         rows["summary"] = response.message
     console.print(kv_table(rows))
