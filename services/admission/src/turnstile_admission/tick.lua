@@ -96,14 +96,18 @@ if level ~= start_level then bucket_store(KEYS[2], level, rate, burst, now) end
 local mine = redis.call('ZRANGE', KEYS[3], 0, -1)
 if mine[1] then redis.call('DEL', KEYS[3]) end
 local left = redis.call('HLEN', q.info)
-if left > 0 then
+local lengths, ungranted = {}, 0
+for name in pairs(shares) do
+  local n = tonumber(redis.call('HGET', q.meta, 'n:' .. name)) or 0
+  lengths[#lengths + 1] = name
+  lengths[#lengths + 1] = n
+  ungranted = ungranted + n
+end
+-- The bucket is the waiters' only while some wait ungranted: a granted one's
+-- tokens are already its own, so outsiders may take what refills meanwhile.
+if ungranted > 0 then
   redis.call('SET', q.serving, owner, 'PX', serving_ttl)
 else
   redis.call('DEL', q.serving)
-end
-local lengths = {}
-for name in pairs(shares) do
-  lengths[#lengths + 1] = name
-  lengths[#lengths + 1] = tonumber(redis.call('HGET', q.meta, 'n:' .. name)) or 0
 end
 return {mine, left, grants, swept, fmt(returned), lengths}
