@@ -111,10 +111,16 @@ class Activation:
     """The result of an Activate."""
 
     record: SandboxRecord | None
-    runtime: Runtime
+    #: None only for a dry run that would make one.
+    runtime: Runtime | None
     outcome: Outcome
     #: The bounded key admission charged; None when nothing was charged.
     key: common_pb2.BoundedKey | None = None
+    #: A dry run (SPEC Q4): ``outcome`` is what the activation would do; nothing
+    #: was made, recorded, claimed or charged.
+    dry_run: bool = False
+    #: A dry run without a runtime: the client id it would charge (None: NULL).
+    would_charge: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,13 +216,21 @@ class Activator:
     # -- Activate ------------------------------------------------------------
 
     async def activate(
-        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None = None
+        self,
+        sandbox_id: str,
+        client: Client,
+        tier: str,
+        scope: CallerScope | None = None,
+        *,
+        dry_run: bool = False,
     ) -> Activation:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
         A ``scope`` (a caller not allowed every client) must own the sandbox: checked
         on each record read here (the already-running path, then under the claim),
         before anything is made or admitted."""
+        if dry_run:
+            return await self._guard(self._dry_run(sandbox_id, client, tier, scope))
         started = time.perf_counter()
         result = "error"
         try:
@@ -271,6 +285,40 @@ class Activator:
                     )
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
             return await self._create(claim, sandbox_id, client, tier, record, generation)
+
+    async def _dry_run(
+        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None
+    ) -> Activation:
+        """What an Activate would do, changing nothing (SPEC Q4): the record and the
+        runtime are read (no claim, no lock: nothing is written), ownership checked
+        as a real Activate checks it, and admission asked for a dry run, whose
+        refusal is raised as a real one is. No metric of activations moves."""
+        inherit = client.form is ClientForm.INHERIT
+        runtime = await self.substrate.find_running(sandbox_id)
+        record, generation = await self._db(lambda conn: _read_for_activation(conn, sandbox_id))
+        check_owner(scope, sandbox_id, record, runtime, recorded_only=inherit)
+        if runtime is not None:
+            return Activation(record, runtime, Outcome.ALREADY_RUNNING, dry_run=True)
+        charged = charged_client(client, record)
+        spec = RuntimeSpec(
+            sandbox_id=sandbox_id,
+            tier=record.tier if record is not None else tier,
+            client_label=record_value(charged),
+            restore=record is not None,
+            generation=generation,
+        )
+        plan = self.substrate.plan(spec)
+        admitted = await self._admission.admit(
+            sandbox_id, charged, plan.kind, spec.tier, plan.candidate_nodes, dry_run=True
+        )
+        return Activation(
+            record,
+            None,
+            OUTCOMES[plan.kind],
+            admitted.key,
+            dry_run=True,
+            would_charge=record_value(charged),
+        )
 
     async def _create(
         self,

@@ -33,8 +33,10 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.ActivateRequest, context: Context
     ) -> substrate_pb2.ActivateResponse:
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
-        activation = await self._activator.activate(sandbox_id, client, tier, current_scope())
-        return contract.activate_response(activation, self._substrate.name)
+        activation = await self._activator.activate(
+            sandbox_id, client, tier, current_scope(), dry_run=request.dry_run
+        )
+        return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 
     async def Deactivate(  # noqa: N802 - gRPC method names
         self, request: substrate_pb2.DeactivateRequest, context: Context

@@ -24,7 +24,10 @@ OUTCOME_STYLES = {
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
     request = substrate_pb2.ActivateRequest(
-        sandbox_id=args.sandbox_id, client=client_from_args(args), tier=args.tier
+        sandbox_id=args.sandbox_id,
+        client=client_from_args(args),
+        tier=args.tier,
+        dry_run=args.dry_run,
     )
     async with ctx.substrate() as stub:
         response = await stub.Activate(request)
@@ -40,7 +43,10 @@ def render_activate(console: Console, response: substrate_pb2.ActivateResponse) 
     sandbox = response.sandbox
     outcome = outcome_name(response.outcome)
     style = OUTCOME_STYLES.get(outcome, "")
-    console.print(f"[bold green]✓[/] sandbox [bold]{sandbox.sandbox_id}[/]: [{style}]{outcome}[/]")
+    dry = " [bold](dry run: would be; nothing was made or charged)[/]" if response.dry_run else ""
+    console.print(
+        f"[bold green]✓[/] sandbox [bold]{sandbox.sandbox_id}[/]: [{style}]{outcome}[/]{dry}"
+    )
     rows: dict[str, object] = {
         "tier": sandbox.tier or "(default)",
         "runtime": sandbox.runtime_name or "-",
