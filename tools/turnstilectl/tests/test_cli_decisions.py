@@ -22,16 +22,17 @@ from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
 @pytest.fixture
 async def admission(redis_url: str, redis_prefix: str, redis: aioredis.Redis) -> AsyncIterator[str]:
     await redis.set(LiveCountKeys(redis_prefix).state, COUNTED)
-    settings = AdmissionSettings(
-        redis_url=redis_url,
-        redis_prefix=redis_prefix,
-        port=0,
-        metrics_port=0,
-        shutdown_grace_s=0,
-        log_format="text",
-        client_allowlist=("acme", "globex"),
-        cap={"default_cap": 1},
-    )
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "redis_prefix": redis_prefix,
+        "port": 0,
+        "metrics_port": 0,
+        "shutdown_grace_s": 0,
+        "log_format": "text",
+        "client_allowlist": ("acme", "globex"),
+        "cap": {"default_cap": 1},
+    }
+    settings = AdmissionSettings(**values)
     app = await create_app(settings)
     port = await app.start()
     try:
