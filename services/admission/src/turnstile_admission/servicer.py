@@ -25,14 +25,17 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         self._admitter = admitter
         self._responses = AdmitResponses()
         self._page_limit = admitter.settings.decision_page_limit
+        self._logging = admitter.settings.decision_log.max_entries > 0
 
     async def Admit(  # noqa: N802 - the gRPC method name
         self, request: admission_pb2.AdmitRequest, context: Context
     ) -> admission_pb2.AdmitResponse:
         admit = validation.admit_request(request)
-        identity = peer_identity(context)
-        if identity:
-            admit = admit._replace(identity=identity)
+        if self._logging:
+            # The caller's identity, for the decision log (cached per certificate).
+            identity = peer_identity(context)
+            if identity:
+                admit = admit._replace(identity=identity)
         decision = await self._admitter.admit(admit)
         return self._responses.response(decision)
 
