@@ -28,6 +28,8 @@ async def test_a_dry_run_activate_answers_what_would_happen_and_changes_nothing(
     await tenants.deactivate("acme", "acme--stopped")
     await tenants.activate("acme", "acme--running", client("acme"))
     before = await tenants.snapshot()
+    log = f"{tenants.redis_prefix}{{adm}}:decisions"
+    logged = await tenants.redis.xlen(log)
     expected = {
         "acme--new": substrate_pb2.OUTCOME_CREATED,
         "acme--stopped": substrate_pb2.OUTCOME_RESTORED,
@@ -56,6 +58,8 @@ async def test_a_dry_run_activate_answers_what_would_happen_and_changes_nothing(
         "n1",
     )
     assert (await tenants.snapshot()).changes_since(before) == {}
+    # Nor did any of them write to the decision log, which snapshots leave out.
+    assert await tenants.redis.xlen(log) == logged
 
 
 async def test_a_dry_run_is_refused_as_the_activation_would_be_and_changes_nothing(
@@ -64,6 +68,8 @@ async def test_a_dry_run_is_refused_as_the_activation_would_be_and_changes_nothi
     await tenants.activate("acme", "acme--mine", client("acme"))
     await LimitsStore(tenants.redis, tenants.redis_prefix).put("key:acme", {"concurrency": 0})
     before = await tenants.snapshot()
+    log = f"{tenants.redis_prefix}{{adm}}:decisions"
+    logged = await tenants.redis.xlen(log)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await tenants.call("acme", SUBSTRATE, "Activate", dry("acme--second", "acme"))
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -72,3 +78,4 @@ async def test_a_dry_run_is_refused_as_the_activation_would_be_and_changes_nothi
         await tenants.call("globex", SUBSTRATE, "Activate", dry("acme--mine", "globex"))
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert (await tenants.snapshot()).changes_since(before) == {}
+    assert await tenants.redis.xlen(log) == logged

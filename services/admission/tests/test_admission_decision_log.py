@@ -98,7 +98,7 @@ async def test_admitted_and_refused_are_logged_once_with_their_fields(
     assert typed.refused_by.policy is PolicyName.CONCURRENCY
 
 
-async def test_shadow_mode_and_fail_open_decisions_are_logged_as_such(
+async def test_shadow_mode_and_unknown_verdicts_are_logged_as_such(
     start_admission: Any, redis: aioredis.Redis, live: Any
 ) -> None:
     running = await start_admission(
@@ -112,8 +112,10 @@ async def test_shadow_mode_and_fail_open_decisions_are_logged_as_such(
     await live.unsupported()  # the cap cannot decide: it admits with UNKNOWN
     unknown = await running.stub.Admit(cold("sb-3"))
     assert unknown.decision == ADMITTED
-    kinds = [e["kind"] for e in await entries(redis, running.keys.decisions)]
-    assert kinds == ["admitted", "shadow_refused", "fail_open"]
+    logged = await entries(redis, running.keys.decisions)
+    assert [e["kind"] for e in logged] == ["admitted", "shadow_refused", "admitted"]
+    cap = {v["p"]: v for v in json.loads(logged[2]["verdicts"])}["cap"]
+    assert cap["v"] == "unknown"  # the verdict says what the kind does not
 
 
 async def test_shadow_limits_are_reported_counted_and_never_refuse(

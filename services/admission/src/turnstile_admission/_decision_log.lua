@@ -21,21 +21,19 @@ local LOG_VERDICTS = {[0] = 'skipped', 'pass', 'over', 'unknown'}
 local LOG_MODES = {[0] = 'off', 'shadow', 'enforce'}
 
 -- What the decision was, in one word: refused; shadow_refused (admitted, but a
--- policy in shadow mode or a shadow limit was over); fail_open (admitted with a
--- policy that could not decide); admitted.
+-- policy in shadow mode or a shadow limit was over); admitted. An UNKNOWN verdict
+-- (the cap on a substrate that cannot count) admits by design and is in the
+-- verdicts; a real fail-open (Redis unreachable) never reaches this script.
 -- results: per policy in LOG_POLICIES order {code, limit, current, retry_ms, detail};
 -- modes: the script modes in the same order; shadow: {policy = {code, limit, current}}.
 local function decision_kind(outcome, results, modes, shadow)
   if outcome ~= 'admit' then return 'refused' end
-  local unknown = false
   for j, r in ipairs(results) do
     if r[1] == 2 and modes[j] == 1 then return 'shadow_refused' end
-    if r[1] == 3 then unknown = true end
   end
   for _, s in pairs(shadow) do
     if s[1] == 2 then return 'shadow_refused' end
   end
-  if unknown then return 'fail_open' end
   return 'admitted'
 end
 

@@ -8,7 +8,7 @@ the defaults below apply to keys without limits of their own.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from turnstile_admission.policies import (
@@ -18,21 +18,6 @@ from turnstile_admission.policies import (
     SlotsSettings,
 )
 from turnstile_platform.settings import ServiceSettings
-
-
-class DecisionLogSettings(BaseModel):
-    """The decision log (SPEC Q3): a Redis stream in admission's slot, appended by
-    the decision script itself (docs/admission.md, "The decision log")."""
-
-    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
-
-    max_entries: int = Field(default=100_000, ge=0, le=10_000_000)
-    """Entries kept at most (trimmed approximately: within one stream node, 100
-    entries by default); 0 turns the log off."""
-
-    max_age_s: float = Field(default=7 * 86400.0, gt=0, le=90 * 86400.0)
-    """Entries older than this are trimmed (approximately, as above); the stream
-    expires this long after its last entry."""
 
 
 class AdmissionSettings(ServiceSettings):
@@ -57,9 +42,6 @@ class AdmissionSettings(ServiceSettings):
 
     slots: SlotsSettings = SlotsSettings()
     """The node-slot policy (SPEC P4)."""
-
-    decision_log: DecisionLogSettings = DecisionLogSettings()
-    """The decision log (SPEC Q3)."""
 
     decision_page_limit: int = Field(default=500, ge=1, le=10_000)
     """The most decisions one ``ListDecisions`` call returns."""

@@ -44,6 +44,7 @@ from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.dependencies import (
     DEPENDENCY_ERRORS,
     DependencyOverloaded,
@@ -151,6 +152,43 @@ def runtime_failed(sandbox_id: str, retry_after_s: float) -> RichError:
     )
 
 
+#: Refusals admission gave (its reasons): the decision log calls them all
+#: ``refused_by_admission`` and says which in words.
+ADMISSION_REASONS = frozenset(
+    {
+        "cap_exceeded",
+        "rate_limited",
+        "concurrency_limited",
+        "node_slots_exhausted",
+        "policy_backend_unavailable",
+    }
+)
+_WORDS = {
+    Outcome.ALREADY_RUNNING: "already running: nothing created or charged",
+    Outcome.CREATED: "created a new runtime",
+    Outcome.WARM_CLAIMED: "claimed a warm runtime",
+    Outcome.RESTORED: "restored the workspace into a new runtime",
+    Outcome.RESUMED: "resumed the paused runtime",
+}
+
+
+def decision_words(
+    result: str, activation: Activation | None, failure: RichError | None
+) -> tuple[str, str]:
+    """An Activate's kind and why, as the decision log holds them (SPEC Q3)."""
+    if activation is not None:
+        words = _WORDS[activation.outcome]
+        runtime = activation.runtime
+        if runtime is not None and activation.outcome is not Outcome.ALREADY_RUNNING:
+            words += f" {runtime.name}" + (f" on node {runtime.node}" if runtime.node else "")
+        return activation.outcome.value, words
+    if result in ADMISSION_REASONS:
+        return "refused_by_admission", failure.message if failure else result
+    if result == "runtime_failed":
+        return "runtime_failed", "the runtime could not be started; the hold was cancelled"
+    return result, failure.message if failure else result.replace("_", " ")
+
+
 def charged_client(client: Client, record: SandboxRecord | None) -> Client:
     """Who this activation charges: ``inherit`` means the record's client (C4)."""
     if client.form is ClientForm.INHERIT:
@@ -197,8 +235,11 @@ class Activator:
         pool: asyncpg.Pool,
         admission: AdmissionClient,
         settings: SubstrateSettings,
+        decisions: DecisionLogWriter | None = None,
     ) -> None:
         self.substrate = substrate
+        #: Where each Activate's outcome and why go (SPEC Q3): the decision log.
+        self._decisions = decisions
         self._pool = pool
         self._admission = admission
         self._locks = KeyedLocks()
@@ -223,6 +264,7 @@ class Activator:
         scope: CallerScope | None = None,
         *,
         dry_run: bool = False,
+        identity: str = "",
     ) -> Activation:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
@@ -233,12 +275,15 @@ class Activator:
             return await self._guard(self._dry_run(sandbox_id, client, tier, scope))
         started = time.perf_counter()
         result = "error"
+        activation: Activation | None = None
+        failure: RichError | None = None
         try:
             activation = await self._guard(self._activate(sandbox_id, client, tier, scope))
             result = activation.outcome.value
             return activation
         except RichError as error:
             result = error.reason.lower() or error.code.name.lower()
+            failure = error
             raise
         except DependencyUnavailable as error:
             # Answered UNAVAILABLE / DEPENDENCY_UNAVAILABLE by the interceptor.
@@ -252,6 +297,31 @@ class Activator:
         finally:
             _activations(self.substrate.name, result).inc()
             _activation_seconds(self.substrate.name, result).observe(time.perf_counter() - started)
+            if self._decisions is not None:
+                self._log(sandbox_id, client, identity, result, activation, failure)
+
+    def _log(
+        self,
+        sandbox_id: str,
+        client: Client,
+        identity: str,
+        result: str,
+        activation: Activation | None,
+        failure: RichError | None,
+    ) -> None:
+        """The Activate's outcome and why, in the decision log (queued: off the call's path)."""
+        assert self._decisions is not None
+        kind, detail = decision_words(result, activation, failure)
+        runtime = activation.runtime if activation is not None else None
+        self._decisions.append(
+            kind,
+            sandbox_id=sandbox_id,
+            client=client.client_id if client.client_id is not None else client.form.value,
+            identity=identity,
+            key=activation.key.key if activation is not None and activation.key else "",
+            node=runtime.node if runtime is not None else "",
+            detail=detail,
+        )
 
     async def _activate(
         self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None

@@ -9,6 +9,7 @@ import grpc.aio
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform.authz.ownership import current_scope
+from turnstile_platform.identity import peer_identity
 from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
@@ -34,7 +35,12 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
     ) -> substrate_pb2.ActivateResponse:
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
         activation = await self._activator.activate(
-            sandbox_id, client, tier, current_scope(), dry_run=request.dry_run
+            sandbox_id,
+            client,
+            tier,
+            current_scope(),
+            dry_run=request.dry_run,
+            identity=peer_identity(context) or "",
         )
         return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 

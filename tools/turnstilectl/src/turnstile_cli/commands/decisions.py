@@ -34,7 +34,8 @@ KIND_STYLES = {
     "admitted": "green",
     "refused": "bold red",
     "shadow_refused": "yellow",
-    "fail_open": "magenta",
+    "refused_by_admission": "bold red",
+    "runtime_failed": "bold red",
 }
 
 #: A policy's limit and current value in words (``{c}`` current, ``{l}`` limit).

@@ -686,10 +686,11 @@ class LoggedDecision(_message.Message):
     service: _builtins.str
     """Who wrote it: `admission`, `substrate` or `affinity`."""
     kind: _builtins.str
-    """What happened. admission: `admitted`, `refused`, `shadow_refused`,
-    `fail_open`. substrate (Activate): `already_running`, `created`,
-    `warm_claimed`, `restored`, `resumed`, `refused_by_admission`,
-    `runtime_failed`. affinity (Place): `hit`, `pending`, `busy`, `fallback`.
+    """What happened. admission: `admitted`, `refused`, `shadow_refused`.
+    substrate (Activate): `already_running`, `created`, `warm_claimed`,
+    `restored`, `resumed`, `refused_by_admission`, `runtime_failed`, or the
+    reason of another refusal (`sandbox_pending`, ...). affinity (Place): `hit`,
+    `first`, `fallback`, `pending`, `busy`, `exhausted`.
     """
     trace_id: _builtins.str
     """The call's trace id (hex), whether or not the trace was sampled."""
