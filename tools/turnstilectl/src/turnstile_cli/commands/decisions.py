@@ -47,6 +47,13 @@ _MEASURES: dict[int, str] = {
 }
 
 
+def styled(kind: str) -> str:
+    """``kind`` in words, coloured by what it means (plain when it has no colour)."""
+    words = escape(kind.replace("_", " "))
+    style = KIND_STYLES.get(kind)
+    return f"[{style}]{words}[/]" if style else words
+
+
 def duration_s(text: str) -> float:
     """``10m``, ``90s``, ``2h``, ``1d``, ``500ms`` as seconds (argparse type)."""
     match = _DURATION.match(text.strip())
@@ -154,9 +161,8 @@ def _follow_print(ctx: Context, d: admission_pb2.LoggedDecision) -> None:
     if ctx.out.json_mode:
         ctx.out.print_json(entry_dict(d))  # one JSON object a line
     else:
-        style = KIND_STYLES.get(d.kind, "")
         ctx.out.console.print(
-            f"{when(d.at)}  [{style}]{escape(d.kind)}[/]  {escape(d.sandbox_id)}  "
+            f"{when(d.at)}  {styled(d.kind)}  {escape(d.sandbox_id)}  "
             f"{escape(explain(d))}  [dim]trace {d.trace_id or '-'}[/]",
             soft_wrap=True,
         )
@@ -167,11 +173,10 @@ def table(entries: Sequence[admission_pb2.LoggedDecision]) -> Table:
     for column in ("when", "service", "kind", "sandbox", "client", "why", "trace"):
         out.add_column(column)
     for d in entries:
-        style = KIND_STYLES.get(d.kind, "")
         out.add_row(
             when(d.at),
             d.service,
-            f"[{style}]{escape(d.kind)}[/]" if style else escape(d.kind),
+            styled(d.kind),
             escape(d.sandbox_id),
             escape(d.client),
             escape(explain(d)),
@@ -205,7 +210,6 @@ def render_why(
         return
     console.print(f"sandbox [bold]{escape(sandbox_id)}[/]: its last activations, newest first")
     for d in entries:
-        style = KIND_STYLES.get(d.kind, "")
         activation = (
             common_pb2.ActivationKind.Name(d.activation_kind)
             .removeprefix("ACTIVATION_KIND_")
@@ -214,9 +218,10 @@ def render_why(
             if d.activation_kind
             else ""
         )
-        head = f"{when(d.at)}  [{style}]{escape(d.kind.replace('_', ' '))}[/]"
-        if activation:
-            head += f"  ({activation}, {escape(d.service)})"
+        head = f"{when(d.at)}  {styled(d.kind)}"
+        head += (
+            f"  ({activation}, {escape(d.service)})" if activation else f"  ({escape(d.service)})"
+        )
         console.print(head)
         console.print(f"    {escape(explain(d))}", soft_wrap=True)
         who = d.identity or "(no caller identity: plaintext)"
