@@ -92,9 +92,11 @@ class _Plan:
     this is worked out once per shape (the skip reasons are formatted strings),
     not per decision. Compared by identity: one per shape per admitter."""
 
-    __slots__ = ("modes", "skipped", "steps")
+    __slots__ = ("activation", "modes", "skipped", "steps")
 
     def __init__(self, policies: Sequence[Policy], activation: ActivationShape) -> None:
+        #: The activation's kind as the decision log writes it.
+        self.activation = activation.kind.value
         self.modes = {p.name: p.script_mode(activation) for p in policies}
         self.skipped = tuple(p.skipped(activation) for p in policies)
         #: Per policy in order: the policy, whether it applies, its SKIPPED verdict.
@@ -145,6 +147,8 @@ class Admitter:
         #: Per decision shape, what its decisions share (``Decision.shape``).
         self._shapes: dict[tuple[object, ...], _Shape] = {}
         self._logging = settings.decision_log.max_entries > 0
+        #: Per bounded key, its kind and key-set version as the log writes them.
+        self._key_words: dict[BoundedKey, tuple[str, str]] = {}
 
     def _plan(self, kind: Kind, nodes: tuple[str, ...]) -> _Plan:
         shape = (kind, bool(nodes))
@@ -156,30 +160,42 @@ class Admitter:
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
         key = self.resolver.resolve(request.client)
-        decision = await self._decide(request, key)
+        # Looked up once: the decision log and the span attributes both need it.
+        span = trace.get_current_span()
+        decision = await self._decide(request, key, span)
         if not decision.dry_run:
             # A dry run changes nothing, the metrics of decisions included.
-            self._record(decision, time.perf_counter() - started)
+            self._record(decision, time.perf_counter() - started, span)
         return decision
 
-    def _log_context(self, request: AdmitInput, key: BoundedKey) -> LogContext | None:
+    def _log_context(
+        self, request: AdmitInput, key: BoundedKey, span: trace.Span, plan: _Plan
+    ) -> LogContext | None:
         """What the decision log records beside the script's own (SPEC Q3); None
-        when the log is off or nothing is logged (a dry run)."""
+        when the log is off or nothing is logged (a dry run). A few microseconds
+        per decision: what depends on the key alone is formatted once per key."""
         if request.dry_run or not self._logging:
             return None
-        context = trace.get_current_span().get_span_context()
+        context = span.get_span_context()
+        trace_id = context.trace_id
         client = request.client
+        words = self._key_words.get(key)
+        if words is None:
+            # Bounded like the shapes: by the keys (SPEC C3) and their versions.
+            if len(self._key_words) >= _MAX_KEY_WORDS:
+                self._key_words.clear()
+            words = self._key_words[key] = (key.kind.value, str(key.version) if key.version else "")
         return LogContext(
-            format(context.trace_id, "032x") if context.trace_id else "",
-            context.trace_flags.sampled,
+            f"{trace_id:032x}" if trace_id else "",
+            bool(context.trace_flags & 1),
             request.identity,
             client.client_id if client.client_id is not None else client.form.value,
-            key.kind.value,
-            str(key.version) if key.version else "",
-            request.kind.value,
+            words[0],
+            words[1],
+            plan.activation,
         )
 
-    async def _decide(self, request: AdmitInput, key: BoundedKey) -> Decision:
+    async def _decide(self, request: AdmitInput, key: BoundedKey, span: trace.Span) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
         modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
@@ -192,7 +208,7 @@ class Admitter:
             modes=modes,
             nodes=nodes,
             dry_run=request.dry_run,
-            log=self._log_context(request, key),
+            log=self._log_context(request, key, span, plan),
         )
         # The one place admission decides on a failing Redis: fail modes apply
         # to an unavailable Redis only. Anything else (a script error) is a bug.
@@ -380,7 +396,7 @@ class Admitter:
             shape=shape,
         )
 
-    def _record(self, decision: Decision, seconds: float) -> None:
+    def _record(self, decision: Decision, seconds: float, span: trace.Span) -> None:
         # The counters a decision moves depend only on its shape (the key, the
         # outcome and each policy's verdict), so they were looked up once per
         # shape (``_shape``), not label by label per call (docs/performance.md).
@@ -390,7 +406,6 @@ class Admitter:
         for counter in shape.counters:
             counter.inc()
         shape.histogram.observe(seconds)
-        span = trace.get_current_span()
         if span.is_recording():
             key = decision.key.key
             outcome = "admitted" if decision.admitted else "refused"
@@ -473,6 +488,10 @@ class Admitter:
             concurrency_limit=answer.concurrency_limit,
             node_slots_held=answer.node_slots_held,
         )
+
+
+#: Bounded keys whose words ``_log_context`` keeps (more: it starts over).
+_MAX_KEY_WORDS = 4096
 
 
 def _new_hold_id() -> str:
