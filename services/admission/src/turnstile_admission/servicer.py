@@ -14,8 +14,7 @@ from turnstile_admission.responses import MODES, POLICIES, VERDICTS, AdmitRespon
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
-from turnstile_platform.authz.ownership import current_scope
-from turnstile_platform.identity import peer_identity
+from turnstile_platform.authz.ownership import current_identity, current_scope
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -32,8 +31,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     ) -> admission_pb2.AdmitResponse:
         admit = validation.admit_request(request)
         if self._logging:
-            # The caller's identity, for the decision log (cached per certificate).
-            identity = peer_identity(context)
+            # The caller's identity, for the decision log (as the authorizer read it).
+            identity = current_identity()
             if identity:
                 admit = admit._replace(identity=identity)
         decision = await self._admitter.admit(admit)

@@ -29,9 +29,9 @@ from turnstile_affinity.relay import (
 from turnstile_affinity.store import AffinityStore, SessionRecord
 from turnstile_affinity.stream_limits import AttachLimits, AttachStream
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
+from turnstile_platform.authz.ownership import current_identity
 from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.errors import RichError, bad_field, reason_name
-from turnstile_platform.identity import peer_identity
 from turnstile_platform.sandbox_credentials import CredentialRefusedError
 from turnstile_platform.tiers import TierConfig
 
@@ -160,7 +160,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
             placing,
             session_id=session_id,
             client=client,
-            identity=peer_identity(context) or "",
+            identity=current_identity(),
         )
         return _placement(placement)
 

@@ -8,8 +8,7 @@ import grpc.aio
 
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
-from turnstile_platform.authz.ownership import current_scope
-from turnstile_platform.identity import peer_identity
+from turnstile_platform.authz.ownership import current_identity, current_scope
 from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
@@ -40,7 +39,7 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
             tier,
             current_scope(),
             dry_run=request.dry_run,
-            identity=peer_identity(context) or "",
+            identity=current_identity(),
         )
         return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 
