@@ -23,8 +23,11 @@ machine's drift falls on both. Per shape, the median over the rounds (and range)
   (``INFO commandstats``), and their difference, ``script_us_per_logged_decision``:
   what appending and trimming the log costs Redis per decision;
 
-and, from the log-on prefix's stream after the rounds, the Redis memory per
-logged decision (``MEMORY USAGE`` ÷ ``XLEN``). The run ends with one line of JSON.
+then ``script_cpu``: Redis's main-thread CPU per decision with the log on and
+off, the decision script called one at a time from this process (CPU time, not
+wall time: the steadiest figure on a loaded machine), and their difference; and,
+from the log-on prefix's stream after the rounds, the Redis memory per logged
+decision (``MEMORY USAGE`` ÷ ``XLEN``). The run ends with one line of JSON.
 Builds on ``bench_admit.py``'s servers and measurement (same directory).
 """
 
@@ -69,6 +72,79 @@ async def _evalsha(client: aioredis.Redis) -> tuple[int, int]:
     """EVALSHA calls and the microseconds Redis spent in them so far (commandstats)."""
     stats = (await client.info("commandstats")).get("cmdstat_evalsha", {})
     return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+#: Decisions per side and round of :func:`script_cpu`.
+SCRIPT_CALLS = 3000
+
+
+async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Redis's main-thread CPU per decision, log on and off, the script called one
+    at a time from this process (no gRPC, no admission process): CPU time, not
+    wall time, so the machine's load hardly moves it; the difference is what
+    appending and trimming costs Redis per logged decision."""
+    from turnstile_admission.policies import PolicyName
+    from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, LogContext
+    from turnstile_admission.settings import AdmissionSettings
+    from turnstile_platform.settings import DecisionLogSettings
+
+    limits = {
+        "cap": {"default_cap": 1_000_000},
+        "rate": {"default_burst": 1_000_000, "cluster_burst": 1_000_000},
+        "concurrency": {"default_limit": 1_000_000},
+        "hold_ttl_s": 5,
+        "pending_ttl_s": 5,
+    }
+    stores = {}
+    for side in SIDES:
+        prefix = f"cpu{side}:"
+        await client.set(LiveCountKeys(prefix).state, COUNTED)
+        settings = AdmissionSettings(
+            redis_prefix=prefix,
+            decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
+            **limits,  # type: ignore[arg-type]
+        )
+        stores[side] = AdmissionStore(client, settings)
+    every = dict.fromkeys(PolicyName, 2)
+    shapes = {
+        "cold": (every, [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)]),
+        "resume": (
+            {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0},
+            [],
+        ),
+    }
+    context = LogContext(
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        False,
+        "spiffe://turnstile.local/service/substrate",
+        "acme",
+        "own",
+        "1",
+        "cold_create",
+    )
+    per: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in shapes}
+    n = 0
+    for r in range(rounds):
+        for shape, (modes, nodes) in shapes.items():
+            for side in SIDES if r % 2 == 0 else tuple(reversed(SIDES)):
+                store = stores[side]
+                before = await base.redis_cpu_s(client)
+                for _ in range(SCRIPT_CALLS):
+                    n += 1
+                    await store.admit(
+                        AdmitArgs(f"{n:032x}", "acme", f"acme--sb-{n}", modes, nodes, log=context)
+                    )
+                spent = await base.redis_cpu_s(client) - before
+                per[shape][side].append(spent / SCRIPT_CALLS * 1e6)
+    out: dict[str, dict[str, float]] = {}
+    for shape, sides in per.items():
+        on, off = statistics.median(sides["on"]), statistics.median(sides["off"])
+        out[shape] = {
+            "on_us": round(on, 1),
+            "off_us": round(off, 1),
+            "per_logged_decision_us": round(on - off, 1),
+        }
+    return out
 
 
 def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
@@ -140,6 +216,7 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                     f"server cpu on/off {per[shape]['cpu'][-1]:.3f}",
                     flush=True,
                 )
+        out_script = await script_cpu(client)
         stream = f"{PREFIXES['on']}{{adm}}:decisions"
         length = int(await client.xlen(stream))
         memory = int(await client.memory_usage(stream, samples=0) or 0)
@@ -149,6 +226,7 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
             "load_avg_1m": round(os.getloadavg()[0], 2),
             "memory_bytes_per_decision": round(memory / length, 1) if length else None,
             "logged_entries": length,
+            "script_cpu": out_script,
         }
         for shape, values in per.items():
             on, off = values["redis_on"], values["redis_off"]
@@ -177,6 +255,11 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                 f"Redis CPU/decision {s['redis_cpu_us_per_decision_on']['median']:.1f} vs "
                 f"{s['redis_cpu_us_per_decision_off']['median']:.1f} us, "
                 f"script {s['script_us_on']['median']:.1f} vs {s['script_us_off']['median']:.1f} us"
+            )
+        for shape, cpu in out_script.items():
+            print(
+                f"{shape:6s} Redis CPU per decision, one at a time: log on {cpu['on_us']} us, "
+                f"off {cpu['off_us']} us: +{cpu['per_logged_decision_us']} us per logged decision"
             )
         print(
             f"memory per logged decision: {out['memory_bytes_per_decision']} bytes "
