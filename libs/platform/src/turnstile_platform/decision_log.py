@@ -129,7 +129,8 @@ class DecisionLogWriter:
             return
         if not self._running:
             self._running = True
-            self._tasks.spawn(self._run(), name=f"decision-log-{self._service}")
+            # Restarted with backoff if a write fails other than by Redis (a bug).
+            self._tasks.supervise(self._run, name=f"decision-log-{self._service}")
 
     async def _run(self) -> None:
         while True:
