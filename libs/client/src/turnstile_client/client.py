@@ -186,10 +186,12 @@ class TurnstileClient:
         client: str | common_pb2.ActivationClient,
         *,
         tier: str = "",
+        dry_run: bool = False,
         deadline_s: float | None = None,
     ) -> substrate_pb2.ActivateResponse:
         """Make the sandbox's runtime exist, charged to ``client``: a client id, or
         any form of ``ActivationClient`` (``inherit``, ``native``, ``unattributed``).
+        ``dry_run``: decide and report without changing anything.
         Raises :class:`Refused` when a limit refused it, :class:`TurnstileError` for
         any other error."""
         stub = _need(self._substrate, "substrate")
@@ -199,6 +201,7 @@ class TurnstileClient:
                 common_pb2.ActivationClient(client_id=client) if isinstance(client, str) else client
             ),
             tier=tier,
+            dry_run=dry_run,
         )
         response: substrate_pb2.ActivateResponse = await self._call(
             lambda t: stub.Activate(request, timeout=t), deadline_s

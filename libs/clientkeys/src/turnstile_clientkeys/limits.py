@@ -32,28 +32,41 @@ class LimitsError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Limits of one bounded key (or the stored defaults); None means "inherit"."""
+    """Limits of one bounded key (or the stored defaults); None means "inherit".
+
+    ``shadow`` (SPEC Q4) holds limits under test beside the enforced ones (e.g. a
+    cap of 5 while 10 is enforced): each decision reports and counts their
+    verdicts, and they never refuse."""
 
     cap: int | None = None
     rate: float | None = None
     burst: float | None = None
     concurrency: int | None = None
+    shadow: Limits | None = None
 
     def to_json(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+        return json.dumps(self.as_dict())
 
     @classmethod
-    def parse(cls, doc: Any) -> Limits:
+    def parse(cls, doc: Any, *, shadow_allowed: bool = True) -> Limits:
         if not isinstance(doc, dict):
             raise LimitsError("limits must be a JSON object")
-        unknown = set(doc) - {"cap", "rate", "burst", "concurrency"}
+        names = {"cap", "rate", "burst", "concurrency"} | ({"shadow"} if shadow_allowed else set())
+        unknown = set(doc) - names
         if unknown:
             raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}")
+        shadow = None
+        if doc.get("shadow") is not None:
+            try:
+                shadow = cls.parse(doc["shadow"], shadow_allowed=False)
+            except LimitsError as error:
+                raise LimitsError(f"shadow: {error}") from error
         limits = cls(
             cap=_integer(doc, "cap"),
             rate=_number(doc, "rate"),
             burst=_number(doc, "burst"),
             concurrency=_integer(doc, "concurrency"),
+            shadow=shadow,
         )
         if limits.rate is not None and limits.rate <= 0:
             raise LimitsError("rate must be greater than 0")
@@ -61,8 +74,13 @@ class Limits:
             raise LimitsError("burst must be at least 1")
         return limits
 
-    def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            k: v for k, v in asdict(self).items() if v is not None and k != "shadow"
+        }
+        if self.shadow is not None:
+            out["shadow"] = self.shadow.as_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -78,7 +96,7 @@ class ClusterLimits:
 
     @classmethod
     def parse(cls, doc: Any) -> ClusterLimits:
-        limits = Limits.parse(doc)
+        limits = Limits.parse(doc, shadow_allowed=False)
         if limits.cap is not None or limits.concurrency is not None:
             raise LimitsError("the cluster has only rate and burst")
         return cls(rate=limits.rate, burst=limits.burst)
@@ -148,7 +166,7 @@ class LimitsStore:
         raw = await self._redis.hget(self.hash, field)
         return None if raw is None else dict(json.loads(raw))
 
-    async def put(self, field: str, doc: Any) -> dict[str, float]:
+    async def put(self, field: str, doc: Any) -> dict[str, Any]:
         """Replace the document with ``doc`` (validated); the document stored."""
         stored = (ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
         await self._redis.hset(self.hash, field, json.dumps(stored))

@@ -19,8 +19,9 @@ from typing import NamedTuple
 from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
-from turnstile_admission import metrics
+from turnstile_admission import decision_log, metrics
 from turnstile_admission.decision import Decision
+from turnstile_admission.decision_log import Page, Query
 from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
     ActivationShape,
@@ -32,6 +33,7 @@ from turnstile_admission.policies import (
     PolicyVerdict,
     RatePolicy,
     RawResult,
+    ShadowVerdict,
     SlotsPolicy,
     Verdict,
 )
@@ -42,6 +44,7 @@ from turnstile_admission.redis_store import (
     AdmitAnswer,
     AdmitArgs,
     CancelAnswer,
+    LogContext,
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import BoundedKey, Client, Resolver
@@ -59,6 +62,10 @@ class AdmitInput(NamedTuple):
     kind: Kind
     tier: str = ""
     candidate_nodes: tuple[str, ...] = ()
+    dry_run: bool = False
+    """Decide and report, take nothing (SPEC Q4)."""
+    identity: str = ""
+    """The caller's SPIFFE ID, for the decision log (empty without authentication)."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +92,11 @@ class _Plan:
     this is worked out once per shape (the skip reasons are formatted strings),
     not per decision. Compared by identity: one per shape per admitter."""
 
-    __slots__ = ("modes", "skipped", "steps")
+    __slots__ = ("activation", "modes", "skipped", "steps")
 
     def __init__(self, policies: Sequence[Policy], activation: ActivationShape) -> None:
+        #: The activation's kind as the decision log writes it.
+        self.activation = activation.kind.value
         self.modes = {p.name: p.script_mode(activation) for p in policies}
         self.skipped = tuple(p.skipped(activation) for p in policies)
         #: Per policy in order: the policy, whether it applies, its SKIPPED verdict.
@@ -137,6 +146,9 @@ class Admitter:
         self._plans: dict[tuple[Kind, bool], _Plan] = {}
         #: Per decision shape, what its decisions share (``Decision.shape``).
         self._shapes: dict[tuple[object, ...], _Shape] = {}
+        self._logging = settings.decision_log.max_entries > 0
+        #: Per bounded key, its kind and key-set version as the log writes them.
+        self._key_words: dict[BoundedKey, tuple[str, str]] = {}
 
     def _plan(self, kind: Kind, nodes: tuple[str, ...]) -> _Plan:
         shape = (kind, bool(nodes))
@@ -148,11 +160,42 @@ class Admitter:
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
         key = self.resolver.resolve(request.client)
-        decision = await self._decide(request, key)
-        self._record(decision, time.perf_counter() - started)
+        # Looked up once: the decision log and the span attributes both need it.
+        span = trace.get_current_span()
+        decision = await self._decide(request, key, span)
+        if not decision.dry_run:
+            # A dry run changes nothing, the metrics of decisions included.
+            self._record(decision, time.perf_counter() - started, span)
         return decision
 
-    async def _decide(self, request: AdmitInput, key: BoundedKey) -> Decision:
+    def _log_context(
+        self, request: AdmitInput, key: BoundedKey, span: trace.Span, plan: _Plan
+    ) -> LogContext | None:
+        """What the decision log records beside the script's own (SPEC Q3); None
+        when the log is off or nothing is logged (a dry run). A few microseconds
+        per decision: what depends on the key alone is formatted once per key."""
+        if request.dry_run or not self._logging:
+            return None
+        context = span.get_span_context()
+        trace_id = context.trace_id
+        client = request.client
+        words = self._key_words.get(key)
+        if words is None:
+            # Bounded like the shapes: by the keys (SPEC C3) and their versions.
+            if len(self._key_words) >= _MAX_KEY_WORDS:
+                self._key_words.clear()
+            words = self._key_words[key] = (key.kind.value, str(key.version) if key.version else "")
+        return LogContext(
+            f"{trace_id:032x}" if trace_id else "",
+            bool(context.trace_flags & 1),
+            request.identity,
+            client.client_id if client.client_id is not None else client.form.value,
+            words[0],
+            words[1],
+            plan.activation,
+        )
+
+    async def _decide(self, request: AdmitInput, key: BoundedKey, span: trace.Span) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
         modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
@@ -164,6 +207,8 @@ class Admitter:
             sandbox_id=request.sandbox_id,
             modes=modes,
             nodes=nodes,
+            dry_run=request.dry_run,
+            log=self._log_context(request, key, span, plan),
         )
         # The one place admission decides on a failing Redis: fail modes apply
         # to an unavailable Redis only. Anything else (a script error) is a bug.
@@ -176,12 +221,15 @@ class Admitter:
             # the script may have run: its hold has no owner, so cancel it. The
             # cancel leaves a tombstone, so a script still on its way to Redis
             # takes nothing when it gets there.
-            self.orphans.cancel(args.hold_id)
+            if not request.dry_run:
+                self.orphans.cancel(args.hold_id)
             raise
         except DependencyUnavailable as error:
             return self._unreachable(request, key, plan, args.hold_id, error)
         if answer.outcome == "cancelled":
             return self._cancelled(key, plan)
+        if request.dry_run:
+            return self._from_answer(key, plan, "", answer, dry_run=True)
         if modes[PolicyName.CAP]:
             metrics.pending(key.key).set(answer.pending_count)
         if answer.pending_expired:
@@ -189,7 +237,13 @@ class Admitter:
         return self._from_answer(key, plan, args.hold_id, answer)
 
     def _from_answer(
-        self, key: BoundedKey, plan: _Plan, hold_id: str, answer: AdmitAnswer
+        self,
+        key: BoundedKey,
+        plan: _Plan,
+        hold_id: str,
+        answer: AdmitAnswer,
+        *,
+        dry_run: bool = False,
     ) -> Decision:
         verdicts = []
         results = answer.results
@@ -203,7 +257,18 @@ class Admitter:
                 raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, answer.live.detail)
             verdicts.append(policy.evaluated_verdict(raw))
         admitted = answer.outcome == "admit"
-        shape = self._shape(key, admitted, plan, verdicts)
+        shadow = (
+            tuple(
+                ShadowVerdict(policy, result.over, result.limit, result.current)
+                for policy, result in answer.shadow.items()
+            )
+            if answer.shadow
+            else ()
+        )
+        shape = self._shape(key, admitted, plan, verdicts, shadow, dry_run)
+        message = shape.message or _message(admitted, key, verdicts)
+        if dry_run:
+            message = f"dry run: {message} (nothing was taken)"
         return Decision(
             admitted,
             key,
@@ -211,12 +276,20 @@ class Admitter:
             hold_id if admitted else "",
             answer.hold_expires_ms,
             answer.node,
-            shape.message or _message(admitted, key, verdicts),
+            message,
             shape,
+            dry_run,
+            shadow,
         )
 
     def _shape(
-        self, key: BoundedKey, admitted: bool, plan: _Plan, verdicts: Sequence[PolicyVerdict]
+        self,
+        key: BoundedKey,
+        admitted: bool,
+        plan: _Plan,
+        verdicts: Sequence[PolicyVerdict],
+        shadow: Sequence[ShadowVerdict] = (),
+        dry_run: bool = False,
     ) -> _Shape:
         """What decisions of this one's shape share: the decision's ``shape``.
 
@@ -224,9 +297,10 @@ class Admitter:
         policy's mode and skip reason) and each verdict (an unknown one with its
         fail-open backend): everything the decision's metrics, its admitted
         message and the fixed part of its response depend on, and nothing per
-        call (no limit, count, hold or time). Shapes are bounded by the keys
-        (SPEC C3) times the policies' verdicts, so what they share is made once
-        per shape (docs/performance.md)."""
+        call (no limit, count, hold or time); with the shadow limits' verdicts
+        and whether it is a dry run. Shapes are bounded by the keys (SPEC C3)
+        times the policies' verdicts, so what they share is made once per shape
+        (docs/performance.md)."""
         key_shape: tuple[object, ...] = (
             key.key,
             key.kind,
@@ -236,10 +310,12 @@ class Admitter:
                 (v.verdict, _fail_open_backend(v)) if v.verdict is Verdict.UNKNOWN else v.verdict
                 for v in verdicts
             ],
+            dry_run,
+            *[(s.policy, s.over) for s in shadow],
         )
         shared = self._shapes.get(key_shape)
         if shared is None:
-            counters, histogram = self._shape_record(key, admitted, verdicts)
+            counters, histogram = self._shape_record(key, admitted, verdicts, shadow)
             message = _message(True, key, verdicts) if admitted else None
             shared = self._shapes[key_shape] = _Shape(counters, histogram, message)
         return shared
@@ -268,11 +344,39 @@ class Admitter:
         hold_id: str,
         error: BaseException,
     ) -> Decision:
-        """Each policy answers by its fail mode; admitted means no hold was recorded."""
-        log.warning("redis unreachable during admit", extra={"key": key.key, "error": str(error)})
+        """Each policy answers by its fail mode; admitted means no hold was recorded.
+
+        The decision log is in the Redis that cannot be reached, so this decision
+        is not in it (SPEC Q3): it is a log line (its trace id, key, sandbox and
+        verdicts) and ``turnstile_admission_decisions_unlogged_total``."""
         activation = ActivationShape(request.kind, request.candidate_nodes)
         verdicts = [p.unreachable(activation, "redis unreachable") for p in self.policies]
         admitted = not any(v.refuses for v in verdicts)
+        outcome = "fail_open" if admitted else "fail_closed"
+        if not request.dry_run:
+            metrics.UNLOGGED.labels(outcome).inc()
+        log.warning(
+            "redis unreachable during admit: decided by the fail modes, not in the decision log",
+            extra={
+                "key": key.key,
+                "sandbox": request.sandbox_id,
+                "decision": outcome,
+                "dry_run": request.dry_run,
+                "verdicts": ",".join(f"{v.policy.value}={v.verdict.value}" for v in verdicts),
+                "error": str(error),
+            },
+        )
+        if request.dry_run:
+            shape = self._shape(key, admitted, plan, verdicts, (), True)
+            return Decision(
+                admitted,
+                key,
+                tuple(verdicts),
+                message=f"dry run: {shape.message or _message(admitted, key, verdicts)} "
+                "(redis unreachable: the fail modes decided)",
+                shape=shape,
+                dry_run=True,
+            )
         expires = int(time.time() * 1000 + self.settings.hold_ttl_s * 1000) if admitted else 0
         shape = self._shape(key, admitted, plan, verdicts)
         message = shape.message or _message(admitted, key, verdicts)
@@ -292,7 +396,7 @@ class Admitter:
             shape=shape,
         )
 
-    def _record(self, decision: Decision, seconds: float) -> None:
+    def _record(self, decision: Decision, seconds: float, span: trace.Span) -> None:
         # The counters a decision moves depend only on its shape (the key, the
         # outcome and each policy's verdict), so they were looked up once per
         # shape (``_shape``), not label by label per call (docs/performance.md).
@@ -302,7 +406,6 @@ class Admitter:
         for counter in shape.counters:
             counter.inc()
         shape.histogram.observe(seconds)
-        span = trace.get_current_span()
         if span.is_recording():
             key = decision.key.key
             outcome = "admitted" if decision.admitted else "refused"
@@ -324,7 +427,10 @@ class Admitter:
 
     @staticmethod
     def _shape_record(
-        bounded: BoundedKey, admitted: bool, verdicts: Sequence[PolicyVerdict]
+        bounded: BoundedKey,
+        admitted: bool,
+        verdicts: Sequence[PolicyVerdict],
+        shadow: Sequence[ShadowVerdict] = (),
     ) -> tuple[tuple[Counter, ...], Histogram]:
         """The counters one decision of this shape moves, and its histogram."""
         key = bounded.key
@@ -339,6 +445,9 @@ class Admitter:
                 counters.append(metrics.shadow_refusals(v.policy.value, key))
             elif v.verdict is Verdict.UNKNOWN:
                 counters.append(metrics.fail_open(v.policy.value, _fail_open_backend(v), key))
+        # A shadow limit reached counts as the shadow mode's would-be refusals do
+        # (SPEC Q4), whatever the enforced policies decided.
+        counters.extend(metrics.shadow_refusals(s.policy.value, key) for s in shadow if s.over)
         return tuple(counters), metrics.decision_seconds(outcome)
 
     async def commit(self, hold_id: str) -> bool:
@@ -353,6 +462,10 @@ class Admitter:
 
     async def release(self, sandbox_id: str) -> bool:
         return await self.store.release(sandbox_id)
+
+    async def decisions(self, query: Query) -> Page:
+        """A page of the decision log (SPEC Q3), newest first."""
+        return await decision_log.read(self.store.redis, self.store.keys.decisions, query)
 
     async def usage(self, client: Client) -> Usage:
         key = self.resolver.resolve(client)
@@ -375,6 +488,10 @@ class Admitter:
             concurrency_limit=answer.concurrency_limit,
             node_slots_held=answer.node_slots_held,
         )
+
+
+#: Bounded keys whose words ``_log_context`` keeps (more: it starts over).
+_MAX_KEY_WORDS = 4096
 
 
 def _new_hold_id() -> str:

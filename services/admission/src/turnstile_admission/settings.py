@@ -43,6 +43,9 @@ class AdmissionSettings(ServiceSettings):
     slots: SlotsSettings = SlotsSettings()
     """The node-slot policy (SPEC P4)."""
 
+    decision_page_limit: int = Field(default=500, ge=1, le=10_000)
+    """The most decisions one ``ListDecisions`` call returns."""
+
     hold_ttl_s: float = Field(default=60.0, gt=0, le=3600)
     """How long an uncommitted hold lives: its lease and node slot free when it
     expires (the caller died). Longer than a pod takes to be created."""

@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from turnstile_affinity import validation
 from turnstile_affinity.attestation import Attestation, refusal
+from turnstile_affinity.decisions import logged_place
 from turnstile_affinity.placement import Placement, PlacementOutcome, Placer, Reset, ResetReason
 from turnstile_affinity.relay import (
     Attachment,
@@ -28,6 +29,8 @@ from turnstile_affinity.relay import (
 from turnstile_affinity.store import AffinityStore, SessionRecord
 from turnstile_affinity.stream_limits import AttachLimits, AttachStream
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
+from turnstile_platform.authz.ownership import current_identity
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.errors import RichError, bad_field, reason_name
 from turnstile_platform.sandbox_credentials import CredentialRefusedError
 from turnstile_platform.tiers import TierConfig
@@ -121,8 +124,11 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         presence_ttl_ms: int,
         retry_after_s: float,
         max_connection_age_s: float = 0.0,
+        decisions: DecisionLogWriter | None = None,
     ) -> None:
         self._retry_after_s = retry_after_s
+        #: Where each Place's outcome goes (SPEC Q3): the decision log.
+        self._decisions = decisions
         self._max_connection_age_s = max_connection_age_s
         self._placer = placer
         self._relay = relay
@@ -146,7 +152,17 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         session_id = validation.session_id(request.session_id)
         tier = validation.session_tier(self._tiers, request.tier)
         client = validation.client_id(request.client_id)
-        return _placement(await self._placer.place(session_id, tier, client))
+        placing = self._placer.place(session_id, tier, client)
+        if self._decisions is None:
+            return _placement(await placing)
+        placement = await logged_place(
+            self._decisions,
+            placing,
+            session_id=session_id,
+            client=client,
+            identity=current_identity(),
+        )
+        return _placement(placement)
 
     async def ReleaseLease(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ReleaseLeaseRequest, context: Context

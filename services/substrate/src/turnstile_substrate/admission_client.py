@@ -150,6 +150,8 @@ class AdmissionClient:
         kind: CreateKind,
         tier: str,
         candidate_nodes: Sequence[str],
+        *,
+        dry_run: bool = False,
     ) -> Admitted:
         """Admit the activation or raise its refusal as a :class:`RichError`.
 
@@ -163,6 +165,7 @@ class AdmissionClient:
             kind=ACTIVATION_KINDS[kind],
             tier=tier,
             candidate_nodes=list(candidate_nodes),
+            dry_run=dry_run,
         )
         try:
             response = await self._stub.Admit(request, timeout=self._timeout_s)

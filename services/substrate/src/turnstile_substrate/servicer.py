@@ -8,7 +8,7 @@ import grpc.aio
 
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
-from turnstile_platform.authz.ownership import current_scope
+from turnstile_platform.authz.ownership import current_identity, current_scope
 from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
@@ -33,8 +33,15 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.ActivateRequest, context: Context
     ) -> substrate_pb2.ActivateResponse:
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
-        activation = await self._activator.activate(sandbox_id, client, tier, current_scope())
-        return contract.activate_response(activation, self._substrate.name)
+        activation = await self._activator.activate(
+            sandbox_id,
+            client,
+            tier,
+            current_scope(),
+            dry_run=request.dry_run,
+            identity=current_identity(),
+        )
+        return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 
     async def Deactivate(  # noqa: N802 - gRPC method names
         self, request: substrate_pb2.DeactivateRequest, context: Context
