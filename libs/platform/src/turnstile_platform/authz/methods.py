@@ -19,8 +19,8 @@ lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC
 ``ReleaseSandbox`` (admission)  the sandbox's recorded client; admission keeps no owner
                                 record, so only an identity allowed ``any`` client may call it
 ``ListSandboxes``               the request's ``client_id``; empty (every client) needs ``any``
-``Place``, ``GetSession``       the request's ``client_id``: the client the session belongs to
-                                (SPEC O2)
+``Place``, ``GetSession``,      the request's ``client_id``: the client the session belongs to
+``Prepare``                     (SPEC O2, W2)
 ``ReleaseLease``,               the request's ``client_id``; empty (whoever the lease was placed
 ``ListWorkers``                 for, every client's sandboxes) needs ``any``
 ==============================  ===============================================================
@@ -121,6 +121,7 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
     ),
     _name(_AFFINITY, "AffinityService", "Place"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "GetSession"): FromRequest(lambda r: r.client_id or None),
+    _name(_AFFINITY, "AffinityService", "Prepare"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "ReleaseLease"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "ListWorkers"): FromRequest(lambda r: r.client_id or None),
 }
