@@ -258,6 +258,9 @@ def test_demand_names_a_warm_hit_by_the_pools_origin_label_not_the_pods_name() -
     index.upsert(parse_pod(_origin(pod_json("ts-warm-a-2", sandbox="s2", client="acme", tier="a"))))
     index.upsert(pod("ts-s3-warm-x", sandbox="s-warm-3", client="acme", tier="a"))
     index.upsert(pod("ts-s3-warm-x", sandbox="s-warm-3", client="acme", tier="a", rv="2"))
+    restored = pod_json("ts-s4-r", sandbox="s4", client="acme", tier="a")
+    restored["metadata"]["annotations"] = {"turnstile.dev/restore": "true"}
+    index.upsert(parse_pod(restored))  # a restore: no warm pod would have served it
     assert demand == [("a", True), ("a", True), ("a", False)]
 
 

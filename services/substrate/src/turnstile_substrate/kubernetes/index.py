@@ -56,7 +56,8 @@ class PodIndex:
         self.on_sandbox_change: Callable[[str], None] | None = None
         #: called with (tier, hit) for each sandbox pod that appeared: hit when the warm
         #: pool made it (its origin label, or the cache saw it warm), else a cold create
-        #: (the leader's warm-pool demand, SPEC W1); a re-list reports the ones its gap hid
+        #: (the leader's warm-pool demand, SPEC W1; a restore's pod is none: no warm pod
+        #: would have served it); a re-list reports the ones its gap hid
         self.on_demand: Callable[[str, bool], None] | None = None
         #: a first list has been installed (the pods it finds are not new demand)
         self._listed = False
@@ -97,7 +98,8 @@ class PodIndex:
         if self._listed and self.on_demand is not None:
             for pod in self.pods.values():
                 old = before.get(pod.name)
-                if pod.is_sandbox and (old is None or not old.is_sandbox or old.uid != pod.uid):
+                appeared = old is None or not old.is_sandbox or old.uid != pod.uid
+                if pod.is_sandbox and not pod.restore and appeared:
                     self.on_demand(pod.tier, pod.from_pool or (old is not None and old.is_warm))
         self._listed = True
 
@@ -113,7 +115,12 @@ class PodIndex:
             self._warm_changed()
         if old is not None and old.is_sandbox and not pod.is_sandbox:
             self._runtime_gone(old)
-        if self.on_demand is not None and pod.is_sandbox and (old is None or old.is_warm):
+        if (
+            self.on_demand is not None
+            and pod.is_sandbox
+            and not pod.restore
+            and (old is None or old.is_warm)
+        ):
             self.on_demand(pod.tier, pod.from_pool or old is not None)
 
     def delete(self, name: str) -> None:

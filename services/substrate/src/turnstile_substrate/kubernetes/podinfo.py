@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from turnstile_substrate.kubernetes.template import ANNOTATION_RESTORE
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_ORIGIN,
@@ -61,6 +62,9 @@ class PodInfo:
     ip: str = ""
     #: ``turnstile.dev/origin`` is ``warm-pool``: the warm pool made it (claimed or not).
     from_pool: bool = False
+    #: ``turnstile.dev/restore`` is ``true``: created to restore a sandbox (never a warm pod's
+    #: work, so not warm-pool demand).
+    restore: bool = False
 
     def age_s(self, now: datetime | None = None) -> float | None:
         """Seconds since the pod was created, or None when that is unknown."""
@@ -111,4 +115,5 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         template=_intern(labels.get(LABEL_TEMPLATE, "")),
         ip=status.get("podIP") or "",
         from_pool=labels.get(LABEL_ORIGIN) == "warm-pool",
+        restore=(meta.get("annotations") or {}).get(ANNOTATION_RESTORE) == "true",
     )
