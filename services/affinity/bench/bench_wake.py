@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -80,6 +81,7 @@ from turnstile_contracts import (
 from turnstile_platform import peers
 from turnstile_platform.errors import decode
 from turnstile_platform.health_check import wait_serving
+from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tracing import client_interceptors
 from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.kube_emulator.kubelet import mark_running
@@ -399,6 +401,9 @@ class Kubelet:
         self._affinity_addr = affinity_addr
         self._log = log
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
+        #: each pod's credential file, written once its Secret exists (the kubelet's
+        #: projection of the Secret volume; the worker waits for the file)
+        self._credentials: dict[str, Path] = {}
 
     async def run(self) -> None:
         while True:  # the emulator is in this process: a 5 ms scan costs little
@@ -411,17 +416,32 @@ class Kubelet:
                 live.add(name)
                 if name not in self._workers:
                     self._kube.mutate_pod(NAMESPACE, name, mark_running)
-                    self._workers[name] = self._start(meta["labels"][LABEL_SANDBOX_ID])
+                    self._workers[name] = self._start(name, meta["labels"][LABEL_SANDBOX_ID])
+                self._project(name)
             for name in set(self._workers) - live:
                 self._workers.pop(name).send_signal(signal.SIGTERM)
+                self._credentials.pop(name).unlink(missing_ok=True)
             await asyncio.sleep(0.005)
 
-    def _start(self, sandbox_id: str) -> subprocess.Popen[bytes]:
+    def _project(self, pod_name: str) -> None:
+        """Write the pod's credential file from its Secret, once the Secret exists."""
+        path = self._credentials[pod_name]
+        if path.exists():
+            return
+        secret = self._kube.secret(NAMESPACE, f"{pod_name}-credential")
+        if secret is not None:
+            path.write_text(base64.b64decode(secret["data"]["credential"]).decode())
+
+    def _start(self, pod_name: str, sandbox_id: str) -> subprocess.Popen[bytes]:
+        credential = self._log.parent / f"{pod_name}.credential"
+        self._credentials[pod_name] = credential
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OTEL_"))}
         env.update(
+            TURNSTILE_WORKER_CREDENTIAL_FILE=str(credential),
             TURNSTILE_WORKER_SANDBOX_ID=sandbox_id,
             TURNSTILE_WORKER_TIER="",
             TURNSTILE_AFFINITY_ADDR=self._affinity_addr,
+            TURNSTILE_PLAINTEXT="true",
             TURNSTILE_LOG_FORMAT="text",
         )
         with self._log.open("ab") as out:
@@ -465,6 +485,8 @@ async def _kubernetes(
         **base,
         **setup.exporting,
         "TURNSTILE_HOST": "127.0.0.1",
+        # Loopback development: plaintext must be asked for (mTLS is the default).
+        "TURNSTILE_PLAINTEXT": "true",
         "TURNSTILE_METRICS_PORT": "0",
         "TURNSTILE_REDIS_URL": setup.redis_url,
         "TURNSTILE_REDIS_PREFIX": setup.redis_prefix,
@@ -476,6 +498,10 @@ async def _kubernetes(
         "TURNSTILE_SHUTDOWN_GRACE_S": "3",
     }
     await asyncio.to_thread(_migrate, common, setup.workdir / "migrate.log")
+    # Attestation on, as deployed: the substrate mints each pod's credential into a Secret,
+    # the stand-in kubelet projects it, and the relay learns the sandbox's owner from it.
+    signing, public = setup.workdir / "signing.pem", setup.workdir / "public.pem"
+    generate_key_pair(signing, public)
     async with AsyncExitStack() as stack:
         kube = await stack.enter_async_context(KubeEmulator(bookmark_interval=0.2))
         own = {
@@ -483,9 +509,14 @@ async def _kubernetes(
                 "TURNSTILE_SUBSTRATE_KIND": "kubernetes",
                 "TURNSTILE_K8S_API_HOST": kube.url,
                 "TURNSTILE_K8S_NAMESPACE": NAMESPACE,
+                "TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE": str(signing),
             },
             "admission": {},
-            "affinity": {"TURNSTILE_GRACE_S": "60", "TURNSTILE_WORKER_ATTESTATION": "off"},
+            "affinity": {
+                "TURNSTILE_GRACE_S": "60",
+                "TURNSTILE_WORKER_ATTESTATION": "enforce",
+                "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(public),
+            },
         }
         procs = [
             _spawn(
@@ -624,12 +655,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.prepare_leads:
         leads = [float(v) for v in args.prepare_leads.split(",")]
-        prepared = [
-            asyncio.run(
+        prepared = []
+        for name in args.substrate.split(","):
+            found = asyncio.run(
                 measure_prepare(name, args.rounds, args.poll_ms / 1000, args.workdir, leads)
             )
-            for name in args.substrate.split(",")
-        ]
+            print(json.dumps(found), flush=True)  # each substrate's as soon as it is known
+            prepared.append(found)
         print(json.dumps({"prepare": prepared}))
         return
     results = [
