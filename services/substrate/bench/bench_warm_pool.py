@@ -2,6 +2,7 @@
 
     uv run python services/substrate/bench/bench_warm_pool.py [--runs 3] [--ready-s 2]
         [--static 1,2,3,4,5,6,8] [--plot docs/warm-pool-burst.svg]
+        [--emulator autosize,static-4] [--speedup 10]
 
 Each run draws four demand traces (seeded: run ``i`` uses seed ``i``) and replays every
 one against every pool policy, so all figures of a run share its arrivals:
@@ -31,9 +32,12 @@ trimmed at once; claims take only ready (``Running``) pods and a miss is a cold 
 that waits the ready time; the autosizer is fed every claim as demand and the measured
 ready time of every pool pod (at the pass that sees it ready, as ``_observe`` does). A
 pod's ready time is ``--ready-s`` times a log-normal factor (σ 0.15, clipped at ×1.5).
-The claims, demand and ready-time paths against the Kubernetes API are covered by the
-emulator tests (``test_substrate_k8s_warm_autosize.py``); this benchmark measures the
-sizing rule, which is the same code.
+``--emulator autosize,static-4`` checks the model against the real thing: the first 15
+minutes of the burst trace (one burst) replayed on the real Kubernetes substrate (warm
+pool, reflector, sizer, claims through ``ensure_runtime``) against the API-server emulator
+with its kubelet's start delay set to the ready time, ``--speedup`` (10) times faster than
+the trace (the pool's clock, its refill interval and the start delay are scaled), beside
+the model's figures for the same arrivals.
 
 Per trace and policy: warm-hit ratio, p99 activation wait (a hit waits 0, a miss its
 cold pod's ready time), idle warm pod-seconds (ready pods unclaimed, integrated), and for
@@ -50,6 +54,7 @@ size, hits and misses).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import bisect
 import heapq
 import itertools
@@ -58,6 +63,7 @@ import math
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -533,18 +539,116 @@ def plot(path: Path, seed: int, ready_s: float) -> None:
     print(f"wrote {path}")
 
 
+# The cross-check on the API-server emulator ---------------------------------------------
+
+
+async def _emulate(
+    trace: Trace, arrivals: list[float], policy: str, ready_s: float, speedup: float
+) -> tuple[float, float, float]:
+    """Replay ``arrivals`` against the real Kubernetes substrate (warm pool, reflector,
+    sizer) on the API-server emulator, ``speedup`` times faster than the trace: the pool's
+    clock and the kubelet's start delay are scaled, so figures are in trace seconds.
+    Returns (warm-hit ratio, idle warm pod-seconds, the ready time the sizer measured)."""
+    from prometheus_client import REGISTRY
+
+    from turnstile_clientkeys import KeySet, Resolver
+    from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate
+    from turnstile_substrate.kubernetes.tier_runtime import TierRuntime
+    from turnstile_substrate.runtime import CreateKind, RuntimeSpec
+    from turnstile_testing.kube_emulator import KubeEmulator
+    from turnstile_testing.kube_emulator.kubelet import KubeletConfig
+
+    tier = f"bench-{policy}"
+    if policy == "autosize":
+        runtime = TierRuntime(warm_autosize=True)
+    else:
+        runtime = TierRuntime(warm_pool_size=int(policy.removeprefix("static-")))
+
+    def idle() -> float:
+        name = "turnstile_substrate_warm_idle_pod_seconds_total"
+        return REGISTRY.get_sample_value(name, {"tier": tier}) or 0.0
+
+    async def no_gate() -> None:
+        return None
+
+    kubelet = KubeletConfig(start_delay=ready_s / speedup, stop_delay=0.01)
+    async with KubeEmulator(bookmark_interval=0.05, kubelet=kubelet) as kube:
+        settings = KubernetesSettings(
+            api_host=kube.url,
+            namespace="sandboxes",
+            warm_pool_interval_s=INTERVAL_S / speedup,
+            warm_require_running=True,
+            tier_runtimes={tier: runtime},
+        )
+        sub = KubernetesSubstrate(settings, Resolver(KeySet(version=1, allowlist=frozenset())))
+        await sub.start()
+        try:
+            await sub.wait_synced(10)
+            assert sub.pool is not None
+            start = time.monotonic()
+            sub.pool._clock = lambda: (time.monotonic() - start) * speedup
+            idle0 = idle()
+            hits = 0
+
+            async def claim(index: int, at: float) -> None:
+                nonlocal hits
+                await asyncio.sleep(max(0.0, start + at / speedup - time.monotonic()))
+                spec = RuntimeSpec(sandbox_id=f"s{index}", tier=tier, client_label=None)
+                made = await sub.ensure_runtime(spec, sub.plan(spec), no_gate)
+                hits += int(made.kind is CreateKind.WARM)
+
+            await asyncio.gather(*(claim(i, t) for i, t in enumerate(arrivals)))
+            await asyncio.sleep(max(0.0, start + trace.duration_s / speedup - time.monotonic()))
+            sizer = sub.pool.sizer(tier)
+            ready = sizer.ready_s if sizer is not None else float("nan")
+            return hits / len(arrivals), idle() - idle0, ready
+        finally:
+            await sub.close()
+
+
+def cross_check(seed: int, ready_s: float, speedup: float, policies: list[str]) -> None:
+    """The model and the real loop on the emulator, same arrivals: the first 15 minutes of
+    the burst trace (one burst)."""
+    base = next(t for t in TRACES if t.name == "burst")
+    trace = Trace("burst-15min", 900.0, base.rate, base.peak, (600.0,))
+    arrivals = [t for t in base.arrivals(seed) if t < trace.duration_s]
+    print(f"\ncross-check: {trace.name}, {len(arrivals)} claims, emulator {speedup:g}x fast")
+    print(
+        f"{'policy':<11} {'model hits':>10} {'emulator hits':>14} {'model idle':>11} "
+        f"{'emul. idle':>11} {'measured ready':>15}"
+    )
+    for name in policies:
+        model_policy: Policy = Autosize() if name == "autosize" else Static(int(name[7:]))
+        model = simulate(trace, arrivals, model_policy, ready_s, seed)
+        ratio, idle, measured = asyncio.run(_emulate(trace, arrivals, name, ready_s, speedup))
+        print(
+            f"{name:<11} {model.hit_ratio:>10.3f} {ratio:>14.3f} {model.idle_pod_s:>11.0f} "
+            f"{idle:>11.0f} {measured:>15.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ready-s", type=float, default=2.0)
     parser.add_argument("--static", default="1,2,3,4,5,6,8", help="static pool sizes to compare")
     parser.add_argument("--plot", type=Path, help="write the burst trace's SVG here")
+    parser.add_argument(
+        "--emulator",
+        metavar="POLICIES",
+        help="also replay 15 min of the burst trace on the emulator (e.g. autosize,static-4)",
+    )
+    parser.add_argument(
+        "--speedup", type=float, default=10.0, help="the emulator run's time compression"
+    )
     args = parser.parse_args()
     statics = sorted({int(n) for n in args.static.split(",")})
     runs = [run_once(seed, args.ready_s, statics) for seed in range(args.runs)]
     summary = report(runs, statics)
     if args.plot is not None:
         plot(args.plot, 0, args.ready_s)
+    if args.emulator:
+        cross_check(0, args.ready_s, args.speedup, args.emulator.split(","))
     print(
         json.dumps(
             {
