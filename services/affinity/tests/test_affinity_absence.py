@@ -534,3 +534,45 @@ async def test_prepare_past_the_grace_or_with_wakes_off_sends_nothing(
     moves = await one.prepare("chat")
     assert (moves.outcome, moves.sandbox_id) == (PREPARED.Value("PREPARE_OUTCOME_WILL_MOVE"), "a1")
     await counting.no_call_beyond(0, NO_MORE_WINDOW_S)
+
+
+class HangingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    """GetSandbox never answers: a wake stays in flight until it is cancelled."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def GetSandbox(
+        self,
+        request: substrate_pb2.GetSandboxRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> substrate_pb2.GetSandboxResponse:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_the_waker_holds_its_wakes_in_background_tasks_and_cancels_them_at_close() -> None:
+    from turnstile_affinity.wake import Waker
+
+    servicer = HangingSubstrate()  # type: ignore[abstract]  # only GetSandbox is served
+    server = grpc.aio.server()
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            waker = Waker(substrate_pb2_grpc.SubstrateServiceStub(channel), timeout_s=60)
+            waker.wake("a1", "a", TENANT, False)
+            await asyncio.wait_for(servicer.started.wait(), 10)
+            assert len(waker) == 1  # held until it ends
+            await waker.close()
+            assert len(waker) == 0
+            await asyncio.wait_for(servicer.cancelled.wait(), 10)  # the call went with it
+    finally:
+        await server.stop(None)
