@@ -219,6 +219,19 @@ class TurnstileClient:
         )
         return response
 
+    async def prepare(
+        self, session_id: str, client_id: str, *, deadline_s: float | None = None
+    ) -> affinity_pb2.PrepareResponse:
+        """Say the session is about to take a turn (the user opened it or started typing):
+        its sandbox's wake starts now if it is away (SPEC W2). Returns at once with what
+        was done (``outcome``); takes no lease. Call it without waiting on it."""
+        stub = _need(self._affinity, "affinity")
+        request = affinity_pb2.PrepareRequest(session_id=session_id, client_id=client_id)
+        response: affinity_pb2.PrepareResponse = await self._call(
+            lambda t: stub.Prepare(request, timeout=t), deadline_s
+        )
+        return response
+
     async def _call(self, call: Callable[[float], Awaitable[T]], deadline_s: float | None) -> T:
         """``call`` with what is left of the deadline, retried while the server
         says ``UNAVAILABLE`` with a retry hint and both attempts and time remain."""

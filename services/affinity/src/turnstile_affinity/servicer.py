@@ -15,7 +15,15 @@ from opentelemetry import trace
 from turnstile_affinity import validation
 from turnstile_affinity.attestation import Attestation, refusal
 from turnstile_affinity.decisions import logged_place
-from turnstile_affinity.placement import Placement, PlacementOutcome, Placer, Reset, ResetReason
+from turnstile_affinity.placement import (
+    Placement,
+    PlacementOutcome,
+    Placer,
+    Preparation,
+    PrepareOutcome,
+    Reset,
+    ResetReason,
+)
 from turnstile_affinity.relay import (
     Attachment,
     IdleStreamError,
@@ -46,6 +54,15 @@ _REASONS = {
     ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,
     ResetReason.RETIERED: affinity_pb2.RESET_REASON_RETIERED,
     ResetReason.NOT_OWNED: affinity_pb2.RESET_REASON_NOT_OWNED,
+}
+
+_PREPARED = {
+    PrepareOutcome.RUNNING: affinity_pb2.PREPARE_OUTCOME_RUNNING,
+    PrepareOutcome.WAKE_STARTED: affinity_pb2.PREPARE_OUTCOME_WAKE_STARTED,
+    PrepareOutcome.ALREADY_WAKING: affinity_pb2.PREPARE_OUTCOME_ALREADY_WAKING,
+    PrepareOutcome.NO_SESSION: affinity_pb2.PREPARE_OUTCOME_NO_SESSION,
+    PrepareOutcome.WILL_MOVE: affinity_pb2.PREPARE_OUTCOME_WILL_MOVE,
+    PrepareOutcome.NOT_WOKEN: affinity_pb2.PREPARE_OUTCOME_NOT_WOKEN,
 }
 
 
@@ -92,6 +109,15 @@ def _placement(placement: Placement) -> affinity_pb2.PlaceResponse:
     return response
 
 
+def _prepared(preparation: Preparation) -> affinity_pb2.PrepareResponse:
+    response = affinity_pb2.PrepareResponse(
+        outcome=_PREPARED[preparation.outcome], sandbox_id=preparation.sandbox_id
+    )
+    if preparation.remaining_grace_ms > 0:
+        response.remaining_grace.CopyFrom(_duration(preparation.remaining_grace_ms))
+    return response
+
+
 def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionResponse:
     response = affinity_pb2.GetSessionResponse(
         session_id=session_id,
@@ -109,7 +135,7 @@ def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionR
 
 
 class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
-    """Place, ReleaseLease, the Attach relay, GetSession and ListWorkers."""
+    """Place, ReleaseLease, the Attach relay, GetSession, ListWorkers and Prepare."""
 
     def __init__(
         self,
@@ -188,6 +214,13 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 metadata={"session_id": session_id},
             )
         return _session(session_id, record)
+
+    async def Prepare(  # noqa: N802 - gRPC method name
+        self, request: affinity_pb2.PrepareRequest, context: Context
+    ) -> affinity_pb2.PrepareResponse:
+        session_id = validation.session_id(request.session_id)
+        client = validation.client_id(request.client_id)
+        return _prepared(await self._placer.prepare(session_id, client))
 
     async def ListWorkers(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ListWorkersRequest, context: Context

@@ -336,6 +336,18 @@ def _affinity(sub: Subparsers) -> None:
     )
     add_watch(sessions)
 
+    prepare = command(
+        sub,
+        "prepare",
+        "turnstile_cli.commands.affinity:_prepare",
+        service="affinity",
+        help="wake this session's sandbox ahead of its turn, if it is away (no lease)",
+    )
+    prepare.add_argument("session_id")
+    prepare.add_argument(
+        "--client", required=True, help="the client the session belongs to (SPEC O2)"
+    )
+
     workers = command(
         sub,
         "workers",

@@ -21,8 +21,8 @@ lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC
 ``ListSandboxes``               the request's ``client_id``; empty (every client) needs ``any``
 ``ListDecisions`` (admission)   the request's ``client_id``; empty (every client's decisions)
                                 needs ``any``; the handler returns that client's entries alone
-``Place``, ``GetSession``       the request's ``client_id``: the client the session belongs to
-                                (SPEC O2)
+``Place``, ``GetSession``,      the request's ``client_id``: the client the session belongs to
+``Prepare``                     (SPEC O2, W2)
 ``ReleaseLease``,               the request's ``client_id``; empty (whoever the lease was placed
 ``ListWorkers``                 for, every client's sandboxes) needs ``any``
 ==============================  ===============================================================
@@ -126,6 +126,7 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
     ),
     _name(_AFFINITY, "AffinityService", "Place"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "GetSession"): FromRequest(lambda r: r.client_id or None),
+    _name(_AFFINITY, "AffinityService", "Prepare"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "ReleaseLease"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "ListWorkers"): FromRequest(lambda r: r.client_id or None),
 }
