@@ -37,28 +37,29 @@ from turnstile_affinity.store import script_text as affinity_script
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import Change, LiveStore, Op
 from turnstile_clientkeys.live_store import script_text as live_publish_script
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.redis_client import read_script
 from turnstile_platform.sandbox_credentials import (
     CredentialIssuer,
     SigningKey,
     generate_key_pair,
 )
-from turnstile_platform.settings import ServiceSettings
+from turnstile_platform.settings import DecisionLogSettings, ServiceSettings
 from turnstile_testing.redis_cluster import RedisClusterServers
 from turnstile_testing.script_keys import ScriptKeyRecorder, group_runs, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
 ADMISSION = ("admit", "commit_hold", "cancel_hold", "release_sandbox", "usage")
-CREDENTIAL = ("sandbox_credential_renew", "sandbox_credential_revoke")
+PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
-PRELUDES = {"_common", "_test_clock", "_lib"}
+PRELUDES = {"_common", "_test_clock", "_lib", "_decision_log"}
 
 #: Every script's full text, by the name the report uses.
 SCRIPTS: dict[str, str] = {
     **{f"admission/{n}": admission_script(f"{n}.lua") for n in ADMISSION},
     **{f"affinity/{n}": affinity_script(n) for n in AFFINITY_SCRIPTS},
     "clientkeys/live_publish": live_publish_script(),
-    **{f"platform/{n}": read_script("turnstile_platform", f"{n}.lua") for n in CREDENTIAL},
+    **{f"platform/{n}": read_script("turnstile_platform", f"{n}.lua") for n in PLATFORM},
 }
 
 #: The kinds of key (the name after the hash tag, to its first ':') each script may
@@ -70,6 +71,7 @@ DERIVED: dict[str, set[str]] = {
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
     "admission/release_sandbox": {"pending", "slots"},
     "affinity/place": _PRUNE | {"detached", "wake"},
+    "affinity/prepare": _PRUNE | {"detached", "wake"},
     "affinity/claim": _PRUNE,
     "affinity/replace": _PRUNE,
     "affinity/release": {"leases", "presence", "load"},
@@ -229,6 +231,14 @@ async def _credential_calls(client: aioredis.Redis, prefix: str, tmp_path: Path)
     assert await issuer.revoke_generation("sb-1", issued.generation)
 
 
+async def _decision_log_calls(client: aioredis.Redis, prefix: str) -> None:
+    """The substrate's and affinity's side of the decision log (admission's own
+    entries are written by ``admit.lua``, run above)."""
+    writer = DecisionLogWriter(client, prefix, DecisionLogSettings(), "substrate")
+    writer.append("created", sandbox_id="sb-1", client="acme")
+    await writer.close()
+
+
 async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
     store = AffinityStore(client, prefix)
     ttl = 60_000
@@ -267,6 +277,7 @@ async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
     assert {w.sandbox_id for w in await store.workers(None)} == {"sb-1", "sb-2"}
     assert len(await store.workers("a")) == 2
     assert (await store.session("s1", "acme")) is not None
+    assert (await store.prepare("s1", "acme", grace_ms=10_000, mark_ttl_ms=ttl)).state == "running"
     # sb-1 re-tiered (its old tier's index is found by reading): the session moves.
     await attach("sb-1", "b")
     moved = await store.place(turn("l3"), grace_ms=10_000)
@@ -279,6 +290,7 @@ async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
     # and presence ttl, so the scripts prune them).
     assert await store.detach(sandbox_id="sb-2", owner="owner-sb-2", mark_ttl_ms=ttl)
     assert isinstance(await store.place(turn("l4"), grace_ms=10_000), Pending)
+    assert (await store.prepare("s1", "acme", grace_ms=10_000, mark_ttl_ms=ttl)).state == "pending"
     store.clock.offset_ms += 2 * ttl
     assert isinstance(await store.place(turn("l4"), grace_ms=10_000), MustMove)
     await store.replace(turn("l4"), expected_sandbox_id="sb-2", reason="grace")
@@ -296,6 +308,7 @@ async def test_every_script_runs_on_a_cluster_and_declares_what_it_touches(
     async with ScriptKeyRecorder(masters, names, redis_prefix) as recorder:
         await _admission_calls(client, redis_prefix)
         await _credential_calls(client, redis_prefix, tmp_path)
+        await _decision_log_calls(client, redis_prefix)
         await _affinity_calls(client, redis_prefix)
         runs = await recorder.runs()
 

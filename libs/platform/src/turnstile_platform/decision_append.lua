@@ -1,3 +1,4 @@
+#!lua
 -- decision_append.lua: append a batch of entries to the decision log (SPEC Q3) for
 -- the services that do not decide admission: the substrate's Activate and
 -- affinity's Place (turnstile_platform.decision_log). Admission's own decisions

@@ -51,6 +51,8 @@ UNLOGGED = Counter(
     "Redis cannot hold: each is a log line instead (SPEC Q3), by outcome.",
     ["decision"],
 )
+for _outcome in ("fail_open", "fail_closed"):  # zero until it happens, so rates have series
+    UNLOGGED.labels(_outcome)
 HOLDS = Counter(
     "turnstile_admission_holds_total",
     "Hold commits and cancels, by action and whether the hold was still open.",
