@@ -120,6 +120,7 @@ class Tenants:
             "ReleaseSandbox": admission_pb2.ReleaseSandboxResponse,
             "CommitHold": admission_pb2.CommitHoldResponse,
             "CancelHold": admission_pb2.CancelHoldResponse,
+            "ListDecisions": admission_pb2.ListDecisionsResponse,
         }
         rpc = channel.unary_unary(
             f"/{service}/{method}",

@@ -37,39 +37,60 @@ from turnstile_affinity.store import script_text as affinity_script
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import Change, LiveStore, Op
 from turnstile_clientkeys.live_store import script_text as live_publish_script
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.redis_client import read_script
 from turnstile_platform.sandbox_credentials import (
     CredentialIssuer,
     SigningKey,
     generate_key_pair,
 )
-from turnstile_platform.settings import ServiceSettings
+from turnstile_platform.settings import DecisionLogSettings, ServiceSettings
 from turnstile_testing.redis_cluster import RedisClusterServers
 from turnstile_testing.script_keys import ScriptKeyRecorder, group_runs, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
-ADMISSION = ("admit", "commit_hold", "cancel_hold", "release_sandbox", "usage")
-CREDENTIAL = ("sandbox_credential_renew", "sandbox_credential_revoke")
+ADMISSION = (
+    "admit",
+    "commit_hold",
+    "cancel_hold",
+    "release_sandbox",
+    "usage",
+    # The fair queue's (SPEC Q1): claim.lua is admit.lua wrapped, after its own part.
+    "enqueue",
+    "tick",
+    "claim",
+    "leave",
+)
+PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
-PRELUDES = {"_common", "_test_clock", "_lib"}
+PRELUDES = {"_common", "_test_clock", "_lib", "_decision_log", "_queue"}
 
 #: Every script's full text, by the name the report uses.
 SCRIPTS: dict[str, str] = {
     **{f"admission/{n}": admission_script(f"{n}.lua") for n in ADMISSION},
     **{f"affinity/{n}": affinity_script(n) for n in AFFINITY_SCRIPTS},
     "clientkeys/live_publish": live_publish_script(),
-    **{f"platform/{n}": read_script("turnstile_platform", f"{n}.lua") for n in CREDENTIAL},
+    **{f"platform/{n}": read_script("turnstile_platform", f"{n}.lua") for n in PLATFORM},
 }
 
 #: The kinds of key (the name after the hash tag, to its first ':') each script may
 #: touch without declaring, because it learns them by reading. Affinity's scripts
 #: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
+#: The fair queue's keys (``q:...``, ``_queue.lua``) are built from the limits
+#: key's base, in admission's slot: admit.lua reads ``q:serving`` (SPEC Q1).
+_QUEUE = {"q"}
 DERIVED: dict[str, set[str]] = {
+    "admission/admit": _QUEUE,
+    "admission/enqueue": _QUEUE,
+    "admission/tick": _QUEUE,
+    "admission/claim": _QUEUE,
+    "admission/leave": _QUEUE,
     "admission/commit_hold": {"inflight", "sandbox", "slots"},
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
     "admission/release_sandbox": {"pending", "slots"},
     "affinity/place": _PRUNE | {"detached", "wake"},
+    "affinity/prepare": _PRUNE | {"detached", "wake"},
     "affinity/claim": _PRUNE,
     "affinity/replace": _PRUNE,
     "affinity/release": {"leases", "presence", "load"},
@@ -215,6 +236,15 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert await store.commit("h3")
     assert (await store.usage("acme")).node_slots_held == {"n2": 1}
     assert await store.release("sb-1")
+    # The fair queue, through its callers: a waiter joins, a tick grants it the
+    # cluster bucket's token, it claims (admit.lua wrapped: one decision, logged
+    # once), and a second waiter leaves before its grant.
+    joined = await store.enqueue("w1", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)
+    assert joined.queued
+    assert "w1" in (await store.tick("replica-1")).granted
+    assert (await store.admit(admit("h4", "sb-4", "n1"), claim="w1")).outcome == "admit"
+    assert (await store.enqueue("w2", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)).queued
+    assert (await store.leave("w2"))[0]
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)
@@ -227,6 +257,14 @@ async def _credential_calls(client: aioredis.Redis, prefix: str, tmp_path: Path)
     issued = await issuer.issue("sb-1")
     assert await issuer.renew("sb-1", issued.generation) is not None
     assert await issuer.revoke_generation("sb-1", issued.generation)
+
+
+async def _decision_log_calls(client: aioredis.Redis, prefix: str) -> None:
+    """The substrate's and affinity's side of the decision log (admission's own
+    entries are written by ``admit.lua``, run above)."""
+    writer = DecisionLogWriter(client, prefix, DecisionLogSettings(), "substrate")
+    writer.append("created", sandbox_id="sb-1", client="acme")
+    await writer.close()
 
 
 async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
@@ -267,6 +305,7 @@ async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
     assert {w.sandbox_id for w in await store.workers(None)} == {"sb-1", "sb-2"}
     assert len(await store.workers("a")) == 2
     assert (await store.session("s1", "acme")) is not None
+    assert (await store.prepare("s1", "acme", grace_ms=10_000, mark_ttl_ms=ttl)).state == "running"
     # sb-1 re-tiered (its old tier's index is found by reading): the session moves.
     await attach("sb-1", "b")
     moved = await store.place(turn("l3"), grace_ms=10_000)
@@ -279,6 +318,7 @@ async def _affinity_calls(client: aioredis.Redis, prefix: str) -> None:
     # and presence ttl, so the scripts prune them).
     assert await store.detach(sandbox_id="sb-2", owner="owner-sb-2", mark_ttl_ms=ttl)
     assert isinstance(await store.place(turn("l4"), grace_ms=10_000), Pending)
+    assert (await store.prepare("s1", "acme", grace_ms=10_000, mark_ttl_ms=ttl)).state == "pending"
     store.clock.offset_ms += 2 * ttl
     assert isinstance(await store.place(turn("l4"), grace_ms=10_000), MustMove)
     await store.replace(turn("l4"), expected_sandbox_id="sb-2", reason="grace")
@@ -296,6 +336,7 @@ async def test_every_script_runs_on_a_cluster_and_declares_what_it_touches(
     async with ScriptKeyRecorder(masters, names, redis_prefix) as recorder:
         await _admission_calls(client, redis_prefix)
         await _credential_calls(client, redis_prefix, tmp_path)
+        await _decision_log_calls(client, redis_prefix)
         await _affinity_calls(client, redis_prefix)
         runs = await recorder.runs()
 

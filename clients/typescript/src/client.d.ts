@@ -72,4 +72,5 @@ export class TurnstileClient {
   admit(sandboxId: string, clientId: string, options?: CallOptions): Promise<Message>;
   activate(sandboxId: string, clientId: string, options?: CallOptions): Promise<Message>;
   place(sessionId: string, clientId: string, options?: CallOptions): Promise<Message>;
+  prepare(sessionId: string, clientId: string, options?: { deadlineS?: number }): Promise<Message>;
 }

@@ -273,6 +273,13 @@ export class TurnstileClient {
     return this.#call(this.stubs.affinity, "Place", request, deadlineS);
   }
 
+  /** Say the session is about to take a turn (the user opened it or started typing): its
+   * sandbox's wake starts now if it is away (SPEC W2). Resolves at once with `outcome`. */
+  async prepare(sessionId, clientId, { deadlineS } = {}) {
+    const request = { session_id: sessionId, client_id: clientId };
+    return this.#call(this.stubs.affinity, "Prepare", request, deadlineS);
+  }
+
   async #call(stub, method, request, deadlineS) {
     if (!stub) throw new Error(`this client has no address for ${method}'s service`);
     const deadline = Date.now() + 1000 * (deadlineS ?? this.deadlineS);

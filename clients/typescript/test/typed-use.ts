@@ -23,3 +23,8 @@ export async function activateOrExplain(sandboxId: string): Promise<string> {
     client.close();
   }
 }
+
+// A gateway's Prepare when the user starts typing (SPEC W2): not awaited before the turn.
+export function prepareOnTyping(client: TurnstileClient, sessionId: string): Promise<string> {
+  return client.prepare(sessionId, "acme", { deadlineS: 2 }).then((r) => String(r.outcome));
+}

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from turnstile_client import Refused, Tls, TurnstileClient, TurnstileError
 from turnstile_clientkeys import KeySetStore
 from turnstile_clientkeys.limits import limits_key
+from turnstile_contracts import affinity_pb2
 from turnstile_testing.stack import RunningStack, run_stack
 
 
@@ -49,6 +50,10 @@ async def test_calls_refusals_and_server_identity_over_mtls(
             activated = await client.activate("sb-client-1", "acme", tier="container")
             assert activated.sandbox.sandbox_id == "sb-client-1"
             assert activated.key.key == "acme"
+
+            # A session acme never placed: Prepare wakes nothing and says so (SPEC W2).
+            prepared = await client.prepare("chat-never-placed", "acme")
+            assert prepared.outcome == affinity_pb2.PREPARE_OUTCOME_NO_SESSION
 
             with pytest.raises(Refused) as admit_refused:
                 await client.admit("sb-client-2", "acme", tier="container")

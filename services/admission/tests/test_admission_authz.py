@@ -11,7 +11,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_testing.authz import Invoke, authorized, outcome, redis_snapshot, refusal, unary
 from turnstile_testing.pki import Pki
 
@@ -28,7 +28,9 @@ clients = "any"
 
 [[allow]]
 identities = ["{TD}/client/*"]
-methods = ["{SERVICE}/Admit", "{SERVICE}/GetUsage", "{SERVICE}/ReleaseSandbox"]
+methods = [
+  "{SERVICE}/Admit", "{SERVICE}/GetUsage", "{SERVICE}/ReleaseSandbox", "{SERVICE}/ListDecisions"
+]
 clients = "self"
 
 [[allow]]
@@ -64,6 +66,9 @@ CALLS: dict[str, Invoke] = {
     ),
     "GetUsage": unary(
         f"/{SERVICE}/GetUsage", admission_pb2.GetUsageRequest(client=_client("acme"))
+    ),
+    "ListDecisions": unary(
+        f"/{SERVICE}/ListDecisions", admission_pb2.ListDecisionsRequest(client_id="acme")
     ),
 }
 
@@ -181,3 +186,36 @@ async def test_a_certificate_from_another_ca_is_refused(secured: Any, pki: Pki) 
     stranger = Pki(pki.directory / "stranger").identity("service/substrate")
     async with stranger.channel(secured.app.address) as channel:
         assert await outcome(channel, CALLS["GetUsage"]) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_tenant_reads_its_own_decisions_only(secured: Any, pki: Pki) -> None:
+    """ListDecisions is client-scoped like GetUsage (SPEC Q3, O1): a ``self`` identity
+    reads its own client's entries, never another tenant's nor every client's."""
+    address = secured.app.address
+    async with (
+        pki.identity("client/acme").channel(address) as acme_channel,
+        pki.identity("service/substrate").channel(address) as substrate_channel,
+    ):
+        acme: Any = admission_pb2_grpc.AdmissionServiceStub(acme_channel)
+        substrate: Any = admission_pb2_grpc.AdmissionServiceStub(substrate_channel)
+        await acme.Admit(_admit("acme", "acme--sb-1"))
+        await substrate.Admit(_admit("globex", "globex--sb-1"))
+        own = await acme.ListDecisions(admission_pb2.ListDecisionsRequest(client_id="acme"))
+        assert [(d.sandbox_id, d.client) for d in own.decisions] == [("acme--sb-1", "acme")]
+        # The caller's identity is in the entry.
+        assert own.decisions[0].identity == f"{TD}/client/acme"
+        # Another tenant's sandbox under its own client filter: nothing of globex's.
+        other = await acme.ListDecisions(
+            admission_pb2.ListDecisionsRequest(client_id="acme", sandbox_id="globex--sb-1")
+        )
+        assert list(other.decisions) == []
+        for request in (
+            admission_pb2.ListDecisionsRequest(),  # every client's
+            admission_pb2.ListDecisionsRequest(client_id="globex"),
+            admission_pb2.ListDecisionsRequest(sandbox_id="globex--sb-1"),
+        ):
+            code, _, _ = await refusal(acme_channel, unary(f"/{SERVICE}/ListDecisions", request))
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+        # The operator-side identity (any client) reads both.
+        every = await substrate.ListDecisions(admission_pb2.ListDecisionsRequest())
+        assert {d.client for d in every.decisions} == {"acme", "globex"}

@@ -134,6 +134,11 @@ async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then
         "turnstile_admission_fail_open_total", policy="rate", backend="redis", key="acme"
     )
 
+    unlogged = {
+        d: sample("turnstile_admission_decisions_unlogged_total", decision=d)
+        for d in ("fail_open", "fail_closed")
+    }
+
     private_redis.stop()
     # A warm claim skips node slots: every evaluated policy fails open.
     warm = await running.stub.Admit(request("sb-2", kind=common_pb2.ACTIVATION_KIND_WARM_CLAIM))
@@ -158,6 +163,12 @@ async def test_fail_open_admits_and_fail_closed_refuses_while_redis_is_down_then
     assert slots.verdict == admission_pb2.VERDICT_REFUSE
     assert slots.detail.startswith("POLICY_BACKEND_UNAVAILABLE")
     assert cold.retry_after.ToMilliseconds() > 0
+    # The decision log is in the Redis that is down: both decisions are counted
+    # (and logged as lines) instead (SPEC Q3).
+    assert {
+        d: sample("turnstile_admission_decisions_unlogged_total", decision=d) - before
+        for d, before in unlogged.items()
+    } == {"fail_open": 1, "fail_closed": 1}
     # Holds cannot be settled without Redis: UNAVAILABLE, retryable.
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=warm.hold_id))

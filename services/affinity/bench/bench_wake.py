@@ -29,6 +29,15 @@ The split by stage comes from the trace (server spans, wall clock):
 - ``to_hit``: ``Attach`` began → the client saw ``HIT`` (Hello, Welcome,
   presence, and the client's next poll).
 
+``--prepare-leads 0,0.5,2`` measures instead what ``Prepare`` (SPEC W2) buys a turn:
+each round, for each mode in turn (no ``Prepare``, then ``Prepare`` sent each lead time
+before the turn), the sandbox is deactivated and gone, the gateway's ``Prepare`` is sent
+(not in the no-``Prepare`` mode), and after the lead time the turn's first ``Place`` is
+sent, then retried every ``--poll-ms`` until ``HIT``: the turn's latency runs from that
+first ``Place`` to the ``HIT``. Modes interleave round by round, so every mode sees the
+same machine; the output adds each mode's p50 / p99 and its p50 as a ratio of the
+no-``Prepare`` p50 of the same run (``{"prepare": [...]}``).
+
 Output: one line per round, then a JSON object ``{"wake": [...]}`` with one
 entry per substrate (stable keys: ``substrate``, ``rounds``, ``p50_s``,
 ``p99_s``, ``stages`` with each stage's p50/p99 in seconds, ``load``).
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -71,6 +81,7 @@ from turnstile_contracts import (
 from turnstile_platform import peers
 from turnstile_platform.errors import decode
 from turnstile_platform.health_check import wait_serving
+from turnstile_platform.sandbox_credentials import generate_key_pair
 from turnstile_platform.tracing import client_interceptors
 from turnstile_testing.kube_emulator import KubeEmulator
 from turnstile_testing.kube_emulator.kubelet import mark_running
@@ -211,6 +222,124 @@ async def _rounds(
     return done
 
 
+async def _turn(
+    affinity: affinity_pb2_grpc.AffinityServiceAsyncStub, poll_s: float
+) -> tuple[float, int]:
+    """The turn's latency: its first ``Place`` sent → ``HIT`` received (s), and its polls."""
+    start = time.perf_counter()
+    polls = 0
+    async with asyncio.timeout(60):
+        while True:
+            polls += 1
+            try:
+                hit = await affinity.Place(
+                    affinity_pb2.PlaceRequest(client_id="bench", session_id=SESSION)
+                )
+            except grpc.aio.AioRpcError as raw:
+                reason = decode(raw).reason
+                if reason != "SANDBOX_PENDING":
+                    raise RuntimeError(f"Place answered {reason}") from raw
+                await asyncio.sleep(poll_s)
+                continue
+            latency = time.perf_counter() - start
+            break
+    await affinity.ReleaseLease(
+        affinity_pb2.ReleaseLeaseRequest(sandbox_id=hit.sandbox_id, lease_id=hit.lease_id)
+    )
+    return latency, polls
+
+
+async def _prepare_rounds(
+    affinity: affinity_pb2_grpc.AffinityServiceAsyncStub,
+    substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub,
+    rounds: int,
+    poll_s: float,
+    leads: list[float | None],
+) -> dict[float | None, list[float]]:
+    """Each round, each mode (None: no Prepare; else the lead time in s): the turn's latency
+    after its sandbox went away."""
+
+    async def present() -> bool:
+        listed = await affinity.ListWorkers(affinity_pb2.ListWorkersRequest())
+        return any(w.sandbox_id == SANDBOX for w in listed.workers)
+
+    async def absent() -> bool:
+        return not await present()
+
+    await substrate.Activate(
+        substrate_pb2.ActivateRequest(
+            sandbox_id=SANDBOX, client=common_pb2.ActivationClient(client_id="bench")
+        )
+    )
+    await _until(present, poll_s, 60)
+    await _turn(affinity, poll_s)  # the session's first turn: its record names the sandbox
+    done: dict[float | None, list[float]] = {lead: [] for lead in leads}
+    for index in range(rounds):
+        for lead in leads:
+            await substrate.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id=SANDBOX))
+            await _until(absent, poll_s, 60)
+            if lead is not None:
+                prepared = await affinity.Prepare(
+                    affinity_pb2.PrepareRequest(client_id="bench", session_id=SESSION)
+                )
+                if prepared.outcome != affinity_pb2.PREPARE_OUTCOME_WAKE_STARTED:
+                    name = affinity_pb2.PrepareOutcome.Name(prepared.outcome)
+                    raise RuntimeError(f"Prepare answered {name}")
+                await asyncio.sleep(lead)
+            latency, polls = await _turn(affinity, poll_s)
+            mode = "no Prepare" if lead is None else f"Prepare {lead:g} s ahead"
+            print(f"round {index}, {mode}: {latency * 1000:.0f} ms ({polls} polls)", flush=True)
+            done[lead].append(latency)
+    await substrate.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id=SANDBOX))
+    return done
+
+
+async def measure_prepare(
+    substrate: str, rounds: int, poll_s: float, workdir: Path | None, leads: list[float]
+) -> dict[str, object]:
+    redis_url = os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    postgres_url = os.environ.get(
+        "TURNSTILE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+    database_url, drop = await _fresh_database(postgres_url)
+    modes: list[float | None] = [None, *leads]
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-wake-") as tmp:
+            where = workdir / substrate if workdir is not None else Path(tmp)
+            where.mkdir(parents=True, exist_ok=True)
+            prefix = f"bench-wake:{uuid.uuid4().hex[:8]}:"
+            setup = Setup(redis_url, prefix, database_url, {}, where)
+            async with (
+                STACKS[substrate](setup) as (substrate_addr, affinity_addr, creds),
+                _channel(substrate_addr, creds) as sub,
+                _channel(affinity_addr, creds) as aff,
+            ):
+                done = await _prepare_rounds(
+                    affinity_pb2_grpc.AffinityServiceStub(aff),
+                    substrate_pb2_grpc.SubstrateServiceStub(sub),
+                    rounds,
+                    poll_s,
+                    modes,
+                )
+    finally:
+        await drop()
+    baseline = statistics.median(done[None])
+    return {
+        "substrate": substrate,
+        "rounds": rounds,
+        "modes": [
+            {
+                "lead_s": lead,
+                "p50_s": round(statistics.median(done[lead]), 4),
+                "p99_s": round(_percentile(done[lead], 0.99), 4),
+                "p50_vs_no_prepare": round(statistics.median(done[lead]) / baseline, 3),
+            }
+            for lead in modes
+        ],
+        "load": list(os.getloadavg()),
+    }
+
+
 async def _fresh_database(postgres_url: str) -> tuple[str, Callable[[], Awaitable[None]]]:
     name = f"bench_wake_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(postgres_url)
@@ -246,8 +375,9 @@ class Setup:
 
 
 @asynccontextmanager
-async def _direct(setup: Setup) -> AsyncIterator[tuple[str, str]]:
-    """The local stack (``turnstilectl up``); yields (substrate, affinity) addresses."""
+async def _direct(setup: Setup) -> AsyncIterator[tuple[str, str, grpc.ChannelCredentials | None]]:
+    """The local stack (``turnstilectl up``); yields (substrate, affinity) addresses and the
+    stack's mTLS client credentials (an operator's)."""
     with run_stack(
         setup.workdir,
         redis_url=setup.redis_url,
@@ -258,7 +388,7 @@ async def _direct(setup: Setup) -> AsyncIterator[tuple[str, str]]:
     ) as stack:
         await stack.wait_serving(timeout_s=90)
         _, substrate_addr, affinity_addr = stack.addresses
-        yield substrate_addr, affinity_addr
+        yield substrate_addr, affinity_addr, stack.credentials()
         await asyncio.to_thread(stack.interrupt)
 
 
@@ -271,6 +401,9 @@ class Kubelet:
         self._affinity_addr = affinity_addr
         self._log = log
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
+        #: each pod's credential file, written once its Secret exists (the kubelet's
+        #: projection of the Secret volume; the worker waits for the file)
+        self._credentials: dict[str, Path] = {}
 
     async def run(self) -> None:
         while True:  # the emulator is in this process: a 5 ms scan costs little
@@ -283,17 +416,32 @@ class Kubelet:
                 live.add(name)
                 if name not in self._workers:
                     self._kube.mutate_pod(NAMESPACE, name, mark_running)
-                    self._workers[name] = self._start(meta["labels"][LABEL_SANDBOX_ID])
+                    self._workers[name] = self._start(name, meta["labels"][LABEL_SANDBOX_ID])
+                self._project(name)
             for name in set(self._workers) - live:
                 self._workers.pop(name).send_signal(signal.SIGTERM)
+                self._credentials.pop(name).unlink(missing_ok=True)
             await asyncio.sleep(0.005)
 
-    def _start(self, sandbox_id: str) -> subprocess.Popen[bytes]:
+    def _project(self, pod_name: str) -> None:
+        """Write the pod's credential file from its Secret, once the Secret exists."""
+        path = self._credentials[pod_name]
+        if path.exists():
+            return
+        secret = self._kube.secret(NAMESPACE, f"{pod_name}-credential")
+        if secret is not None:
+            path.write_text(base64.b64decode(secret["data"]["credential"]).decode())
+
+    def _start(self, pod_name: str, sandbox_id: str) -> subprocess.Popen[bytes]:
+        credential = self._log.parent / f"{pod_name}.credential"
+        self._credentials[pod_name] = credential
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OTEL_"))}
         env.update(
+            TURNSTILE_WORKER_CREDENTIAL_FILE=str(credential),
             TURNSTILE_WORKER_SANDBOX_ID=sandbox_id,
             TURNSTILE_WORKER_TIER="",
             TURNSTILE_AFFINITY_ADDR=self._affinity_addr,
+            TURNSTILE_PLAINTEXT="true",
             TURNSTILE_LOG_FORMAT="text",
         )
         with self._log.open("ab") as out:
@@ -325,9 +473,11 @@ def _spawn(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[byt
 
 
 @asynccontextmanager
-async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
+async def _kubernetes(
+    setup: Setup,
+) -> AsyncIterator[tuple[str, str, grpc.ChannelCredentials | None]]:
     """The three services as processes, the substrate on the emulator; yields
-    (substrate, affinity) addresses."""
+    (substrate, affinity) addresses (plaintext: no credentials)."""
     ports = {name: free_port() for name in ("admission", "substrate", "affinity")}
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TURNSTILE_", "OTEL_"))}
@@ -335,6 +485,8 @@ async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
         **base,
         **setup.exporting,
         "TURNSTILE_HOST": "127.0.0.1",
+        # Loopback development: plaintext must be asked for (mTLS is the default).
+        "TURNSTILE_PLAINTEXT": "true",
         "TURNSTILE_METRICS_PORT": "0",
         "TURNSTILE_REDIS_URL": setup.redis_url,
         "TURNSTILE_REDIS_PREFIX": setup.redis_prefix,
@@ -346,6 +498,10 @@ async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
         "TURNSTILE_SHUTDOWN_GRACE_S": "3",
     }
     await asyncio.to_thread(_migrate, common, setup.workdir / "migrate.log")
+    # Attestation on, as deployed: the substrate mints each pod's credential into a Secret,
+    # the stand-in kubelet projects it, and the relay learns the sandbox's owner from it.
+    signing, public = setup.workdir / "signing.pem", setup.workdir / "public.pem"
+    generate_key_pair(signing, public)
     async with AsyncExitStack() as stack:
         kube = await stack.enter_async_context(KubeEmulator(bookmark_interval=0.2))
         own = {
@@ -353,9 +509,14 @@ async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
                 "TURNSTILE_SUBSTRATE_KIND": "kubernetes",
                 "TURNSTILE_K8S_API_HOST": kube.url,
                 "TURNSTILE_K8S_NAMESPACE": NAMESPACE,
+                "TURNSTILE_WORKER_CREDENTIAL_SIGNING_KEY_FILE": str(signing),
             },
             "admission": {},
-            "affinity": {"TURNSTILE_GRACE_S": "60", "TURNSTILE_WORKER_ATTESTATION": "off"},
+            "affinity": {
+                "TURNSTILE_GRACE_S": "60",
+                "TURNSTILE_WORKER_ATTESTATION": "enforce",
+                "TURNSTILE_WORKER_CREDENTIAL_PUBLIC_KEYS_FILE": str(public),
+            },
         }
         procs = [
             _spawn(
@@ -374,7 +535,7 @@ async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
             kubelet = Kubelet(kube, addr["affinity"], setup.workdir / "workers.log")
             running = asyncio.create_task(kubelet.run())
             try:
-                yield addr["substrate"], addr["affinity"]
+                yield addr["substrate"], addr["affinity"], None
             finally:
                 running.cancel()
                 await asyncio.gather(running, return_exceptions=True)
@@ -387,6 +548,14 @@ async def _kubernetes(setup: Setup) -> AsyncIterator[tuple[str, str]]:
 
 
 STACKS = {"direct": _direct, "kubernetes": _kubernetes}
+
+
+def _channel(
+    address: str, credentials: grpc.ChannelCredentials | None, **kwargs: Any
+) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, **kwargs)
+    return grpc.aio.secure_channel(address, credentials, **kwargs)
 
 
 async def measure(
@@ -411,11 +580,11 @@ async def measure(
             where.mkdir(parents=True, exist_ok=True)
             prefix = f"bench-wake:{uuid.uuid4().hex[:8]}:"
             setup = Setup(redis_url, prefix, database_url, exporting, where, preload)
-            async with STACKS[substrate](setup) as (substrate_addr, affinity_addr):
+            async with STACKS[substrate](setup) as (substrate_addr, affinity_addr, creds):
                 interceptors = client_interceptors(provider)
                 async with (
-                    grpc.aio.insecure_channel(substrate_addr, interceptors=interceptors) as sub,
-                    grpc.aio.insecure_channel(affinity_addr, interceptors=interceptors) as aff,
+                    _channel(substrate_addr, creds, interceptors=interceptors) as sub,
+                    _channel(affinity_addr, creds, interceptors=interceptors) as aff,
                 ):
                     done = await _rounds(
                         affinity_pb2_grpc.AffinityServiceStub(aff),
@@ -478,7 +647,23 @@ def main() -> None:
     parser.add_argument(
         "--workdir", type=Path, help="keep the stack's logs and runtime logs here (default: temp)"
     )
+    parser.add_argument(
+        "--prepare-leads",
+        metavar="S,S,...",
+        help="measure a turn after Prepare sent these many seconds ahead, against none",
+    )
     args = parser.parse_args()
+    if args.prepare_leads:
+        leads = [float(v) for v in args.prepare_leads.split(",")]
+        prepared = []
+        for name in args.substrate.split(","):
+            found = asyncio.run(
+                measure_prepare(name, args.rounds, args.poll_ms / 1000, args.workdir, leads)
+            )
+            print(json.dumps(found), flush=True)  # each substrate's as soon as it is known
+            prepared.append(found)
+        print(json.dumps({"prepare": prepared}))
+        return
     results = [
         asyncio.run(
             measure(

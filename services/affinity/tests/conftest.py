@@ -81,6 +81,11 @@ class Affinity:
             return decode(error)
         raise AssertionError(f"expected a refusal, got {response}")
 
+    async def prepare(self, session_id: str, client: str = TENANT) -> affinity_pb2.PrepareResponse:
+        return await self.stub.Prepare(
+            affinity_pb2.PrepareRequest(session_id=session_id, client_id=client)
+        )
+
     async def release(self, placed: affinity_pb2.PlaceResponse, client: str = TENANT) -> bool:
         request = affinity_pb2.ReleaseLeaseRequest(
             sandbox_id=placed.sandbox_id, lease_id=placed.lease_id, client_id=client

@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 
 from turnstile_affinity.store import Clock
 from turnstile_contracts import affinity_pb2, substrate_pb2, substrate_pb2_grpc
+from turnstile_testing.authz import redis_snapshot
 from turnstile_testing.plugin import CredentialKeyFiles
 from turnstile_testing.processes import free_port
 
@@ -439,3 +440,139 @@ async def test_a_wake_never_starts_a_sandbox_since_recorded_to_another_client(
 def _wakes(result: str) -> float:
     value = REGISTRY.get_sample_value("turnstile_affinity_wakes_total", {"result": result})
     return value or 0.0
+
+
+# Prepare (SPEC W2) -------------------------------------------------------------------
+
+PREPARED = affinity_pb2.PrepareOutcome
+
+
+async def test_prepare_wakes_an_absent_sandbox_once_across_replicas_and_the_turn_sends_no_other(
+    affinity: StartAffinity,
+    worker: StartWorker,
+    substrate: tuple[CountingSubstrate, str],
+) -> None:
+    counting, address = substrate
+    settings: dict[str, Any] = {"wake_enabled": True, "substrate_addr": address}
+    one, workers = await tier_a(affinity, worker, **settings)
+    two = await affinity(tiers="a,b", grace_s=GRACE_S, **settings)
+    await session_on_a1(one)
+
+    running = await one.prepare("chat")
+    assert (running.outcome, running.sandbox_id) == (
+        PREPARED.Value("PREPARE_OUTCOME_RUNNING"),
+        "a1",
+    )
+    assert not running.HasField("remaining_grace")
+    await workers["a1"].stop()
+
+    answers = await asyncio.gather(*((one if i % 2 else two).prepare("chat") for i in range(10)))
+    outcomes = Counter(PREPARED.Name(a.outcome) for a in answers)
+    assert outcomes == {"PREPARE_OUTCOME_WAKE_STARTED": 1, "PREPARE_OUTCOME_ALREADY_WAKING": 9}
+    assert all(a.sandbox_id == "a1" for a in answers)
+    assert all(0 < a.remaining_grace.ToMilliseconds() <= GRACE_S * 1000 for a in answers)
+    await counting.wait_for_calls(1)
+    call = counting.calls[0]
+    assert (call.sandbox_id, call.tier, call.client.WhichOneof("client")) == ("a1", "a", "inherit")
+    assert "traceparent" in counting.metadata[0]
+
+    # The turn arrives: pending (no lease), and no second wake of the same absence.
+    assert (await two.refused("chat", "a")).reason == "SANDBOX_PENDING"
+    await counting.no_call_beyond(1, NO_MORE_WINDOW_S)
+
+    # The sandbox is back (the wake's work): the turn is a hit, and Prepare has nothing to do.
+    back = await worker(one.address, "a1", "a", capacity=16)
+    assert (await one.prepare("chat")).outcome == PREPARED.Value("PREPARE_OUTCOME_RUNNING")
+    assert (await one.place("chat", "a")).outcome == HIT
+    await back.stop()
+
+
+async def test_prepare_of_another_tenants_session_is_no_session_changes_nothing_and_wakes_nothing(
+    affinity: StartAffinity,
+    worker: StartWorker,
+    substrate: tuple[CountingSubstrate, str],
+    redis: aioredis.Redis,
+) -> None:
+    """SPEC O2: the session id is acme's; globex naming it gets what a missing session
+    gets, and none of acme's keys (its absence's wake marker above all) is touched."""
+    counting, address = substrate
+    one, workers = await tier_a(affinity, worker, wake_enabled=True, substrate_addr=address)
+    await session_on_a1(one)
+    await workers["a1"].stop()
+    prefix = one.settings.redis_prefix
+    before = await redis_snapshot(redis, prefix)
+
+    other = await one.prepare("chat", client="globex")
+    assert other.outcome == PREPARED.Value("PREPARE_OUTCOME_NO_SESSION")
+    assert other.sandbox_id == ""
+    missing = await one.prepare("no-such-chat")
+    assert missing.outcome == PREPARED.Value("PREPARE_OUTCOME_NO_SESSION")
+    assert await redis_snapshot(redis, prefix) == before
+    await counting.no_call_beyond(0, NO_MORE_WINDOW_S)
+    assert counting.reads == []
+
+    # acme's own Prepare still finds its absence unwoken, and wakes it.
+    own = await one.prepare("chat")
+    assert own.outcome == PREPARED.Value("PREPARE_OUTCOME_WAKE_STARTED")
+    await counting.wait_for_calls(1)
+
+
+async def test_prepare_past_the_grace_or_with_wakes_off_sends_nothing(
+    affinity: StartAffinity, worker: StartWorker, substrate: tuple[CountingSubstrate, str]
+) -> None:
+    counting, address = substrate
+    clock = Clock()
+    one, workers = await tier_a(affinity, worker, clock, wake_enabled=True, substrate_addr=address)
+    off = await affinity(clock, tiers="a,b", grace_s=GRACE_S)  # wake_enabled=False
+    await session_on_a1(one)
+    await workers["a1"].stop()
+
+    not_woken = await off.prepare("chat")
+    assert not_woken.outcome == PREPARED.Value("PREPARE_OUTCOME_NOT_WOKEN")
+    assert not_woken.remaining_grace.ToMilliseconds() > 0
+    clock.offset_ms += int(GRACE_S * 1000)
+    moves = await one.prepare("chat")
+    assert (moves.outcome, moves.sandbox_id) == (PREPARED.Value("PREPARE_OUTCOME_WILL_MOVE"), "a1")
+    await counting.no_call_beyond(0, NO_MORE_WINDOW_S)
+
+
+class HangingSubstrate(substrate_pb2_grpc.SubstrateServiceServicer):
+    """GetSandbox never answers: a wake stays in flight until it is cancelled."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def GetSandbox(
+        self,
+        request: substrate_pb2.GetSandboxRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> substrate_pb2.GetSandboxResponse:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_the_waker_holds_its_wakes_in_background_tasks_and_cancels_them_at_close() -> None:
+    from turnstile_affinity.wake import Waker
+
+    servicer = HangingSubstrate()  # type: ignore[abstract]  # only GetSandbox is served
+    server = grpc.aio.server()
+    substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            waker = Waker(substrate_pb2_grpc.SubstrateServiceStub(channel), timeout_s=60)
+            waker.wake("a1", "a", TENANT, False)
+            await asyncio.wait_for(servicer.started.wait(), 10)
+            assert len(waker) == 1  # held until it ends
+            await waker.close()
+            assert len(waker) == 0
+            await asyncio.wait_for(servicer.cancelled.wait(), 10)  # the call went with it
+    finally:
+        await server.stop(None)

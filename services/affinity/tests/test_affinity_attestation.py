@@ -22,6 +22,7 @@ from turnstile_contracts import affinity_pb2
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.sandbox_credentials import SigningKey, now_ms
 from turnstile_platform.tiers import TIER_LABEL
+from turnstile_testing.authz import is_state
 
 if TYPE_CHECKING:
     from conftest import Affinity, Credentials, StartAffinity, StartWorker
@@ -61,7 +62,7 @@ async def refusal(call: Call) -> RichError:
 async def snapshot(redis: aioredis.Redis, keys: Keys) -> dict[bytes, bytes | None]:
     """Every key of the affinity store, byte for byte."""
     found = [k async for k in redis.scan_iter(match=f"{keys.prefix}*", count=1000)]
-    return {k: await redis.dump(k) for k in sorted(found)}
+    return {k: await redis.dump(k) for k in sorted(found) if is_state(k)}
 
 
 async def test_an_impostor_is_refused_and_the_real_workers_state_is_untouched(

@@ -36,6 +36,7 @@ self = "{TD}/client/{{client}}"
 identities = ["{TD}/service/gateway"]
 methods = [
   "{SERVICE}/Place", "{SERVICE}/ReleaseLease", "{SERVICE}/GetSession", "{SERVICE}/ListWorkers",
+  "{SERVICE}/Prepare",
 ]
 clients = "any"
 
@@ -44,6 +45,7 @@ clients = "any"
 identities = ["{TD}/client/*"]
 methods = [
   "{SERVICE}/Place", "{SERVICE}/ReleaseLease", "{SERVICE}/GetSession", "{SERVICE}/ListWorkers",
+  "{SERVICE}/Prepare",
 ]
 clients = "self"
 
@@ -67,6 +69,9 @@ CALLS: dict[str, Invoke] = {
         f"/{SERVICE}/GetSession", affinity_pb2.GetSessionRequest(client_id="acme", session_id="s")
     ),
     "ListWorkers": unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest()),
+    "Prepare": unary(
+        f"/{SERVICE}/Prepare", affinity_pb2.PrepareRequest(client_id="acme", session_id="s")
+    ),
 }
 ALLOWED = {name: "sandbox" if name == "Attach" else "service/gateway" for name in CALLS}
 OTHER = {name: "service/gateway" if name == "Attach" else "sandbox" for name in CALLS}
@@ -114,13 +119,16 @@ async def test_every_rpc_serves_the_allowed_and_refuses_the_rest_changing_nothin
         ),
         unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest()),
         unary(f"/{SERVICE}/ListWorkers", affinity_pb2.ListWorkersRequest(client_id="globex")),
+        unary(
+            f"/{SERVICE}/Prepare", affinity_pb2.PrepareRequest(client_id="globex", session_id="s")
+        ),
     ],
-    ids=["place-other", "get-other", "release-anyone", "list-all", "list-other"],
+    ids=["place-other", "get-other", "release-anyone", "list-all", "list-other", "prepare-other"],
 )
 async def test_a_tenant_scoped_to_self_acts_only_for_itself(
     call: Invoke, secured: Any, pki: Pki, redis: aioredis.Redis
 ) -> None:
-    """SPEC O2: Place, GetSession, ReleaseLease and ListWorkers act for a client, and
+    """SPEC O2: Place, GetSession, ReleaseLease, ListWorkers and Prepare act for a client, and
     an identity scoped ``self`` acts for its own client id only (none: only ``any``)."""
     before = await redis_snapshot(redis, secured.settings.redis_prefix)
     async with pki.identity("client/acme").channel(secured.address) as acme:

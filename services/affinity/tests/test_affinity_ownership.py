@@ -24,6 +24,7 @@ from turnstile_contracts import affinity_pb2
 from turnstile_platform.errors import RichError, decode
 from turnstile_platform.sandbox_credentials import PresenceClaims
 from turnstile_platform.tiers import TIER_LABEL
+from turnstile_testing.authz import is_state
 
 if TYPE_CHECKING:
     from conftest import Affinity, Credentials, StartAffinity, StartWorker, Worker
@@ -39,7 +40,7 @@ GLOBEX = {"g1", "g2"}
 async def snapshot(redis: aioredis.Redis, keys: Keys) -> dict[bytes, bytes | None]:
     """Every key of the affinity store, byte for byte (DUMP), with its ttl bucket."""
     found = sorted([k async for k in redis.scan_iter(match=f"{keys.prefix}*", count=1000)])
-    return {k: await redis.dump(k) for k in found}
+    return {k: await redis.dump(k) for k in found if is_state(k)}
 
 
 async def two_tenants(

@@ -16,6 +16,7 @@ from turnstile_affinity.store import (
     NoRecord,
     Pending,
     PlaceResult,
+    Prepared,
     RecordMoved,
     Turn,
 )
@@ -173,6 +174,72 @@ async def test_pending_wakes_once_per_absence_and_falls_back_after_grace(
     assert (first.woke, second.woke) == (True, False)
     store.clock.offset_ms += GRACE_MS
     assert await place(store, "s") == MustMove("a1", "grace")
+
+
+async def prepare(store: AffinityStore, session_id: str = "s", client: str = "acme") -> Prepared:
+    return await store.prepare(session_id, client, grace_ms=GRACE_MS, mark_ttl_ms=TTL_MS)
+
+
+async def test_prepare_reports_each_state_and_shares_the_absences_single_wake_with_place(
+    store: AffinityStore,
+) -> None:
+    """SPEC W2: prepare.lua takes the same wake marker as place.lua, so a Prepare then
+    Places (or the reverse) wake the absence once; it takes no lease and leaves the
+    record's TTL alone."""
+    await attach(store, "a1")
+    assert await prepare(store) == Prepared("none")
+    await record(store, "s", "a1")
+    assert await prepare(store) == Prepared("running", "a1", "a")
+    await store.detach(sandbox_id="a1", owner="owner-a1", mark_ttl_ms=TTL_MS)
+    await store.redis.pexpire(store.keys.session("s", "acme"), 5000)
+
+    first = await prepare(store)
+    assert (first.state, first.sandbox_id, first.tier, first.woke) == ("pending", "a1", "a", True)
+    assert 0 < first.remaining_grace_ms <= GRACE_MS
+    again = await prepare(store)
+    assert (again.state, again.woke) == ("pending", False)
+    turn_after = await place(store, "s")
+    assert isinstance(turn_after, Pending)
+    assert not turn_after.woke  # the Prepare's wake is the absence's one
+    assert await store.redis.zcard(store.keys.lease_expiry) == 0
+    assert await store.redis.exists(store.keys.leases("a1")) == 0
+
+    # Place first this time (a new absence): a Prepare after it wakes nothing more.
+    await attach(store, "a1")
+    await store.detach(sandbox_id="a1", owner="owner-a1", mark_ttl_ms=TTL_MS)
+    placed = await place(store, "s")
+    assert isinstance(placed, Pending)
+    assert placed.woke
+    assert (await prepare(store)).woke is False
+
+    store.clock.offset_ms += GRACE_MS
+    assert await prepare(store) == Prepared("moves", "a1", "a")
+
+
+async def test_prepare_does_not_renew_the_record_and_starts_the_grace_at_first_sight(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "a1")
+    await record(store, "s", "a1")
+    await store.redis.pexpire(store.keys.session("s", "acme"), 5000)
+    store.clock.offset_ms += TTL_MS + 1  # presence expired: nobody wrote a mark
+    found = await prepare(store)
+    assert (found.state, found.remaining_grace_ms, found.woke) == ("pending", GRACE_MS, True)
+    assert 0 < await store.redis.pttl(store.keys.session("s", "acme")) <= 5000
+    assert await store.redis.exists(store.keys.detached("a1"))
+
+
+async def test_prepare_of_another_clients_session_or_an_ownerless_one_is_none_and_writes_nothing(
+    store: AffinityStore,
+) -> None:
+    await attach(store, "a1")
+    await record(store, "s", "a1")
+    await store.detach(sandbox_id="a1", owner="owner-a1", mark_ttl_ms=TTL_MS)
+    await store.redis.hset(store.keys.session("legacy", None), mapping={"sandbox": "a1"})
+    before = await snapshot(store)
+    assert await prepare(store, "s", client="globex") == Prepared("none")
+    assert await prepare(store, "legacy") == Prepared("none")
+    assert await snapshot(store) == before
 
 
 async def test_first_sight_of_an_absence_without_a_mark_starts_the_grace(

@@ -192,6 +192,11 @@ class AdmissionDouble(admission_pb2_grpc.AdmissionServiceServicer):
             usage.live = sum(h.state == "committed" for h in mine)
         return usage
 
+    async def ListDecisions(
+        self, request: admission_pb2.ListDecisionsRequest, context: Context
+    ) -> admission_pb2.ListDecisionsResponse:
+        return admission_pb2.ListDecisionsResponse()
+
 
 @pytest.fixture
 async def admission() -> AsyncIterator[AdmissionDouble]:

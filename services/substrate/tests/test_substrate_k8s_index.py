@@ -239,3 +239,47 @@ def test_every_way_a_sandbox_pod_stops_being_live_is_reported_once_as_gone() -> 
     # a re-list that no longer has "missed" (its DELETED event was lost with a cut watch)
     index.replace([pod("kept", sandbox="s-kept", rv="4")])
     assert gone == ["deleted", "terminating", "failed", "missed"]
+
+
+def _origin(pod_json_: dict[str, Any]) -> dict[str, Any]:
+    pod_json_["metadata"]["labels"]["turnstile.dev/origin"] = "warm-pool"
+    return pod_json_
+
+
+def test_demand_names_a_warm_hit_by_the_pools_origin_label_not_the_pods_name() -> None:
+    """SPEC W1: an adopted pod the cache never saw warm is still a hit (its origin label),
+    and a cold pod whose name happens to hold "-warm-" is a miss."""
+    demand: list[tuple[str, bool]] = []
+    index = PodIndex(resolver())
+    index.on_demand = lambda tier, hit: demand.append((tier, hit))
+    index.replace([])
+    index.upsert(parse_pod(_origin(pod_json("ts-warm-a-1", pool=True, tier="a"))))
+    index.upsert(parse_pod(_origin(pod_json("ts-warm-a-1", sandbox="s1", client="acme", tier="a"))))
+    index.upsert(parse_pod(_origin(pod_json("ts-warm-a-2", sandbox="s2", client="acme", tier="a"))))
+    index.upsert(pod("ts-s3-warm-x", sandbox="s-warm-3", client="acme", tier="a"))
+    index.upsert(pod("ts-s3-warm-x", sandbox="s-warm-3", client="acme", tier="a", rv="2"))
+    restored = pod_json("ts-s4-r", sandbox="s4", client="acme", tier="a")
+    restored["metadata"]["annotations"] = {"turnstile.dev/restore": "true"}
+    index.upsert(parse_pod(restored))  # a restore: no warm pod would have served it
+    assert demand == [("a", True), ("a", True), ("a", False)]
+
+
+def test_a_relist_reports_the_demand_its_watch_gap_hid_but_not_the_first_lists_pods() -> None:
+    demand: list[tuple[str, bool]] = []
+    index = PodIndex(resolver())
+    index.on_demand = lambda tier, hit: demand.append((tier, hit))
+    warm = _origin(pod_json("ts-warm-a-1", pool=True, tier="a"))
+    index.replace([pod("old", sandbox="s0", client="acme", tier="a"), parse_pod(warm)])
+    assert demand == []  # what the first list finds was there before this replica looked
+    # During the gap: the warm pod was adopted, a cold pod created, another came and went.
+    adopted = _origin(pod_json("ts-warm-a-1", sandbox="s1", client="acme", tier="a", rv="5"))
+    index.replace(
+        [
+            pod("old", sandbox="s0", client="acme", tier="a"),
+            parse_pod(adopted),
+            pod("cold", sandbox="s2", client="acme", tier="b"),
+        ]
+    )
+    assert sorted(demand) == [("a", True), ("b", False)]
+    index.replace([*index.pods.values()])
+    assert len(demand) == 2  # nothing new: nothing counted again

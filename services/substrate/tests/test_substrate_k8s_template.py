@@ -22,6 +22,7 @@ from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
     LABEL_NAME,
+    LABEL_ORIGIN,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
     LABEL_TEMPLATE,
@@ -82,6 +83,7 @@ def test_warm_and_cold_pods_of_a_tier_differ_only_in_name_and_labels() -> None:
     assert warm["metadata"]["labels"] == {
         LABEL_TIER: "container",
         LABEL_POOL: "warm",
+        LABEL_ORIGIN: "warm-pool",
         LABEL_TEMPLATE: template_hash(config, "container"),
         LABEL_NAME: WORKER_NAME,
         LABEL_MANAGED_BY: MANAGED_BY,
@@ -99,7 +101,10 @@ def test_adopting_a_warm_pod_gives_its_labels_the_sandbox_the_worker_waits_for()
     warm = warm_pod(settings(), "container")
     patch = adoption_patch(SPEC, "42")["metadata"]["labels"]
     labels = {k: v for k, v in {**warm["metadata"]["labels"], **patch}.items() if v is not None}
-    assert labels == sandbox_pod(settings(), SPEC)["metadata"]["labels"]
+    # The same labels as a cold pod of the sandbox, plus where it came from (a warm hit,
+    # however late the reflector first sees it: SPEC W1).
+    cold = sandbox_pod(settings(), SPEC)["metadata"]["labels"]
+    assert labels == {**cold, LABEL_ORIGIN: "warm-pool"}
 
 
 def test_extra_labels_never_override_the_labels_turnstile_relies_on() -> None:

@@ -138,6 +138,23 @@ class Affinity(affinity_pb2_grpc.AffinityServiceServicer):
         self.released.append(request.lease_id)
         return affinity_pb2.ReleaseLeaseResponse(released=True)
 
+    async def Prepare(
+        self, request: affinity_pb2.PrepareRequest, context: Context
+    ) -> affinity_pb2.PrepareResponse:
+        """``away-*`` starts a wake, ``gone-*`` is no session, the rest run."""
+        self.clients.append(request.client_id)
+        if request.session_id.startswith("gone"):
+            return affinity_pb2.PrepareResponse(outcome=affinity_pb2.PREPARE_OUTCOME_NO_SESSION)
+        if request.session_id.startswith("away"):
+            return affinity_pb2.PrepareResponse(
+                outcome=affinity_pb2.PREPARE_OUTCOME_WAKE_STARTED,
+                sandbox_id="sb-1",
+                remaining_grace=duration_pb2.Duration(seconds=42),
+            )
+        return affinity_pb2.PrepareResponse(
+            outcome=affinity_pb2.PREPARE_OUTCOME_RUNNING, sandbox_id="sb-2"
+        )
+
 
 class Admission(admission_pb2_grpc.AdmissionServiceServicer):
     async def CommitHold(
@@ -344,6 +361,23 @@ async def test_place_without_reset_prints_no_warning_and_release_returns_the_lea
     assert affinity.clients[-1] == "acme"  # the session's client (SPEC O2)
     # One command, one trace: Place and ReleaseLease both carry the printed trace id.
     assert affinity.traces[-2:] == [answer["trace_id"]] * 2
+
+
+async def test_prepare_says_what_it_did_and_a_missing_session_exits_1(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    targets, affinity = servers
+    code, out = await _cli(capsys, targets, "prepare", "away-1", "--client", "acme")
+    assert code == 0
+    assert "wake started" in out
+    assert "sb-1" in out
+    assert "42.0 s" in out
+    assert affinity.clients[-1] == "acme"
+    code, out = await _cli(capsys, targets, "prepare", "chat", "--client", "acme", "--json")
+    assert (code, json.loads(out)["outcome"]) == (0, "PREPARE_OUTCOME_RUNNING")
+    code, _, err = await _cli_err(capsys, targets, "prepare", "gone-1", "--client", "acme")
+    assert code == 1
+    assert "no session gone-1 of client acme" in err
 
 
 async def test_trace_prints_the_commands_trace_id_on_stderr(

@@ -39,7 +39,7 @@ async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
         assert human.returncode == 0, human.stdout + human.stderr
         out = human.stdout
         for beat in (
-            "1/7",
+            "1/8",
             "✗ refused",  # the in-flight cap
             "RATE_LIMITED",
             "(first)",
@@ -48,6 +48,8 @@ async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
             "(fallback)",
             "may not act for sandbox",  # a tenant refused another's sandbox
             "the same PERMISSION_DENIED for both",  # ... and a missing one, alike
+            "turnstilectl why",  # the story ends asking why the rate limiter refused
+            "refused by the rate limit of key acme-",
             "The end.",
         ):
             assert beat in out, f"{beat!r} missing from:\n{out}"
@@ -57,5 +59,5 @@ async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
 
         summary = out.split("Traces of each step", 1)[1]
         trace_ids = re.findall(r"^\s+([0-9a-f]{32})\s+\d\. ", summary, flags=re.MULTILINE)
-        assert len(set(trace_ids)) == 7, summary
+        assert len(set(trace_ids)) == 8, summary
         assert await asyncio.to_thread(stack.interrupt) == 0, stack.output()

@@ -186,11 +186,13 @@ class TurnstileClient:
         client: str | common_pb2.ActivationClient,
         *,
         tier: str = "",
+        dry_run: bool = False,
         deadline_s: float | None = None,
         wait_s: float = 0.0,
     ) -> substrate_pb2.ActivateResponse:
         """Make the sandbox's runtime exist, charged to ``client``: a client id, or
         any form of ``ActivationClient`` (``inherit``, ``native``, ``unattributed``).
+        ``dry_run``: decide and report without changing anything.
         Raises :class:`Refused` when a limit refused it, :class:`TurnstileError` for
         any other error.
 
@@ -203,6 +205,7 @@ class TurnstileClient:
                 common_pb2.ActivationClient(client_id=client) if isinstance(client, str) else client
             ),
             tier=tier,
+            dry_run=dry_run,
         )
         if wait_s > 0:
             request.wait_budget.FromMilliseconds(round(wait_s * 1000))
@@ -221,6 +224,19 @@ class TurnstileClient:
         request = affinity_pb2.PlaceRequest(session_id=session_id, tier=tier, client_id=client_id)
         response: affinity_pb2.PlaceResponse = await self._call(
             lambda t: stub.Place(request, timeout=t), deadline_s
+        )
+        return response
+
+    async def prepare(
+        self, session_id: str, client_id: str, *, deadline_s: float | None = None
+    ) -> affinity_pb2.PrepareResponse:
+        """Say the session is about to take a turn (the user opened it or started typing):
+        its sandbox's wake starts now if it is away (SPEC W2). Returns at once with what
+        was done (``outcome``); takes no lease. Call it without waiting on it."""
+        stub = _need(self._affinity, "affinity")
+        request = affinity_pb2.PrepareRequest(session_id=session_id, client_id=client_id)
+        response: affinity_pb2.PrepareResponse = await self._call(
+            lambda t: stub.Prepare(request, timeout=t), deadline_s
         )
         return response
 

@@ -36,7 +36,11 @@ class LimitsError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Limits of one bounded key (or the stored defaults); None means "inherit"."""
+    """Limits of one bounded key (or the stored defaults); None means "inherit".
+
+    ``shadow`` (SPEC Q4) holds limits under test beside the enforced ones (e.g. a
+    cap of 5 while 10 is enforced): each decision reports and counts their
+    verdicts, and they never refuse."""
 
     cap: int | None = None
     rate: float | None = None
@@ -47,17 +51,31 @@ class Limits:
     weight: float | None = None
     #: The key's priority level in the fair queue (SPEC Q2), one of :data:`LEVELS`.
     level: str | None = None
+    shadow: Limits | None = None
 
     def to_json(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+        return json.dumps(self.as_dict())
 
     @classmethod
-    def parse(cls, doc: Any) -> Limits:
+    def parse(cls, doc: Any, *, shadow_allowed: bool = True) -> Limits:
         if not isinstance(doc, dict):
             raise LimitsError("limits must be a JSON object")
-        unknown = set(doc) - {"cap", "rate", "burst", "concurrency", "weight", "level"}
+        names = {"cap", "rate", "burst", "concurrency", "weight", "level"}
+        if shadow_allowed:
+            names.add("shadow")
+        unknown = set(doc) - names
         if unknown:
             raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}")
+        shadow = None
+        if doc.get("shadow") is not None:
+            try:
+                shadow = cls.parse(doc["shadow"], shadow_allowed=False)
+                if shadow.weight is not None or shadow.level is not None:
+                    # It shadows the enforced limits (SPEC Q4), not the fair
+                    # queue's weight or level (SPEC Q1, Q2).
+                    raise LimitsError("no weight or level")
+            except LimitsError as error:
+                raise LimitsError(f"shadow: {error}") from error
         limits = cls(
             cap=_integer(doc, "cap"),
             rate=_number(doc, "rate"),
@@ -65,6 +83,7 @@ class Limits:
             concurrency=_integer(doc, "concurrency"),
             weight=_number(doc, "weight"),
             level=_level(doc),
+            shadow=shadow,
         )
         if limits.weight is not None and limits.weight <= 0:
             raise LimitsError("weight must be greater than 0")
@@ -74,8 +93,13 @@ class Limits:
             raise LimitsError("burst must be at least 1")
         return limits
 
-    def as_dict(self) -> dict[str, float | str]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            k: v for k, v in asdict(self).items() if v is not None and k != "shadow"
+        }
+        if self.shadow is not None:
+            out["shadow"] = self.shadow.as_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -91,7 +115,7 @@ class ClusterLimits:
 
     @classmethod
     def parse(cls, doc: Any) -> ClusterLimits:
-        limits = Limits.parse(doc)
+        limits = Limits.parse(doc, shadow_allowed=False)
         if limits.cap is not None or limits.concurrency is not None:
             raise LimitsError("the cluster has only rate and burst")
         if limits.weight is not None or limits.level is not None:
@@ -172,11 +196,9 @@ class LimitsStore:
         raw = await self._redis.hget(self.hash, field)
         return None if raw is None else dict(json.loads(raw))
 
-    async def put(self, field: str, doc: Any) -> dict[str, float | str]:
+    async def put(self, field: str, doc: Any) -> dict[str, Any]:
         """Replace the document with ``doc`` (validated); the document stored."""
-        stored: dict[str, float | str] = {
-            **(ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
-        }
+        stored = (ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
         await self._redis.hset(self.hash, field, json.dumps(stored))
         return stored
 

@@ -44,7 +44,7 @@ AFFINITY = affinity_pb2.DESCRIPTOR.services_by_name["AffinityService"].full_name
 IDEMPOTENT = {
     ADMISSION: ("CommitHold", "CancelHold", "ReleaseSandbox", "GetUsage"),
     SUBSTRATE: ("Deactivate", "CountLiveSandboxes", "GetSandbox", "ListSandboxes"),
-    AFFINITY: ("ReleaseLease", "GetSession", "ListWorkers"),
+    AFFINITY: ("ReleaseLease", "GetSession", "ListWorkers", "Prepare"),
 }
 
 

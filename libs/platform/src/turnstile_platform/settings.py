@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, UrlConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, UrlConstraints
 from pydantic_core import MultiHostUrl
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -48,6 +48,21 @@ def _server_spiffe_id(value: str) -> str:
 #: The SPIFFE ID a peer service's certificate must hold (SPEC O5): one whose
 #: derived server name (:func:`turnstile_platform.identity.server_name`) exists.
 ServerSpiffeId = Annotated[str, AfterValidator(_server_spiffe_id)]
+
+
+class DecisionLogSettings(BaseModel):
+    """The decision log's bounds (SPEC Q3), the same in every service that writes it
+    (``TURNSTILE_DECISION_LOG__*``; :mod:`turnstile_platform.decision_log`)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
+
+    max_entries: int = Field(default=100_000, ge=0, le=10_000_000)
+    """Entries kept at most (trimmed approximately: within one stream node, 100
+    entries by default); 0 turns the log off."""
+
+    max_age_s: float = Field(default=7 * 86400.0, gt=0, le=90 * 86400.0)
+    """Entries older than this are trimmed (approximately, as above); the stream
+    expires this long after its last entry."""
 
 
 class ServiceSettings(BaseSettings):
@@ -98,6 +113,10 @@ class ServiceSettings(BaseSettings):
     """Prefix of every Redis key this deployment writes; tests give each run its own.
     No braces: the hash tags after it (``{adm}``, ``{affinity}``) must be the first
     ``{...}`` in each key, or a Redis Cluster would place keys by the prefix."""
+
+    decision_log: DecisionLogSettings = DecisionLogSettings()
+    """The decision log (SPEC Q3): admission appends its decisions, the substrate
+    and affinity their side of the same calls."""
 
     redis_timeout_s: float = Field(default=0.5, gt=0, le=30)
     """Budget of one Redis call, covering pool waits, reconnects, retries and

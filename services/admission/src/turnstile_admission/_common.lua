@@ -49,7 +49,17 @@ local function limits(limits_key, key, d)
   local function pick(name, fallback)
     return field(own, name, field(default, name, fallback))
   end
+  -- Shadow limits (SPEC Q4): a 'shadow' object in the key's own document, or in
+  -- the stored default, beside the enforced limits. Reported, never enforced;
+  -- nil where none is set.
+  local own_shadow = type(own) == 'table' and own.shadow or nil
+  local default_shadow = type(default) == 'table' and default.shadow or nil
+  local function shadow(name)
+    return field(own_shadow, name, field(default_shadow, name, nil))
+  end
   return {
+    shadow = {cap = shadow('cap'), rate = shadow('rate'), burst = shadow('burst'),
+              concurrency = shadow('concurrency')},
     cap = math.floor(pick('cap', d.cap)),
     rate = pick('rate', d.rate),
     burst = pick('burst', d.burst),

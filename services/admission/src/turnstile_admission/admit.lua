@@ -7,11 +7,19 @@
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
 --       5 inflight:<key>, 6 hold:<id>, 7 node registry,
 --       8 live:<key>, 9 live-state marker, 10 settled:<id> (the hold's tombstone),
---       11.. slots:<node>, one per candidate node, in ARGV's order.
+--       11 the decision log (a stream, _decision_log.lua),
+--       12 shadow-bucket:<key> (the key's shadow rate limit's bucket, SPEC Q4),
+--       13.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, key, sandbox_id,
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
 --       default cap, rate, burst, concurrency, cluster rate, cluster burst,
 --       cost, hold_ttl_ms, pending_ttl_ms,
+--       the log's max entries (0: off) and max age in ms,
+--       dry_run (1: decide and take nothing, log nothing: SPEC Q4),
+--       for the log: trace id, sampled (1/0), caller identity, client, bounded
+--       key's kind, key-set version, activation kind,
+--       defer (1: the call may wait in the fair queue, SPEC Q1: a refusal only
+--       the cluster bucket made is not logged; the wait's final decision is),
 --       n, then n pairs (node name, slot capacity).
 -- Returns: {outcome, now_ms, hold_expires_ms, node,
 --           then per policy in order slots, concurrency, cap, rate:
@@ -20,7 +28,11 @@
 --           the number of the key's pending entries,
 --           the live count used (-1 unsupported, -2 unavailable, -3 not read),
 --           the pending entries this call dropped as expired (never seen live:
---           live_publish.lua removes those it sees, so an expired one is drift)}
+--           live_publish.lua removes those it sees, so an expired one is drift),
+--           then per shadow limit in order concurrency, cap, rate: code (0 none
+--           set, 1 within, 2 over), limit, current}
+-- A dry run reads what a decision reads without writing: expired entries are
+-- counted past (ZCOUNT) rather than removed, and nothing is taken or logged.
 -- outcome is 'admit', 'refuse' or 'cancelled': the hold was settled (cancelled or
 -- committed) before this script reached Redis — its caller gave up on it, or this
 -- is a second delivery — and the settling left a tombstone, so nothing is
@@ -35,8 +47,13 @@ local cap_mode, rate_mode, conc_mode, slot_mode = num(), num(), num(), num()
 local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
            cluster_rate = num(), cluster_burst = num()}
 local cost, hold_ttl, pending_ttl = num(), num(), num()
+local log_max, log_age = num(), num()
+local dry = num() == 1
+local trace_id, sampled, identity, client = str(), str(), str(), str()
+local key_kind, key_version, activation = str(), str(), str()
+local defer = num() == 1
 local nodes = {}
-for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[10 + j], held = 0} end
+for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[12 + j], held = 0} end
 
 local now = now_ms()
 -- A script can reach Redis after its caller gave up on it (a reply lost, a send
@@ -51,6 +68,7 @@ if redis.call('EXISTS', KEYS[10]) == 1 then
   out[#out + 1] = 0   -- pending entries: not read
   out[#out + 1] = -3  -- live count: not read
   out[#out + 1] = 0   -- expired pending entries: none dropped
+  for _ = 1, 9 do out[#out + 1] = 0 end  -- shadow limits: not evaluated
   return out
 end
 local lim = limits(KEYS[1], key, d)
@@ -99,13 +117,19 @@ end
 local conc = {0, 0, 0, -1, ''}
 local leases = 0
 if conc_mode > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-  local c = redis.call('ZCARD', KEYS[5])
+  local c
+  if dry then
+    c = redis.call('ZCOUNT', KEYS[5], unexpired, '+inf')
+  else
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+    c = redis.call('ZCARD', KEYS[5])
+  end
   leases = c
   local over = c >= lim.concurrency
   local retry = -1
   if over then
-    local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', KEYS[5], unexpired, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                             'WITHSCORES')
     if first[2] then retry = tonumber(first[2]) - now end
   end
   conc = {judge(conc_mode, over), lim.concurrency, c, retry, ''}
@@ -121,9 +145,15 @@ local expired = 0
 -- is among them.
 local pending_count, own_pending = 0, false
 if cap_mode > 0 then
-  expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  pending_count = redis.call('ZCARD', KEYS[2])
-  own_pending = pending_count > 0 and redis.call('ZSCORE', KEYS[2], sandbox) ~= false
+  if dry then
+    pending_count = redis.call('ZCOUNT', KEYS[2], unexpired, '+inf')
+    local score = pending_count > 0 and redis.call('ZSCORE', KEYS[2], sandbox)
+    own_pending = score and tonumber(score) > now or false
+  else
+    expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    pending_count = redis.call('ZCARD', KEYS[2])
+    own_pending = pending_count > 0 and redis.call('ZSCORE', KEYS[2], sandbox) ~= false
+  end
   local pending = pending_count
   if own_pending then pending = pending - 1 end
   local state = redis.call('GET', KEYS[9])
@@ -149,6 +179,19 @@ if cap_mode > 0 then
     local current = live + pending
     cap = {judge(cap_mode, current >= lim.cap), lim.cap, current, -1, ''}
   end
+end
+
+-- Shadow limits (SPEC Q4): each compared with what its enforced policy counted,
+-- never refusing. {code (0 none set, 1 within, 2 over), limit, current}.
+local sh = lim.shadow
+local shadow = {concurrency = {0, 0, 0}, cap = {0, 0, 0}, rate = {0, 0, 0}}
+if conc_mode > 0 and sh.concurrency then
+  local limit = math.floor(sh.concurrency)
+  shadow.concurrency = {leases >= limit and 2 or 1, limit, leases}
+end
+if cap_mode > 0 and sh.cap and cap[1] ~= 3 then
+  local limit = math.floor(sh.cap)
+  shadow.cap = {cap[3] >= limit and 2 or 1, limit, cap[3]}
 end
 
 -- Rate: the key's bucket and the cluster bucket, both or neither.
@@ -180,6 +223,15 @@ if rate_mode > 0 then
     rate = {judge(rate_mode, false), lim.burst, math.floor(client_tokens), -1, ''}
   end
 end
+-- A shadow rate limit has its own bucket (KEYS[12]), taken from when the decision
+-- admits and it holds a token: the bucket the lower limit would have had.
+local shadow_rate, shadow_burst, shadow_tokens = nil, nil, 0
+if rate_mode > 0 and (sh.rate or sh.burst) then
+  shadow_rate, shadow_burst = sh.rate or lim.rate, sh.burst or lim.burst
+  shadow_tokens = bucket_level(KEYS[12], shadow_rate, shadow_burst, now)
+  shadow.rate = {shadow_tokens < cost and 2 or 1, math.floor(shadow_burst),
+                 math.floor(shadow_tokens)}
+end
 
 local function answer(outcome, expires, node)
   local out = {outcome, now, expires, node}
@@ -189,10 +241,42 @@ local function answer(outcome, expires, node)
   out[#out + 1] = pending_count
   out[#out + 1] = live
   out[#out + 1] = expired
+  for _, s in ipairs({shadow.concurrency, shadow.cap, shadow.rate}) do
+    for _, v in ipairs(s) do out[#out + 1] = v end
+  end
   return out
 end
 
-if refused then return answer('refuse', 0, '') end
+local function logged(outcome, expires, node)
+  local modes = {slot_mode, conc_mode, cap_mode, rate_mode}
+  local results = {slots, conc, cap, rate}
+  local hold = ''
+  if outcome == 'admit' then hold = hold_id end
+  log_decision(KEYS[11], log_max, log_age, {
+    'at', now, 'kind', decision_kind(outcome, results, modes, shadow),
+    'trace', trace_id, 'sampled', sampled, 'identity', identity,
+    'client', client, 'sandbox', sandbox, 'key', key, 'key_kind', key_kind,
+    'key_set', key_version, 'activation', activation,
+    'verdicts', verdicts_json(results, modes, shadow),
+    'hold', hold, 'hold_exp', expires, 'node', node})
+  return answer(outcome, expires, node)
+end
+
+if dry then
+  local outcome = 'admit'
+  if refused then outcome = 'refuse' end
+  local node = ''
+  if chosen ~= nil then node = chosen.name end
+  return answer(outcome, 0, node)
+end
+if refused then
+  local function over(mode, r) return mode == 2 and r[1] == 2 end
+  if defer and rate[5] == 'cluster bucket' and not over(slot_mode, slots)
+      and not over(conc_mode, conc) and not over(cap_mode, cap) then
+    return answer('refuse', 0, '')
+  end
+  return logged('refuse', 0, '')
+end
 
 -- Admitted: take everything. A shadow policy keeps its accounting true to what
 -- happens (the lease, the pending entry) but takes what is not there.
@@ -202,6 +286,9 @@ if rate_mode > 0 and not rate_over then
   bucket_store(KEYS[3], client_tokens - cost, lim.rate, lim.burst, now)
   bucket_store(KEYS[4], cluster_tokens - cost, lim.cluster_rate, lim.cluster_burst, now)
   taken_client, taken_cluster = cost, cost
+end
+if shadow_rate and shadow.rate[1] == 1 then
+  bucket_store(KEYS[12], shadow_tokens - cost, shadow_rate, shadow_burst, now)
 end
 if conc_mode > 0 then
   redis.call('ZADD', KEYS[5], expires, hold_id)
@@ -231,4 +318,4 @@ redis.call('HSET', KEYS[6], 'key', key, 'sandbox', sandbox, 'exp', expires,
 -- The record outlives its expiry a little so a late commit or cancel can tell
 -- "expired" apart from "never existed"; the scripts check 'exp' themselves.
 redis.call('PEXPIRE', KEYS[6], hold_ttl + 60000)
-return answer('admit', expires, node)
+return logged('admit', expires, node)

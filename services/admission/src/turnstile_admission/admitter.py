@@ -19,8 +19,9 @@ from typing import NamedTuple
 from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
-from turnstile_admission import metrics
+from turnstile_admission import decision_log, metrics
 from turnstile_admission.decision import Decision
+from turnstile_admission.decision_log import Page, Query
 from turnstile_admission.fair_queue import FairQueue
 from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
@@ -33,6 +34,7 @@ from turnstile_admission.policies import (
     PolicyVerdict,
     RatePolicy,
     RawResult,
+    ShadowVerdict,
     SlotsPolicy,
     Verdict,
 )
@@ -43,6 +45,7 @@ from turnstile_admission.redis_store import (
     AdmitAnswer,
     AdmitArgs,
     CancelAnswer,
+    LogContext,
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import BoundedKey, Client, KeyKind, Resolver
@@ -62,6 +65,10 @@ class AdmitInput(NamedTuple):
     candidate_nodes: tuple[str, ...] = ()
     #: How long the call may wait in the fair queue (0: answer at once).
     wait_s: float = 0.0
+    dry_run: bool = False
+    """Decide and report, take nothing (SPEC Q4)."""
+    identity: str = ""
+    """The caller's SPIFFE ID, for the decision log (empty without authentication)."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +95,11 @@ class _Plan:
     this is worked out once per shape (the skip reasons are formatted strings),
     not per decision. Compared by identity: one per shape per admitter."""
 
-    __slots__ = ("modes", "skipped", "steps")
+    __slots__ = ("activation", "modes", "skipped", "steps")
 
     def __init__(self, policies: Sequence[Policy], activation: ActivationShape) -> None:
+        #: The activation's kind as the decision log writes it.
+        self.activation = activation.kind.value
         self.modes = {p.name: p.script_mode(activation) for p in policies}
         self.skipped = tuple(p.skipped(activation) for p in policies)
         #: Per policy in order: the policy, whether it applies, its SKIPPED verdict.
@@ -141,6 +150,9 @@ class Admitter:
         self._plans: dict[tuple[Kind, bool], _Plan] = {}
         #: Per decision shape, what its decisions share (``Decision.shape``).
         self._shapes: dict[tuple[object, ...], _Shape] = {}
+        self._logging = settings.decision_log.max_entries > 0
+        #: Per bounded key, its kind and key-set version as the log writes them.
+        self._key_words: dict[BoundedKey, tuple[str, str]] = {}
 
     def _plan(self, kind: Kind, nodes: tuple[str, ...]) -> _Plan:
         shape = (kind, bool(nodes))
@@ -152,21 +164,35 @@ class Admitter:
     async def admit(self, request: AdmitInput) -> Decision:
         started = time.perf_counter()
         key = self.resolver.resolve(request.client)
-        decision = await self._decide(request, key)
-        if request.wait_s > 0 and not decision.admitted and _queueable(decision):
-            decision = await self._wait(request, key, decision)
-        self._record(decision, time.perf_counter() - started)
+        # Looked up once: the decision log and the span attributes both need it.
+        span = trace.get_current_span()
+        # A dry run never waits: it decides at once and joins no queue (SPEC Q4).
+        waits = (
+            request.wait_s > 0
+            and not request.dry_run
+            and self.queue.enabled
+            and min(request.wait_s, self.settings.queue.max_wait_s) > 0
+        )
+        # A call that may wait defers the log entry of a refusal the queue can
+        # wait out: its decision is logged once, when it is final (SPEC Q1, Q3).
+        decision = await self._decide(request, key, span, defer=waits)
+        if waits and not decision.admitted and _queueable(decision):
+            decision = await self._wait(request, key, decision, span)
+        if not decision.dry_run:
+            # A dry run changes nothing, the metrics of decisions included.
+            self._record(decision, time.perf_counter() - started, span)
         return decision
 
-    async def _wait(self, request: AdmitInput, key: BoundedKey, refused: Decision) -> Decision:
+    async def _wait(
+        self, request: AdmitInput, key: BoundedKey, refused: Decision, span: trace.Span
+    ) -> Decision:
         """Wait in the fair queue for the cluster bucket, then decide on the grant
         (SPEC Q1). Refused when the budget ends first (the first refusal, its
         retry hint with it), or when the grant's decision refuses on a limit of
         the client's own."""
         queue = self.queue
+        # ``admit`` sends only a call with a budget left here (queue enabled).
         budget = min(request.wait_s, self.settings.queue.max_wait_s)
-        if budget <= 0 or not queue.enabled:
-            return refused
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + budget
@@ -178,17 +204,22 @@ class Admitter:
                 joined = wait.queued
             if not wait.granted:
                 break
-            claimed = await self._decide(request, key, claim=wait.waiter)
+            claimed = await self._decide(request, key, span, claim=wait.waiter, defer=True)
             if claimed is _LOST:
                 continue  # swept before it claimed: join again
             decision = claimed
             if decision.admitted or not _queueable(decision):
                 break
+        granted = decision.admitted
+        if not decision.admitted and _queueable(decision):
+            # Its wait ended on a refusal the log has not seen: the final
+            # decision, logged (SPEC Q3), outside the queue like any other call.
+            decision = await self._decide(request, key, span)
         waited = loop.time() - started
         outcome = "admitted" if decision.admitted else "refused"
         level = joined.level if joined is not None else ""
         metrics.queue_wait_seconds(level, outcome).observe(waited)
-        if decision.admitted:
+        if granted:
             metrics.queue_grants(key.key).inc()
         estimate = None
         if joined is not None and joined.queued and joined.estimated_wait_ms >= 0:
@@ -207,7 +238,41 @@ class Admitter:
             message=message,
         )
 
-    async def _decide(self, request: AdmitInput, key: BoundedKey, claim: str = "") -> Decision:
+    def _log_context(
+        self, request: AdmitInput, key: BoundedKey, span: trace.Span, plan: _Plan
+    ) -> LogContext | None:
+        """What the decision log records beside the script's own (SPEC Q3); None
+        when the log is off or nothing is logged (a dry run). A few microseconds
+        per decision: what depends on the key alone is formatted once per key."""
+        if request.dry_run or not self._logging:
+            return None
+        context = span.get_span_context()
+        trace_id = context.trace_id
+        client = request.client
+        words = self._key_words.get(key)
+        if words is None:
+            # Bounded like the shapes: by the keys (SPEC C3) and their versions.
+            if len(self._key_words) >= _MAX_KEY_WORDS:
+                self._key_words.clear()
+            words = self._key_words[key] = (key.kind.value, str(key.version) if key.version else "")
+        return LogContext(
+            f"{trace_id:032x}" if trace_id else "",
+            bool(context.trace_flags & 1),
+            request.identity,
+            client.client_id if client.client_id is not None else client.form.value,
+            words[0],
+            words[1],
+            plan.activation,
+        )
+
+    async def _decide(
+        self,
+        request: AdmitInput,
+        key: BoundedKey,
+        span: trace.Span,
+        claim: str = "",
+        defer: bool = False,
+    ) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
         modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
@@ -219,6 +284,9 @@ class Admitter:
             sandbox_id=request.sandbox_id,
             modes=modes,
             nodes=nodes,
+            dry_run=request.dry_run,
+            log=self._log_context(request, key, span, plan),
+            defer=defer,
         )
         # The one place admission decides on a failing Redis: fail modes apply
         # to an unavailable Redis only. Anything else (a script error) is a bug.
@@ -231,12 +299,15 @@ class Admitter:
             # the script may have run: its hold has no owner, so cancel it. The
             # cancel leaves a tombstone, so a script still on its way to Redis
             # takes nothing when it gets there.
-            self.orphans.cancel(args.hold_id)
+            if not request.dry_run:
+                self.orphans.cancel(args.hold_id)
             raise
         except DependencyUnavailable as error:
             return self._unreachable(request, key, plan, args.hold_id, error)
         if answer.outcome == "cancelled":
             return self._cancelled(key, plan)
+        if request.dry_run:
+            return self._from_answer(key, plan, "", answer, dry_run=True)
         if answer.outcome == "lost":
             return _LOST
         if modes[PolicyName.CAP]:
@@ -246,7 +317,13 @@ class Admitter:
         return self._from_answer(key, plan, args.hold_id, answer)
 
     def _from_answer(
-        self, key: BoundedKey, plan: _Plan, hold_id: str, answer: AdmitAnswer
+        self,
+        key: BoundedKey,
+        plan: _Plan,
+        hold_id: str,
+        answer: AdmitAnswer,
+        *,
+        dry_run: bool = False,
     ) -> Decision:
         verdicts = []
         results = answer.results
@@ -260,7 +337,18 @@ class Admitter:
                 raw = RawResult(raw.code, raw.limit, raw.current, raw.retry_ms, answer.live.detail)
             verdicts.append(policy.evaluated_verdict(raw))
         admitted = answer.outcome == "admit"
-        shape = self._shape(key, admitted, plan, verdicts)
+        shadow = (
+            tuple(
+                ShadowVerdict(policy, result.over, result.limit, result.current)
+                for policy, result in answer.shadow.items()
+            )
+            if answer.shadow
+            else ()
+        )
+        shape = self._shape(key, admitted, plan, verdicts, shadow, dry_run)
+        message = shape.message or _message(admitted, key, verdicts)
+        if dry_run:
+            message = f"dry run: {message} (nothing was taken)"
         return Decision(
             admitted,
             key,
@@ -268,12 +356,20 @@ class Admitter:
             hold_id if admitted else "",
             answer.hold_expires_ms,
             answer.node,
-            shape.message or _message(admitted, key, verdicts),
+            message,
             shape,
+            dry_run,
+            shadow,
         )
 
     def _shape(
-        self, key: BoundedKey, admitted: bool, plan: _Plan, verdicts: Sequence[PolicyVerdict]
+        self,
+        key: BoundedKey,
+        admitted: bool,
+        plan: _Plan,
+        verdicts: Sequence[PolicyVerdict],
+        shadow: Sequence[ShadowVerdict] = (),
+        dry_run: bool = False,
     ) -> _Shape:
         """What decisions of this one's shape share: the decision's ``shape``.
 
@@ -281,9 +377,10 @@ class Admitter:
         policy's mode and skip reason) and each verdict (an unknown one with its
         fail-open backend): everything the decision's metrics, its admitted
         message and the fixed part of its response depend on, and nothing per
-        call (no limit, count, hold or time). Shapes are bounded by the keys
-        (SPEC C3) times the policies' verdicts, so what they share is made once
-        per shape (docs/performance.md)."""
+        call (no limit, count, hold or time); with the shadow limits' verdicts
+        and whether it is a dry run. Shapes are bounded by the keys (SPEC C3)
+        times the policies' verdicts, so what they share is made once per shape
+        (docs/performance.md)."""
         key_shape: tuple[object, ...] = (
             key.key,
             key.kind,
@@ -293,10 +390,12 @@ class Admitter:
                 (v.verdict, _fail_open_backend(v)) if v.verdict is Verdict.UNKNOWN else v.verdict
                 for v in verdicts
             ],
+            dry_run,
+            *[(s.policy, s.over) for s in shadow],
         )
         shared = self._shapes.get(key_shape)
         if shared is None:
-            counters, histogram = self._shape_record(key, admitted, verdicts)
+            counters, histogram = self._shape_record(key, admitted, verdicts, shadow)
             message = _message(True, key, verdicts) if admitted else None
             shared = self._shapes[key_shape] = _Shape(counters, histogram, message)
         return shared
@@ -325,11 +424,39 @@ class Admitter:
         hold_id: str,
         error: BaseException,
     ) -> Decision:
-        """Each policy answers by its fail mode; admitted means no hold was recorded."""
-        log.warning("redis unreachable during admit", extra={"key": key.key, "error": str(error)})
+        """Each policy answers by its fail mode; admitted means no hold was recorded.
+
+        The decision log is in the Redis that cannot be reached, so this decision
+        is not in it (SPEC Q3): it is a log line (its trace id, key, sandbox and
+        verdicts) and ``turnstile_admission_decisions_unlogged_total``."""
         activation = ActivationShape(request.kind, request.candidate_nodes)
         verdicts = [p.unreachable(activation, "redis unreachable") for p in self.policies]
         admitted = not any(v.refuses for v in verdicts)
+        outcome = "fail_open" if admitted else "fail_closed"
+        if not request.dry_run:
+            metrics.UNLOGGED.labels(outcome).inc()
+        log.warning(
+            "redis unreachable during admit: decided by the fail modes, not in the decision log",
+            extra={
+                "key": key.key,
+                "sandbox": request.sandbox_id,
+                "decision": outcome,
+                "dry_run": request.dry_run,
+                "verdicts": ",".join(f"{v.policy.value}={v.verdict.value}" for v in verdicts),
+                "error": str(error),
+            },
+        )
+        if request.dry_run:
+            shape = self._shape(key, admitted, plan, verdicts, (), True)
+            return Decision(
+                admitted,
+                key,
+                tuple(verdicts),
+                message=f"dry run: {shape.message or _message(admitted, key, verdicts)} "
+                "(redis unreachable: the fail modes decided)",
+                shape=shape,
+                dry_run=True,
+            )
         expires = int(time.time() * 1000 + self.settings.hold_ttl_s * 1000) if admitted else 0
         shape = self._shape(key, admitted, plan, verdicts)
         message = shape.message or _message(admitted, key, verdicts)
@@ -349,7 +476,7 @@ class Admitter:
             shape=shape,
         )
 
-    def _record(self, decision: Decision, seconds: float) -> None:
+    def _record(self, decision: Decision, seconds: float, span: trace.Span) -> None:
         # The counters a decision moves depend only on its shape (the key, the
         # outcome and each policy's verdict), so they were looked up once per
         # shape (``_shape``), not label by label per call (docs/performance.md).
@@ -359,7 +486,6 @@ class Admitter:
         for counter in shape.counters:
             counter.inc()
         shape.histogram.observe(seconds)
-        span = trace.get_current_span()
         if span.is_recording():
             key = decision.key.key
             outcome = "admitted" if decision.admitted else "refused"
@@ -381,7 +507,10 @@ class Admitter:
 
     @staticmethod
     def _shape_record(
-        bounded: BoundedKey, admitted: bool, verdicts: Sequence[PolicyVerdict]
+        bounded: BoundedKey,
+        admitted: bool,
+        verdicts: Sequence[PolicyVerdict],
+        shadow: Sequence[ShadowVerdict] = (),
     ) -> tuple[tuple[Counter, ...], Histogram]:
         """The counters one decision of this shape moves, and its histogram."""
         key = bounded.key
@@ -396,6 +525,9 @@ class Admitter:
                 counters.append(metrics.shadow_refusals(v.policy.value, key))
             elif v.verdict is Verdict.UNKNOWN:
                 counters.append(metrics.fail_open(v.policy.value, _fail_open_backend(v), key))
+        # A shadow limit reached counts as the shadow mode's would-be refusals do
+        # (SPEC Q4), whatever the enforced policies decided.
+        counters.extend(metrics.shadow_refusals(s.policy.value, key) for s in shadow if s.over)
         return tuple(counters), metrics.decision_seconds(outcome)
 
     async def commit(self, hold_id: str) -> bool:
@@ -410,6 +542,10 @@ class Admitter:
 
     async def release(self, sandbox_id: str) -> bool:
         return await self.store.release(sandbox_id)
+
+    async def decisions(self, query: Query) -> Page:
+        """A page of the decision log (SPEC Q3), newest first."""
+        return await decision_log.read(self.store.redis, self.store.keys.decisions, query)
 
     async def usage(self, client: Client) -> Usage:
         key = self.resolver.resolve(client)
@@ -448,6 +584,10 @@ def _queueable(decision: Decision) -> bool:
     return bool(refusing) and all(
         v.policy is PolicyName.RATE and v.detail == _CLUSTER_BUCKET for v in refusing
     )
+
+
+#: Bounded keys whose words ``_log_context`` keeps (more: it starts over).
+_MAX_KEY_WORDS = 4096
 
 
 def _new_hold_id() -> str:

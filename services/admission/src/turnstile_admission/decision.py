@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import NamedTuple
 
-from turnstile_admission.policies import PolicyVerdict, Verdict
+from turnstile_admission.policies import PolicyVerdict, ShadowVerdict, Verdict
 from turnstile_clientkeys import BoundedKey
 
 
@@ -28,6 +28,10 @@ class Decision(NamedTuple):
     built once (``Admitter._record``, :class:`~turnstile_admission.responses.AdmitResponses`);
     shapes are bounded by the keys (SPEC C3) times the verdicts. ``None`` for a
     decision built outside the admitter: it shares nothing."""
+    dry_run: bool = False
+    """Decided without taking anything (SPEC Q4): never a hold."""
+    shadow: tuple[ShadowVerdict, ...] = ()
+    """The key's shadow limits' verdicts (SPEC Q4), in the script's order."""
     waited_s: float | None = None
     """How long the call waited in the fair queue (None: it did not join it)."""
     queue_position: int = 0

@@ -43,6 +43,16 @@ class AdmissionKeys:
         """Frozen clock in ms, honoured only with ``test_clock`` enabled."""
         return f"{self.base}test-clock"
 
+    @property
+    def decisions(self) -> str:
+        """Stream: the decision log (SPEC Q3), one entry per decision, bounded by
+        length and age (``_decision_log.lua``)."""
+        return f"{self.base}decisions"
+
+    def shadow_bucket(self, key: str) -> str:
+        """Hash like :meth:`bucket`: the key's shadow rate limit's bucket (SPEC Q4)."""
+        return f"{self.base}shadow-bucket:{key}"
+
     def pending(self, key: str) -> str:
         """Sorted set: sandbox id → expiry (ms) of admitted, not yet live, activations."""
         return self.live_counts.pending(key)

@@ -19,7 +19,8 @@ VERDICTS = Counter(
 )
 SHADOW_REFUSALS = Counter(
     "turnstile_admission_shadow_refusals_total",
-    "Refusals a policy in shadow mode recorded but did not enforce.",
+    "Refusals recorded but not enforced: a policy in shadow mode, or a key's shadow limit "
+    "(SPEC Q4), by policy and bounded key.",
     ["policy", "key"],
 )
 FAIL_OPEN = Counter(
@@ -44,6 +45,14 @@ DECISION_SECONDS = Histogram(
     ["decision"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+UNLOGGED = Counter(
+    "turnstile_admission_decisions_unlogged_total",
+    "Decisions taken without Redis (by the policies' fail modes), which the decision log in "
+    "Redis cannot hold: each is a log line instead (SPEC Q3), by outcome.",
+    ["decision"],
+)
+for _outcome in ("fail_open", "fail_closed"):  # zero until it happens, so rates have series
+    UNLOGGED.labels(_outcome)
 HOLDS = Counter(
     "turnstile_admission_holds_total",
     "Hold commits and cancels, by action and whether the hold was still open.",

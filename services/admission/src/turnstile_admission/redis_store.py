@@ -29,22 +29,52 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 #: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
 QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
 
+#: The includes a script needs beyond ``_common.lua``: the decision scripts append
+#: to the decision log (``_decision_log.lua``), the queue's take its helpers.
+INCLUDES: dict[str, tuple[str, ...]] = {
+    "admit.lua": ("_decision_log.lua",),
+    "claim.lua": ("_decision_log.lua", "_queue.lua"),
+    **dict.fromkeys(QUEUE_SCRIPTS - {"claim.lua"}, ("_queue.lua",)),
+}
+
 
 def script_text(name: str, test_clock: bool = False) -> str:
     """The full text of one script: the shared helpers (with ``test_clock``, the
-    frozen clock of ``_test_clock.lua`` over them), then the script.
+    frozen clock of ``_test_clock.lua`` over them), its own includes, then the script.
 
     ``claim.lua`` is a granted waiter's ``admit.lua``: admit.lua's text, wrapped
     as the function ``admit_body`` (a chunk's ``return`` is then the function's),
-    comes before it."""
-    parts = ["_common.lua", *(["_test_clock.lua"] if test_clock else [])]
-    if name in QUEUE_SCRIPTS:
-        parts.append("_queue.lua")
+    comes before it, so it takes admit.lua's includes too (its decision is logged
+    once, by admit_body: SPEC Q3)."""
+    parts = [
+        "_common.lua",
+        *(["_test_clock.lua"] if test_clock else []),
+        *INCLUDES.get(name, ()),
+    ]
     texts = [read_script(_PACKAGE, part) for part in parts]
     if name == "claim.lua":
         texts += ["local function admit_body()", read_script(_PACKAGE, "admit.lua"), "end"]
     texts.append(read_script(_PACKAGE, name))
     return "\n".join(texts)
+
+
+class LogContext(NamedTuple):
+    """What a decision's log entry carries that the script cannot know."""
+
+    trace_id: str = ""
+    """The call's trace id (hex), sampled or not; empty without a trace."""
+    sampled: bool = False
+    identity: str = ""
+    """The caller's SPIFFE ID; empty on a server without authentication."""
+    client: str = ""
+    """The client as the caller named it (an id, ``native`` or ``unattributed``)."""
+    key_kind: str = ""
+    key_set_version: str = ""
+    activation: str = ""
+    """The activation's kind (``cold_create``, ...)."""
+
+
+_NO_LOG = LogContext()
 
 
 class AdmitArgs(NamedTuple):
@@ -58,6 +88,13 @@ class AdmitArgs(NamedTuple):
     """Per policy: 0 not evaluated, 1 shadow, 2 enforce."""
     nodes: Sequence[tuple[str, int]] = ()
     """Candidate nodes with their slot capacity, in preference order."""
+    dry_run: bool = False
+    """Decide and report, take nothing, log nothing (SPEC Q4)."""
+    log: LogContext | None = None
+    """What the decision log records beside the decision (SPEC Q3)."""
+    defer: bool = False
+    """The call may wait in the fair queue (SPEC Q1): a refusal only the cluster
+    bucket made is not logged, the wait's final decision is."""
 
 
 #: How much longer than its TTL a hold record is kept (``admit.lua``), so a late
@@ -123,6 +160,21 @@ class AdmitAnswer(NamedTuple):
     live: LiveCount
     pending_expired: int = 0
     """Pending entries this call dropped because they expired unconsumed."""
+    shadow: Mapping[PolicyName, ShadowResult] = {}
+    """The shadow limits' results (SPEC Q4), by the policy each shadows; a policy
+    without a shadow limit is left out."""
+
+
+class ShadowResult(NamedTuple):
+    """A shadow limit's part of ``admit.lua``'s answer."""
+
+    over: bool
+    limit: int
+    current: int
+
+
+#: The order ``admit.lua`` answers the shadow limits in.
+SHADOW_ORDER = (PolicyName.CONCURRENCY, PolicyName.CAP, PolicyName.RATE)
 
 
 class Queued(NamedTuple):
@@ -173,6 +225,18 @@ class UsageAnswer:
     node_slots_held: dict[str, int] = field(default_factory=dict)
     pending_expired: int = 0
     """Pending entries this call dropped because they expired unconsumed."""
+
+
+def _shadow(raw: Sequence[object]) -> Mapping[PolicyName, ShadowResult]:
+    """The shadow limits of ``admit.lua``'s answer (after its 27 first values)."""
+    out: dict[PolicyName, ShadowResult] = {}
+    at = 27
+    for policy in SHADOW_ORDER:
+        code = int(_s(raw[at]))
+        if code:
+            out[policy] = ShadowResult(code == 2, int(_s(raw[at + 1])), int(_s(raw[at + 2])))
+        at += 3
+    return out
 
 
 def _s(value: object) -> str:
@@ -247,8 +311,11 @@ class AdmissionStore:
                 s.rate.cost,
                 round(s.hold_ttl_s * 1000),
                 round(s.pending_ttl_s * 1000),
+                s.decision_log.max_entries,
+                round(s.decision_log.max_age_s * 1000),
             )
         )
+        self._decisions = k.decisions.encode()
         # Every activation's Admit is followed by a CommitHold or a CancelHold:
         # their fixed keys and arguments are built once too.
         limits, cluster_bucket, nodes, _ = self._fixed_keys
@@ -262,11 +329,17 @@ class AdmissionStore:
         self._cancel_args = (*self._bucket_defaults, self._tombstone_ttl_ms)
 
     def _keys_of(self, key: str) -> tuple[bytes, ...]:
-        """``key``'s pending, bucket, in-flight and live keys."""
+        """``key``'s pending, bucket, in-flight, live and shadow-bucket keys."""
         keys = self._per_key.get(key)
         if keys is None:
             k = self.keys
-            names = (k.pending(key), k.bucket(key), k.inflight(key), k.live(key))
+            names = (
+                k.pending(key),
+                k.bucket(key),
+                k.inflight(key),
+                k.live(key),
+                k.shadow_bucket(key),
+            )
             keys = self._per_key[key] = tuple(name.encode() for name in names)
         return keys
 
@@ -283,7 +356,7 @@ class AdmissionStore:
         that do not change between decisions already encoded; the slot benchmark
         replays them)."""
         limits, cluster_bucket, nodes, live_state = self._fixed_keys
-        pending, bucket, inflight, live = self._keys_of(args.key)
+        pending, bucket, inflight, live, shadow_bucket = self._keys_of(args.key)
         keys: list[bytes | str] = [
             limits,
             pending,
@@ -295,10 +368,13 @@ class AdmissionStore:
             live,
             live_state,
             self._settled_prefix + args.hold_id,
+            self._decisions,
+            shadow_bucket,
             *(self._slots_key(name) for name, _ in args.nodes),
             *self._clock_keys,
         ]
         modes = args.modes
+        log = args.log or _NO_LOG
         argv: list[str | int | float | bytes] = [
             args.hold_id,
             args.key,
@@ -308,6 +384,15 @@ class AdmissionStore:
             modes[PolicyName.CONCURRENCY],
             modes[PolicyName.SLOTS],
             *self._argv_tail,
+            1 if args.dry_run else 0,
+            log.trace_id,
+            1 if log.sampled else 0,
+            log.identity,
+            log.client,
+            log.key_kind,
+            log.key_set_version,
+            log.activation,
+            1 if args.defer else 0,
             len(args.nodes),
         ]
         for name, capacity in args.nodes:
@@ -345,6 +430,7 @@ class AdmissionStore:
             int(raw[24]),
             LiveCount.from_script(int(raw[25])),
             int(raw[26]),
+            _shadow(raw),
         )
 
     async def commit(self, hold_id: str) -> bool:

@@ -92,7 +92,16 @@ class AdmitResponses:
         response.message = decision.message
         if decision.waited_s is not None:
             _waited(response, decision)
-        if decision.admitted:
+        if decision.shadow:
+            add = response.shadow_verdicts.add
+            for sv in decision.shadow:
+                add(
+                    policy=POLICIES[sv.policy],
+                    verdict=VERDICTS[sv.verdict],
+                    limit=sv.limit,
+                    current=sv.current,
+                )
+        if decision.admitted and not decision.dry_run:
             response.hold_id = decision.hold_id
             # Timestamp.FromMilliseconds's arithmetic, without its range check: the
             # expiry is the script's clock plus the hold's TTL.
@@ -124,7 +133,8 @@ def _template(decision: Decision) -> _Template:
     """What every decision of ``decision``'s shape answers alike."""
     admitted = decision.admitted
     message = admission_pb2.AdmitResponse(
-        decision=admission_pb2.DECISION_ADMITTED if admitted else admission_pb2.DECISION_REFUSED
+        decision=admission_pb2.DECISION_ADMITTED if admitted else admission_pb2.DECISION_REFUSED,
+        dry_run=decision.dry_run,
     )
     key = message.key
     key.key = decision.key.key

@@ -9,11 +9,12 @@ import grpc.aio
 
 from turnstile_admission import validation
 from turnstile_admission.admitter import Admitter
-from turnstile_admission.responses import AdmitResponses
+from turnstile_admission.decision_log import LoggedDecision
+from turnstile_admission.responses import MODES, POLICIES, VERDICTS, AdmitResponses
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
-from turnstile_platform.authz.ownership import current_scope
+from turnstile_platform.authz.ownership import current_identity, current_scope
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -22,6 +23,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     def __init__(self, admitter: Admitter) -> None:
         self._admitter = admitter
         self._responses = AdmitResponses()
+        self._page_limit = admitter.settings.decision_page_limit
+        self._logging = admitter.settings.decision_log.max_entries > 0
 
     async def Admit(  # noqa: N802 - the gRPC method name
         self, request: admission_pb2.AdmitRequest, context: Context
@@ -33,8 +36,25 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if remaining is not None:
                 margin = self._admitter.settings.queue.claim_margin_s
                 admit = admit._replace(wait_s=max(0.0, min(admit.wait_s, remaining - margin)))
+        if self._logging:
+            # The caller's identity, for the decision log (as the authorizer read it).
+            identity = current_identity()
+            if identity:
+                admit = admit._replace(identity=identity)
         decision = await self._admitter.admit(admit)
         return self._responses.response(decision)
+
+    async def ListDecisions(  # noqa: N802
+        self, request: admission_pb2.ListDecisionsRequest, context: Context
+    ) -> admission_pb2.ListDecisionsResponse:
+        # The authorizer allowed this call's client_id (empty: every client's,
+        # only for an identity allowed any client), and the read keeps that
+        # client's entries alone: a tenant reads its own decisions (SPEC O1).
+        query = validation.decisions_query(request, self._page_limit)
+        page = await self._admitter.decisions(query)
+        return admission_pb2.ListDecisionsResponse(
+            decisions=[_logged(d) for d in page.decisions], next_before=page.next_before
+        )
 
     async def CommitHold(  # noqa: N802
         self, request: admission_pb2.CommitHoldRequest, context: Context
@@ -87,6 +107,56 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             response.ClearField("cluster_capacity")
             response.ClearField("node_slots_held")
         return response
+
+
+_ACTIVATIONS = {
+    "cold_create": common_pb2.ACTIVATION_KIND_COLD_CREATE,
+    "warm_claim": common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+    "resume": common_pb2.ACTIVATION_KIND_RESUME,
+    "restore": common_pb2.ACTIVATION_KIND_RESTORE,
+}
+_KEY_KINDS = {kind.value: value for kind, value in KEY_KINDS.items()}
+
+
+def _logged(entry: LoggedDecision) -> admission_pb2.LoggedDecision:
+    out = admission_pb2.LoggedDecision(
+        id=entry.id,
+        service=entry.service,
+        kind=entry.kind,
+        trace_id=entry.trace_id,
+        sampled=entry.sampled,
+        identity=entry.identity,
+        client=entry.client,
+        sandbox_id=entry.sandbox_id,
+        activation_kind=_ACTIVATIONS.get(entry.activation, common_pb2.ACTIVATION_KIND_UNSPECIFIED),
+        hold_id=entry.hold_id,
+        node=entry.node,
+        detail=entry.detail,
+    )
+    out.at.FromMilliseconds(entry.at_ms)
+    if entry.key:
+        out.key.key = entry.key
+        out.key.kind = _KEY_KINDS.get(entry.key_kind, common_pb2.KEY_KIND_UNSPECIFIED)
+        out.key.key_set_version = entry.key_set_version
+    if entry.hold_expires_ms:
+        out.hold_expires_at.FromMilliseconds(entry.hold_expires_ms)
+    for v in entry.verdicts:
+        out.verdicts.add(
+            policy=POLICIES[v.policy],
+            mode=MODES[v.mode],
+            verdict=VERDICTS[v.verdict],
+            limit=v.limit,
+            current=v.current,
+            detail=v.detail,
+        )
+    for s in entry.shadow:
+        out.shadow_verdicts.add(
+            policy=POLICIES[s.policy],
+            verdict=admission_pb2.VERDICT_SHADOW_REFUSE if s.over else admission_pb2.VERDICT_PASS,
+            limit=s.limit,
+            current=s.current,
+        )
+    return out
 
 
 def _key(key: BoundedKey) -> common_pb2.BoundedKey:

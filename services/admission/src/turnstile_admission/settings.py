@@ -102,6 +102,8 @@ class AdmissionSettings(ServiceSettings):
 
     queue: QueueSettings = QueueSettings()
     """The fair queue (SPEC Q1)."""
+    decision_page_limit: int = Field(default=500, ge=1, le=10_000)
+    """The most decisions one ``ListDecisions`` call returns."""
 
     hold_ttl_s: float = Field(default=60.0, gt=0, le=3600)
     """How long an uncommitted hold lives: its lease and node slot free when it

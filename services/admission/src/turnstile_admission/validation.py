@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 
 from turnstile_admission.admitter import AdmitInput
+from turnstile_admission.decision_log import Query
 from turnstile_admission.policies import Kind
 from turnstile_clientkeys import (
     Client,
     ClientForm,
     InvalidClientError,
+    client_id_problem,
     is_label_value,
     parse_client,
 )
@@ -107,7 +109,50 @@ def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
         tier=request.tier,
         candidate_nodes=nodes,
         wait_s=wait_s,
+        dry_run=request.dry_run,
     )
 
 
-__all__ = ["RichError", "admit_request", "client", "hold_id", "sandbox_id"]
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+#: The clients a decision can be charged to besides a client id.
+_RESERVED_CLIENTS = frozenset({"native", "unattributed"})
+
+
+def decisions_query(request: admission_pb2.ListDecisionsRequest, page_limit: int) -> Query:
+    """A ListDecisions request as a :class:`~turnstile_admission.decision_log.Query`."""
+    client_id = request.client_id
+    if client_id and client_id not in _RESERVED_CLIENTS:
+        problem = client_id_problem(client_id)
+        if problem:
+            raise bad_field("client_id", problem)
+    if request.sandbox_id:
+        sandbox_id(request.sandbox_id)
+    if request.limit < 0:
+        raise bad_field("limit", "must not be negative")
+    for name in ("before", "after"):
+        value = getattr(request, name)
+        if value and not _ENTRY_ID.fullmatch(value):
+            raise bad_field(name, "must be an entry id (<ms>-<seq>) from an earlier answer")
+    since_ms = 0
+    if request.HasField("since"):
+        since_ms = request.since.ToMilliseconds()
+        if since_ms < 0:
+            raise bad_field("since", "must not be before 1970")
+    return Query(
+        client=client_id,
+        sandbox_id=request.sandbox_id,
+        since_ms=since_ms,
+        limit=min(request.limit or page_limit, page_limit),
+        before=request.before,
+        after=request.after,
+    )
+
+
+__all__ = [
+    "RichError",
+    "admit_request",
+    "client",
+    "decisions_query",
+    "hold_id",
+    "sandbox_id",
+]

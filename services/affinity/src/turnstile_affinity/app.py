@@ -12,6 +12,7 @@ from turnstile_affinity.stream_limits import ATTACH_PATH, AttachLimits, StreamBu
 from turnstile_affinity.wake import Waker
 from turnstile_contracts import affinity_pb2_grpc
 from turnstile_platform import peers
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.health import HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import monitor_redis, redis_from_settings
@@ -62,6 +63,8 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         filtered=tiers.enabled,
     )
     placer = Placer(store, policy, waker, tiers)
+    decisions = DecisionLogWriter(redis, settings.redis_prefix, settings.decision_log, "affinity")
+    app.add_cleanup(decisions.close)
     app.add_cleanup(placer.close)
     relay = Relay(
         store,
@@ -99,6 +102,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         presence_ttl_ms=_ms(settings.presence_ttl_s),
         retry_after_s=settings.retry_after_s,
         max_connection_age_s=settings.max_connection_age_s,
+        decisions=decisions,
     )
     affinity_pb2_grpc.add_AffinityServiceServicer_to_server(servicer, app.server)
 

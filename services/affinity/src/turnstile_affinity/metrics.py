@@ -28,6 +28,12 @@ WAKES = Counter(
     "recorded to another client than the session's).",
     ["result"],
 )
+PREPARES = Counter(
+    "turnstile_affinity_prepares_total",
+    "Prepare calls (SPEC W2) by outcome: running, wake_started, already_waking, "
+    "no_session, will_move, not_woken (wakes are off).",
+    ["outcome"],
+)
 LEASES = Counter(
     "turnstile_affinity_leases_total",
     "Leases taken and returned: acquired, released (ReleaseLease), "

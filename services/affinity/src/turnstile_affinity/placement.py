@@ -37,7 +37,14 @@ from typing import NamedTuple
 import grpc
 from opentelemetry import trace
 
-from turnstile_affinity.metrics import LEASES_ACQUIRED, LEASES_RELEASED, RESETS, leases, placements
+from turnstile_affinity.metrics import (
+    LEASES_ACQUIRED,
+    LEASES_RELEASED,
+    PREPARES,
+    RESETS,
+    leases,
+    placements,
+)
 from turnstile_affinity.retry import pending_retry_after_s
 from turnstile_affinity.store import (
     AffinityStore,
@@ -47,6 +54,7 @@ from turnstile_affinity.store import (
     MustMove,
     NoRecord,
     Pending,
+    Prepared,
     Turn,
 )
 from turnstile_affinity.wake import Waker
@@ -76,6 +84,27 @@ class ResetReason(enum.Enum):
     GRACE_EXPIRED = "grace"
     RETIERED = "retiered"
     NOT_OWNED = "not_owned"
+
+
+class PrepareOutcome(enum.Enum):
+    """What a Prepare did (``affinity.v1.PrepareOutcome``)."""
+
+    RUNNING = "running"
+    WAKE_STARTED = "wake_started"
+    ALREADY_WAKING = "already_waking"
+    NO_SESSION = "no_session"
+    WILL_MOVE = "will_move"
+    NOT_WOKEN = "not_woken"
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """A Prepare's answer: what it did, the sandbox the session's record names, and
+    (absent within the grace) how long the session keeps it."""
+
+    outcome: PrepareOutcome
+    sandbox_id: str = ""
+    remaining_grace_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,6 +236,38 @@ class Placer:
         finally:
             if lease_in_doubt:
                 await self._return_lease(lease_id)
+
+    async def prepare(self, session_id: str, client: str) -> Preparation:
+        """Start the wake of ``client``'s session's absent sandbox ahead of its turn
+        (SPEC W2): one script, then at most a wake sent in the background — the
+        same single wake a pending ``Place`` starts (whichever comes first takes the
+        absence's wake marker). Takes no lease and does not renew the session."""
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({"turnstile.session_id": session_id, "turnstile.client_id": client})
+        policy = self._policy
+        found: Prepared = await self._store.prepare(
+            session_id, client, grace_ms=policy.grace_ms, mark_ttl_ms=policy.record_ttl_ms
+        )
+        if found.sandbox_id:
+            span.set_attribute("turnstile.sandbox_id", found.sandbox_id)
+        if found.state == "none":
+            outcome = PrepareOutcome.NO_SESSION
+        elif found.state == "running":
+            outcome = PrepareOutcome.RUNNING
+        elif found.state == "moves":
+            outcome = PrepareOutcome.WILL_MOVE
+        elif self._waker is None:
+            outcome = PrepareOutcome.NOT_WOKEN
+        elif found.woke:
+            outcome = PrepareOutcome.WAKE_STARTED
+            tier = found.tier if policy.filtered else ""
+            shared = self._shared.get(found.tier, self._shared_default)
+            self._waker.wake(found.sandbox_id, tier, client, shared)
+        else:
+            outcome = PrepareOutcome.ALREADY_WAKING
+        PREPARES.labels(outcome.value).inc()
+        return Preparation(outcome, found.sandbox_id, found.remaining_grace_ms)
 
     async def release(self, sandbox_id: str, lease_id: str, client: str = "") -> bool:
         """ReleaseLease: False when it was already released or expired, or was placed

@@ -14,7 +14,16 @@ from opentelemetry import trace
 
 from turnstile_affinity import validation
 from turnstile_affinity.attestation import Attestation, refusal
-from turnstile_affinity.placement import Placement, PlacementOutcome, Placer, Reset, ResetReason
+from turnstile_affinity.decisions import logged_place
+from turnstile_affinity.placement import (
+    Placement,
+    PlacementOutcome,
+    Placer,
+    Preparation,
+    PrepareOutcome,
+    Reset,
+    ResetReason,
+)
 from turnstile_affinity.relay import (
     Attachment,
     IdleStreamError,
@@ -28,6 +37,8 @@ from turnstile_affinity.relay import (
 from turnstile_affinity.store import AffinityStore, SessionRecord
 from turnstile_affinity.stream_limits import AttachLimits, AttachStream
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc, common_pb2
+from turnstile_platform.authz.ownership import current_identity
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.errors import RichError, bad_field, reason_name
 from turnstile_platform.sandbox_credentials import CredentialRefusedError
 from turnstile_platform.tiers import TierConfig
@@ -43,6 +54,15 @@ _REASONS = {
     ResetReason.GRACE_EXPIRED: affinity_pb2.RESET_REASON_GRACE_EXPIRED,
     ResetReason.RETIERED: affinity_pb2.RESET_REASON_RETIERED,
     ResetReason.NOT_OWNED: affinity_pb2.RESET_REASON_NOT_OWNED,
+}
+
+_PREPARED = {
+    PrepareOutcome.RUNNING: affinity_pb2.PREPARE_OUTCOME_RUNNING,
+    PrepareOutcome.WAKE_STARTED: affinity_pb2.PREPARE_OUTCOME_WAKE_STARTED,
+    PrepareOutcome.ALREADY_WAKING: affinity_pb2.PREPARE_OUTCOME_ALREADY_WAKING,
+    PrepareOutcome.NO_SESSION: affinity_pb2.PREPARE_OUTCOME_NO_SESSION,
+    PrepareOutcome.WILL_MOVE: affinity_pb2.PREPARE_OUTCOME_WILL_MOVE,
+    PrepareOutcome.NOT_WOKEN: affinity_pb2.PREPARE_OUTCOME_NOT_WOKEN,
 }
 
 
@@ -89,6 +109,15 @@ def _placement(placement: Placement) -> affinity_pb2.PlaceResponse:
     return response
 
 
+def _prepared(preparation: Preparation) -> affinity_pb2.PrepareResponse:
+    response = affinity_pb2.PrepareResponse(
+        outcome=_PREPARED[preparation.outcome], sandbox_id=preparation.sandbox_id
+    )
+    if preparation.remaining_grace_ms > 0:
+        response.remaining_grace.CopyFrom(_duration(preparation.remaining_grace_ms))
+    return response
+
+
 def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionResponse:
     response = affinity_pb2.GetSessionResponse(
         session_id=session_id,
@@ -106,7 +135,7 @@ def _session(session_id: str, record: SessionRecord) -> affinity_pb2.GetSessionR
 
 
 class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
-    """Place, ReleaseLease, the Attach relay, GetSession and ListWorkers."""
+    """Place, ReleaseLease, the Attach relay, GetSession, ListWorkers and Prepare."""
 
     def __init__(
         self,
@@ -121,8 +150,11 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         presence_ttl_ms: int,
         retry_after_s: float,
         max_connection_age_s: float = 0.0,
+        decisions: DecisionLogWriter | None = None,
     ) -> None:
         self._retry_after_s = retry_after_s
+        #: Where each Place's outcome goes (SPEC Q3): the decision log.
+        self._decisions = decisions
         self._max_connection_age_s = max_connection_age_s
         self._placer = placer
         self._relay = relay
@@ -146,7 +178,17 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         session_id = validation.session_id(request.session_id)
         tier = validation.session_tier(self._tiers, request.tier)
         client = validation.client_id(request.client_id)
-        return _placement(await self._placer.place(session_id, tier, client))
+        placing = self._placer.place(session_id, tier, client)
+        if self._decisions is None:
+            return _placement(await placing)
+        placement = await logged_place(
+            self._decisions,
+            placing,
+            session_id=session_id,
+            client=client,
+            identity=current_identity(),
+        )
+        return _placement(placement)
 
     async def ReleaseLease(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ReleaseLeaseRequest, context: Context
@@ -172,6 +214,13 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
                 metadata={"session_id": session_id},
             )
         return _session(session_id, record)
+
+    async def Prepare(  # noqa: N802 - gRPC method name
+        self, request: affinity_pb2.PrepareRequest, context: Context
+    ) -> affinity_pb2.PrepareResponse:
+        session_id = validation.session_id(request.session_id)
+        client = validation.client_id(request.client_id)
+        return _prepared(await self._placer.prepare(session_id, client))
 
     async def ListWorkers(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ListWorkersRequest, context: Context

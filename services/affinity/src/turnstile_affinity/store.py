@@ -58,6 +58,7 @@ SCRIPTS = (
     "detach",
     "session",
     "workers",
+    "prepare",
 )
 
 
@@ -258,6 +259,24 @@ class Exhausted:
 
 
 PlaceResult = Leased | NoRecord | Busy | Pending | MustMove
+
+
+# Results of prepare.lua ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What ``prepare.lua`` found: ``state`` is ``none`` (no such session of the
+    client), ``running`` (its sandbox is present), ``moves`` (absent past the
+    grace) or ``pending`` (absent within it; ``woke``: this call owns the wake)."""
+
+    state: str
+    sandbox_id: str = ""
+    tier: str = ""
+    remaining_grace_ms: int = 0
+    woke: bool = False
+
+
 ClaimResult = Leased | RecordMoved | Exhausted
 
 
@@ -399,6 +418,23 @@ class AffinityStore:
             keys=self._shared, args=(self.clock.offset_ms, lease_id, sandbox_id, client)
         )
         return int(reply) == 1
+
+    async def prepare(
+        self, session_id: str, client: str, *, grace_ms: int, mark_ttl_ms: int
+    ) -> Prepared:
+        """Whether client ``client``'s session ``session_id`` has an absent sandbox to
+        wake, taking the absence's wake marker if no one has (SPEC W2)."""
+        reply = await self._run(
+            "prepare", [self.keys.session(session_id, client)], grace_ms, mark_ttl_ms
+        )
+        state = _s(reply[0])
+        if state == "none":
+            return Prepared("none")
+        if state in ("running", "moves"):
+            return Prepared(state, _s(reply[1]), _s(reply[2]))
+        if state == "pending":
+            return Prepared(state, _s(reply[1]), _s(reply[2]), int(reply[3]), int(reply[4]) == 1)
+        raise ValueError(f"prepare.lua returned {reply!r}")
 
     # Presence --------------------------------------------------------------------
 

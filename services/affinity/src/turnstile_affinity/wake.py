@@ -16,11 +16,17 @@ the sandbox's record (``GetSandbox``) and sends the ``Activate`` only when its o
 is the session's client, or the native pool where the tier shares it: what
 placement would accept. A record re-written between the read and the ``Activate``
 is not seen (only an ``any`` caller can re-record a sandbox).
+
+Where it runs: on every replica, for the absences its own ``Place`` and
+``Prepare`` calls took the wake marker of (``place.lua`` / ``prepare.lua``): one
+wake per absence across replicas, held by that replica's
+:class:`~turnstile_platform.background.BackgroundTasks` until it ends, and
+cancelled at shutdown (the next turn after the absence's grace moves the session
+anyway, and a wake cut short leaves its marker, so no other replica repeats it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import grpc
@@ -29,6 +35,7 @@ import grpc.aio
 from turnstile_affinity.metrics import WAKES
 from turnstile_clientkeys import NATIVE
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
+from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.errors import decode
 
 log = logging.getLogger(__name__)
@@ -37,23 +44,22 @@ _REFUSALS = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
 
 
 class Waker:
-    """Sends wakes in the background and keeps track of them until shutdown."""
+    """Sends wakes in the background (every replica its own) and holds them until
+    they end or shutdown cancels them."""
 
     def __init__(
         self, substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub, timeout_s: float
     ) -> None:
         self._substrate = substrate
         self._timeout_s = timeout_s
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks("affinity wakes")
 
     def wake(self, sandbox_id: str, tier: str, client: str, shared: bool) -> None:
         """Start waking ``sandbox_id`` for a session of ``client`` (``shared``: the
         tier lets it use the native pool); the span context of the caller is kept."""
-        task = asyncio.create_task(
+        self._tasks.spawn(
             self._activate(sandbox_id, tier, client, shared), name=f"wake {sandbox_id}"
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _owned(self, sandbox_id: str, client: str, shared: bool) -> bool:
         """Whether ``sandbox_id`` is recorded to ``client`` (or to the native pool,
@@ -112,6 +118,8 @@ class Waker:
 
     async def close(self) -> None:
         """Cancel wakes still in flight (shutdown)."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
+
+    def __len__(self) -> int:
+        """Wakes still in flight."""
+        return len(self._tasks)

@@ -43,6 +43,7 @@ from turnstile_clientkeys import Client, ClientForm, record_value
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.ownership import CallerScope
 from turnstile_platform.background import run_to_end
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.dependencies import (
     DEPENDENCY_ERRORS,
     DependencyOverloaded,
@@ -110,12 +111,18 @@ class Activation:
     """The result of an Activate."""
 
     record: SandboxRecord | None
-    runtime: Runtime
+    #: None only for a dry run that would make one.
+    runtime: Runtime | None
     outcome: Outcome
     #: The bounded key admission charged; None when nothing was charged.
     key: common_pb2.BoundedKey | None = None
     #: How long admission's fair queue made it wait (None: it did not wait).
     waited_s: float | None = None
+    #: A dry run (SPEC Q4): ``outcome`` is what the activation would do; nothing
+    #: was made, recorded, claimed or charged.
+    dry_run: bool = False
+    #: A dry run without a runtime: the client id it would charge (None: NULL).
+    would_charge: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,43 @@ def runtime_failed(sandbox_id: str, retry_after_s: float) -> RichError:
         retry_after_s,
         sandbox_id=sandbox_id,
     )
+
+
+#: Refusals admission gave (its reasons): the decision log calls them all
+#: ``refused_by_admission`` and says which in words.
+ADMISSION_REASONS = frozenset(
+    {
+        "cap_exceeded",
+        "rate_limited",
+        "concurrency_limited",
+        "node_slots_exhausted",
+        "policy_backend_unavailable",
+    }
+)
+_WORDS = {
+    Outcome.ALREADY_RUNNING: "already running: nothing created or charged",
+    Outcome.CREATED: "created a new runtime",
+    Outcome.WARM_CLAIMED: "claimed a warm runtime",
+    Outcome.RESTORED: "restored the workspace into a new runtime",
+    Outcome.RESUMED: "resumed the paused runtime",
+}
+
+
+def decision_words(
+    result: str, activation: Activation | None, failure: RichError | None
+) -> tuple[str, str]:
+    """An Activate's kind and why, as the decision log holds them (SPEC Q3)."""
+    if activation is not None:
+        words = _WORDS[activation.outcome]
+        runtime = activation.runtime
+        if runtime is not None and activation.outcome is not Outcome.ALREADY_RUNNING:
+            words += f" {runtime.name}" + (f" on node {runtime.node}" if runtime.node else "")
+        return activation.outcome.value, words
+    if result in ADMISSION_REASONS:
+        return "refused_by_admission", failure.message if failure else result
+    if result == "runtime_failed":
+        return "runtime_failed", "the runtime could not be started; the hold was cancelled"
+    return result, failure.message if failure else result.replace("_", " ")
 
 
 def charged_client(client: Client, record: SandboxRecord | None) -> Client:
@@ -190,8 +234,11 @@ class Activator:
         pool: asyncpg.Pool,
         admission: AdmissionClient,
         settings: SubstrateSettings,
+        decisions: DecisionLogWriter | None = None,
     ) -> None:
         self.substrate = substrate
+        #: Where each Activate's outcome and why go (SPEC Q3): the decision log.
+        self._decisions = decisions
         self._pool = pool
         self._admission = admission
         self._locks = KeyedLocks()
@@ -215,21 +262,30 @@ class Activator:
         tier: str,
         scope: CallerScope | None = None,
         wait_s: float = 0.0,
+        *,
+        dry_run: bool = False,
+        identity: str = "",
     ) -> Activation:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
         A ``scope`` (a caller not allowed every client) must own the sandbox: checked
         on each record read here (the already-running path, then under the claim),
         before anything is made or admitted. ``wait_s``: how long admission may
-        keep the call in its fair queue (SPEC Q1; 0: answer at once)."""
+        keep the call in its fair queue (SPEC Q1; 0: answer at once). A dry run
+        (SPEC Q4) never waits: admission decides it at once, queueing nothing."""
+        if dry_run:
+            return await self._guard(self._dry_run(sandbox_id, client, tier, scope))
         started = time.perf_counter()
         result = "error"
+        activation: Activation | None = None
+        failure: RichError | None = None
         try:
             activation = await self._guard(self._activate(sandbox_id, client, tier, scope, wait_s))
             result = activation.outcome.value
             return activation
         except RichError as error:
             result = error.reason.lower() or error.code.name.lower()
+            failure = error
             raise
         except DependencyUnavailable as error:
             # Answered UNAVAILABLE / DEPENDENCY_UNAVAILABLE by the interceptor.
@@ -243,6 +299,31 @@ class Activator:
         finally:
             _activations(self.substrate.name, result).inc()
             _activation_seconds(self.substrate.name, result).observe(time.perf_counter() - started)
+            if self._decisions is not None:
+                self._log(sandbox_id, client, identity, result, activation, failure)
+
+    def _log(
+        self,
+        sandbox_id: str,
+        client: Client,
+        identity: str,
+        result: str,
+        activation: Activation | None,
+        failure: RichError | None,
+    ) -> None:
+        """The Activate's outcome and why, in the decision log (queued: off the call's path)."""
+        assert self._decisions is not None
+        kind, detail = decision_words(result, activation, failure)
+        runtime = activation.runtime if activation is not None else None
+        self._decisions.append(
+            kind,
+            sandbox_id=sandbox_id,
+            client=client.client_id if client.client_id is not None else client.form.value,
+            identity=identity,
+            key=activation.key.key if activation is not None and activation.key else "",
+            node=runtime.node if runtime is not None else "",
+            detail=detail,
+        )
 
     async def _activate(
         self,
@@ -281,6 +362,40 @@ class Activator:
                     )
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
             return await self._create(claim, sandbox_id, client, tier, record, generation, wait_s)
+
+    async def _dry_run(
+        self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None
+    ) -> Activation:
+        """What an Activate would do, changing nothing (SPEC Q4): the record and the
+        runtime are read (no claim, no lock: nothing is written), ownership checked
+        as a real Activate checks it, and admission asked for a dry run, whose
+        refusal is raised as a real one is. No metric of activations moves."""
+        inherit = client.form is ClientForm.INHERIT
+        runtime = await self.substrate.find_running(sandbox_id)
+        record, generation = await self._db(lambda conn: _read_for_activation(conn, sandbox_id))
+        check_owner(scope, sandbox_id, record, runtime, recorded_only=inherit)
+        if runtime is not None:
+            return Activation(record, runtime, Outcome.ALREADY_RUNNING, dry_run=True)
+        charged = charged_client(client, record)
+        spec = RuntimeSpec(
+            sandbox_id=sandbox_id,
+            tier=record.tier if record is not None else tier,
+            client_label=record_value(charged),
+            restore=record is not None,
+            generation=generation,
+        )
+        plan = self.substrate.plan(spec)
+        admitted = await self._admission.admit(
+            sandbox_id, charged, plan.kind, spec.tier, plan.candidate_nodes, dry_run=True
+        )
+        return Activation(
+            record,
+            None,
+            OUTCOMES[plan.kind],
+            admitted.key,
+            dry_run=True,
+            would_charge=record_value(charged),
+        )
 
     async def _create(
         self,

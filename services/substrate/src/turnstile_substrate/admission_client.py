@@ -153,6 +153,8 @@ class AdmissionClient:
         tier: str,
         candidate_nodes: Sequence[str],
         wait_s: float = 0.0,
+        *,
+        dry_run: bool = False,
     ) -> Admitted:
         """Admit the activation or raise its refusal as a :class:`RichError`.
 
@@ -169,6 +171,7 @@ class AdmissionClient:
             kind=ACTIVATION_KINDS[kind],
             tier=tier,
             candidate_nodes=list(candidate_nodes),
+            dry_run=dry_run,
         )
         timeout = self._timeout_s
         if wait_s > 0:

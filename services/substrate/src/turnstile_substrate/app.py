@@ -12,6 +12,7 @@ from turnstile_contracts import substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.bounded import report_breaker
+from turnstile_platform.decision_log import DecisionLogWriter
 from turnstile_platform.health import Check, HealthMonitor
 from turnstile_platform.metrics import MetricsEndpoint
 from turnstile_platform.redis_client import monitor_redis, redis_from_settings
@@ -135,7 +136,9 @@ async def create_app(
 
         app.authorizer.set_owner_lookup(owner)
 
-    activator = Activator(substrate, pool, admission, settings)
+    decisions = DecisionLogWriter(redis, settings.redis_prefix, settings.decision_log, "substrate")
+    app.add_cleanup(decisions.close)
+    activator = Activator(substrate, pool, admission, settings, decisions)
     substrate_pb2_grpc.add_SubstrateServiceServicer_to_server(
         SubstrateServicer(
             activator, resolver, settings.tier_config, settings.admission_wait_margin_s

@@ -258,13 +258,22 @@ def wait_budget(
 
 
 def activate_response(
-    activation: Activation, substrate_name: str
+    activation: Activation, substrate_name: str, sandbox_id: str = "", tier: str = ""
 ) -> substrate_pb2.ActivateResponse:
     response = substrate_pb2.ActivateResponse(
         sandbox=sandbox(activation.record, activation.runtime, substrate_name),
         outcome=OUTCOMES[activation.outcome],
+        dry_run=activation.dry_run,
     )
-    charged = activation.runtime.client_label
+    if activation.runtime is None and activation.record is None:
+        # A dry run of a sandbox that does not exist yet: as the request names it.
+        response.sandbox.sandbox_id = sandbox_id
+        response.sandbox.tier = tier
+    charged = (
+        activation.runtime.client_label
+        if activation.runtime is not None
+        else activation.would_charge
+    )
     if activation.record is not None:
         charged = activation.record.activating_client_id
     if charged is not None:

@@ -26,6 +26,9 @@ LABEL_POOL = "turnstile.dev/pool"
 #: On warm pods: a hash of the spec their tier's template gave them (a claim takes only
 #: warm pods made from the current one).
 LABEL_TEMPLATE = "turnstile.dev/template"
+#: On pods the warm pool made: ``warm-pool``, set at creation and kept by the adoption
+#: patch, so a sandbox pod says it was a warm hit however late the reflector first saw it.
+LABEL_ORIGIN = "turnstile.dev/origin"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "turnstile"
 #: Every sandbox pod is ``app.kubernetes.io/name=turnstile-worker``: the label the

@@ -8,7 +8,7 @@ import grpc.aio
 
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
-from turnstile_platform.authz.ownership import current_scope
+from turnstile_platform.authz.ownership import current_identity, current_scope
 from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
@@ -43,9 +43,15 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
         wait_s = contract.wait_budget(request, context.time_remaining(), self._create_margin_s)
         activation = await self._activator.activate(
-            sandbox_id, client, tier, current_scope(), wait_s
+            sandbox_id,
+            client,
+            tier,
+            current_scope(),
+            wait_s,
+            dry_run=request.dry_run,
+            identity=current_identity(),
         )
-        return contract.activate_response(activation, self._substrate.name)
+        return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 
     async def Deactivate(  # noqa: N802 - gRPC method names
         self, request: substrate_pb2.DeactivateRequest, context: Context

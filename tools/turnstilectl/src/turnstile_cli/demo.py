@@ -8,7 +8,9 @@
    wake affinity sends on the client's behalf is refused: it is out of tokens);
 6. the session falls back to another sandbox of its tier, with a workspace reset;
 7. acme, with a tenant's own certificate, tries globex's sandbox: refused with the
-   answer a sandbox that does not exist gets, and globex's record is untouched.
+   answer a sandbox that does not exist gets, and globex's record is untouched;
+8. ``turnstilectl why`` on the sandbox the rate limiter refused in step 3: the
+   decision log says what refused it, in words, with the trace id (SPEC Q3).
 
 Each step runs under a root span of its own, so its trace id (printed) finds
 the whole path in Jaeger when ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at it.
@@ -50,6 +52,7 @@ from rich.rule import Rule
 
 from turnstile_cli.commands.admission import render_admit
 from turnstile_cli.commands.affinity import render_place, reset_warning
+from turnstile_cli.commands.decisions import render_why
 from turnstile_cli.commands.substrate import render_activate
 from turnstile_cli.context import ClientTls, Context
 from turnstile_cli.exits import Exit
@@ -69,7 +72,7 @@ from turnstile_platform.redis_client import create_redis
 
 T = TypeVar("T")
 
-STEPS = 7
+STEPS = 8
 
 
 class DemoError(Exception):
@@ -86,6 +89,8 @@ class Story:
     max_wait_s: float
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:4])
     traces: list[dict[str, str]] = field(default_factory=list)
+    #: The sandbox the rate limiter refused (step 3), which step 8 asks ``why`` about.
+    refused_sandbox: str = ""
 
     @property
     def acme(self) -> str:
@@ -216,6 +221,7 @@ class Story:
         killed = await self.kill_worker(microvm_session)
         await self.fallback(microvm_session, killed)
         await self.cross_tenant()
+        await self.why_refused()
 
     async def activations(self) -> str:
         acme_box = self.sandbox("acme-1")
@@ -286,6 +292,7 @@ class Story:
                     if error.reason != "RATE_LIMITED":
                         raise
                     self.refused(error, "activate")
+                    self.refused_sandbox = sandbox_id
                     wait = error.retry_after_s or 1.0
                     self.say(f"waiting {wait:.1f} s as told, then retrying")
                     await asyncio.sleep(wait)
@@ -293,6 +300,26 @@ class Story:
                     await self.retry(again)
                     return
             raise DemoError("no activation was rate limited")
+
+    async def why_refused(self) -> None:
+        sandbox_id = self.refused_sandbox
+        async with self.step(
+            8,
+            f"Why was {sandbox_id} refused?",
+            "Every decision is in the decision log, written by admission's decision script in "
+            "the same step as the decision, with the substrate's side beside it; "
+            "`turnstilectl why` reads a sandbox's last activations back, newest first: what "
+            "decided each, in words, and the trace id to look up.",
+        ):
+            self.shell(f"turnstilectl why {sandbox_id}")
+            async with self.ctx.admission() as stub:
+                page = await stub.ListDecisions(
+                    admission_pb2.ListDecisionsRequest(sandbox_id=sandbox_id, limit=5)
+                )
+            entries = list(page.decisions)
+            if not any(d.kind == "refused" for d in entries):
+                raise DemoError(f"the decision log has no refusal of {sandbox_id}")
+            render_why(self.console, sandbox_id, entries)
 
     async def retry(self, call: Callable[[], Awaitable[T]], attempts: int = 5) -> T:
         """Call again while the answer is a retryable refusal, waiting its hint."""

@@ -92,6 +92,12 @@ def non_negative(text: str) -> int:
     return value
 
 
+def _duration(text: str) -> float:
+    from turnstile_cli.commands.decisions import duration_s
+
+    return duration_s(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="turnstilectl",
@@ -189,7 +195,12 @@ def _admission(sub: Subparsers) -> None:
     admit.add_argument(
         "--cancel",
         action="store_true",
-        help="cancel the hold at once (a dry run: takes nothing)",
+        help="cancel the hold at once (takes a hold, then gives it back)",
+    )
+    admit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide and report without changing anything: no hold, nothing logged (SPEC Q4)",
     )
 
     hold = command(
@@ -211,6 +222,54 @@ def _admission(sub: Subparsers) -> None:
     )
     add_client_options(usage, forms=("client", "native", "unattributed"))
 
+    why = command(
+        sub,
+        "why",
+        "turnstile_cli.commands.decisions:_why",
+        service="admission",
+        help="a sandbox's last activations and what decided each, in plain words",
+        description="Read the decision log (SPEC Q3) for one sandbox: its last activations, "
+        "newest first, what decided each (the refusing limit, its current value), the "
+        "shadow limits that would have refused, and the trace id to look up.",
+    )
+    why.add_argument("sandbox_id")
+    why.add_argument(
+        "--client", metavar="ID", help="the sandbox's client (required of a tenant identity)"
+    )
+    why.add_argument("--last", type=int, default=5, metavar="N", help="how many (default: 5)")
+
+    decisions = command(
+        sub,
+        "decisions",
+        "turnstile_cli.commands.decisions:_decisions",
+        service="admission",
+        help="the decision log: every decision, newest first (or --follow)",
+        description="List the decision log (SPEC Q3). With --follow, keep printing new "
+        "entries oldest first; with -o json, one JSON object a line (for a log shipper).",
+    )
+    decisions.add_argument("--client", metavar="ID", help="only this client's decisions")
+    decisions.add_argument("--sandbox", metavar="ID", help="only this sandbox's decisions")
+    decisions.add_argument(
+        "--since",
+        type=_duration,
+        metavar="AGE",
+        help="only decisions this recent: 90s, 10m, 2h, 1d",
+    )
+    decisions.add_argument(
+        "--limit", type=int, default=50, metavar="N", help="how many (default: 50)"
+    )
+    decisions.add_argument("--follow", "-f", action="store_true", help="keep printing new ones")
+    decisions.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often --follow asks for new ones (default: 1)",
+    )
+    decisions.add_argument(
+        "--polls", type=int, default=0, metavar="N", help="stop --follow after N polls (0: never)"
+    )
+
 
 def _substrate(sub: Subparsers) -> None:
     activate = command(
@@ -230,6 +289,11 @@ def _substrate(sub: Subparsers) -> None:
         metavar="DURATION",
         help="wait up to DURATION (30s, 500ms, 2m) in admission's fair queue when the "
         "cluster is contended, instead of being refused",
+    )
+    activate.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide and report without changing anything: no runtime, record or hold",
     )
 
     deactivate = command(
@@ -306,6 +370,18 @@ def _affinity(sub: Subparsers) -> None:
         "--client", required=True, help="the client the sessions belong to (SPEC O2)"
     )
     add_watch(sessions)
+
+    prepare = command(
+        sub,
+        "prepare",
+        "turnstile_cli.commands.affinity:_prepare",
+        service="affinity",
+        help="wake this session's sandbox ahead of its turn, if it is away (no lease)",
+    )
+    prepare.add_argument("session_id")
+    prepare.add_argument(
+        "--client", required=True, help="the client the session belongs to (SPEC O2)"
+    )
 
     workers = command(
         sub,

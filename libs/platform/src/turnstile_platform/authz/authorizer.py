@@ -26,7 +26,12 @@ from prometheus_client import Counter
 
 from turnstile_contracts import common_pb2
 from turnstile_platform.authz.methods import CLIENT_SOURCES, OwnerLookup, refusal
-from turnstile_platform.authz.ownership import PERMISSION_DENIED_REASON, CallerScope, enter_scope
+from turnstile_platform.authz.ownership import (
+    PERMISSION_DENIED_REASON,
+    CallerScope,
+    enter_identity,
+    enter_scope,
+)
 from turnstile_platform.authz.policy import AuthzDecision, AuthzPolicy
 from turnstile_platform.decoding import Undecodable
 from turnstile_platform.errors import RichError, abort
@@ -139,6 +144,7 @@ class Authorizer:
             return None  # unreachable: abort raises
         if reflection:
             return None
+        enter_identity(identity)
         decision = self.source.policy.decide(identity, method)
         if not decision.allowed:
             why = "identity may not call this method"

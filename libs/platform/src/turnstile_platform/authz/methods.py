@@ -19,8 +19,10 @@ lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC
 ``ReleaseSandbox`` (admission)  the sandbox's recorded client; admission keeps no owner
                                 record, so only an identity allowed ``any`` client may call it
 ``ListSandboxes``               the request's ``client_id``; empty (every client) needs ``any``
-``Place``, ``GetSession``       the request's ``client_id``: the client the session belongs to
-                                (SPEC O2)
+``ListDecisions`` (admission)   the request's ``client_id``; empty (every client's decisions)
+                                needs ``any``; the handler returns that client's entries alone
+``Place``, ``GetSession``,      the request's ``client_id``: the client the session belongs to
+``Prepare``                     (SPEC O2, W2)
 ``ReleaseLease``,               the request's ``client_id``; empty (whoever the lease was placed
 ``ListWorkers``                 for, every client's sandboxes) needs ``any``
 ==============================  ===============================================================
@@ -111,6 +113,9 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
         lambda r: r.client, None
     ),
     _name(_ADMISSION, "AdmissionService", "ReleaseSandbox"): FromSandbox(lambda r: r.sandbox_id),
+    _name(_ADMISSION, "AdmissionService", "ListDecisions"): FromRequest(
+        lambda r: r.client_id or None
+    ),
     _name(_SUBSTRATE, "SubstrateService", "Activate"): FromActivationClient(
         lambda r: r.client, lambda r: r.sandbox_id
     ),
@@ -121,6 +126,7 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
     ),
     _name(_AFFINITY, "AffinityService", "Place"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "GetSession"): FromRequest(lambda r: r.client_id or None),
+    _name(_AFFINITY, "AffinityService", "Prepare"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "ReleaseLease"): FromRequest(lambda r: r.client_id or None),
     _name(_AFFINITY, "AffinityService", "ListWorkers"): FromRequest(lambda r: r.client_id or None),
 }

@@ -120,6 +120,22 @@ def current_scope() -> CallerScope | None:
     return _SCOPE.get()
 
 
+_IDENTITY: ContextVar[str] = ContextVar("turnstile_caller_identity", default="")
+
+
+def current_identity() -> str:
+    """The SPIFFE ID of the call being served, as the authorizer read it from the
+    verified peer certificate; empty on a server without authorization (loopback
+    plaintext). For records of who called (the decision log, SPEC Q3), never for
+    a decision: the authorizer has decided already."""
+    return _IDENTITY.get()
+
+
+def enter_identity(identity: str) -> None:
+    """Set the caller's identity for the rest of this call (the authorizer)."""
+    _IDENTITY.set(identity)
+
+
 def enter_scope(scope: CallerScope | None) -> None:
     """Set the scope for the rest of this call (each gRPC call runs in its own task,
     whose context no other call shares)."""

@@ -17,6 +17,7 @@ from turnstile_admission.policies.base import (
     PolicySettings,
     PolicyVerdict,
     RawResult,
+    ShadowVerdict,
     Verdict,
 )
 from turnstile_admission.policies.cap import CapPolicy, CapSettings
@@ -40,6 +41,7 @@ __all__ = [
     "RatePolicy",
     "RateSettings",
     "RawResult",
+    "ShadowVerdict",
     "SlotsPolicy",
     "SlotsSettings",
     "Verdict",

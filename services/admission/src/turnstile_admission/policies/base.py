@@ -113,6 +113,22 @@ class PolicyVerdict(NamedTuple):
         return self.verdict is Verdict.REFUSE
 
 
+class ShadowVerdict(NamedTuple):
+    """A shadow limit's part of a decision (SPEC Q4): a limit under test beside
+    the enforced one, compared with what the enforced policy counted. Reported
+    and counted, never refusing."""
+
+    policy: PolicyName
+    over: bool
+    """Whether the shadow limit was reached: a refusal had it been enforced."""
+    limit: int
+    current: int
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.SHADOW_REFUSE if self.over else Verdict.PASS
+
+
 @dataclass(frozen=True)
 class ActivationShape:
     """The shape of an activation asked for (its kind and candidate nodes): what a

@@ -54,9 +54,13 @@ class PodIndex:
         self.generation = 0
         #: called with a sandbox id whose live pods changed (the live publisher)
         self.on_sandbox_change: Callable[[str], None] | None = None
-        #: called with (tier, hit) for each sandbox pod that appeared: hit when it was a
-        #: warm pod adopted, else a cold create (the leader's warm-pool demand, SPEC W1)
+        #: called with (tier, hit) for each sandbox pod that appeared: hit when the warm
+        #: pool made it (its origin label, or the cache saw it warm), else a cold create
+        #: (the leader's warm-pool demand, SPEC W1; a restore's pod is none: no warm pod
+        #: would have served it); a re-list reports the ones its gap hid
         self.on_demand: Callable[[str, bool], None] | None = None
+        #: a first list has been installed (the pods it finds are not new demand)
+        self._listed = False
         #: called with a sandbox pod that stopped being live — deleted, terminating, finished
         #: or relabelled — as the cache last saw it (the leader ends its execution row)
         self.on_runtime_gone: Callable[[PodInfo], None] | None = None
@@ -66,8 +70,12 @@ class PodIndex:
     def replace(self, pods: Iterable[PodInfo]) -> None:
         """Install a fresh list (after a list or re-list): the old cache is dropped whole.
         Sandbox pods that were live and are not any more (what a cut watch missed) are
-        reported to ``on_runtime_gone``."""
+        reported to ``on_runtime_gone``; sandbox pods that appeared meanwhile (live now, not
+        live before) are reported to ``on_demand``, after the first list only. A pod
+        that came and went within the gap is seen by neither: demand during a watch gap is
+        undercounted by the sandboxes that lived less than the gap."""
         was_live = [pod for pod in self.pods.values() if pod.is_sandbox]
+        before = self.pods
         self.pods = {}
         self._by_sandbox = {}
         self._by_client = {}
@@ -87,6 +95,13 @@ class PodIndex:
             now = self.pods.get(pod.name)
             if now is None or not now.is_sandbox or now.uid != pod.uid:
                 self._runtime_gone(pod)
+        if self._listed and self.on_demand is not None:
+            for pod in self.pods.values():
+                old = before.get(pod.name)
+                appeared = old is None or not old.is_sandbox or old.uid != pod.uid
+                if pod.is_sandbox and not pod.restore and appeared:
+                    self.on_demand(pod.tier, pod.from_pool or (old is not None and old.is_warm))
+        self._listed = True
 
     def upsert(self, pod: PodInfo) -> None:
         """Apply an ADDED or MODIFIED event."""
@@ -100,8 +115,13 @@ class PodIndex:
             self._warm_changed()
         if old is not None and old.is_sandbox and not pod.is_sandbox:
             self._runtime_gone(old)
-        if self.on_demand is not None and pod.is_sandbox and (old is None or old.is_warm):
-            self.on_demand(pod.tier, old is not None or "-warm-" in pod.name)
+        if (
+            self.on_demand is not None
+            and pod.is_sandbox
+            and not pod.restore
+            and (old is None or old.is_warm)
+        ):
+            self.on_demand(pod.tier, pod.from_pool or old is not None)
 
     def delete(self, name: str) -> None:
         """Apply a DELETED event."""

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from turnstile_substrate.kubernetes.template import ANNOTATION_RESTORE
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
+    LABEL_ORIGIN,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
     LABEL_TEMPLATE,
@@ -58,6 +60,11 @@ class PodInfo:
     #: ``status.podIP``; "" until the pod is scheduled and has one (its credential's
     #: endpoint, SPEC O3).
     ip: str = ""
+    #: ``turnstile.dev/origin`` is ``warm-pool``: the warm pool made it (claimed or not).
+    from_pool: bool = False
+    #: ``turnstile.dev/restore`` is ``true``: created to restore a sandbox (never a warm pod's
+    #: work, so not warm-pool demand).
+    restore: bool = False
 
     def age_s(self, now: datetime | None = None) -> float | None:
         """Seconds since the pod was created, or None when that is unknown."""
@@ -107,4 +114,6 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         created=meta.get("creationTimestamp") or "",
         template=_intern(labels.get(LABEL_TEMPLATE, "")),
         ip=status.get("podIP") or "",
+        from_pool=labels.get(LABEL_ORIGIN) == "warm-pool",
+        restore=(meta.get("annotations") or {}).get(ANNOTATION_RESTORE) == "true",
     )

@@ -28,6 +28,7 @@ from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_MANAGED_BY,
     LABEL_NAME,
+    LABEL_ORIGIN,
     LABEL_POOL,
     LABEL_SANDBOX_ID,
     LABEL_TEMPLATE,
@@ -39,6 +40,8 @@ from turnstile_substrate.runtime import (
 
 #: Value of the pool label on warm pods.
 POOL_WARM = "warm"
+#: ``turnstile.dev/origin`` of every pod the warm pool made (kept once it is claimed).
+ORIGIN_WARM_POOL = "warm-pool"
 #: Annotation marking a pod created to restore a stopped sandbox's workspace.
 ANNOTATION_RESTORE = "turnstile.dev/restore"
 
@@ -132,6 +135,7 @@ def warm_pod(
     labels = {
         LABEL_TIER: tier,
         LABEL_POOL: POOL_WARM,
+        LABEL_ORIGIN: ORIGIN_WARM_POOL,
         LABEL_TEMPLATE: template_hash(settings, tier, credentials=credentials),
     }
     return _pod(
@@ -162,7 +166,7 @@ def adoption_patch(spec: RuntimeSpec, resource_version: str) -> dict[str, Any]:
     only to the pod as seen: of two concurrent claims one wins and the other gets
     409 Conflict. It adds the sandbox labels (the client id is set here, once)
     and removes the pool and template labels (``null`` deletes a key in a merge patch): the
-    pod is then labelled as a cold pod of the sandbox is.
+    pod is then labelled as a cold pod of the sandbox is, plus its origin label.
     """
     labels: dict[str, str | None] = {
         **sandbox_labels(spec),

@@ -39,12 +39,16 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     if args.commit and args.cancel:
         ctx.out.failure("--commit and --cancel exclude each other")
         return Exit.USAGE
+    if args.dry_run and (args.commit or args.cancel):
+        ctx.out.failure("a --dry-run takes no hold to --commit or --cancel")
+        return Exit.USAGE
     request = admission_pb2.AdmitRequest(
         sandbox_id=args.sandbox_id,
         client=client_from_args(args),
         kind=KINDS[args.kind],
         tier=args.tier,
         candidate_nodes=args.node,
+        dry_run=args.dry_run,
     )
     timeout = None
     if args.wait > 0:
@@ -98,12 +102,13 @@ def render_admit(
 ) -> None:
     key = response.key
     key_text = f"{key.key} ({_key_kind(key.kind)}, key set v{key.key_set_version})"
+    dry = " [bold](dry run: nothing taken)[/]" if response.dry_run else ""
     if response.decision == admission_pb2.DECISION_ADMITTED:
-        console.print(f"[bold green]✓ admitted[/] sandbox [bold]{sandbox_id}[/] as {key_text}")
-        rows: dict[str, object] = {"hold": response.hold_id}
+        console.print(f"[bold green]✓ admitted[/] sandbox [bold]{sandbox_id}[/] as {key_text}{dry}")
+        rows: dict[str, object] = {"hold": response.hold_id or "none (dry run)"}
         if settled:
             rows["hold state"] = settled
-        else:
+        elif not response.dry_run:
             rows["hold expires"] = when(response.hold_expires_at)
         if response.node:
             rows["node"] = response.node
@@ -111,7 +116,7 @@ def render_admit(
         policy = _policy(response.refused_by)
         console.print(
             f"[bold red]✗ refused[/] sandbox [bold]{sandbox_id}[/] as {key_text} "
-            f"by the [bold]{policy}[/] policy"
+            f"by the [bold]{policy}[/] policy{dry}"
         )
         rows = {"limit": response.limit, "current": response.current}
         if response.HasField("retry_after"):
@@ -126,6 +131,11 @@ def render_admit(
         rows["queue position"] = f"{response.queue_position} when it joined{estimate}"
     if response.message:
         rows["summary"] = response.message
+    for shadow in response.shadow_verdicts:
+        verdict = admission_pb2.Verdict.Name(shadow.verdict).removeprefix("VERDICT_").lower()
+        rows[f"shadow {_policy(shadow.policy)}"] = (
+            f"{verdict}: {shadow.current} against a shadow limit of {shadow.limit}"
+        )
     console.print(kv_table(rows))
     console.print(verdicts_table(response.verdicts))
 

@@ -1,4 +1,4 @@
-"""``place``, ``release``, ``sessions``, ``workers``: the affinity service.
+"""``place``, ``release``, ``sessions``, ``prepare``, ``workers``: the affinity service.
 
 A workspace reset is the one thing a person must not miss: the session's files
 are gone. It is printed as a WARNING before anything else (SPEC T8), and in
@@ -162,6 +162,46 @@ def sessions_table(sessions: list[affinity_pb2.GetSessionResponse]) -> Table:
             reset,
         )
     return table
+
+
+_PREPARED = {
+    affinity_pb2.PREPARE_OUTCOME_RUNNING: "its sandbox {sandbox} is running: nothing to do",
+    affinity_pb2.PREPARE_OUTCOME_WAKE_STARTED: "its sandbox {sandbox} is away: wake started",
+    affinity_pb2.PREPARE_OUTCOME_ALREADY_WAKING: "its sandbox {sandbox} is away and already waking",
+    affinity_pb2.PREPARE_OUTCOME_WILL_MOVE: (
+        "its sandbox {sandbox} stayed away past the grace: its next turn moves it to a fresh "
+        "workspace"
+    ),
+    affinity_pb2.PREPARE_OUTCOME_NOT_WOKEN: (
+        "its sandbox {sandbox} is away, and this deployment sends no wakes"
+    ),
+}
+
+
+async def _prepare(args: argparse.Namespace, ctx: Context) -> int:
+    """Prepare (SPEC W2); exit 1 when the client has no such session (nothing done)."""
+    async with ctx.affinity() as stub:
+        response = await stub.Prepare(
+            affinity_pb2.PrepareRequest(session_id=args.session_id, client_id=args.client)
+        )
+    missing = response.outcome == affinity_pb2.PREPARE_OUTCOME_NO_SESSION
+
+    def show(console: Console) -> None:
+        if missing:
+            ctx.out.failure(f"no session {args.session_id} of client {args.client}")
+            return
+        text = _PREPARED.get(response.outcome, "answered {outcome}").format(
+            sandbox=response.sandbox_id, outcome=response.outcome
+        )
+        console.print(f"[bold green]✓[/] session [bold]{args.session_id}[/]: {text}")
+        if response.HasField("remaining_grace"):
+            grace = response.remaining_grace.ToTimedelta().total_seconds()
+            console.print(f"[dim]it keeps that sandbox {grace:.1f} s more[/]")
+
+    payload = proto_dict(response)
+    payload["session_id"] = args.session_id
+    ctx.out.emit(payload, show)
+    return Exit.ERROR if missing else Exit.OK
 
 
 async def _workers(args: argparse.Namespace, ctx: Context) -> int:

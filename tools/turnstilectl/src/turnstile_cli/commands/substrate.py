@@ -25,7 +25,11 @@ OUTCOME_STYLES = {
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
     async with ctx.client("substrate") as client:
         response = await client.activate(
-            args.sandbox_id, client_from_args(args), tier=args.tier, wait_s=args.wait
+            args.sandbox_id,
+            client_from_args(args),
+            tier=args.tier,
+            dry_run=args.dry_run,
+            wait_s=args.wait,
         )
     ctx.out.emit(proto_dict(response), lambda console: render_activate(console, response))
     return Exit.OK
@@ -39,7 +43,10 @@ def render_activate(console: Console, response: substrate_pb2.ActivateResponse) 
     sandbox = response.sandbox
     outcome = outcome_name(response.outcome)
     style = OUTCOME_STYLES.get(outcome, "")
-    console.print(f"[bold green]✓[/] sandbox [bold]{sandbox.sandbox_id}[/]: [{style}]{outcome}[/]")
+    dry = " [bold](dry run: would be; nothing was made or charged)[/]" if response.dry_run else ""
+    console.print(
+        f"[bold green]✓[/] sandbox [bold]{sandbox.sandbox_id}[/]: [{style}]{outcome}[/]{dry}"
+    )
     rows: dict[str, object] = {
         "tier": sandbox.tier or "(default)",
         "runtime": sandbox.runtime_name or "-",

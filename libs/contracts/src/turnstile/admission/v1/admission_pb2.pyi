@@ -149,6 +149,7 @@ class AdmitRequest(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     TIER_FIELD_NUMBER: _builtins.int
     CANDIDATE_NODES_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     WAIT_BUDGET_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """The sandbox being activated: 1 to 63 characters, a valid label value."""
@@ -156,6 +157,11 @@ class AdmitRequest(_message.Message):
     """How the runtime will be made to exist. Must not be UNSPECIFIED."""
     tier: _builtins.str
     """The sandbox's tier; empty means the default tier. Informational (metrics, spans)."""
+    dry_run: _builtins.bool
+    """Decide and report without changing anything (SPEC Q4): no token, hold,
+    pending entry or lease is taken, and nothing is logged. The response's
+    hold_id is empty; a dry run's admission is no licence to activate.
+    """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
         """Who is charged. `client_id`, `native` or `unattributed`; `inherit` must be
@@ -185,11 +191,12 @@ class AdmitRequest(_message.Message):
         kind: _common_pb2.ActivationKind.ValueType = ...,
         tier: _builtins.str = ...,
         candidate_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        dry_run: _builtins.bool = ...,
         wait_budget: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "kind", b"kind", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "dry_run", b"dry_run", "kind", b"kind", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -251,6 +258,8 @@ class AdmitResponse(_message.Message):
     VERDICTS_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    SHADOW_VERDICTS_FIELD_NUMBER: _builtins.int
     WAITED_FIELD_NUMBER: _builtins.int
     QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     ESTIMATED_WAIT_FIELD_NUMBER: _builtins.int
@@ -266,6 +275,8 @@ class AdmitResponse(_message.Message):
     """Set when admitted with node slots checked: the node whose slot was taken."""
     message: _builtins.str
     """A human-readable summary of the decision."""
+    dry_run: _builtins.bool
+    """The request was a dry run: nothing was taken (there is no hold)."""
     queue_position: _builtins.int
     """Set when the call joined the queue: its position among its key's waiters
     when it joined (1 is the head).
@@ -285,6 +296,12 @@ class AdmitResponse(_message.Message):
     @_builtins.property
     def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyVerdict]:
         """Every policy's verdict, in evaluation order."""
+
+    @_builtins.property
+    def shadow_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShadowVerdict]:
+        """The key's shadow limits' verdicts (SPEC Q4): PASS or SHADOW_REFUSE, never
+        refusing. Empty when the key has none.
+        """
 
     @_builtins.property
     def waited(self) -> _duration_pb2.Duration:
@@ -310,17 +327,54 @@ class AdmitResponse(_message.Message):
         verdicts: _abc.Iterable[Global___PolicyVerdict] | None = ...,
         node: _builtins.str = ...,
         message: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        shadow_verdicts: _abc.Iterable[Global___ShadowVerdict] | None = ...,
         waited: _duration_pb2.Duration | None = ...,
         queue_position: _builtins.int = ...,
         estimated_wait: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_wait", b"estimated_wait", "hold_expires_at", b"hold_expires_at", "key", b"key", "retry_after", b"retry_after", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "decision", b"decision", "estimated_wait", b"estimated_wait", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "key", b"key", "limit", b"limit", "message", b"message", "node", b"node", "queue_position", b"queue_position", "refused_by", b"refused_by", "retry_after", b"retry_after", "verdicts", b"verdicts", "waited", b"waited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "decision", b"decision", "dry_run", b"dry_run", "estimated_wait", b"estimated_wait", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "key", b"key", "limit", b"limit", "message", b"message", "node", b"node", "queue_position", b"queue_position", "refused_by", b"refused_by", "retry_after", b"retry_after", "shadow_verdicts", b"shadow_verdicts", "verdicts", b"verdicts", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdmitResponse: _TypeAlias = AdmitResponse  # noqa: Y015
+
+@_typing.final
+class ShadowVerdict(_message.Message):
+    """ShadowVerdict is a shadow limit's part of a decision: what a limit under test
+    (beside the enforced one) would have answered.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    policy: Global___Policy.ValueType
+    """The policy whose limit is shadowed (cap, rate or concurrency)."""
+    verdict: Global___Verdict.ValueType
+    """PASS, or SHADOW_REFUSE when the shadow limit was reached."""
+    limit: _builtins.int
+    """The shadow limit, and the current value compared with it."""
+    current: _builtins.int
+    def __init__(
+        self,
+        *,
+        policy: Global___Policy.ValueType = ...,
+        verdict: Global___Verdict.ValueType = ...,
+        limit: _builtins.int = ...,
+        current: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "limit", b"limit", "policy", b"policy", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShadowVerdict: _TypeAlias = ShadowVerdict  # noqa: Y015
 
 @_typing.final
 class CommitHoldRequest(_message.Message):
@@ -564,3 +618,166 @@ class GetUsageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__live) -> _WhichOneofReturnType__live | None: ...
 
 Global___GetUsageResponse: _TypeAlias = GetUsageResponse  # noqa: Y015
+
+@_typing.final
+class ListDecisionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """Only this client's entries (a client id, `native` or `unattributed`). Empty:
+    every client's, which needs an identity allowed any client.
+    """
+    sandbox_id: _builtins.str
+    """Only this sandbox's entries; empty: every sandbox's."""
+    limit: _builtins.int
+    """At most this many entries (0: the server's page limit, which also caps it)."""
+    before: _builtins.str
+    """Only entries older than this entry id (a previous page's next_before)."""
+    after: _builtins.str
+    """Only entries newer than this entry id (follow: the newest id seen so far)."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Only entries at or after this time; unset: the whole log."""
+
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        sandbox_id: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        limit: _builtins.int = ...,
+        before: _builtins.str = ...,
+        after: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before", "client_id", b"client_id", "limit", b"limit", "sandbox_id", b"sandbox_id", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDecisionsRequest: _TypeAlias = ListDecisionsRequest  # noqa: Y015
+
+@_typing.final
+class ListDecisionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    NEXT_BEFORE_FIELD_NUMBER: _builtins.int
+    next_before: _builtins.str
+    """Set when older entries may remain: pass it as `before` for the next page."""
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___LoggedDecision]:
+        """Newest first."""
+
+    def __init__(
+        self,
+        *,
+        decisions: _abc.Iterable[Global___LoggedDecision] | None = ...,
+        next_before: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "next_before", b"next_before"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDecisionsResponse: _TypeAlias = ListDecisionsResponse  # noqa: Y015
+
+@_typing.final
+class LoggedDecision(_message.Message):
+    """LoggedDecision is one entry of the decision log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    SAMPLED_FIELD_NUMBER: _builtins.int
+    IDENTITY_FIELD_NUMBER: _builtins.int
+    CLIENT_FIELD_NUMBER: _builtins.int
+    SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    ACTIVATION_KIND_FIELD_NUMBER: _builtins.int
+    VERDICTS_FIELD_NUMBER: _builtins.int
+    SHADOW_VERDICTS_FIELD_NUMBER: _builtins.int
+    HOLD_ID_FIELD_NUMBER: _builtins.int
+    HOLD_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The entry's stream id (`<ms>-<seq>`): its order in the log."""
+    service: _builtins.str
+    """Who wrote it: `admission`, `substrate` or `affinity`."""
+    kind: _builtins.str
+    """What happened. admission: `admitted`, `refused`, `shadow_refused`.
+    substrate (Activate): `already_running`, `created`, `warm_claimed`,
+    `restored`, `resumed`, `refused_by_admission`, `runtime_failed`, or the
+    reason of another refusal (`sandbox_pending`, ...). affinity (Place): `hit`,
+    `first`, `fallback`, `pending`, `busy`, `exhausted`.
+    """
+    trace_id: _builtins.str
+    """The call's trace id (hex), whether or not the trace was sampled."""
+    sampled: _builtins.bool
+    identity: _builtins.str
+    """The caller's SPIFFE ID (empty without authentication)."""
+    client: _builtins.str
+    """The client as named in the call (a client id, `native` or `unattributed`)."""
+    sandbox_id: _builtins.str
+    activation_kind: _common_pb2.ActivationKind.ValueType
+    hold_id: _builtins.str
+    """The hold taken (admitted), its expiry and node."""
+    node: _builtins.str
+    detail: _builtins.str
+    """Why, in plain words."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When it was decided."""
+
+    @_builtins.property
+    def key(self) -> _common_pb2.BoundedKey:
+        """The bounded key charged, with the key-set version used (admission)."""
+
+    @_builtins.property
+    def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyVerdict]:
+        """Every policy's verdict with its limit and current value (admission)."""
+
+    @_builtins.property
+    def shadow_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShadowVerdict]: ...
+    @_builtins.property
+    def hold_expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        service: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        trace_id: _builtins.str = ...,
+        sampled: _builtins.bool = ...,
+        identity: _builtins.str = ...,
+        client: _builtins.str = ...,
+        sandbox_id: _builtins.str = ...,
+        key: _common_pb2.BoundedKey | None = ...,
+        activation_kind: _common_pb2.ActivationKind.ValueType = ...,
+        verdicts: _abc.Iterable[Global___PolicyVerdict] | None = ...,
+        shadow_verdicts: _abc.Iterable[Global___ShadowVerdict] | None = ...,
+        hold_id: _builtins.str = ...,
+        hold_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        node: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "hold_expires_at", b"hold_expires_at", "key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_kind", b"activation_kind", "at", b"at", "client", b"client", "detail", b"detail", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "id", b"id", "identity", b"identity", "key", b"key", "kind", b"kind", "node", b"node", "sampled", b"sampled", "sandbox_id", b"sandbox_id", "service", b"service", "shadow_verdicts", b"shadow_verdicts", "trace_id", b"trace_id", "verdicts", b"verdicts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoggedDecision: _TypeAlias = LoggedDecision  # noqa: Y015

@@ -64,6 +64,11 @@ class AdmissionServiceStub:
                 request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetUsageResponse.FromString,
                 _registered_method=True)
+        self.ListDecisions = channel.unary_unary(
+                '/turnstile.admission.v1.AdmissionService/ListDecisions',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -115,6 +120,15 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDecisions(self, request, context):
+        """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
+        decisions, and what the substrate and affinity did for the same calls.
+        Client-scoped like GetUsage: a tenant reads its own client's entries only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +156,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetUsageRequest.FromString,
                     response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'ListDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDecisions,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -284,6 +303,33 @@ class AdmissionService:
             '/turnstile.admission.v1.AdmissionService/GetUsage',
             turnstile_dot_admission_dot_v1_dot_admission__pb2.GetUsageRequest.SerializeToString,
             turnstile_dot_admission_dot_v1_dot_admission__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdmissionService/ListDecisions',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

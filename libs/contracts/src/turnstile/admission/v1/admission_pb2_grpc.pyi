@@ -58,6 +58,11 @@ class AdmissionServiceStub:
     """
     GetUsage: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetUsageRequest, _admission_pb2.GetUsageResponse]
     """GetUsage shows a bounded key's usage for operators and the CLI."""
+    ListDecisions: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ListDecisionsRequest, _admission_pb2.ListDecisionsResponse]
+    """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
+    decisions, and what the substrate and affinity did for the same calls.
+    Client-scoped like GetUsage: a tenant reads its own client's entries only.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -89,6 +94,11 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """
     GetUsage: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetUsageRequest, _admission_pb2.GetUsageResponse]  # type: ignore[assignment]
     """GetUsage shows a bounded key's usage for operators and the CLI."""
+    ListDecisions: _aio.UnaryUnaryMultiCallable[_admission_pb2.ListDecisionsRequest, _admission_pb2.ListDecisionsResponse]  # type: ignore[assignment]
+    """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
+    decisions, and what the substrate and affinity did for the same calls.
+    Client-scoped like GetUsage: a tenant reads its own client's entries only.
+    """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdmissionService decides whether a client may activate a sandbox now.
@@ -147,5 +157,16 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.GetUsageResponse, _abc.Awaitable[_admission_pb2.GetUsageResponse]]:
         """GetUsage shows a bounded key's usage for operators and the CLI."""
+
+    @_abc_1.abstractmethod
+    def ListDecisions(
+        self,
+        request: _admission_pb2.ListDecisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ListDecisionsResponse, _abc.Awaitable[_admission_pb2.ListDecisionsResponse]]:
+        """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
+        decisions, and what the substrate and affinity did for the same calls.
+        Client-scoped like GetUsage: a tenant reads its own client's entries only.
+        """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -81,6 +81,64 @@ belongs to another client now, or the tier no longer allows the shared pool.
 """
 Global___ResetReason: _TypeAlias = ResetReason  # noqa: Y015
 
+class _PrepareOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PrepareOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PrepareOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PREPARE_OUTCOME_UNSPECIFIED: _PrepareOutcome.ValueType  # 0
+    PREPARE_OUTCOME_RUNNING: _PrepareOutcome.ValueType  # 1
+    """The session's sandbox is present: nothing to do (its next Place is a hit,
+    busy, or moves the session if the sandbox is no longer usable for it).
+    """
+    PREPARE_OUTCOME_WAKE_STARTED: _PrepareOutcome.ValueType  # 2
+    """The sandbox was absent and this call started its wake."""
+    PREPARE_OUTCOME_ALREADY_WAKING: _PrepareOutcome.ValueType  # 3
+    """The sandbox is absent and its wake was already started (by a Place or a
+    Prepare, on any replica): nothing more is sent.
+    """
+    PREPARE_OUTCOME_NO_SESSION: _PrepareOutcome.ValueType  # 4
+    """The client has no such session (none recorded, expired, or another
+    client's): its first Place picks a sandbox.
+    """
+    PREPARE_OUTCOME_WILL_MOVE: _PrepareOutcome.ValueType  # 5
+    """The sandbox has been absent past the grace: the next Place moves the session
+    to a fresh workspace (a fallback); nothing is woken.
+    """
+    PREPARE_OUTCOME_NOT_WOKEN: _PrepareOutcome.ValueType  # 6
+    """The sandbox is absent within the grace, but this deployment sends no wakes
+    (TURNSTILE_WAKE_ENABLED=false): it returns on its own or the session moves.
+    """
+
+class PrepareOutcome(_PrepareOutcome, metaclass=_PrepareOutcomeEnumTypeWrapper):
+    """PrepareOutcome says what a Prepare did."""
+
+PREPARE_OUTCOME_UNSPECIFIED: PrepareOutcome.ValueType  # 0
+PREPARE_OUTCOME_RUNNING: PrepareOutcome.ValueType  # 1
+"""The session's sandbox is present: nothing to do (its next Place is a hit,
+busy, or moves the session if the sandbox is no longer usable for it).
+"""
+PREPARE_OUTCOME_WAKE_STARTED: PrepareOutcome.ValueType  # 2
+"""The sandbox was absent and this call started its wake."""
+PREPARE_OUTCOME_ALREADY_WAKING: PrepareOutcome.ValueType  # 3
+"""The sandbox is absent and its wake was already started (by a Place or a
+Prepare, on any replica): nothing more is sent.
+"""
+PREPARE_OUTCOME_NO_SESSION: PrepareOutcome.ValueType  # 4
+"""The client has no such session (none recorded, expired, or another
+client's): its first Place picks a sandbox.
+"""
+PREPARE_OUTCOME_WILL_MOVE: PrepareOutcome.ValueType  # 5
+"""The sandbox has been absent past the grace: the next Place moves the session
+to a fresh workspace (a fallback); nothing is woken.
+"""
+PREPARE_OUTCOME_NOT_WOKEN: PrepareOutcome.ValueType  # 6
+"""The sandbox is absent within the grace, but this deployment sends no wakes
+(TURNSTILE_WAKE_ENABLED=false): it returns on its own or the session moves.
+"""
+Global___PrepareOutcome: _TypeAlias = PrepareOutcome  # noqa: Y015
+
 @_typing.final
 class WorkspaceReset(_message.Message):
     """WorkspaceReset records that a session landed on a fresh workspace."""
@@ -673,3 +731,58 @@ class ListWorkersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
+
+@_typing.final
+class PrepareRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """1 to 128 characters of [A-Za-z0-9._:-]."""
+    client_id: _builtins.str
+    """The client the session belongs to (SPEC O2); required."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareRequest: _TypeAlias = PrepareRequest  # noqa: Y015
+
+@_typing.final
+class PrepareResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    REMAINING_GRACE_FIELD_NUMBER: _builtins.int
+    outcome: Global___PrepareOutcome.ValueType
+    sandbox_id: _builtins.str
+    """The sandbox the session's record names; empty for NO_SESSION."""
+    @_builtins.property
+    def remaining_grace(self) -> _duration_pb2.Duration:
+        """For WAKE_STARTED, ALREADY_WAKING and NOT_WOKEN: how long the session keeps its sandbox
+        before the next Place moves it.
+        """
+
+    def __init__(
+        self,
+        *,
+        outcome: Global___PrepareOutcome.ValueType = ...,
+        sandbox_id: _builtins.str = ...,
+        remaining_grace: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["remaining_grace", b"remaining_grace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "remaining_grace", b"remaining_grace", "sandbox_id", b"sandbox_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareResponse: _TypeAlias = PrepareResponse  # noqa: Y015

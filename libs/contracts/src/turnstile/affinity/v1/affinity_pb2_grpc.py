@@ -61,6 +61,11 @@ class AffinityServiceStub:
                 request_serializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.Prepare = channel.unary_unary(
+                '/turnstile.affinity.v1.AffinityService/Prepare',
+                request_serializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.PrepareRequest.SerializeToString,
+                response_deserializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.PrepareResponse.FromString,
+                _registered_method=True)
 
 
 class AffinityServiceServicer:
@@ -108,6 +113,19 @@ class AffinityServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prepare(self, request, context):
+        """Prepare says a session is about to take a turn (SPEC W2): a gateway calls it
+        when the user opens the chat or starts typing. If the session's sandbox is
+        absent within the grace, its wake starts (the same single wake as Place's;
+        none if one is already running) and the call returns at once, without
+        waiting for it and without taking a lease or renewing the session. It acts
+        for `client_id` like Place: another client's session is NO_SESSION, as a
+        missing one. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AffinityServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +153,11 @@ def add_AffinityServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.ListWorkersRequest.FromString,
                     response_serializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'Prepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prepare,
+                    request_deserializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.PrepareRequest.FromString,
+                    response_serializer=turnstile_dot_affinity_dot_v1_dot_affinity__pb2.PrepareResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +297,33 @@ class AffinityService:
             '/turnstile.affinity.v1.AffinityService/ListWorkers',
             turnstile_dot_affinity_dot_v1_dot_affinity__pb2.ListWorkersRequest.SerializeToString,
             turnstile_dot_affinity_dot_v1_dot_affinity__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.affinity.v1.AffinityService/Prepare',
+            turnstile_dot_affinity_dot_v1_dot_affinity__pb2.PrepareRequest.SerializeToString,
+            turnstile_dot_affinity_dot_v1_dot_affinity__pb2.PrepareResponse.FromString,
             options,
             channel_credentials,
             insecure,

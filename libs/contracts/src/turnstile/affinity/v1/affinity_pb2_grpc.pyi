@@ -52,6 +52,15 @@ class AffinityServiceStub:
     """GetSession reads a session's affinity record."""
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_affinity_pb2.ListWorkersRequest, _affinity_pb2.ListWorkersResponse]
     """ListWorkers lists the workers present, with their load."""
+    Prepare: _grpc.UnaryUnaryMultiCallable[_affinity_pb2.PrepareRequest, _affinity_pb2.PrepareResponse]
+    """Prepare says a session is about to take a turn (SPEC W2): a gateway calls it
+    when the user opens the chat or starts typing. If the session's sandbox is
+    absent within the grace, its wake starts (the same single wake as Place's;
+    none if one is already running) and the call returns at once, without
+    waiting for it and without taking a lease or renewing the session. It acts
+    for `client_id` like Place: another client's session is NO_SESSION, as a
+    missing one. Idempotent.
+    """
 
 @_typing.type_check_only
 class AffinityServiceAsyncStub(AffinityServiceStub):
@@ -77,6 +86,15 @@ class AffinityServiceAsyncStub(AffinityServiceStub):
     """GetSession reads a session's affinity record."""
     ListWorkers: _aio.UnaryUnaryMultiCallable[_affinity_pb2.ListWorkersRequest, _affinity_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """ListWorkers lists the workers present, with their load."""
+    Prepare: _aio.UnaryUnaryMultiCallable[_affinity_pb2.PrepareRequest, _affinity_pb2.PrepareResponse]  # type: ignore[assignment]
+    """Prepare says a session is about to take a turn (SPEC W2): a gateway calls it
+    when the user opens the chat or starts typing. If the session's sandbox is
+    absent within the grace, its wake starts (the same single wake as Place's;
+    none if one is already running) and the call returns at once, without
+    waiting for it and without taking a lease or renewing the session. It acts
+    for `client_id` like Place: another client's session is NO_SESSION, as a
+    missing one. Idempotent.
+    """
 
 class AffinityServiceServicer(metaclass=_abc_1.ABCMeta):
     """AffinityService keeps a chat session on the sandbox that served it, inside its
@@ -129,5 +147,20 @@ class AffinityServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_affinity_pb2.ListWorkersResponse, _abc.Awaitable[_affinity_pb2.ListWorkersResponse]]:
         """ListWorkers lists the workers present, with their load."""
+
+    @_abc_1.abstractmethod
+    def Prepare(
+        self,
+        request: _affinity_pb2.PrepareRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_affinity_pb2.PrepareResponse, _abc.Awaitable[_affinity_pb2.PrepareResponse]]:
+        """Prepare says a session is about to take a turn (SPEC W2): a gateway calls it
+        when the user opens the chat or starts typing. If the session's sandbox is
+        absent within the grace, its wake starts (the same single wake as Place's;
+        none if one is already running) and the call returns at once, without
+        waiting for it and without taking a lease or renewing the session. It acts
+        for `client_id` like Place: another client's session is NO_SESSION, as a
+        missing one. Idempotent.
+        """
 
 def add_AffinityServiceServicer_to_server(servicer: AffinityServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -171,6 +171,7 @@ class ActivateRequest(_message.Message):
     SANDBOX_ID_FIELD_NUMBER: _builtins.int
     CLIENT_FIELD_NUMBER: _builtins.int
     TIER_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     WAIT_BUDGET_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """1 to 63 characters, a valid Kubernetes label value."""
@@ -178,6 +179,11 @@ class ActivateRequest(_message.Message):
     """The tier for a new sandbox; empty means the default tier. Any other value
     must be a declared tier (else INVALID_ARGUMENT, also for a sandbox that
     already exists); an existing sandbox keeps its record's tier.
+    """
+    dry_run: _builtins.bool
+    """Decide and report without changing anything (SPEC Q4): the record is read,
+    admission is asked for a dry run, and no runtime, record, claim or hold is
+    made. The response's outcome is what the activation would do.
     """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
@@ -198,11 +204,12 @@ class ActivateRequest(_message.Message):
         sandbox_id: _builtins.str = ...,
         client: _common_pb2.ActivationClient | None = ...,
         tier: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
         wait_budget: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "dry_run", b"dry_run", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -216,10 +223,13 @@ class ActivateResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     CHARGED_CLIENT_ID_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     WAITED_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     charged_client_id: _builtins.str
     """The client id charged and recorded; absent when the record is NULL."""
+    dry_run: _builtins.bool
+    """The request was a dry run: nothing was made, recorded or charged."""
     @_builtins.property
     def sandbox(self) -> Global___Sandbox: ...
     @_builtins.property
@@ -237,11 +247,12 @@ class ActivateResponse(_message.Message):
         outcome: Global___Outcome.ValueType = ...,
         charged_client_id: _builtins.str | None = ...,
         key: _common_pb2.BoundedKey | None = ...,
+        dry_run: _builtins.bool = ...,
         waited: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "outcome", b"outcome", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "dry_run", b"dry_run", "key", b"key", "outcome", b"outcome", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__charged_client_id: _TypeAlias = _typing.Literal["charged_client_id"]  # noqa: Y015
     _WhichOneofArgType__charged_client_id: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id"]  # noqa: Y015

@@ -1,0 +1,294 @@
+"""What the decision log (SPEC Q3) costs ``Admit``: the log on ÷ off in the same run.
+
+    uv run python services/admission/bench/bench_decision_log.py [--seconds 2] [--rounds 5]
+
+Two admission processes side by side, as ``turnstile-admission`` runs them (uvloop,
+tracing to an OTLP sink with the production sampler, a stub substrate), on one
+private redis-server of the run's own, under two prefixes: one with the decision
+log on (the default bounds), one with it off (``TURNSTILE_DECISION_LOG__MAX_ENTRIES=0``).
+Limits are high, so every call takes the full path and is admitted.
+
+In each round, for each shape — ``cold`` (COLD_CREATE with every policy, three
+candidate nodes) and ``resume`` (RESUME: concurrency only, the cheapest decision,
+where the log's share is largest) — the log-on and the log-off service are
+measured one after the other at 64 calls in flight for ``--seconds``; which side
+goes first, and the order of the shapes, alternate from round to round, so the
+machine's drift falls on both. Per shape, the median over the rounds (and range) of:
+
+* ``rps_on_per_off``          calls/s with the log ÷ without (goal ≥ 0.95);
+* ``server_cpu_on_per_off``   admission's CPU time per call with ÷ without;
+* ``redis_cpu_us_per_decision_on`` / ``_off``: Redis main-thread CPU per call
+  (at these call rates mostly Redis's own background work, spread over the calls);
+* ``script_us_on`` / ``_off``: Redis's time inside the decision script per call
+  (``INFO commandstats``), and their difference, ``script_us_per_logged_decision``:
+  what appending and trimming the log costs Redis per decision;
+
+then ``script_cpu``: Redis's main-thread CPU per decision with the log on and
+off, the decision script called one at a time from this process (CPU time, not
+wall time: the steadiest figure on a loaded machine), and their difference; and,
+from the log-on prefix's stream after the rounds, the Redis memory per logged
+decision (``MEMORY USAGE`` ÷ ``XLEN``). The run ends with one line of JSON.
+Builds on ``bench_admit.py``'s servers and measurement (same directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import redis.asyncio as aioredis
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_admit as base
+
+from turnstile_clientkeys import LiveCountKeys
+from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_contracts import admission_pb2_grpc
+from turnstile_testing.processes import RedisProcess, free_port
+
+SIDES = ("on", "off")
+PREFIXES = {"on": "logon:", "off": "logoff:"}
+
+
+def _env(port: int, side: str, ports: dict[str, int], redis_url: str) -> dict[str, str]:
+    opts = base.Options(3.0, 0, 0, None, base.PRODUCTION_SAMPLER, base.PRODUCTION_SAMPLER_ARG, None)
+    env = base.admission_env({**ports, "admission": port}, redis_url, opts)
+    env["TURNSTILE_REDIS_PREFIX"] = PREFIXES[side]
+    if side == "off":
+        env["TURNSTILE_DECISION_LOG__MAX_ENTRIES"] = "0"
+    return env
+
+
+async def _evalsha(client: aioredis.Redis) -> tuple[int, int]:
+    """EVALSHA calls and the microseconds Redis spent in them so far (commandstats)."""
+    stats = (await client.info("commandstats")).get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+#: Decisions per side and round of :func:`script_cpu`.
+SCRIPT_CALLS = 3000
+
+
+async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Redis's main-thread CPU per decision, log on and off, the script called one
+    at a time from this process (no gRPC, no admission process): CPU time, not
+    wall time, so the machine's load hardly moves it; the difference is what
+    appending and trimming costs Redis per logged decision."""
+    from turnstile_admission.policies import PolicyName
+    from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, LogContext
+    from turnstile_admission.settings import AdmissionSettings
+    from turnstile_platform.settings import DecisionLogSettings
+
+    limits = {
+        "cap": {"default_cap": 1_000_000},
+        "rate": {"default_burst": 1_000_000, "cluster_burst": 1_000_000},
+        "concurrency": {"default_limit": 1_000_000},
+        "hold_ttl_s": 5,
+        "pending_ttl_s": 5,
+    }
+    stores = {}
+    for side in SIDES:
+        prefix = f"cpu{side}:"
+        await client.set(LiveCountKeys(prefix).state, COUNTED)
+        settings = AdmissionSettings(
+            redis_prefix=prefix,
+            decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
+            **limits,  # type: ignore[arg-type]
+        )
+        stores[side] = AdmissionStore(client, settings)
+    every = dict.fromkeys(PolicyName, 2)
+    shapes = {
+        "cold": (every, [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)]),
+        "resume": (
+            {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0},
+            [],
+        ),
+    }
+    context = LogContext(
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        False,
+        "spiffe://turnstile.local/service/substrate",
+        "acme",
+        "own",
+        "1",
+        "cold_create",
+    )
+    per: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in shapes}
+    n = 0
+    for r in range(rounds):
+        for shape, (modes, nodes) in shapes.items():
+            for side in SIDES if r % 2 == 0 else tuple(reversed(SIDES)):
+                store = stores[side]
+                before = await base.redis_cpu_s(client)
+                for _ in range(SCRIPT_CALLS):
+                    n += 1
+                    await store.admit(
+                        AdmitArgs(f"{n:032x}", "acme", f"acme--sb-{n}", modes, nodes, log=context)
+                    )
+                spent = await base.redis_cpu_s(client) - before
+                per[shape][side].append(spent / SCRIPT_CALLS * 1e6)
+    out: dict[str, dict[str, float]] = {}
+    for shape, sides in per.items():
+        on, off = statistics.median(sides["on"]), statistics.median(sides["off"])
+        out[shape] = {
+            "on_us": round(on, 1),
+            "off_us": round(off, 1),
+            "per_logged_decision_us": round(on - off, 1),
+        }
+    return out
+
+
+def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+async def run(seconds: float, rounds: int, json_path: str | None) -> None:
+    redis_proc = RedisProcess().start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        url = redis_proc.url
+        client = aioredis.Redis.from_url(url)
+        ports = {name: free_port() for name in ("substrate", "otlp")}
+        for name in ("substrate", "otlp"):
+            procs.append(base.spawn(name, ports[name], url))
+        stubs: dict[str, Any] = {}
+        pids: dict[str, int] = {}
+        channels = []
+        for side in SIDES:
+            await client.set(LiveCountKeys(PREFIXES[side]).state, COUNTED)
+            port = free_port()
+            proc = base.spawn(f"admission-{side}", port, url, _env(port, side, ports, url))
+            procs.append(proc)
+            pids[side] = proc.pid
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+            channels.append(channel)
+            stubs[side] = admission_pb2_grpc.AdmissionServiceStub(channel)
+        makers = base.request_makers()
+        per: dict[str, dict[str, list[float]]] = {
+            shape: {
+                "rps": [],
+                "cpu": [],
+                "redis_on": [],
+                "redis_off": [],
+                "script_on": [],
+                "script_off": [],
+            }
+            for shape in makers
+        }
+        for n in range(rounds):
+            shapes = list(makers) if n % 2 == 0 else list(reversed(makers))
+            for shape in shapes:
+                order = SIDES if (n // 2) % 2 == 0 else tuple(reversed(SIDES))
+                got: dict[str, dict[str, float]] = {}
+                for side in order:
+                    call = base._admit(stubs[side], makers[shape])
+                    for _ in range(100):  # warm up, outside the script-time counts
+                        await call()
+                    before = await _evalsha(client)
+                    got[side] = await base.measure(
+                        call, 64, seconds, pid=pids[side], redis=client, warm_up=0
+                    )
+                    after = await _evalsha(client)
+                    calls = after[0] - before[0]
+                    got[side]["script_us"] = (after[1] - before[1]) / calls if calls else 0.0
+                per[shape]["rps"].append(got["on"]["rps"] / got["off"]["rps"])
+                per[shape]["cpu"].append(got["on"]["cpu_us"] / got["off"]["cpu_us"])
+                per[shape]["redis_on"].append(got["on"]["redis_cpu_us"])
+                per[shape]["redis_off"].append(got["off"]["redis_cpu_us"])
+                per[shape]["script_on"].append(got["on"]["script_us"])
+                per[shape]["script_off"].append(got["off"]["script_us"])
+                print(
+                    f"round {n + 1} {shape:6s}: on {got['on']['rps']:7.0f}/s "
+                    f"off {got['off']['rps']:7.0f}/s  ratio {per[shape]['rps'][-1]:.3f}  "
+                    f"server cpu on/off {per[shape]['cpu'][-1]:.3f}",
+                    flush=True,
+                )
+        out_script = await script_cpu(client)
+        stream = f"{PREFIXES['on']}{{adm}}:decisions"
+        length = int(await client.xlen(stream))
+        memory = int(await client.memory_usage(stream, samples=0) or 0)
+        out: dict[str, Any] = {
+            "rounds": rounds,
+            "seconds_per_phase": seconds,
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "memory_bytes_per_decision": round(memory / length, 1) if length else None,
+            "logged_entries": length,
+            "script_cpu": out_script,
+        }
+        for shape, values in per.items():
+            on, off = values["redis_on"], values["redis_off"]
+            out[shape] = {
+                "rps_on_per_off": _spread(values["rps"]),
+                "server_cpu_on_per_off": _spread(values["cpu"]),
+                "redis_cpu_us_per_decision_on": _spread(on, 1),
+                "redis_cpu_us_per_decision_off": _spread(off, 1),
+                "redis_cpu_us_per_logged_decision": round(
+                    statistics.median(on) - statistics.median(off), 1
+                ),
+                "script_us_on": _spread(values["script_on"], 1),
+                "script_us_off": _spread(values["script_off"], 1),
+                "script_us_per_logged_decision": round(
+                    statistics.median(values["script_on"])
+                    - statistics.median(values["script_off"]),
+                    1,
+                ),
+            }
+        for shape in makers:
+            s = out[shape]
+            print(
+                f"{shape:6s} log on ÷ off: calls/s {s['rps_on_per_off']['median']:.3f} "
+                f"({s['rps_on_per_off']['min']:.3f}-{s['rps_on_per_off']['max']:.3f}), "
+                f"server CPU/call {s['server_cpu_on_per_off']['median']:.3f}, "
+                f"Redis CPU/decision {s['redis_cpu_us_per_decision_on']['median']:.1f} vs "
+                f"{s['redis_cpu_us_per_decision_off']['median']:.1f} us, "
+                f"script {s['script_us_on']['median']:.1f} vs {s['script_us_off']['median']:.1f} us"
+            )
+        for shape, cpu in out_script.items():
+            print(
+                f"{shape:6s} Redis CPU per decision, one at a time: log on {cpu['on_us']} us, "
+                f"off {cpu['off_us']} us: +{cpu['per_logged_decision_us']} us per logged decision"
+            )
+        print(
+            f"memory per logged decision: {out['memory_bytes_per_decision']} bytes "
+            f"({length} entries)"
+        )
+        line = json.dumps(out, sort_keys=True)
+        print(line)
+        if json_path:
+            with open(json_path, "w") as out_file:  # noqa: ASYNC230 - once, at the end
+                out_file.write(line + "\n")
+        for channel in channels:
+            await channel.close(None)
+        await client.aclose()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+        redis_proc.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per phase")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH", help="also write the JSON summary to PATH")
+    args = parser.parse_args()
+    uvloop.run(run(args.seconds, args.rounds, args.json))
+
+
+if __name__ == "__main__":
+    main()

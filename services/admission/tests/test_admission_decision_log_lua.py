@@ -1,0 +1,136 @@
+"""``_decision_log.lua``, the decision log's append (SPEC Q3), run alone against
+real Redis: its bounds by length and by age, its expiry, its kinds and its
+verdicts document."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from turnstile_platform.redis_client import read_script
+
+#: What the include's stream nodes hold at most (Redis's stream-node-max-entries
+#: default): '~' trims whole nodes, so a bound may be exceeded by less than one.
+NODE = 100
+
+
+def script(body: str) -> str:
+    parts = [
+        read_script("turnstile_admission", name) for name in ("_common.lua", "_decision_log.lua")
+    ]
+    return "\n".join([*parts, body])
+
+
+APPEND = script(
+    "log_decision(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), {'kind', ARGV[3]})\nreturn 1"
+)
+
+
+async def append(redis: aioredis.Redis, stream: str, max_entries: int, max_age_ms: int) -> None:
+    await redis.eval(APPEND, 1, stream, max_entries, max_age_ms, "admitted")
+
+
+async def test_length_is_bounded_within_one_node(redis: aioredis.Redis, redis_prefix: str) -> None:
+    stream = f"{redis_prefix}{{adm}}:decisions"
+    for _ in range(1000):
+        await append(redis, stream, 150, 60_000)
+    length = await redis.xlen(stream)
+    assert 150 <= length < 150 + NODE
+
+
+async def test_age_is_bounded_by_redis_time(redis: Any, redis_prefix: str) -> None:
+    stream = f"{redis_prefix}{{adm}}:decisions"
+    # 300 entries from 1970 (ids far older than any max age), three whole nodes.
+    for i in range(1, 301):
+        await redis.xadd(stream, {"kind": "old"}, id=f"{i}-0")
+    await append(redis, stream, 1000, 60_000)
+    entries = await redis.xrange(stream)
+    old = [e for e in entries if e[1][b"kind"] == b"old"]
+    assert len(old) < NODE  # at most the part of a node the new entry shares
+    assert entries[-1][1][b"kind"] == b"admitted"
+
+
+async def test_the_stream_expires_after_its_max_age(
+    redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    stream = f"{redis_prefix}{{adm}}:decisions"
+    await append(redis, stream, 10, 30_000)
+    assert 0 < await redis.pttl(stream) <= 30_000
+
+
+async def test_zero_entries_turns_the_log_off(redis: aioredis.Redis, redis_prefix: str) -> None:
+    stream = f"{redis_prefix}{{adm}}:decisions"
+    await append(redis, stream, 0, 30_000)
+    assert not await redis.exists(stream)
+
+
+KIND = script(
+    """
+local results = cjson.decode(ARGV[2])
+local modes = cjson.decode(ARGV[3])
+local shadow = cjson.decode(ARGV[4])
+return decision_kind(ARGV[1], results, modes, shadow)
+"""
+)
+
+
+async def kind(
+    redis: aioredis.Redis, outcome: str, codes: list[int], modes: list[int], shadow: Any = None
+) -> str:
+    results = [[c, 1, 0, -1, ""] for c in codes]
+    raw = await redis.eval(
+        KIND,
+        0,
+        outcome,
+        json.dumps(results),
+        json.dumps(modes),
+        json.dumps(shadow or {"x": [0, 0, 0]}),
+    )
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+async def test_decision_kinds(redis: aioredis.Redis) -> None:
+    enforce = [2, 2, 2, 2]
+    assert await kind(redis, "admit", [1, 1, 1, 1], enforce) == "admitted"
+    assert await kind(redis, "refuse", [1, 2, 1, 1], enforce) == "refused"
+    # Over in shadow mode, admitted: a shadow refusal.
+    assert await kind(redis, "admit", [1, 2, 1, 1], [2, 1, 2, 2]) == "shadow_refused"
+    # A shadow limit reached, admitted: a shadow refusal too.
+    assert await kind(redis, "admit", [1, 1, 1, 1], enforce, {"cap": [2, 1, 1]}) == "shadow_refused"
+    # An UNKNOWN verdict admits by design (the cap on a substrate that cannot count).
+    assert await kind(redis, "admit", [1, 1, 3, 1], enforce) == "admitted"
+    assert await kind(redis, "admit", [0, 0, 0, 0], [0, 0, 0, 0]) == "admitted"
+
+
+VERDICTS = script(
+    """
+local results = {{0, 0, 0, -1, ''}, {1, 4, 2, -1, ''}, {2, 3, 3, 250, ''}, {3, 0, 0, -1, 'x'}}
+local modes = {0, 2, 1, 2}
+return verdicts_json(results, modes, {cap = {2, 2, 3}, rate = {0, 0, 0}})
+"""
+)
+
+
+async def test_verdicts_document(redis: aioredis.Redis) -> None:
+    doc = json.loads(await redis.eval(VERDICTS, 0))
+    # The policy not evaluated (mode 0) is left out.
+    assert [(v["p"], v["m"], v["v"], v["l"], v["c"]) for v in doc] == [
+        ("concurrency", "enforce", "pass", 4, 2),
+        ("cap", "shadow", "over", 3, 3),
+        ("rate", "enforce", "unknown", 0, 0),
+    ]
+    assert doc[1]["s"] == {"v": "over", "l": 2, "c": 3}
+    assert doc[1]["r"] == 250
+    assert "r" not in doc[0]  # no hint: left out
+    assert "d" not in doc[0]  # no detail: left out
+    assert "s" not in doc[2]  # a shadow limit not set is left out
+    assert doc[2]["d"] == "x"
+
+
+NONE = script("return verdicts_json({{0, 0, 0, -1, ''}}, {0}, {})")
+
+
+async def test_no_policy_evaluated_is_an_empty_array(redis: aioredis.Redis) -> None:
+    assert json.loads(await redis.eval(NONE, 0)) == []

@@ -1,0 +1,132 @@
+"""``why``, ``decisions`` and ``admit --dry-run`` against the real admission service
+on real Redis (SPEC Q3, Q4): what a person reads, and what a log shipper reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from turnstile_admission.app import create_app
+from turnstile_admission.keys import AdmissionKeys
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_cli.cli import run
+from turnstile_cli.commands.decisions import duration_s
+from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
+
+
+@pytest.fixture
+async def admission(redis_url: str, redis_prefix: str, redis: aioredis.Redis) -> AsyncIterator[str]:
+    await redis.set(LiveCountKeys(redis_prefix).state, COUNTED)
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "redis_prefix": redis_prefix,
+        "port": 0,
+        "metrics_port": 0,
+        "shutdown_grace_s": 0,
+        "log_format": "text",
+        "client_allowlist": ("acme", "globex"),
+        "cap": {"default_cap": 1},
+    }
+    settings = AdmissionSettings(**values)
+    app = await create_app(settings)
+    port = await app.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await app.stop()
+
+
+async def cli(capsys: pytest.CaptureFixture[str], address: str, *argv: str) -> tuple[int, str]:
+    code = await asyncio.to_thread(run, [f"--admission={address}", "--color", "never", *argv])
+    return code, capsys.readouterr().out
+
+
+async def test_why_tells_what_refused_a_sandbox_in_plain_words(
+    admission: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (await cli(capsys, admission, "admit", "sb-1", "--client", "acme"))[0] == 0
+    code, _ = await cli(capsys, admission, "admit", "sb-2", "--client", "acme")
+    assert code == 3  # refused by the cap of 1
+    code, out = await cli(capsys, admission, "why", "sb-2")
+    assert code == 0
+    assert "refused by the cap limit of key acme: 1 of 1 sandboxes live or pending" in out
+    assert "trace " in out
+    code, out = await cli(capsys, admission, "why", "sb-2", "--json")
+    answer = json.loads(out)
+    assert answer["decisions"][0]["kind"] == "refused"
+    assert answer["decisions"][0]["why"].startswith("refused by the cap limit")
+    code, out = await cli(capsys, admission, "why", "sb-never")
+    assert code == 1
+    assert "no decision about sandbox sb-never" in out
+
+
+async def test_decisions_filters_and_follows_as_json_lines(
+    admission: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await cli(capsys, admission, "admit", "sb-1", "--client", "acme")
+    await cli(capsys, admission, "admit", "gx-1", "--client", "globex")
+    code, out = await cli(capsys, admission, "decisions", "--client", "acme", "--json")
+    assert code == 0
+    assert [d["sandbox_id"] for d in json.loads(out)["decisions"]] == ["sb-1"]
+    code, out = await cli(capsys, admission, "decisions", "--since", "10m")
+    assert "sb-1" in out
+    assert "gx-1" in out
+
+    async def later() -> None:
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(
+            run, [f"--admission={admission}", "admit", "sb-2", "--client", "acme", "--json"]
+        )
+
+    follower = asyncio.create_task(later())
+    code = await asyncio.to_thread(
+        run,
+        [
+            f"--admission={admission}",
+            "decisions",
+            "--follow",
+            "-o",
+            "json",
+            "--interval",
+            "0.2",
+            "--polls",
+            "8",
+        ],
+    )
+    await follower
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    # One JSON object a line, oldest first, each entry once; the later admit's
+    # refusal (cap of 1) arrived while following.
+    sandboxes = [entry["sandbox_id"] for entry in lines if "sandbox_id" in entry]
+    assert sandboxes == ["sb-1", "gx-1", "sb-2"]
+    assert lines[-1]["kind"] == "refused"
+
+
+async def test_a_dry_run_admit_takes_nothing_and_logs_nothing(
+    admission: str, capsys: pytest.CaptureFixture[str], redis: Any, redis_prefix: str
+) -> None:
+    keys = AdmissionKeys(redis_prefix)
+    code, out = await cli(capsys, admission, "admit", "sb-1", "--client", "acme", "--dry-run")
+    assert code == 0
+    assert "dry run: nothing taken" in out
+    assert await redis.xlen(keys.decisions) == 0
+    assert await redis.zcard(keys.pending("acme")) == 0
+    code, out = await cli(
+        capsys, admission, "admit", "sb-1", "--client", "acme", "--dry-run", "--json"
+    )
+    answer = json.loads(out)
+    assert answer["dry_run"] is True
+    assert answer["hold_id"] == ""
+
+
+def test_durations() -> None:
+    assert duration_s("10m") == 600
+    assert duration_s("1.5h") == 5400
+    assert duration_s("500ms") == 0.5
+    with pytest.raises(Exception, match="not a duration"):
+        duration_s("ten minutes")
