@@ -49,7 +49,8 @@ async def waiters(redis: aioredis.Redis, prefix: str) -> int:
     return int(await redis.hlen(f"{prefix}{{adm}}:q:info"))
 
 
-async def _sandboxes(redis: aioredis.Redis, stream: str) -> list[tuple[str, str]]:
+async def _sandboxes(redis: Any, stream: str) -> list[tuple[str, str]]:
+    """The log's entries, oldest first: (sandbox, kind)."""
     return [
         (fields[b"sandbox"].decode(), fields[b"kind"].decode())
         for _, fields in await redis.xrange(stream)
