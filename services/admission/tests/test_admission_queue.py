@@ -23,6 +23,7 @@ from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.eventually import eventually
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
+REFUSED = admission_pb2.DECISION_REFUSED
 CLIENTS = ("heavy", "l1", "l2", "l3", "l4", "acme")
 RATE = 20.0
 
@@ -259,3 +260,72 @@ async def test_a_negative_budget_is_invalid(start_admission: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await running.stub.Admit(request)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# With the decision log (SPEC Q3, Q4): a call that waits is logged once, with its
+# final decision; a dry run never waits.
+
+
+async def _sandboxes(redis: Any, stream: str) -> list[tuple[str, str]]:
+    """The log's entries, oldest first: (sandbox, kind)."""
+    return [
+        (fields[b"sandbox"].decode(), fields[b"kind"].decode())
+        for _, fields in await redis.xrange(stream)
+    ]
+
+
+async def test_a_granted_waiter_is_logged_once_when_admitted(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings())
+    prefix = running.settings.redis_prefix
+    limits = LimitsStore(redis, prefix)
+    await limits.set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    task = asyncio.ensure_future(running.stub.Admit(warm("sb-waits", "acme", 20), timeout=30))
+    await eventually(partial(_at_least, redis, prefix, 1), what="the waiter queued")
+    # Its refusal on joining was not logged: only the first call's admission is.
+    assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
+    await limits.set_cluster(ClusterLimits(rate=20, burst=1))
+    answer = await task
+    assert answer.decision == ADMITTED, answer.message
+    assert answer.HasField("waited")
+    assert await _sandboxes(redis, running.keys.decisions) == [
+        ("sb-first", "admitted"),
+        ("sb-waits", "admitted"),
+    ]
+
+
+async def test_a_waiter_whose_budget_ends_is_logged_once_refused(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings())
+    prefix = running.settings.redis_prefix
+    await LimitsStore(redis, prefix).set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    answer = await running.stub.Admit(warm("sb-waits", "acme", 0.3), timeout=10)
+    assert answer.decision == REFUSED
+    assert answer.HasField("waited")
+    assert await _sandboxes(redis, running.keys.decisions) == [
+        ("sb-first", "admitted"),
+        ("sb-waits", "refused"),
+    ]
+    assert await waiters(redis, prefix) == 0
+
+
+async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    running = await start_admission(**settings())
+    prefix = running.settings.redis_prefix
+    await LimitsStore(redis, prefix).set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    request = warm("sb-dry", "acme", 20)
+    request.dry_run = True
+    answer = await asyncio.wait_for(running.stub.Admit(request, timeout=30), timeout=5)
+    assert answer.decision == REFUSED
+    assert answer.dry_run
+    assert not answer.HasField("waited")
+    assert answer.queue_position == 0
+    assert await waiters(redis, prefix) == 0
+    assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
