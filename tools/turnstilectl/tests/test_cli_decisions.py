@@ -3,11 +3,13 @@ on real Redis (SPEC Q3, Q4): what a person reads, and what a log shipper reads."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
@@ -15,8 +17,10 @@ from turnstile_admission.app import create_app
 from turnstile_admission.keys import AdmissionKeys
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_cli.cli import run
-from turnstile_cli.commands.decisions import duration_s
+from turnstile_cli.commands import decisions
+from turnstile_cli.commands.decisions import duration_s, newer_than
 from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
+from turnstile_contracts import admission_pb2, admission_pb2_grpc
 
 
 @pytest.fixture
@@ -105,6 +109,24 @@ async def test_decisions_filters_and_follows_as_json_lines(
     sandboxes = [entry["sandbox_id"] for entry in lines if "sandbox_id" in entry]
     assert sandboxes == ["sb-1", "gx-1", "sb-2"]
     assert lines[-1]["kind"] == "refused"
+
+
+async def test_a_follow_poll_reads_every_entry_newer_than_the_last_past_a_page(
+    admission: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst bigger than a page between two polls reaches a follower whole."""
+    monkeypatch.setattr(decisions, "PAGE", 2)
+    await cli(capsys, admission, "admit", "sb-0", "--client", "acme")
+    for n in range(1, 6):
+        await cli(capsys, admission, "admit", f"sb-{n}", "--client", "acme")
+    args = argparse.Namespace(client=None, sandbox=None, since=None)
+    async with grpc.aio.insecure_channel(admission) as channel:
+        stub = admission_pb2_grpc.AdmissionServiceStub(channel)
+        everything = await stub.ListDecisions(admission_pb2.ListDecisionsRequest(limit=10))
+        first = everything.decisions[-1]
+        assert first.sandbox_id == "sb-0"
+        fresh = await newer_than(stub, args, first.id)
+    assert [d.sandbox_id for d in fresh] == ["sb-5", "sb-4", "sb-3", "sb-2", "sb-1"]
 
 
 async def test_a_dry_run_admit_takes_nothing_and_logs_nothing(

@@ -146,15 +146,30 @@ async def _decisions(args: argparse.Namespace, ctx: Context) -> int:
         while args.polls == 0 or polls < args.polls:
             polls += 1
             await asyncio.sleep(args.interval)
-            extra: dict[str, Any] = {"limit": PAGE}
             if newest:
-                extra["after"] = newest
-            fresh = list((await stub.ListDecisions(_request(args, **extra))).decisions)
+                fresh = await newer_than(stub, args, newest)
+            else:
+                fresh = list((await stub.ListDecisions(_request(args, limit=PAGE))).decisions)
             if fresh:
                 newest = fresh[0].id
             for d in reversed(fresh):
                 _follow_print(ctx, d)
     return Exit.OK
+
+
+async def newer_than(
+    stub: Any, args: argparse.Namespace, after: str
+) -> list[admission_pb2.LoggedDecision]:
+    """Every entry newer than ``after``, newest first: pages back until the page that
+    reaches it, so a burst of more than a page between two polls is not skipped."""
+    extra: dict[str, Any] = {"limit": PAGE, "after": after}
+    found: list[admission_pb2.LoggedDecision] = []
+    while True:
+        page = await stub.ListDecisions(_request(args, **extra))
+        found.extend(page.decisions)
+        if not page.next_before:
+            return found
+        extra["before"] = page.next_before
 
 
 def _follow_print(ctx: Context, d: admission_pb2.LoggedDecision) -> None:
