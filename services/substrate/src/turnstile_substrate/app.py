@@ -68,6 +68,7 @@ async def create_app(
             settings.redis_prefix,
             ttl_s=settings.worker_credential_ttl_s,
         )
+    watcher = None
     if settings.substrate_kind == "kubernetes" or settings.direct_live_counts == "count":
         # The live counts are by bounded key: the resolver follows the key set.
         watcher = await watch_keyset(
@@ -105,6 +106,9 @@ async def create_app(
     substrate = create_substrate(settings, resolver, leadership, credentials)
     await substrate.start()
     app.add_cleanup(substrate.close)
+    if watcher is not None:
+        # A new key set moves live sandboxes between keys: publish them again.
+        watcher.add_listener(lambda _keyset: substrate.key_set_changed())
     add_sweeps(settings, substrate, leadership, pool, admission.release_sandbox)
     # Leader-only: the live counts admission's cap reads (on Direct, its runtimes or
     # the marker that says it does not count them).

@@ -138,6 +138,10 @@ class Substrate(Protocol):
     ) -> LiveCount | CountUnknown:
         """O(1) live count of a bounded key's other sandboxes (SPEC S4)."""
 
+    def key_set_changed(self) -> None:
+        """A new key set was installed: live sandboxes may now belong to other
+        bounded keys, so the live counts should be published again soon."""
+
     def live_counts_work(
         self, store: LiveStore, chunk: int
     ) -> Callable[[LeaderTerm], Awaitable[None]]:

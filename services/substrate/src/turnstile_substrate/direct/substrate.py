@@ -358,6 +358,12 @@ class DirectSubstrate:
             return functools.partial(declare_unsupported, store)
         return functools.partial(self._live.run, store)
 
+    def key_set_changed(self) -> None:
+        """Publish the runtimes again now: a client given a key of its own (``keys
+        allow``) takes its live runtimes to that key, so its cap counts them at once
+        rather than at the next renewal."""
+        self._live_changed()
+
     def _live_changed(self) -> None:
         if self._live is not None:
             self._live.changed()

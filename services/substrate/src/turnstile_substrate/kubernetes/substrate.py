@@ -253,6 +253,10 @@ class KubernetesSubstrate:
         live, live_pending = self.index.count_live(key, exclude_sandbox_id, pending)
         return LiveCount(live, live_pending)
 
+    def key_set_changed(self) -> None:
+        """Nothing at once: the pod index re-keys itself on its next use (``_sync_keys``)
+        and the live publisher writes what moved on its next pass."""
+
     def live_counts_work(
         self, store: LiveStore, chunk: int
     ) -> Callable[[LeaderTerm], Awaitable[None]]:
