@@ -274,6 +274,24 @@ async def _sandboxes(redis: Any, stream: str) -> list[tuple[str, str]]:
     ]
 
 
+async def _waits(redis: Any, stream: str) -> dict[str, int | None]:
+    """Each logged sandbox's ``wait`` field in ms (None: the entry has none)."""
+    return {
+        fields[b"sandbox"].decode(): int(fields[b"wait"]) if b"wait" in fields else None
+        for _, fields in await redis.xrange(stream)
+    }
+
+
+async def _listed_wait_ms(running: Any, sandbox_id: str) -> int:
+    """The wait ``ListDecisions`` reports for the sandbox's one entry."""
+    page = await running.stub.ListDecisions(
+        admission_pb2.ListDecisionsRequest(sandbox_id=sandbox_id)
+    )
+    (entry,) = page.decisions
+    assert entry.HasField("waited")
+    return int(entry.waited.ToMilliseconds())
+
+
 async def test_a_granted_waiter_is_logged_once_when_admitted(
     start_admission: Any, redis: aioredis.Redis
 ) -> None:
@@ -294,6 +312,12 @@ async def test_a_granted_waiter_is_logged_once_when_admitted(
         ("sb-first", "admitted"),
         ("sb-waits", "admitted"),
     ]
+    # The entry says how long it waited; the call that did not wait has no wait.
+    waits = await _waits(redis, running.keys.decisions)
+    assert waits["sb-first"] is None
+    assert waits["sb-waits"] is not None
+    assert 0 < waits["sb-waits"] <= answer.waited.ToMilliseconds() + 1
+    assert await _listed_wait_ms(running, "sb-waits") == waits["sb-waits"]
 
 
 async def test_a_waiter_whose_budget_ends_is_logged_once_refused(
@@ -311,6 +335,10 @@ async def test_a_waiter_whose_budget_ends_is_logged_once_refused(
         ("sb-waits", "refused"),
     ]
     assert await waiters(redis, prefix) == 0
+    # Its final decision came when the 0.3 s budget ended, and says so.
+    waited = (await _waits(redis, running.keys.decisions))["sb-waits"]
+    assert waited is not None
+    assert 290 <= waited <= answer.waited.ToMilliseconds() + 1
 
 
 async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(

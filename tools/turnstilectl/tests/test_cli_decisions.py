@@ -152,3 +152,13 @@ def test_durations() -> None:
     assert duration_s("500ms") == 0.5
     with pytest.raises(Exception, match="not a duration"):
         duration_s("ten minutes")
+
+
+def test_why_says_how_long_a_decision_waited_in_the_fair_queue() -> None:
+    entry = admission_pb2.LoggedDecision(service="admission", kind="admitted")
+    entry.key.key = "acme"
+    assert "fair queue" not in decisions.explain(entry)
+    entry.waited.FromMilliseconds(1250)
+    assert decisions.explain(entry) == (
+        "admitted as key acme; after waiting 1.250s in the fair queue"
+    )

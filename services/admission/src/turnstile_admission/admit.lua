@@ -17,7 +17,8 @@
 --       the log's max entries (0: off) and max age in ms,
 --       dry_run (1: decide and take nothing, log nothing: SPEC Q4),
 --       for the log: trace id, sampled (1/0), caller identity, client, bounded
---       key's kind, key-set version, activation kind,
+--       key's kind, key-set version, activation kind, the wait in the fair
+--       queue so far in ms (empty: the call did not wait),
 --       defer (1: the call may wait in the fair queue, SPEC Q1: a refusal only
 --       the cluster bucket made is not logged; the wait's final decision is),
 --       n, then n pairs (node name, slot capacity).
@@ -50,7 +51,7 @@ local cost, hold_ttl, pending_ttl = num(), num(), num()
 local log_max, log_age = num(), num()
 local dry = num() == 1
 local trace_id, sampled, identity, client = str(), str(), str(), str()
-local key_kind, key_version, activation = str(), str(), str()
+local key_kind, key_version, activation, waited = str(), str(), str(), str()
 local defer = num() == 1
 local nodes = {}
 for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[12 + j], held = 0} end
@@ -252,13 +253,18 @@ local function logged(outcome, expires, node)
   local results = {slots, conc, cap, rate}
   local hold = ''
   if outcome == 'admit' then hold = hold_id end
-  log_decision(KEYS[11], log_max, log_age, {
+  local fields = {
     'at', now, 'kind', decision_kind(outcome, results, modes, shadow),
     'trace', trace_id, 'sampled', sampled, 'identity', identity,
     'client', client, 'sandbox', sandbox, 'key', key, 'key_kind', key_kind,
     'key_set', key_version, 'activation', activation,
     'verdicts', verdicts_json(results, modes, shadow),
-    'hold', hold, 'hold_exp', expires, 'node', node})
+    'hold', hold, 'hold_exp', expires, 'node', node}
+  if waited ~= '' then
+    fields[#fields + 1] = 'wait'
+    fields[#fields + 1] = waited
+  end
+  log_decision(KEYS[11], log_max, log_age, fields)
   return answer(outcome, expires, node)
 end
 

@@ -204,7 +204,9 @@ class Admitter:
                 joined = wait.queued
             if not wait.granted:
                 break
-            claimed = await self._decide(request, key, span, claim=wait.waiter, defer=True)
+            claimed = await self._decide(
+                request, key, span, claim=wait.waiter, defer=True, waited_s=loop.time() - started
+            )
             if claimed is _LOST:
                 continue  # swept before it claimed: join again
             decision = claimed
@@ -214,7 +216,7 @@ class Admitter:
         if not decision.admitted and _queueable(decision):
             # Its wait ended on a refusal the log has not seen: the final
             # decision, logged (SPEC Q3), outside the queue like any other call.
-            decision = await self._decide(request, key, span)
+            decision = await self._decide(request, key, span, waited_s=loop.time() - started)
         waited = loop.time() - started
         outcome = "admitted" if decision.admitted else "refused"
         level = joined.level if joined is not None else ""
@@ -239,7 +241,12 @@ class Admitter:
         )
 
     def _log_context(
-        self, request: AdmitInput, key: BoundedKey, span: trace.Span, plan: _Plan
+        self,
+        request: AdmitInput,
+        key: BoundedKey,
+        span: trace.Span,
+        plan: _Plan,
+        waited_s: float | None,
     ) -> LogContext | None:
         """What the decision log records beside the script's own (SPEC Q3); None
         when the log is off or nothing is logged (a dry run). A few microseconds
@@ -263,6 +270,7 @@ class Admitter:
             words[0],
             words[1],
             plan.activation,
+            "" if waited_s is None else str(round(waited_s * 1000)),
         )
 
     async def _decide(
@@ -272,6 +280,7 @@ class Admitter:
         span: trace.Span,
         claim: str = "",
         defer: bool = False,
+        waited_s: float | None = None,
     ) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
         modes = plan.modes
@@ -285,7 +294,7 @@ class Admitter:
             modes=modes,
             nodes=nodes,
             dry_run=request.dry_run,
-            log=self._log_context(request, key, span, plan),
+            log=self._log_context(request, key, span, plan, waited_s),
             defer=defer,
         )
         # The one place admission decides on a failing Redis: fail modes apply

@@ -77,6 +77,8 @@ class LoggedDecision:
     hold_expires_ms: int = 0
     node: str = ""
     detail: str = ""
+    waited_ms: int = 0
+    """How long the call had waited in the fair queue (0: it did not wait)."""
     extra: Mapping[str, str] = field(default_factory=dict)
     """Fields this version does not know (a newer writer's)."""
 
@@ -104,6 +106,7 @@ _KNOWN = frozenset(
         "hold_exp",
         "node",
         "detail",
+        "wait",
     }
 )
 
@@ -191,6 +194,7 @@ def parse_entry(entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]
         hold_expires_ms=_int(f.get("hold_exp", "")),
         node=f.get("node", ""),
         detail=f.get("detail", ""),
+        waited_ms=_int(f.get("wait", "")),
         extra={k: v for k, v in f.items() if k not in _KNOWN},
     )
 

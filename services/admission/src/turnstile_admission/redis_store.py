@@ -72,6 +72,8 @@ class LogContext(NamedTuple):
     key_set_version: str = ""
     activation: str = ""
     """The activation's kind (``cold_create``, ...)."""
+    wait_ms: str = ""
+    """How long the call had waited in the fair queue, in ms; empty: it did not."""
 
 
 _NO_LOG = LogContext()
@@ -392,6 +394,7 @@ class AdmissionStore:
             log.key_kind,
             log.key_set_version,
             log.activation,
+            log.wait_ms,
             1 if args.defer else 0,
             len(args.nodes),
         ]

@@ -108,6 +108,8 @@ def explain(d: admission_pb2.LoggedDecision) -> str:
         ]
         if unknown:
             text += "; " + "; ".join(unknown)
+    if d.HasField("waited"):
+        text += f"; after waiting {d.waited.ToMilliseconds() / 1000:.3f}s in the fair queue"
     if shadow:
         text += "; " + "; ".join(shadow)
     return text

@@ -712,6 +712,7 @@ class LoggedDecision(_message.Message):
     HOLD_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The entry's stream id (`<ms>-<seq>`): its order in the log."""
     service: _builtins.str
@@ -753,6 +754,12 @@ class LoggedDecision(_message.Message):
     def shadow_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShadowVerdict]: ...
     @_builtins.property
     def hold_expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def waited(self) -> _duration_pb2.Duration:
+        """How long the call had waited in the fair queue when this was decided
+        (admission, SPEC Q1); unset when it did not wait.
+        """
+
     def __init__(
         self,
         *,
@@ -773,10 +780,11 @@ class LoggedDecision(_message.Message):
         hold_expires_at: _timestamp_pb2.Timestamp | None = ...,
         node: _builtins.str = ...,
         detail: _builtins.str = ...,
+        waited: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "hold_expires_at", b"hold_expires_at", "key", b"key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "hold_expires_at", b"hold_expires_at", "key", b"key", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_kind", b"activation_kind", "at", b"at", "client", b"client", "detail", b"detail", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "id", b"id", "identity", b"identity", "key", b"key", "kind", b"kind", "node", b"node", "sampled", b"sampled", "sandbox_id", b"sandbox_id", "service", b"service", "shadow_verdicts", b"shadow_verdicts", "trace_id", b"trace_id", "verdicts", b"verdicts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_kind", b"activation_kind", "at", b"at", "client", b"client", "detail", b"detail", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "id", b"id", "identity", b"identity", "key", b"key", "kind", b"kind", "node", b"node", "sampled", b"sampled", "sandbox_id", b"sandbox_id", "service", b"service", "shadow_verdicts", b"shadow_verdicts", "trace_id", b"trace_id", "verdicts", b"verdicts", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
