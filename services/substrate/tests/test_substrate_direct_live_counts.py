@@ -60,8 +60,13 @@ class Published:
 
 
 @pytest.fixture
+def resolver() -> Resolver:
+    return Resolver(KeySet(version=1, allowlist=frozenset({"acme"})))
+
+
+@pytest.fixture
 async def counting(
-    tmp_path: Path, redis: aioredis.Redis, redis_prefix: str
+    tmp_path: Path, redis: aioredis.Redis, redis_prefix: str, resolver: Resolver
 ) -> AsyncIterator[tuple[DirectSubstrate, Published]]:
     settings = SubstrateSettings(
         direct_state_dir=tmp_path / "direct",
@@ -70,7 +75,6 @@ async def counting(
         affinity_addr="127.0.0.1:50999",
         direct_live_counts="count",
     )
-    resolver = Resolver(KeySet(version=1, allowlist=frozenset({"acme"})))
     substrate = DirectSubstrate(settings, resolver=resolver)
     await substrate.start()
     store = LiveStore(redis, redis_prefix, state_ttl_s=30)
@@ -121,6 +125,26 @@ async def test_a_stopped_runtime_leaves_its_keys_live_set(
 
     await eventually(lambda: published.live_is("acme", {"sb-2"}))
     assert substrate.count_live("acme", None, []) == LiveCount(1)
+
+
+async def test_a_new_key_set_moves_live_runtimes_to_their_new_key_before_any_renewal(
+    counting: tuple[DirectSubstrate, Published], resolver: Resolver
+) -> None:
+    substrate, published = counting
+    await substrate.ensure_runtime(
+        spec("sb-3", "globex"), substrate.plan(spec("sb-3", "globex")), no_gate
+    )
+    await eventually(lambda: published.live_is("shared", {"sb-3"}))  # not allowlisted yet
+
+    # ``keys allow globex``: the key-set watcher swaps the resolver and tells the substrate.
+    resolver.swap(KeySet(version=2, allowlist=frozenset({"acme", "globex"})))
+    substrate.key_set_changed()
+
+    # The publisher renews every 10 s (a third of the marker's 30 s); the move comes
+    # long before, so globex's cap counts sb-3 from its next activation on.
+    await eventually(lambda: published.live_is("globex", {"sb-3"}), timeout_s=5)
+    assert await published.live("shared") == set()
+    assert substrate.count_live("globex", None, []) == LiveCount(1)
 
 
 def test_unsupported_stays_the_default_and_answers_unknown(tmp_path: Path) -> None:
