@@ -408,10 +408,11 @@ async def kube() -> AsyncIterator[KubeEmulator]:
 
 @pytest.fixture
 def substrate() -> StartSubstrate:
-    """``substrate(kube, leadership=None, credentials=None, **settings)``: a started, synced
-    Kubernetes substrate on ``kube`` with quick timings (``acme`` allowlisted), closed on
-    exit; its leader-only work registers on ``leadership`` (None: it always leads);
-    ``credentials`` delivers sandbox credentials in Secrets."""
+    """``substrate(kube, leadership=None, credentials=None, resolver=None, **settings)``: a
+    started, synced Kubernetes substrate on ``kube`` with quick timings (``acme`` allowlisted
+    unless ``resolver`` says otherwise), closed on exit; its leader-only work registers on
+    ``leadership`` (None: it always leads); ``credentials`` delivers sandbox credentials in
+    Secrets."""
 
     @contextlib.asynccontextmanager
     async def start(
@@ -420,6 +421,7 @@ def substrate() -> StartSubstrate:
         leadership: Leadership | None = None,
         credentials: CredentialIssuer | None = None,
         credential_renew_interval_s: float = 300.0,
+        resolver: Resolver | None = None,
         **overrides: Any,
     ) -> AsyncIterator[KubernetesSubstrate]:
         settings: dict[str, Any] = {
@@ -435,7 +437,7 @@ def substrate() -> StartSubstrate:
         }
         sub = KubernetesSubstrate(
             KubernetesSettings(**settings),
-            Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
+            resolver or Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
             leadership=leadership,
             credentials=credentials,
             credential_renew_interval_s=credential_renew_interval_s,

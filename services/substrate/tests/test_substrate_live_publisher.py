@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis.asyncio as aioredis
 
+from turnstile_clientkeys import KeySet, Resolver
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import Change, FencedError, LiveStore, Op
 from turnstile_platform.leader import LeaderTerm
@@ -130,6 +131,31 @@ async def test_a_pod_first_seen_live_moves_from_pending_to_live_and_leaves_when_
         kube.delete_pod(NS, "sb-1")
         await eventually(lambda: view.counted(set()))
         assert await view.pending() == {"sb-2"}
+
+
+async def test_a_new_key_set_moves_live_pods_to_their_new_key_before_any_renewal(
+    kube: KubeEmulator, substrate: StartSubstrate, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    store = LiveStore(redis, redis_prefix, state_ttl_s=30.0)  # renewed every 10 s
+    view = View(redis, store)
+    resolver = Resolver(KeySet(version=1, allowlist=frozenset({"acme"})))
+    seed(kube, "sb-g", client="globex")
+    async with substrate(kube, resolver=resolver) as sub:
+        work = asyncio.ensure_future(sub.live_counts_work(store, 500)(LeaderTerm("a", 1)))
+        try:
+            await eventually(lambda: view.counted({"sb-g"}, key="shared"))  # not allowlisted
+
+            # ``keys allow globex``: the key-set watcher swaps the resolver, tells the substrate.
+            resolver.swap(KeySet(version=2, allowlist=frozenset({"acme", "globex"})))
+            sub.key_set_changed()
+
+            # Long before the publisher's 10 s renewal: globex's cap counts sb-g now.
+            await eventually(lambda: view.counted({"sb-g"}, key="globex"), timeout_s=5)
+            assert await view.live("shared") == set()
+        finally:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, FencedError):
+                await work
 
 
 async def test_a_leader_behind_withdraws_the_counts_until_it_has_resynced(

@@ -121,6 +121,10 @@ class LivePublisher:
                 elif self.published.get(change.sandbox_id) == change.key:
                     del self.published[change.sandbox_id]
 
+    def wake(self) -> None:
+        """Make a pass now (the key set changed: its start re-keys the index)."""
+        self._wake.set()
+
     def _changed(self, sandbox_id: str) -> None:
         self._dirty.add(sandbox_id)
         self._wake.set()

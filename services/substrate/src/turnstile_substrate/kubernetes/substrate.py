@@ -87,6 +87,7 @@ class KubernetesSubstrate:
         self._api_client = api_client
         self._owns_client = api_client is None
         self.index = PodIndex(resolver, on_warm_change=self._warm_changed)
+        self._publisher: LivePublisher | None = None
         self._api: PodsApi | None = None
         self._reflector: Reflector | None = None
         self._pool: WarmPool | None = None
@@ -254,14 +255,20 @@ class KubernetesSubstrate:
         return LiveCount(live, live_pending)
 
     def key_set_changed(self) -> None:
-        """Nothing at once: the pod index re-keys itself on its next use (``_sync_keys``)
-        and the live publisher writes what moved on its next pass."""
+        """Wake the live publisher: its next pass re-keys the pod index and publishes
+        what moved at once, rather than at its next renewal (a third of the live
+        counts' ttl), so a client just given a key of its own has its cap count its
+        pods from its next activation on. On a replica that does not lead, nothing
+        runs to wake."""
+        if self._publisher is not None:
+            self._publisher.wake()
 
     def live_counts_work(
         self, store: LiveStore, chunk: int
     ) -> Callable[[LeaderTerm], Awaitable[None]]:
         """Leader-only: publish the reflector's live sandboxes per bounded key."""
-        return LivePublisher(store, self.index, self.reflector, chunk=chunk).run
+        self._publisher = LivePublisher(store, self.index, self.reflector, chunk=chunk)
+        return self._publisher.run
 
     # ------------------------------------------------------------------ internals
 
