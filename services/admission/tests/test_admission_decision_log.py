@@ -277,3 +277,9 @@ async def test_a_consumer_group_ships_every_entry_once(start_admission: Any, red
     assert [entry_id for entry_id, _ in pending[0][1]] == [first[1]]
     rest = await redis.xreadgroup("shipper", "s1", {stream: ">"})
     assert [fields[b"sandbox"] for _, fields in rest[0][1]] == [b"sb-2"]
+
+
+def test_a_wait_of_zero_ms_is_a_wait_and_no_wait_field_is_none() -> None:
+    # A waiter granted within the millisecond waited; a call that never queued did not.
+    assert parse_entry("1-0", {b"kind": b"admitted", b"wait": b"0"}).waited_ms == 0
+    assert parse_entry("1-0", {b"kind": b"admitted"}).waited_ms is None

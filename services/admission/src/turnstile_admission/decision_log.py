@@ -77,8 +77,8 @@ class LoggedDecision:
     hold_expires_ms: int = 0
     node: str = ""
     detail: str = ""
-    waited_ms: int = 0
-    """How long the call had waited in the fair queue (0: it did not wait)."""
+    waited_ms: int | None = None
+    """How long the call had waited in the fair queue (None: it did not wait)."""
     extra: Mapping[str, str] = field(default_factory=dict)
     """Fields this version does not know (a newer writer's)."""
 
@@ -194,7 +194,7 @@ def parse_entry(entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]
         hold_expires_ms=_int(f.get("hold_exp", "")),
         node=f.get("node", ""),
         detail=f.get("detail", ""),
-        waited_ms=_int(f.get("wait", "")),
+        waited_ms=_int(f["wait"]) if "wait" in f else None,
         extra={k: v for k, v in f.items() if k not in _KNOWN},
     )
 

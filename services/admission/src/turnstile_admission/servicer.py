@@ -140,7 +140,7 @@ def _logged(entry: LoggedDecision) -> admission_pb2.LoggedDecision:
         out.key.key_set_version = entry.key_set_version
     if entry.hold_expires_ms:
         out.hold_expires_at.FromMilliseconds(entry.hold_expires_ms)
-    if entry.waited_ms:
+    if entry.waited_ms is not None:
         out.waited.FromMilliseconds(entry.waited_ms)
     for v in entry.verdicts:
         out.verdicts.add(
