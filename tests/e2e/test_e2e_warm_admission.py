@@ -1,0 +1,175 @@
+"""The warm-pool refill through admission (SPEC W3), with the real substrate on the
+API-server emulator and the real admission service over real sockets: each warm pod's
+creation takes a cluster token and a node slot, the refill backs off when admission keeps
+them for activations, a claim of a paid pod does not pay the cluster bucket again, and a
+burst of activations racing the refill gets what the refill must leave it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc.aio
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
+
+from turnstile_admission.keys import AdmissionKeys
+from turnstile_contracts import (
+    admission_pb2,
+    admission_pb2_grpc,
+    common_pb2,
+    substrate_pb2,
+    substrate_pb2_grpc,
+)
+from turnstile_substrate.kubernetes.template import ANNOTATION_WARM_PAID
+from turnstile_substrate.runtime import LABEL_POOL, LABEL_SANDBOX_ID
+from turnstile_testing.eventually import eventually
+
+from .kube_stack import NAMESPACE, KubeServices, activate_for_acme, kube_services
+
+ACME = common_pb2.ActivationClient(client_id="acme")
+USAGE = admission_pb2.GetUsageRequest(client=ACME)
+
+
+def refusals(reason: str) -> float:
+    labels = {"tier": "container", "reason": reason}
+    return REGISTRY.get_sample_value("turnstile_substrate_warm_refill_refusals_total", labels) or 0
+
+
+def warm_pods(stack: KubeServices) -> list[dict[str, object]]:
+    return [
+        p
+        for p in stack.kube.pods(NAMESPACE)
+        if LABEL_POOL in (p["metadata"].get("labels") or {})
+        and LABEL_SANDBOX_ID not in (p["metadata"].get("labels") or {})
+    ]
+
+
+def stack_env(monkeypatch: pytest.MonkeyPatch, warm_pool_size: int) -> None:
+    monkeypatch.setenv("TURNSTILE_TIERS", "container")
+    monkeypatch.setenv("TURNSTILE_K8S_NODES", '["node-a"]')
+    monkeypatch.setenv(
+        "TURNSTILE_K8S_TIER_RUNTIMES", json.dumps({"container": {"warm_pool_size": warm_pool_size}})
+    )
+    monkeypatch.setenv("TURNSTILE_K8S_WARM_POOL_INTERVAL_S", "0.1")
+    monkeypatch.setenv("TURNSTILE_K8S_WARM_REQUIRE_RUNNING", "false")
+    monkeypatch.setenv("TURNSTILE_K8S_WARM_CLAIM_SPREAD", "1")
+
+
+async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_claim_pays_once(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    redis: aioredis.Redis,
+) -> None:
+    stack_env(monkeypatch, warm_pool_size=3)
+
+    async def freeze() -> None:  # no refill of the buckets: token counts are exact
+        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)
+
+    node_refusals = refusals("node_slots")
+    async with (
+        kube_services(
+            redis_url,
+            redis_prefix,
+            database_url,
+            monkeypatch,
+            # 4 slots, 1 kept spare: the refill may hold 3, a cold create still finds one.
+            admission={
+                "test_clock": True,
+                # Slow buckets: a bucket's key expires in real time once it would have
+                # refilled, frozen clock or not.
+                "rate": {"cluster_rate_per_s": 0.001, "default_rate_per_s": 0.001},
+                "slots": {"default_per_node": 4},
+                "warm": {"spare_slots": 1},
+            },
+            before_admission=freeze,
+        ) as stack,
+        grpc.aio.insecure_channel(stack.admission.address) as channel,
+    ):
+        admission = admission_pb2_grpc.AdmissionServiceStub(channel)
+
+        async def slots_held() -> dict[str, int]:
+            return dict((await admission.GetUsage(USAGE)).node_slots_held)
+
+        async def three_slots_held() -> bool:
+            return await slots_held() == {"node-a": 3}
+
+        await eventually(lambda: len(warm_pods(stack)) == 3, what="three warm pods")
+        await eventually(three_slots_held, what="three warm pods' slots held")
+        for pod in warm_pods(stack):
+            assert pod["metadata"]["annotations"][ANNOTATION_WARM_PAID] == "true"  # type: ignore[index]
+        before = await admission.GetUsage(USAGE)
+        assert before.cluster_tokens == before.cluster_capacity - 3
+
+        async with grpc.aio.insecure_channel(stack.substrates[0].address) as sub_channel:
+            substrate = substrate_pb2_grpc.SubstrateServiceStub(sub_channel)
+            claimed = await activate_for_acme(substrate, "sb-1")
+            assert isinstance(claimed, substrate_pb2.ActivateResponse)
+            assert claimed.outcome == substrate_pb2.OUTCOME_WARM_CLAIMED
+            after = await admission.GetUsage(USAGE)
+            # The claim paid its key's bucket; its cluster token went back.
+            assert after.cluster_tokens == before.cluster_tokens
+            assert after.client_tokens == before.client_tokens - 1
+            # The claimed pod keeps its slot: the refill may not take the spare one.
+            await eventually(
+                lambda: refusals("node_slots") > node_refusals, what="a node-slot refusal"
+            )
+            assert await slots_held() == {"node-a": 3}
+            assert len(warm_pods(stack)) == 2
+            # The sandbox stops: its pod's slot is released, and the refill refills.
+            await substrate.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+            await eventually(lambda: len(warm_pods(stack)) == 3, what="the pool refilled")
+            await eventually(three_slots_held, what="the new pod's slot, the old one's freed")
+            refilled = await admission.GetUsage(USAGE)
+            assert refilled.cluster_tokens == before.cluster_tokens - 1
+
+
+async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pays_once_a_pod(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    redis: aioredis.Redis,
+) -> None:
+    """A pool of 10 wanted, a cluster bucket of 12 that keeps 6 for activations: the
+    refill stops at 6 pods; 12 activations race it and the refill's replacements. At
+    least 6 get a runtime, and every pod ever made spent exactly one token."""
+    stack_env(monkeypatch, warm_pool_size=10)
+    monkeypatch.setenv("TURNSTILE_K8S_NODES", "[]")
+
+    async def freeze() -> None:
+        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)
+
+    async with kube_services(
+        redis_url,
+        redis_prefix,
+        database_url,
+        monkeypatch,
+        admission={
+            "test_clock": True,
+            "rate": {"cluster_burst": 12, "cluster_rate_per_s": 0.001},
+            "warm": {"cluster_reserve": 0.5},
+            "cap": {"default_cap": 100},
+            "concurrency": {"default_limit": 100},
+        },
+        before_admission=freeze,
+    ) as stack:
+        await eventually(
+            lambda: refusals("cluster_bucket") > 0 and len(warm_pods(stack)) == 6,
+            what="the refill stopped at the reserve",
+        )
+        async with grpc.aio.insecure_channel(stack.substrates[0].address) as sub_channel:
+            substrate = substrate_pb2_grpc.SubstrateServiceStub(sub_channel)
+            results = await asyncio.gather(
+                *(activate_for_acme(substrate, f"sb-{i}") for i in range(12))
+            )
+        ran = [r for r in results if isinstance(r, substrate_pb2.ActivateResponse)]
+        assert len(ran) >= 6
+        async with grpc.aio.insecure_channel(stack.admission.address) as channel:
+            admission = admission_pb2_grpc.AdmissionServiceStub(channel)
+            usage = await admission.GetUsage(USAGE)
+        pods = stack.kube.pods(NAMESPACE)
+        assert usage.cluster_tokens == 12 - len(pods)
