@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import grpc.aio
 import pytest
@@ -57,6 +58,16 @@ def stack_env(monkeypatch: pytest.MonkeyPatch, warm_pool_size: int) -> None:
     monkeypatch.setenv("TURNSTILE_K8S_WARM_CLAIM_SPREAD", "1")
 
 
+def frozen(redis: aioredis.Redis, prefix: str) -> Callable[[], Awaitable[None]]:
+    """Freeze admission's clock before it starts: no bucket refills, so token counts
+    are exact (the test clock)."""
+
+    async def freeze() -> None:
+        await redis.set(AdmissionKeys(prefix).test_clock, 1_000_000)
+
+    return freeze
+
+
 async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_claim_pays_once(
     redis_url: str,
     redis_prefix: str,
@@ -65,9 +76,6 @@ async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_clai
     redis: aioredis.Redis,
 ) -> None:
     stack_env(monkeypatch, warm_pool_size=3)
-
-    async def freeze() -> None:  # no refill of the buckets: token counts are exact
-        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)
 
     node_refusals = refusals("node_slots")
     async with (
@@ -85,7 +93,7 @@ async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_clai
                 "slots": {"default_per_node": 4},
                 "warm": {"spare_slots": 1},
             },
-            before_admission=freeze,
+            before_admission=frozen(redis, redis_prefix),
         ) as stack,
         grpc.aio.insecure_channel(stack.admission.address) as channel,
     ):
@@ -140,9 +148,6 @@ async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pa
     stack_env(monkeypatch, warm_pool_size=10)
     monkeypatch.setenv("TURNSTILE_K8S_NODES", "[]")
 
-    async def freeze() -> None:
-        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)
-
     async with kube_services(
         redis_url,
         redis_prefix,
@@ -155,7 +160,7 @@ async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pa
             "cap": {"default_cap": 100},
             "concurrency": {"default_limit": 100},
         },
-        before_admission=freeze,
+        before_admission=frozen(redis, redis_prefix),
     ) as stack:
         await eventually(
             lambda: refusals("cluster_bucket") > 0 and len(warm_pods(stack)) == 6,

@@ -157,9 +157,9 @@ async def test_the_refill_is_refused_while_activations_wait_in_the_fair_queue(
 async def test_under_a_burst_the_refill_never_takes_the_cluster_bucket_reserve(
     start_admission: Any,
 ) -> None:
-    """30 warm reservations race 30 cold Admits for a bucket of 20 that keeps 10 for
-    activations: whatever the interleaving, activations get at least 10, the refill at
-    most 10, and the bucket is spent to the last token."""
+    """A bucket of 20 that keeps 10 for activations: 15 concurrent warm reservations
+    take 10; then 30 more race 30 cold Admits and take none, and the activations get
+    the 10 kept for them, to the last token."""
     admission = await start_admission(
         rate={"cluster_burst": 20, "cluster_rate_per_s": 0.001},
         warm={"cluster_reserve": 0.5},
@@ -178,11 +178,43 @@ async def test_under_a_burst_the_refill_never_takes_the_cluster_bucket_reserve(
         answer = await stub.Admit(cold(f"sb-{i}"))
         return bool(answer.decision == admission_pb2.DECISION_ADMITTED)
 
-    calls = [c for i in range(30) for c in (warm(i), real(i))]
-    results = await asyncio.gather(*calls)
-    warm_outcomes, real_outcomes = results[0::2], results[1::2]
+    # The refill alone first: it stops at the reserve, whatever its concurrency.
+    alone = await asyncio.gather(*(warm(i) for i in range(15)))
+    assert alone.count("reserved") == 10
+    # Then it races activations, its calls sent first: they still get the reserve.
+    results = await asyncio.gather(*(warm(i) for i in range(15, 45)), *(real(i) for i in range(30)))
+    warm_outcomes, real_outcomes = results[:30], results[30:]
     assert set(warm_outcomes) <= {"reserved", "RATE_LIMITED"}
-    warm_taken, real_taken = warm_outcomes.count("reserved"), real_outcomes.count(True)
+    assert warm_outcomes.count("reserved") == 0
+    assert real_outcomes.count(True) == 10
+
+
+async def test_a_refill_racing_activations_from_a_full_bucket_leaves_them_the_reserve(
+    start_admission: Any,
+) -> None:
+    """30 warm reservations and 30 cold Admits at once, interleaved, for a bucket of 20
+    that keeps 10: whatever the order Redis sees them in, the refill takes at most 10,
+    the activations at least 10, and the bucket is spent to the last token."""
+    admission = await start_admission(
+        rate={"cluster_burst": 20, "cluster_rate_per_s": 0.001},
+        warm={"cluster_reserve": 0.5},
+        **ROOMY,
+    )
+    stub = admission.stub
+
+    async def warm(i: int) -> bool:
+        try:
+            await stub.ReserveWarm(reserve(pod_name=f"warm-{i}"))
+        except grpc.aio.AioRpcError as error:
+            return decode(error).reason != "RATE_LIMITED"  # any other refusal: a failure
+        return True
+
+    async def real(i: int) -> bool:
+        answer = await stub.Admit(cold(f"sb-{i}"))
+        return bool(answer.decision == admission_pb2.DECISION_ADMITTED)
+
+    results = await asyncio.gather(*(c for i in range(30) for c in (warm(i), real(i))))
+    warm_taken, real_taken = sum(results[0::2]), sum(results[1::2])
     assert warm_taken <= 10
     assert real_taken >= 10
     assert warm_taken + real_taken == 20
@@ -191,8 +223,9 @@ async def test_under_a_burst_the_refill_never_takes_the_cluster_bucket_reserve(
 async def test_under_a_burst_the_refill_leaves_each_node_its_spare_slots(
     start_admission: Any,
 ) -> None:
-    """Two nodes of 6 slots, 2 kept spare: 20 warm reservations racing 20 cold Admits
-    take at most 4 a node, and cold creates fill every slot left."""
+    """Two nodes of 6 slots, 2 kept spare: 10 concurrent warm reservations take 4 a
+    node; then 20 more race 20 cold Admits and take none, and the cold creates get
+    the spare slots."""
     admission = await start_admission(
         slots={"default_per_node": 6}, warm={"spare_slots": 2}, **ROOMY
     )
@@ -210,10 +243,11 @@ async def test_under_a_burst_the_refill_leaves_each_node_its_spare_slots(
         answer = await stub.Admit(cold(f"sb-{i}", nodes))
         return answer.node if answer.decision == admission_pb2.DECISION_ADMITTED else ""
 
-    results = await asyncio.gather(*(c for i in range(20) for c in (warm(i), real(i))))
-    warm_nodes, real_nodes = results[0::2], results[1::2]
-    assert set(warm_nodes) <= {*nodes, "NODE_SLOTS_EXHAUSTED"}
-    for node in nodes:
-        assert warm_nodes.count(node) <= 4
-        assert warm_nodes.count(node) + real_nodes.count(node) == 6
-    assert sum(1 for n in real_nodes if n) >= 4
+    # The refill alone first: 4 a node, whatever its concurrency.
+    alone = await asyncio.gather(*(warm(i) for i in range(10)))
+    assert sorted(alone) == ["NODE_SLOTS_EXHAUSTED"] * 2 + ["n1"] * 4 + ["n2"] * 4
+    # Then it races cold creates, its calls sent first: they find the spare slots.
+    results = await asyncio.gather(*(warm(i) for i in range(10, 30)), *(real(i) for i in range(20)))
+    warm_nodes, real_nodes = results[:20], results[20:]
+    assert set(warm_nodes) == {"NODE_SLOTS_EXHAUSTED"}
+    assert sorted(n for n in real_nodes if n) == ["n1", "n1", "n2", "n2"]
