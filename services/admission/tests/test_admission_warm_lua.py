@@ -167,3 +167,13 @@ async def test_a_prepaid_commit_never_pushes_the_cluster_bucket_past_its_burst(
     # A second commit of the hold returns nothing.
     again = await store.commit_answer("h1", prepaid=True)
     assert (again.committed, again.cluster_tokens) == (False, 0.0)
+
+
+async def test_the_reserve_is_a_share_of_the_buckets_stored_burst(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """A stored cluster limit overrides the settings' burst: the refill keeps 0.4 of
+    its 4 tokens, so it takes 2 (4 → 3 → 2; a third would leave 1 < 1.6)."""
+    await redis.hset(store.keys.limits, "cluster", '{"burst": 4, "rate": 1}')
+    outcomes = [(await store.reserve_warm(f"w{i}", f"warm-{i}", [])).outcome for i in range(3)]
+    assert outcomes == ["reserved", "reserved", "refused"]

@@ -485,7 +485,6 @@ class AdmissionStore:
     ) -> WarmAnswer:
         """A warm pod's creation token and node slot as a hold, or nothing (SPEC W3)."""
         s = self._settings
-        reserve = s.warm.cluster_reserve * s.rate.cluster_burst
         limits, cluster_bucket, registry, _ = self._fixed_keys
         argv: list[str | int | float] = [
             hold_id,
@@ -493,7 +492,7 @@ class AdmissionStore:
             *self._cluster_defaults,
             s.rate.cost,
             round(s.hold_ttl_s * 1000),
-            reserve,
+            s.warm.cluster_reserve,
             s.warm.spare_slots,
             len(nodes),
         ]

@@ -10,7 +10,7 @@
 -- KEYS: 1 limits hash, 2 cluster bucket, 3 hold:<id>, 4 settled:<id> (tombstone),
 --       5 node registry, 6.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, pod name, cluster rate, cluster burst, cost, hold_ttl_ms,
---       reserve (tokens the bucket keeps), spare (slots a node keeps),
+--       reserve (the share of the bucket's burst it keeps), spare (slots a node keeps),
 --       n, then n pairs (node name, slot capacity).
 -- Returns {outcome ('reserved', 'refused' or 'cancelled'), now_ms, expires_ms,
 --          node, refused by ('' | 'queue' | 'cluster bucket' | 'node slots'),
@@ -39,7 +39,8 @@ end
 if redis.call('EXISTS', base_of(KEYS[1]) .. 'q:serving') == 1 then
   return refuse('queue', -1)
 end
-local floor = cost + math.min(reserve, lim.cluster_burst - cost)
+-- The burst is the bucket's own (a stored 'cluster' limit overrides the setting).
+local floor = cost + math.min(reserve * lim.cluster_burst, lim.cluster_burst - cost)
 if level < floor then
   local retry = -1
   if lim.cluster_rate > 0 then retry = math.ceil((floor - level) / lim.cluster_rate * 1000) end

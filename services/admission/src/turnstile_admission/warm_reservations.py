@@ -22,7 +22,7 @@ from turnstile_admission.policies import SlotsSettings
 from turnstile_admission.redis_store import AdmissionStore, WarmAnswer
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_contracts import common_pb2
-from turnstile_platform.dependencies import DependencyOverloaded
+from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 from turnstile_platform.errors import RichError, reason_name
 
 WARM_RESERVATIONS = Counter(
@@ -65,9 +65,10 @@ class WarmReservations:
         capacities = [(node, self._slots.capacity(node)) for node in nodes]
         try:
             answer = await self._store.reserve_warm(hold_id, pod, capacities)
-        except (DependencyOverloaded, asyncio.CancelledError):
-            # The script may have run for a caller that is gone: nobody will
-            # settle its hold, so cancel it (its tombstone stops a late script).
+        except (DependencyOverloaded, DependencyUnavailable, asyncio.CancelledError):
+            # The script may have run for a caller that is gone, or its reply was
+            # lost: nobody will settle its hold, so cancel it once Redis answers
+            # (its tombstone stops a script still on its way).
             self._orphans.cancel(hold_id)
             raise
         if answer.outcome == "reserved":
