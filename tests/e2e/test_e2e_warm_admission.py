@@ -26,6 +26,7 @@ from turnstile_contracts import (
 from turnstile_substrate.kubernetes.template import ANNOTATION_WARM_PAID
 from turnstile_substrate.runtime import LABEL_POOL, LABEL_SANDBOX_ID
 from turnstile_testing.eventually import eventually
+from turnstile_testing.kube_emulator import KubeEmulator
 
 from .kube_stack import NAMESPACE, KubeServices, activate_for_acme, kube_services
 
@@ -133,6 +134,45 @@ async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_clai
             await eventually(three_slots_held, what="the new pod's slot, the old one's freed")
             refilled = await admission.GetUsage(USAGE)
             assert refilled.cluster_tokens == before.cluster_tokens - 1
+
+
+async def test_a_failed_warm_create_gives_its_token_and_slot_back(
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    redis: aioredis.Redis,
+) -> None:
+    """The API server refuses the first two warm creates: their holds are cancelled, so
+    the pool of 2 that follows holds 2 slots and spent 2 tokens, not 4."""
+    stack_env(monkeypatch, warm_pool_size=2)
+
+    def refuse_two_creates(kube: KubeEmulator) -> None:
+        kube.inject_failure(
+            422, method="POST", path=f"/api/v1/namespaces/{NAMESPACE}/pods", times=2
+        )
+
+    async with (
+        kube_services(
+            redis_url,
+            redis_prefix,
+            database_url,
+            monkeypatch,
+            admission={"test_clock": True, "rate": {"cluster_rate_per_s": 0.001}},
+            before_admission=frozen(redis, redis_prefix),
+            on_kube=refuse_two_creates,
+        ) as stack,
+        grpc.aio.insecure_channel(stack.admission.address) as channel,
+    ):
+        admission = admission_pb2_grpc.AdmissionServiceStub(channel)
+
+        async def settled() -> bool:
+            usage = await admission.GetUsage(USAGE)
+            return len(warm_pods(stack)) == 2 and dict(usage.node_slots_held) == {"node-a": 2}
+
+        await eventually(settled, what="two warm pods made, two slots held")
+        usage = await admission.GetUsage(USAGE)
+        assert usage.cluster_tokens == usage.cluster_capacity - 2
 
 
 async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pays_once_a_pod(
