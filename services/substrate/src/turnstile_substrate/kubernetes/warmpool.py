@@ -342,21 +342,22 @@ class WarmPool:
             metrics.WARM_IDLE_SECONDS.labels(tier=tier).inc(ready * elapsed)
 
     async def _fill(self, tier: str, missing: int) -> None:
-        """Create ``missing`` warm pods of ``tier``, each reserved through admission
-        first when the refill goes through it; a refusal ends the tier's pass."""
+        """Create ``missing`` warm pods of ``tier`` at once, each reserved through
+        admission first when the refill goes through it (a tier backing off after a
+        refusal makes none)."""
         admission = self._admission
-        creates = []
-        for _ in range(missing):
-            body = template.warm_pod(self._settings, tier, credentials=self._credentials)
-            hold = None
-            if admission is not None:
-                if admission.backing_off(tier):
-                    break
-                hold = await admission.reserve(tier, body)
-                if hold is None:
-                    break
-            creates.append(self._create(tier, body, hold))
-        await asyncio.gather(*creates)
+        if admission is not None and admission.backing_off(tier):
+            return
+        await asyncio.gather(*(self._reserve_and_create(tier) for _ in range(missing)))
+
+    async def _reserve_and_create(self, tier: str) -> None:
+        body = template.warm_pod(self._settings, tier, credentials=self._credentials)
+        hold = None
+        if self._admission is not None:
+            hold = await self._admission.reserve(tier, body)
+            if hold is None:
+                return
+        await self._create(tier, body, hold)
 
     async def _create(self, tier: str, body: dict[str, Any], hold: WarmHold | None) -> None:
         name = body["metadata"]["name"]
