@@ -1,6 +1,6 @@
-"""Redis down mid-Admit (or mid-ReserveWarm) as a lost reply: the script ran (hold, tokens, in-flight
-lease, node slot, pending entry taken) but its answer never came back within the
-budget. Admission answers by the fail modes — a retryable refusal, or an
+"""Redis down mid-Admit (or mid-ReserveWarm) as a lost reply: the script ran (hold,
+tokens, in-flight lease, node slot, pending entry taken) but its answer never came back
+within the budget. Admission answers by the fail modes — a retryable refusal, or an
 admission whose hold the caller settles — and nothing stays stranded."""
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ what real activations need.
 Leader-only, as the refill is. Before each warm pod the refill reserves; admission
 refuses while activations wait in its fair queue, while the bucket is at the reserve
 it keeps for them, or when no candidate node keeps its spare slots: that pod is not
-made, and the tier backs off for the retry hint (counted per tier and reason). The hold is committed once
-the pod exists and cancelled when the create failed; the pod carries
+made, and the tier backs off for the retry hint (counted per tier and reason). The hold
+is committed once the pod exists and cancelled when the create failed; the pod carries
 ``turnstile.dev/warm-paid`` so its claim gives the claim's own cluster token back. The
 pod's node slot is released (``ReleaseSandbox`` with the pod's name) once the reflector
 sees the pod gone, claimed or not; a new leader takes over the paid pods it finds.
