@@ -7,6 +7,7 @@ burst of activations racing the refill gets what the refill must leave it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 
@@ -15,7 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
+from turnstile_admission.app import create_app as create_admission
 from turnstile_admission.keys import AdmissionKeys
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys import KeySet, Resolver
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -23,12 +27,24 @@ from turnstile_contracts import (
     substrate_pb2,
     substrate_pb2_grpc,
 )
+from turnstile_platform import peers
+from turnstile_platform.leader import LeaderElector
+from turnstile_substrate.admission_client import AdmissionClient
+from turnstile_substrate.kubernetes import KubernetesSettings, KubernetesSubstrate
 from turnstile_substrate.kubernetes.template import ANNOTATION_WARM_PAID
+from turnstile_substrate.kubernetes.tier_runtime import TierRuntime
 from turnstile_substrate.runtime import LABEL_POOL, LABEL_SANDBOX_ID
+from turnstile_substrate.settings import SubstrateSettings
 from turnstile_testing.eventually import eventually
 from turnstile_testing.kube_emulator import KubeEmulator
 
-from .kube_stack import NAMESPACE, KubeServices, activate_for_acme, kube_services
+from .kube_stack import (
+    NAMESPACE,
+    KubeServices,
+    activate_for_acme,
+    common_settings,
+    kube_services,
+)
 
 ACME = common_pb2.ActivationClient(client_id="acme")
 USAGE = admission_pb2.GetUsageRequest(client=ACME)
@@ -218,3 +234,89 @@ async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pa
             usage = await admission.GetUsage(USAGE)
         pods = stack.kube.pods(NAMESPACE)
         assert usage.cluster_tokens == 12 - len(pods)
+
+
+async def test_a_new_leader_releases_the_slots_of_paid_pods_its_predecessor_made(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Two substrate replicas elect a leader on the emulator; the first fills the pool
+    through admission, then hands over. A paid pod that goes afterwards has its slot
+    released by the new leader, so the refill's replacement finds it (3 slots, 2 pods)."""
+    async with KubeEmulator(bookmark_interval=0.05) as kube:
+        admission_app = await create_admission(
+            AdmissionSettings.model_validate(
+                {
+                    **common_settings(redis_url, redis_prefix),
+                    "port": 0,
+                    "slots": {"default_per_node": 3},
+                    "warm": {"spare_slots": 0},
+                }
+            )
+        )
+        await admission_app.start()
+        client = AdmissionClient(
+            peers.admission(SubstrateSettings(admission_addr=admission_app.address), None),
+            retry_after_s=1.0,
+            timeout_s=5.0,
+        )
+        settings = KubernetesSettings(
+            api_host=kube.url,
+            namespace=NAMESPACE,
+            nodes=("node-a",),
+            warm_pool_interval_s=0.05,
+            warm_require_running=False,
+            tier_runtimes={"default": TierRuntime(warm_pool_size=2)},
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(admission_app.stop)
+            stack.push_async_callback(client.close)
+            electors, replicas, tasks = [], [], []
+            for i in range(2):
+                api = await stack.enter_async_context(kube.api_client())
+                elector = LeaderElector(
+                    api,
+                    namespace=NAMESPACE,
+                    lease_name="substrate",
+                    identity=f"r{i}",
+                    lease_duration_s=3,
+                    renew_deadline_s=2,
+                    retry_period_s=0.25,
+                )
+                replica = KubernetesSubstrate(
+                    settings,
+                    Resolver(KeySet(version=1, allowlist=frozenset({"acme"}))),
+                    leadership=elector,
+                    admission=client,
+                )
+                await replica.start()
+                stack.push_async_callback(replica.close)
+                electors.append(elector)
+                replicas.append(replica)
+            channel = await stack.enter_async_context(
+                grpc.aio.insecure_channel(admission_app.address)
+            )
+            admission = admission_pb2_grpc.AdmissionServiceStub(channel)
+
+            async def pool_and_slots(pods: int, slots: int) -> bool:
+                usage = await admission.GetUsage(USAGE)
+                return len(kube.pods(NAMESPACE)) == pods and dict(usage.node_slots_held) == {
+                    "node-a": slots
+                }
+
+            tasks.append(asyncio.create_task(electors[0].run()))
+            await electors[0].wait_leading()
+            tasks.append(asyncio.create_task(electors[1].run()))
+            try:
+                await eventually(lambda: pool_and_slots(2, 2), what="the first leader's pool")
+                tasks[0].cancel()  # the first leader steps down and releases its lease
+                await electors[1].wait_leading()
+                gone = kube.pods(NAMESPACE)[0]["metadata"]["name"]
+                kube.delete_pod(NAMESPACE, gone)
+                await eventually(
+                    lambda: pool_and_slots(2, 2), what="the slot released, the pod replaced"
+                )
+                assert gone not in {p["metadata"]["name"] for p in kube.pods(NAMESPACE)}
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
