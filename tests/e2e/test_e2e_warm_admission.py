@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc.aio
 import pytest
@@ -75,46 +76,58 @@ def stack_env(monkeypatch: pytest.MonkeyPatch, warm_pool_size: int) -> None:
     monkeypatch.setenv("TURNSTILE_K8S_WARM_CLAIM_SPREAD", "1")
 
 
-def frozen(redis: aioredis.Redis, prefix: str) -> Callable[[], Awaitable[None]]:
-    """Freeze admission's clock before it starts: no bucket refills, so token counts
-    are exact (the test clock)."""
-
-    async def freeze() -> None:
-        await redis.set(AdmissionKeys(prefix).test_clock, 1_000_000)
-
-    return freeze
+#: ``warm_stack(admission_settings, on_kube=None)``: the stack and an admission stub.
+WarmStack = Callable[..., contextlib.AbstractAsyncContextManager[tuple[KubeServices, Any]]]
 
 
-async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_claim_pays_once(
+@pytest.fixture
+def warm_stack(
     redis_url: str,
     redis_prefix: str,
     database_url: str,
     monkeypatch: pytest.MonkeyPatch,
     redis: aioredis.Redis,
+) -> WarmStack:
+    """The Kubernetes stack with admission's clock frozen before it starts and slow
+    buckets (a bucket's key expires in real time once it would have refilled, frozen
+    clock or not), so token counts are exact; ``on_kube`` as ``kube_services``'."""
+
+    async def freeze() -> None:
+        await redis.set(AdmissionKeys(redis_prefix).test_clock, 1_000_000)
+
+    @contextlib.asynccontextmanager
+    async def start(
+        admission: dict[str, Any], on_kube: Callable[[KubeEmulator], object] | None = None
+    ) -> AsyncIterator[tuple[KubeServices, Any]]:
+        slow = {"cluster_rate_per_s": 0.001, "default_rate_per_s": 0.001}
+        settings = {**admission, "test_clock": True, "rate": {**slow, **admission.get("rate", {})}}
+        async with (
+            kube_services(
+                redis_url,
+                redis_prefix,
+                database_url,
+                monkeypatch,
+                admission=settings,
+                before_admission=freeze,
+                on_kube=on_kube,
+            ) as stack,
+            grpc.aio.insecure_channel(stack.admission.address) as channel,
+        ):
+            yield stack, admission_pb2_grpc.AdmissionServiceStub(channel)
+
+    return start
+
+
+async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_claim_pays_once(
+    warm_stack: WarmStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stack_env(monkeypatch, warm_pool_size=3)
-
     node_refusals = refusals("node_slots")
-    async with (
-        kube_services(
-            redis_url,
-            redis_prefix,
-            database_url,
-            monkeypatch,
-            # 4 slots, 1 kept spare: the refill may hold 3, a cold create still finds one.
-            admission={
-                "test_clock": True,
-                # Slow buckets: a bucket's key expires in real time once it would have
-                # refilled, frozen clock or not.
-                "rate": {"cluster_rate_per_s": 0.001, "default_rate_per_s": 0.001},
-                "slots": {"default_per_node": 4},
-                "warm": {"spare_slots": 1},
-            },
-            before_admission=frozen(redis, redis_prefix),
-        ) as stack,
-        grpc.aio.insecure_channel(stack.admission.address) as channel,
+    # 4 slots, 1 kept spare: the refill may hold 3, a cold create still finds one.
+    async with warm_stack({"slots": {"default_per_node": 4}, "warm": {"spare_slots": 1}}) as (
+        stack,
+        admission,
     ):
-        admission = admission_pb2_grpc.AdmissionServiceStub(channel)
 
         async def slots_held() -> dict[str, int]:
             return dict((await admission.GetUsage(USAGE)).node_slots_held)
@@ -153,11 +166,7 @@ async def test_warm_pods_take_node_slots_and_tokens_through_admission_and_a_clai
 
 
 async def test_a_failed_warm_create_gives_its_token_and_slot_back(
-    redis_url: str,
-    redis_prefix: str,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    redis: aioredis.Redis,
+    warm_stack: WarmStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The API server refuses the first two warm creates: their holds are cancelled, so
     the pool of 2 that follows holds 2 slots and spent 2 tokens, not 4."""
@@ -168,19 +177,7 @@ async def test_a_failed_warm_create_gives_its_token_and_slot_back(
             422, method="POST", path=f"/api/v1/namespaces/{NAMESPACE}/pods", times=2
         )
 
-    async with (
-        kube_services(
-            redis_url,
-            redis_prefix,
-            database_url,
-            monkeypatch,
-            admission={"test_clock": True, "rate": {"cluster_rate_per_s": 0.001}},
-            before_admission=frozen(redis, redis_prefix),
-            on_kube=refuse_two_creates,
-        ) as stack,
-        grpc.aio.insecure_channel(stack.admission.address) as channel,
-    ):
-        admission = admission_pb2_grpc.AdmissionServiceStub(channel)
+    async with warm_stack({}, on_kube=refuse_two_creates) as (stack, admission):
 
         async def settled() -> bool:
             usage = await admission.GetUsage(USAGE)
@@ -192,32 +189,21 @@ async def test_a_failed_warm_create_gives_its_token_and_slot_back(
 
 
 async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pays_once_a_pod(
-    redis_url: str,
-    redis_prefix: str,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    redis: aioredis.Redis,
+    warm_stack: WarmStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pool of 10 wanted, a cluster bucket of 12 that keeps 6 for activations: the
     refill stops at 6 pods; 12 activations race it and the refill's replacements. At
     least 6 get a runtime, and every pod ever made spent exactly one token."""
     stack_env(monkeypatch, warm_pool_size=10)
     monkeypatch.setenv("TURNSTILE_K8S_NODES", "[]")
-
-    async with kube_services(
-        redis_url,
-        redis_prefix,
-        database_url,
-        monkeypatch,
-        admission={
-            "test_clock": True,
-            "rate": {"cluster_burst": 12, "cluster_rate_per_s": 0.001},
+    async with warm_stack(
+        {
+            "rate": {"cluster_burst": 12},
             "warm": {"cluster_reserve": 0.5},
             "cap": {"default_cap": 100},
             "concurrency": {"default_limit": 100},
-        },
-        before_admission=frozen(redis, redis_prefix),
-    ) as stack:
+        }
+    ) as (stack, admission):
         await eventually(
             lambda: refusals("cluster_bucket") > 0 and len(warm_pods(stack)) == 6,
             what="the refill stopped at the reserve",
@@ -229,11 +215,8 @@ async def test_a_burst_of_activations_racing_the_refill_keeps_the_reserve_and_pa
             )
         ran = [r for r in results if isinstance(r, substrate_pb2.ActivateResponse)]
         assert len(ran) >= 6
-        async with grpc.aio.insecure_channel(stack.admission.address) as channel:
-            admission = admission_pb2_grpc.AdmissionServiceStub(channel)
-            usage = await admission.GetUsage(USAGE)
-        pods = stack.kube.pods(NAMESPACE)
-        assert usage.cluster_tokens == 12 - len(pods)
+        usage = await admission.GetUsage(USAGE)
+        assert usage.cluster_tokens == 12 - len(stack.kube.pods(NAMESPACE))
 
 
 async def test_a_new_leader_releases_the_slots_of_paid_pods_its_predecessor_made(

@@ -154,6 +154,24 @@ async def test_the_refill_is_refused_while_activations_wait_in_the_fair_queue(
     assert (await waiter).decision == admission_pb2.DECISION_ADMITTED
 
 
+async def warm(stub: Any, i: int, nodes: tuple[str, ...] = ()) -> str:
+    """One warm reservation: the node it took (``reserved`` without nodes), or the
+    refusal's ErrorInfo reason."""
+    try:
+        answer = await stub.ReserveWarm(reserve(pod_name=f"warm-{i}", candidate_nodes=nodes))
+    except grpc.aio.AioRpcError as error:
+        return decode(error).reason
+    return str(answer.node) or "reserved"
+
+
+async def real(stub: Any, i: int, nodes: tuple[str, ...] = ()) -> str:
+    """One cold Admit: the node it took (``admitted`` without nodes), or ""."""
+    answer = await stub.Admit(cold(f"sb-{i}", nodes))
+    if answer.decision != admission_pb2.DECISION_ADMITTED:
+        return ""
+    return str(answer.node) or "admitted"
+
+
 async def test_under_a_burst_the_refill_never_takes_the_cluster_bucket_reserve(
     start_admission: Any,
 ) -> None:
@@ -166,27 +184,15 @@ async def test_under_a_burst_the_refill_never_takes_the_cluster_bucket_reserve(
         **ROOMY,
     )
     stub = admission.stub
-
-    async def warm(i: int) -> str:
-        try:
-            await stub.ReserveWarm(reserve(pod_name=f"warm-{i}"))
-        except grpc.aio.AioRpcError as error:
-            return decode(error).reason
-        return "reserved"
-
-    async def real(i: int) -> str | bool:
-        answer = await stub.Admit(cold(f"sb-{i}"))
-        return bool(answer.decision == admission_pb2.DECISION_ADMITTED)
-
     # The refill alone first: it stops at the reserve, whatever its concurrency.
-    alone = await asyncio.gather(*(warm(i) for i in range(15)))
-    assert alone.count("reserved") == 10
+    alone = await asyncio.gather(*(warm(stub, i) for i in range(15)))
+    assert sorted(alone) == ["RATE_LIMITED"] * 5 + ["reserved"] * 10
     # Then it races activations, its calls sent first: they still get the reserve.
-    results = await asyncio.gather(*(warm(i) for i in range(15, 45)), *(real(i) for i in range(30)))
-    warm_outcomes, real_outcomes = results[:30], results[30:]
-    assert set(warm_outcomes) <= {"reserved", "RATE_LIMITED"}
-    assert warm_outcomes.count("reserved") == 0
-    assert real_outcomes.count(True) == 10
+    results = await asyncio.gather(
+        *(warm(stub, i) for i in range(15, 45)), *(real(stub, i) for i in range(30))
+    )
+    assert set(results[:30]) == {"RATE_LIMITED"}
+    assert results[30:].count("admitted") == 10
 
 
 async def test_a_refill_racing_activations_from_a_full_bucket_leaves_them_the_reserve(
@@ -201,20 +207,10 @@ async def test_a_refill_racing_activations_from_a_full_bucket_leaves_them_the_re
         **ROOMY,
     )
     stub = admission.stub
-
-    async def warm(i: int) -> bool:
-        try:
-            await stub.ReserveWarm(reserve(pod_name=f"warm-{i}"))
-        except grpc.aio.AioRpcError as error:
-            return decode(error).reason != "RATE_LIMITED"  # any other refusal: a failure
-        return True
-
-    async def real(i: int) -> bool:
-        answer = await stub.Admit(cold(f"sb-{i}"))
-        return bool(answer.decision == admission_pb2.DECISION_ADMITTED)
-
-    results = await asyncio.gather(*(c for i in range(30) for c in (warm(i), real(i))))
-    warm_taken, real_taken = sum(results[0::2]), sum(results[1::2])
+    results = await asyncio.gather(*(c for i in range(30) for c in (warm(stub, i), real(stub, i))))
+    warm_outcomes, real_outcomes = results[0::2], results[1::2]
+    assert set(warm_outcomes) <= {"reserved", "RATE_LIMITED"}
+    warm_taken, real_taken = warm_outcomes.count("reserved"), real_outcomes.count("admitted")
     assert warm_taken <= 10
     assert real_taken >= 10
     assert warm_taken + real_taken == 20
@@ -231,23 +227,12 @@ async def test_under_a_burst_the_refill_leaves_each_node_its_spare_slots(
     )
     stub = admission.stub
     nodes = ("n1", "n2")
-
-    async def warm(i: int) -> str:
-        try:
-            reserved = await stub.ReserveWarm(reserve(pod_name=f"warm-{i}", candidate_nodes=nodes))
-        except grpc.aio.AioRpcError as error:
-            return decode(error).reason
-        return str(reserved.node)
-
-    async def real(i: int) -> str:
-        answer = await stub.Admit(cold(f"sb-{i}", nodes))
-        return answer.node if answer.decision == admission_pb2.DECISION_ADMITTED else ""
-
     # The refill alone first: 4 a node, whatever its concurrency.
-    alone = await asyncio.gather(*(warm(i) for i in range(10)))
+    alone = await asyncio.gather(*(warm(stub, i, nodes) for i in range(10)))
     assert sorted(alone) == ["NODE_SLOTS_EXHAUSTED"] * 2 + ["n1"] * 4 + ["n2"] * 4
     # Then it races cold creates, its calls sent first: they find the spare slots.
-    results = await asyncio.gather(*(warm(i) for i in range(10, 30)), *(real(i) for i in range(20)))
-    warm_nodes, real_nodes = results[:20], results[20:]
-    assert set(warm_nodes) == {"NODE_SLOTS_EXHAUSTED"}
-    assert sorted(n for n in real_nodes if n) == ["n1", "n1", "n2", "n2"]
+    results = await asyncio.gather(
+        *(warm(stub, i, nodes) for i in range(10, 30)), *(real(stub, i, nodes) for i in range(20))
+    )
+    assert set(results[:20]) == {"NODE_SLOTS_EXHAUSTED"}
+    assert sorted(n for n in results[20:] if n) == ["n1", "n1", "n2", "n2"]
