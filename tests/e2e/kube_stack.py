@@ -80,12 +80,16 @@ async def kube_services(
     substrate: Mapping[str, object] | None = None,
     admission: Mapping[str, object] | None = None,
     before_admission: Callable[[], Awaitable[None]] | None = None,
+    on_kube: Callable[[KubeEmulator], object] | None = None,
 ) -> AsyncIterator[KubeServices]:
     """``replicas`` substrate services (Kubernetes, on a fresh emulator built with
     ``cluster``) and one admission service; ``substrate`` and ``admission`` override their
-    settings. ``before_admission`` runs after the substrates started, before admission."""
+    settings. ``before_admission`` runs after the substrates started, before admission;
+    ``on_kube`` gets the emulator before anything talks to it (to inject faults)."""
     await asyncio.to_thread(apply_migrations, database_url)
     async with KubeEmulator(**cluster) as kube:
+        if on_kube is not None:
+            on_kube(kube)
         monkeypatch.setenv("TURNSTILE_K8S_API_HOST", kube.url)
         monkeypatch.setenv("TURNSTILE_K8S_NAMESPACE", NAMESPACE)
         admission_port = free_port()

@@ -60,6 +60,8 @@ ADMISSION = (
     "tick",
     "claim",
     "leave",
+    # The warm-pool refill's reservation (SPEC W3).
+    "reserve_warm",
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
@@ -86,6 +88,7 @@ DERIVED: dict[str, set[str]] = {
     "admission/tick": _QUEUE,
     "admission/claim": _QUEUE,
     "admission/leave": _QUEUE,
+    "admission/reserve_warm": _QUEUE,
     "admission/commit_hold": {"inflight", "sandbox", "slots"},
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
     "admission/release_sandbox": {"pending", "slots"},
@@ -245,6 +248,13 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert (await store.admit(admit("h4", "sb-4", "n1"), claim="w1")).outcome == "admit"
     assert (await store.enqueue("w2", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)).queued
     assert (await store.leave("w2"))[0]
+    # The warm-pool refill (SPEC W3): a warm pod's reservation, committed, released
+    # when the pod goes; a claim of a paid warm pod gives its cluster token back.
+    assert (await store.reserve_warm("h5", "warm-a", [("n1", 5)])).outcome == "reserved"
+    assert await store.commit("h5")
+    assert await store.release("warm-a")
+    assert (await store.admit(admit("h6", "sb-6", "n1"))).outcome == "admit"
+    assert (await store.commit_answer("h6", prepaid=True)).committed
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

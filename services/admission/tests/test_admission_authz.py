@@ -5,6 +5,7 @@ scoped: an identity allowed only ``self`` or a list acts for no other client."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -69,6 +70,10 @@ CALLS: dict[str, Invoke] = {
     ),
     "ListDecisions": unary(
         f"/{SERVICE}/ListDecisions", admission_pb2.ListDecisionsRequest(client_id="acme")
+    ),
+    "ReserveWarm": unary(
+        f"/{SERVICE}/ReserveWarm",
+        admission_pb2.ReserveWarmRequest(tier="container", pod_name="warm-1"),
     ),
 }
 
@@ -219,3 +224,34 @@ async def test_a_tenant_reads_its_own_decisions_only(secured: Any, pki: Pki) -> 
         # The operator-side identity (any client) reads both.
         every = await substrate.ListDecisions(admission_pb2.ListDecisionsRequest())
         assert {d.client for d in every.decisions} == {"acme", "globex"}
+
+
+REPO = Path(__file__).resolve().parents[3]
+SHIPPED_POLICIES = (
+    "deploy/kustomize/base/authz-policy.toml",
+    "tools/turnstilectl/src/turnstile_cli/stack/authz-policy.toml",
+)
+
+
+@pytest.mark.parametrize("policy_file", SHIPPED_POLICIES)
+async def test_the_shipped_policies_let_only_the_substrate_reserve_warm_pods(
+    policy_file: str, start_admission: Any, tmp_path: Path, redis: aioredis.Redis
+) -> None:
+    """The warm-pool refill's reservation (SPEC W3) names no client: a tenant, the
+    gateway or affinity calling it would spend the cluster bucket for no one."""
+    shipped = Pki(tmp_path / "pki", trust_domain="turnstile.local")
+    admission = await start_admission(
+        client_allowlist=("acme",),
+        **shipped.server_settings("service/admission", policy=(REPO / policy_file).read_text()),
+    )
+    address = admission.app.address
+    invoke = CALLS["ReserveWarm"]
+    prefix = admission.settings.redis_prefix
+    for other in ("client/acme", "service/gateway", "service/affinity", "sandbox"):
+        async with shipped.identity(other).channel(address) as channel:
+            before = await redis_snapshot(redis, prefix)
+            code, reason, _ = await refusal(channel, invoke)
+            assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"), other
+            assert await redis_snapshot(redis, prefix) == before
+    async with shipped.identity("service/substrate").channel(address) as substrate:
+        assert await outcome(substrate, invoke) == grpc.StatusCode.OK

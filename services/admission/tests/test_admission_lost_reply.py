@@ -1,12 +1,14 @@
-"""Redis down mid-Admit as a lost reply: the script ran (hold, tokens, in-flight
-lease, node slot, pending entry taken) but its answer never came back within the
-budget. Admission answers by the fail modes — a retryable refusal, or an
+"""Redis down mid-Admit (or mid-ReserveWarm) as a lost reply: the script ran (hold,
+tokens, in-flight lease, node slot, pending entry taken) but its answer never came back
+within the budget. Admission answers by the fail modes — a retryable refusal, or an
 admission whose hold the caller settles — and nothing stays stranded."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
@@ -88,4 +90,29 @@ async def test_a_lost_reply_to_an_admitted_admit_leaves_a_hold_its_caller_settle
         admission_pb2.CancelHoldRequest(hold_id=answer.hold_id), timeout=10
     )
     assert cancelled.cancelled  # the hold the lost reply took is the one handed out
+    await nothing_held(running.stub)
+
+
+async def test_a_lost_reply_to_a_warm_reservation_strands_no_hold(
+    proxy: ReplyHoldingProxy, redis: aioredis.Redis, start_proxied: Any
+) -> None:
+    """ReserveWarm's script ran (a cluster token and a node slot taken, SPEC W3) but its
+    reply was lost: the refill gets UNAVAILABLE and admission cancels the hold itself."""
+    running = await start_proxied()
+    await redis.set(running.keys.test_clock, 1_000_000)
+    slots = running.keys.slots("n1")
+
+    proxy.hold()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await running.stub.ReserveWarm(
+            admission_pb2.ReserveWarmRequest(
+                tier="container", pod_name="warm-1", candidate_nodes=["n1"]
+            ),
+            timeout=10,
+        )
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    await until_pending(redis, slots, 1)  # the script did run: a lost reply
+
+    proxy.release()
+    await until_pending(redis, slots, 0)  # admission cancelled the hold by itself
     await nothing_held(running.stub)

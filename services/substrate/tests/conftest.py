@@ -158,6 +158,14 @@ class AdmissionDouble(admission_pb2_grpc.AdmissionServiceServicer):
         hold.state = "committed"
         return admission_pb2.CommitHoldResponse(committed=True)
 
+    async def ReserveWarm(
+        self, request: admission_pb2.ReserveWarmRequest, context: Context
+    ) -> admission_pb2.ReserveWarmResponse:
+        # The warm-pool refill through admission is tested against the real service
+        # (tests/e2e/test_e2e_warm_admission.py); this double keeps no reservations.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the admission double")
+        raise AssertionError("abort raises")
+
     async def CancelHold(
         self, request: admission_pb2.CancelHoldRequest, context: Context
     ) -> admission_pb2.CancelHoldResponse:

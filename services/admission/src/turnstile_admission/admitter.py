@@ -45,9 +45,11 @@ from turnstile_admission.redis_store import (
     AdmitAnswer,
     AdmitArgs,
     CancelAnswer,
+    CommitAnswer,
     LogContext,
 )
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_admission.warm_reservations import WarmReservations
 from turnstile_clientkeys import BoundedKey, Client, KeyKind, Resolver
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
@@ -146,6 +148,8 @@ class Admitter:
         )
         self._slots = settings.slots
         self.orphans = OrphanedHolds(store, settings.hold_ttl_s)
+        #: The warm-pool refill's reservations (SPEC W3).
+        self.warm = WarmReservations(settings, store, self.orphans)
         self.queue = FairQueue(store, settings)
         self._plans: dict[tuple[Kind, bool], _Plan] = {}
         #: Per decision shape, what its decisions share (``Decision.shape``).
@@ -288,7 +292,7 @@ class Admitter:
         if modes[PolicyName.SLOTS]:
             nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
         args = AdmitArgs(
-            hold_id=_new_hold_id(),
+            hold_id=new_hold_id(),
             key=key.key,
             sandbox_id=request.sandbox_id,
             modes=modes,
@@ -539,10 +543,12 @@ class Admitter:
         counters.extend(metrics.shadow_refusals(s.policy.value, key) for s in shadow if s.over)
         return tuple(counters), metrics.decision_seconds(outcome)
 
-    async def commit(self, hold_id: str) -> bool:
-        committed = await self.store.commit(hold_id)
-        metrics.holds("commit", "done" if committed else "gone").inc()
-        return committed
+    async def commit(self, hold_id: str, prepaid: bool = False) -> CommitAnswer:
+        """Commit a hold; ``prepaid``: its runtime is a warm pod ``ReserveWarm`` paid
+        for, so its cluster tokens go back (SPEC W3)."""
+        answer = await self.store.commit_answer(hold_id, prepaid)
+        metrics.holds("commit", "done" if answer.committed else "gone").inc()
+        return answer
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
         answer = await self.store.cancel(hold_id)
@@ -599,7 +605,7 @@ def _queueable(decision: Decision) -> bool:
 _MAX_KEY_WORDS = 4096
 
 
-def _new_hold_id() -> str:
+def new_hold_id() -> str:
     """128 random bits as 32 hex digits (a version-4 UUID's ``hex`` without the
     ``UUID`` object, which cost a visible share of an Admit)."""
     return os.urandom(16).hex()

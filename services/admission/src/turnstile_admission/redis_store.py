@@ -207,6 +207,28 @@ class Tick(NamedTuple):
 
 
 @dataclass(frozen=True)
+class CommitAnswer:
+    committed: bool
+    cluster_tokens: float = 0.0
+    """Tokens returned to the cluster bucket (a prepaid warm pod's claim)."""
+
+
+class WarmAnswer(NamedTuple):
+    """``reserve_warm.lua``'s answer."""
+
+    outcome: str
+    """``reserved``, ``refused`` or ``cancelled`` (settled before it ran)."""
+    now_ms: int
+    hold_expires_ms: int
+    node: str
+    refused_by: str
+    """``queue``, ``cluster bucket`` or ``node slots``; empty when reserved."""
+    retry_ms: int
+    """-1: no hint from the script."""
+    cluster_tokens: float
+
+
+@dataclass(frozen=True)
 class CancelAnswer:
     cancelled: bool
     client_tokens: float = 0.0
@@ -260,6 +282,9 @@ class AdmissionStore:
         self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua", clock))
         self._release: AsyncScript = client.register_script(script_text("release_sandbox.lua"))
         self._usage: AsyncScript = client.register_script(script_text("usage.lua", clock))
+        self._reserve_warm: AsyncScript = client.register_script(
+            script_text("reserve_warm.lua", clock)
+        )
         self._enqueue: AsyncScript = client.register_script(script_text("enqueue.lua", clock))
         self._tick: AsyncScript = client.register_script(script_text("tick.lua", clock))
         self._claim: AsyncScript = client.register_script(script_text("claim.lua", clock))
@@ -328,6 +353,7 @@ class AdmissionStore:
             round(s.pending_ttl_s * 1000),
             self._tombstone_ttl_ms,
         )
+        self._cluster_defaults = (s.rate.cluster_rate_per_s, s.rate.cluster_burst)
         self._cancel_args = (*self._bucket_defaults, self._tombstone_ttl_ms)
 
     def _keys_of(self, key: str) -> tuple[bytes, ...]:
@@ -437,16 +463,62 @@ class AdmissionStore:
         )
 
     async def commit(self, hold_id: str) -> bool:
-        done = await self._commit(
+        return (await self.commit_answer(hold_id)).committed
+
+    async def commit_answer(self, hold_id: str, prepaid: bool = False) -> CommitAnswer:
+        """Commit a hold; ``prepaid``: its runtime is a warm pod whose creation
+        ``reserve_warm.lua`` paid, so the hold's cluster tokens go back (SPEC W3)."""
+        raw = await self._commit(
             keys=[
                 self._hold_prefix + hold_id,
                 self._commit_nodes,
                 self._settled_prefix + hold_id,
+                *self._cancel_keys,
                 *self._clock_keys,
             ],
-            args=[hold_id, *self._commit_args],
+            args=[hold_id, *self._commit_args, 1 if prepaid else 0, *self._cluster_defaults],
         )
-        return bool(done)
+        return CommitAnswer(bool(int(raw[0])), float(_s(raw[1])))
+
+    async def reserve_warm(
+        self, hold_id: str, pod: str, nodes: Sequence[tuple[str, int]]
+    ) -> WarmAnswer:
+        """A warm pod's creation token and node slot as a hold, or nothing (SPEC W3)."""
+        s = self._settings
+        limits, cluster_bucket, registry, _ = self._fixed_keys
+        argv: list[str | int | float] = [
+            hold_id,
+            pod,
+            *self._cluster_defaults,
+            s.rate.cost,
+            round(s.hold_ttl_s * 1000),
+            s.warm.cluster_reserve,
+            s.warm.spare_slots,
+            len(nodes),
+        ]
+        for name, capacity in nodes:
+            argv += [name, capacity]
+        raw = await self._reserve_warm(
+            keys=[
+                limits,
+                cluster_bucket,
+                self._hold_prefix + hold_id,
+                self._settled_prefix + hold_id,
+                registry,
+                *(self._slots_key(name) for name, _ in nodes),
+                *self._clock_keys,
+            ],
+            args=argv,
+        )
+        return WarmAnswer(
+            _s(raw[0]),
+            int(raw[1]),
+            int(raw[2]),
+            _s(raw[3]),
+            _s(raw[4]),
+            int(raw[5]),
+            float(_s(raw[6])),
+        )
 
     async def cancel(self, hold_id: str) -> CancelAnswer:
         raw = await self._cancel(

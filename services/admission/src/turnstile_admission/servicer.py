@@ -8,9 +8,10 @@ import grpc
 import grpc.aio
 
 from turnstile_admission import validation
-from turnstile_admission.admitter import Admitter
+from turnstile_admission.admitter import Admitter, new_hold_id
 from turnstile_admission.decision_log import LoggedDecision
 from turnstile_admission.responses import MODES, POLICIES, VERDICTS, AdmitResponses
+from turnstile_admission.warm_reservations import refusal
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
@@ -60,8 +61,27 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         self, request: admission_pb2.CommitHoldRequest, context: Context
     ) -> admission_pb2.CommitHoldResponse:
         hold_id = validation.hold_id(request.hold_id)
-        committed = await self._admitter.commit(hold_id)
-        return admission_pb2.CommitHoldResponse(committed=committed)
+        answer = await self._admitter.commit(hold_id, request.creation_prepaid)
+        return admission_pb2.CommitHoldResponse(
+            committed=answer.committed, cluster_tokens_returned=answer.cluster_tokens
+        )
+
+    async def ReserveWarm(  # noqa: N802
+        self, request: admission_pb2.ReserveWarmRequest, context: Context
+    ) -> admission_pb2.ReserveWarmResponse:
+        # The warm-pool refill's reservation (SPEC W3): the substrate's alone (the
+        # shipped policies grant it no tenant); it names no client.
+        warm = validation.reserve_warm_request(request)
+        reservation = await self._admitter.warm.reserve(new_hold_id(), warm.pod, warm.nodes)
+        if not reservation.reserved:
+            raise refusal(reservation, warm.tier, warm.pod)
+        response = admission_pb2.ReserveWarmResponse(
+            hold_id=reservation.hold_id,
+            node=reservation.node,
+            cluster_tokens=reservation.cluster_tokens,
+        )
+        response.hold_expires_at.FromMilliseconds(reservation.hold_expires_ms)
+        return response
 
     async def CancelHold(  # noqa: N802
         self, request: admission_pb2.CancelHoldRequest, context: Context

@@ -77,6 +77,25 @@ class QueueSettings(BaseModel):
         return self
 
 
+class WarmSettings(BaseModel):
+    """The warm-pool refill's reservations (SPEC W3, ``ReserveWarm``): what real
+    activations keep for themselves."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    cluster_reserve: float = Field(default=0.25, ge=0, le=1)
+    """The share of the cluster bucket's burst the refill leaves to activations: it
+    takes a token only while the bucket holds more than this share plus the token."""
+
+    spare_slots: int = Field(default=2, ge=0, le=100_000)
+    """Slots every candidate node keeps free for cold creates after a warm pod
+    takes one."""
+
+    retry_after_s: float = Field(default=1.0, gt=0, le=3600)
+    """Retry hint of a refusal that has no better one (waiters in the fair queue;
+    a full node whose slots are all committed)."""
+
+
 class AdmissionSettings(ServiceSettings):
     """Every admission knob with its default."""
 
@@ -102,6 +121,10 @@ class AdmissionSettings(ServiceSettings):
 
     queue: QueueSettings = QueueSettings()
     """The fair queue (SPEC Q1)."""
+
+    warm: WarmSettings = WarmSettings()
+    """The warm-pool refill's reservations (SPEC W3)."""
+
     decision_page_limit: int = Field(default=500, ge=1, le=10_000)
     """The most decisions one ``ListDecisions`` call returns."""
 

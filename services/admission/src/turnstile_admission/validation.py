@@ -4,6 +4,8 @@ anything touches Redis (SPEC X2)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from turnstile_admission.admitter import AdmitInput
 from turnstile_admission.decision_log import Query
@@ -75,13 +77,9 @@ def hold_id(value: str) -> str:
     return value
 
 
-def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
-    kind = _KINDS.get(request.kind)
-    if kind is None:
-        raise bad_field("kind", "must be COLD_CREATE, WARM_CLAIM, RESUME or RESTORE")
-    if request.tier and not is_label_value(request.tier):
-        raise bad_field("tier", "must be empty or a valid label value")
-    nodes = tuple(request.candidate_nodes)
+def candidate_nodes(names: Sequence[str]) -> tuple[str, ...]:
+    """Candidate node names: at most 256, each a node name, no duplicates."""
+    nodes = tuple(names)
     if len(nodes) > MAX_CANDIDATE_NODES:
         raise bad_field("candidate_nodes", f"at most {MAX_CANDIDATE_NODES} names")
     seen: set[str] = set()
@@ -96,6 +94,34 @@ def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
         if node in seen:
             raise bad_field(f"candidate_nodes[{i}]", f"duplicate node {node!r}")
         seen.add(node)
+    return nodes
+
+
+class WarmRequest(NamedTuple):
+    """A validated ReserveWarm request."""
+
+    tier: str
+    pod: str
+    nodes: tuple[str, ...]
+
+
+def reserve_warm_request(request: admission_pb2.ReserveWarmRequest) -> WarmRequest:
+    if not request.tier or not is_label_value(request.tier):
+        raise bad_field("tier", "must be a valid label value")
+    return WarmRequest(
+        tier=request.tier,
+        pod=sandbox_id(request.pod_name, "pod_name"),
+        nodes=candidate_nodes(request.candidate_nodes),
+    )
+
+
+def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
+    kind = _KINDS.get(request.kind)
+    if kind is None:
+        raise bad_field("kind", "must be COLD_CREATE, WARM_CLAIM, RESUME or RESTORE")
+    if request.tier and not is_label_value(request.tier):
+        raise bad_field("tier", "must be empty or a valid label value")
+    nodes = candidate_nodes(request.candidate_nodes)
     wait_s = 0.0
     if request.HasField("wait_budget"):
         budget = request.wait_budget
@@ -151,8 +177,10 @@ def decisions_query(request: admission_pb2.ListDecisionsRequest, page_limit: int
 __all__ = [
     "RichError",
     "admit_request",
+    "candidate_nodes",
     "client",
     "decisions_query",
     "hold_id",
+    "reserve_warm_request",
     "sandbox_id",
 ]

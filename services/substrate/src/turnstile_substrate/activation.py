@@ -450,7 +450,9 @@ class Activator:
             COMPENSATIONS.labels(stage).inc()
             await run_to_end(self._compensate(sandbox_id, admitted, stop_runtime=stop))
             raise
-        await run_to_end(self._admission.commit(admitted.hold_id))
+        await run_to_end(
+            self._admission.commit(admitted.hold_id, creation_prepaid=runtime.creation_paid)
+        )
         return Activation(
             recorded, runtime, OUTCOMES[runtime.kind], admitted.key, admitted.waited_s
         )

@@ -66,6 +66,24 @@ class Admitted:
     waited_s: float | None = None
 
 
+@dataclass(frozen=True)
+class WarmHold:
+    """A warm pod's reservation: commit it once the pod exists, cancel it if not."""
+
+    hold_id: str
+    node: str
+
+
+class WarmRefusedError(Exception):
+    """Admission keeps the cluster bucket or the nodes' slots for activations now."""
+
+    def __init__(self, refused_by: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        #: ``queue``, ``cluster_bucket`` or ``node_slots``.
+        self.refused_by = refused_by
+        self.retry_after_s = retry_after_s
+
+
 def _admission_unavailable(retry_after_s: float, reason: str) -> RichError:
     """UNAVAILABLE because admission could not answer (its own reason kept, when it
     gave one); retrying may succeed. A peer's error passed on, not a failing
@@ -189,15 +207,18 @@ class AdmissionClient:
             hold_id=response.hold_id, key=response.key, node=response.node, cap=cap, waited_s=waited
         )
 
-    async def commit(self, hold_id: str) -> None:
-        """Commit the hold of an activation that succeeded.
+    async def commit(self, hold_id: str, *, creation_prepaid: bool = False) -> None:
+        """Commit the hold of an activation that succeeded (or of a warm pod made);
+        ``creation_prepaid``: the runtime is a warm pod ReserveWarm paid for, so the
+        hold's cluster-bucket token goes back (SPEC W3).
 
         A failure is logged, never raised: the runtime exists and is recorded,
         and an uncommitted hold only expires on its own.
         """
         try:
             await self._stub.CommitHold(
-                admission_pb2.CommitHoldRequest(hold_id=hold_id), timeout=self._timeout_s
+                admission_pb2.CommitHoldRequest(hold_id=hold_id, creation_prepaid=creation_prepaid),
+                timeout=self._timeout_s,
             )
             HOLD_OUTCOMES.labels("committed").inc()
         except grpc.aio.AioRpcError as error:
@@ -229,6 +250,29 @@ class AdmissionClient:
             )
         except grpc.aio.AioRpcError as error:
             raise self._peer_error(error) from error
+
+    async def reserve_warm(self, tier: str, pod_name: str, nodes: Sequence[str]) -> WarmHold:
+        """Reserve one warm pod's creation (a cluster token, a node slot) for the
+        warm-pool refill (SPEC W3); :class:`WarmRefusedError` when admission keeps
+        them for activations, a :class:`RichError` when it cannot be asked.
+
+        Not retried: a retry after a lost answer would take a second hold (the
+        first expires on its own)."""
+        request = admission_pb2.ReserveWarmRequest(
+            tier=tier, pod_name=pod_name, candidate_nodes=list(nodes)
+        )
+        try:
+            response = await self._stub.ReserveWarm(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as error:
+            rich = decode(error)
+            if rich.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise WarmRefusedError(
+                    rich.metadata.get("refused_by", rich.reason.lower()),
+                    rich.retry_after_s or self._retry_after_s,
+                    rich.message,
+                ) from error
+            raise self._peer_error(error) from error
+        return WarmHold(response.hold_id, response.node)
 
     def cap_gate(self, admitted: Admitted, client: Client) -> CapGate:
         """The check a substrate runs before each runtime it creates (SPEC S5, P1).

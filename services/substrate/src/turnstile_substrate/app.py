@@ -103,7 +103,7 @@ async def create_app(
     # host, no election).
     leadership, close_leadership = await create_leadership(settings)
     app.add_cleanup(close_leadership)
-    substrate = create_substrate(settings, resolver, leadership, credentials)
+    substrate = create_substrate(settings, resolver, leadership, credentials, admission)
     await substrate.start()
     app.add_cleanup(substrate.close)
     if watcher is not None:

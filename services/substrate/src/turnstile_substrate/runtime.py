@@ -82,6 +82,9 @@ class Runtime:
     tier: str
     node: str = ""
     endpoint: str = ""
+    #: A warm pod whose creation admission's ReserveWarm already paid: its claim's
+    #: cluster-bucket token goes back when the hold is committed (SPEC W3).
+    creation_paid: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import asyncpg
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import Leadership, LocalLeadership
 from turnstile_platform.sandbox_credentials import CredentialIssuer
+from turnstile_substrate.admission_client import AdmissionClient
 from turnstile_substrate.direct.substrate import DirectSubstrate
 from turnstile_substrate.runtime import Substrate
 from turnstile_substrate.settings import SubstrateSettings
@@ -42,6 +43,7 @@ class _Factory(Protocol):
         resolver: Resolver,
         leadership: Leadership | None,
         credentials: CredentialIssuer | None,
+        admission: AdmissionClient | None,
     ) -> Substrate: ...
 
 
@@ -71,9 +73,11 @@ def create_substrate(
     resolver: Resolver,
     leadership: Leadership | None = None,
     credentials: CredentialIssuer | None = None,
+    admission: AdmissionClient | None = None,
 ) -> Substrate:
     """The substrate ``TURNSTILE_SUBSTRATE_KIND`` names (not started yet); its leader-only
     work registers on ``leadership`` (None: it runs its own, as a single replica).
+    Kubernetes reserves its warm pods' creation through ``admission`` (SPEC W3).
 
     ``credentials`` mints sandbox credentials for the runtimes it starts (SPEC Z3):
     Direct writes a file per runtime, Kubernetes a Secret per pod.
@@ -81,7 +85,7 @@ def create_substrate(
     if settings.substrate_kind == "direct":
         return DirectSubstrate(settings, credentials, leadership, resolver)
     factory = cast(_Factory, _kubernetes().create_substrate)
-    return factory(settings, resolver, leadership, credentials)
+    return factory(settings, resolver, leadership, credentials, admission)
 
 
 def _kubernetes() -> Any:

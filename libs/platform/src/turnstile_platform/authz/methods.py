@@ -27,8 +27,8 @@ lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC
 ``ListWorkers``                 for, every client's sandboxes) needs ``any``
 ==============================  ===============================================================
 
-Every other method (holds, the relay, counting) acts for no client:
-the method grant alone decides. A sandbox-addressed call whose owner is unknown
+Every other method (holds, warm-pool reservations, the relay, counting) acts for no
+client: the method grant alone decides. A sandbox-addressed call whose owner is unknown
 (no such sandbox, no recorded client, or a service without an owner lookup)
 acts for no client and is allowed only to an identity with ``any`` — except that
 an id in the caller's own namespace may be activated (created) by it.

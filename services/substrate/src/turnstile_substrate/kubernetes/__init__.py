@@ -29,6 +29,7 @@ import asyncpg
 from turnstile_clientkeys import Resolver
 from turnstile_platform.leader import LeaderElector, Leadership, default_identity
 from turnstile_platform.sandbox_credentials import CredentialIssuer
+from turnstile_substrate.admission_client import AdmissionClient
 from turnstile_substrate.kubernetes.api import connect
 from turnstile_substrate.kubernetes.gone_watch import GoneRuntimeWatch
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
@@ -71,13 +72,15 @@ def create_substrate(
     resolver: Resolver,
     leadership: Leadership | None = None,
     credentials: CredentialIssuer | None = None,
+    admission: AdmissionClient | None = None,
 ) -> Substrate:
     """The factory :mod:`turnstile_substrate.substrates` calls when
     ``TURNSTILE_SUBSTRATE_KIND=kubernetes``. The Kubernetes substrate reads its own
     ``TURNSTILE_K8S_*`` settings (invalid ones stop start-up, naming the variable, as does a
     tier runtime for a tier ``TURNSTILE_TIERS`` does not declare);
     the resolver is the service's, kept on the current key set; ``credentials`` (when a
-    signing key is configured) puts each pod's sandbox credential in a Secret."""
+    signing key is configured) puts each pod's sandbox credential in a Secret; the warm-pool
+    refill reserves each pod's creation through ``admission`` (SPEC W3)."""
     k8s_settings = KubernetesSettings()
     undeclared = k8s_settings.undeclared_tiers(settings.tier_config.declared)
     if undeclared:
@@ -91,6 +94,7 @@ def create_substrate(
         leadership=leadership,
         credentials=credentials,
         credential_renew_interval_s=settings.worker_credential_renew_interval_s,
+        admission=admission,
     )
 
 

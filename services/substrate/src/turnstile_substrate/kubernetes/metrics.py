@@ -56,6 +56,13 @@ WARM_INVALIDATIONS = Counter(
     "not_found, error), or made from a template the tier no longer has (stale_template).",
     ["tier", "reason"],
 )
+WARM_REFILL_REFUSALS = Counter(
+    "turnstile_substrate_warm_refill_refusals_total",
+    "Warm pods the leader's refill did not create because admission's ReserveWarm kept "
+    "the capacity for activations (SPEC W3), by tier and what refused (queue, "
+    "cluster_bucket, node_slots; unavailable: admission could not be asked).",
+    ["tier", "reason"],
+)
 WARM_CREATED = Counter(
     "turnstile_substrate_warm_pods_created_total",
     "Warm pods the refill loop created, by tier.",

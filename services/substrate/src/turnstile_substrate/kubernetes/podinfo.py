@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from turnstile_substrate.kubernetes.template import ANNOTATION_RESTORE
+from turnstile_substrate.kubernetes.template import ANNOTATION_RESTORE, ANNOTATION_WARM_PAID
 from turnstile_substrate.runtime import (
     LABEL_CLIENT_ID,
     LABEL_ORIGIN,
@@ -65,6 +65,9 @@ class PodInfo:
     #: ``turnstile.dev/restore`` is ``true``: created to restore a sandbox (never a warm pod's
     #: work, so not warm-pool demand).
     restore: bool = False
+    #: ``turnstile.dev/warm-paid`` is ``true``: a warm pod whose creation admission's
+    #: ReserveWarm paid (SPEC W3).
+    paid: bool = False
 
     def age_s(self, now: datetime | None = None) -> float | None:
         """Seconds since the pod was created, or None when that is unknown."""
@@ -99,6 +102,7 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     client = labels.get(LABEL_CLIENT_ID)
+    annotations = meta.get("annotations") or {}
     return PodInfo(
         name=meta["name"],
         namespace=_intern(meta.get("namespace", "")),
@@ -115,5 +119,6 @@ def parse_pod(obj: dict[str, Any]) -> PodInfo:
         template=_intern(labels.get(LABEL_TEMPLATE, "")),
         ip=status.get("podIP") or "",
         from_pool=labels.get(LABEL_ORIGIN) == "warm-pool",
-        restore=(meta.get("annotations") or {}).get(ANNOTATION_RESTORE) == "true",
+        restore=annotations.get(ANNOTATION_RESTORE) == "true",
+        paid=annotations.get(ANNOTATION_WARM_PAID) == "true",
     )

@@ -178,6 +178,11 @@ class KubernetesSettings(BaseSettings):
     """Longest wait between two warm-pool refill checks; a claim or a change the
     reflector sees wakes the loop sooner."""
 
+    warm_refill_admitted: bool = True
+    """Reserve each warm pod's creation with admission's ``ReserveWarm`` (a cluster
+    token, a node slot of ``nodes``) before making it (SPEC W3), so the refill never
+    takes what activations need; false: the tiers' sizes are its only bound."""
+
     warm_claim_spread: int = Field(default=8, ge=1, le=1000)
     """A claim takes a warm pod at random among this many oldest claimable ones, so
     replicas claiming at once mostly try different pods; 1 always takes the oldest."""

@@ -24,6 +24,7 @@ from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.leader import Leadership, LeaderTerm, LocalLeadership
 from turnstile_platform.sandbox_credentials import CredentialIssuer
+from turnstile_substrate.admission_client import AdmissionClient
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi, connect
 from turnstile_substrate.kubernetes.credentials import CredentialDelivery, SecretsApi
@@ -33,6 +34,7 @@ from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.reflector import Reflector
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
 from turnstile_substrate.kubernetes.sweeps import Release, Sweeper
+from turnstile_substrate.kubernetes.warm_admission import RefillAdmission
 from turnstile_substrate.kubernetes.warmpool import AdoptionFailedError, WarmPool
 from turnstile_substrate.runtime import (
     LABEL_SANDBOX_ID,
@@ -71,6 +73,7 @@ class KubernetesSubstrate:
         leadership: Leadership | None = None,
         credentials: CredentialIssuer | None = None,
         credential_renew_interval_s: float = 300.0,
+        admission: AdmissionClient | None = None,
     ) -> None:
         """``api_client`` is used as given and not closed; without one, :meth:`start`
         connects per ``settings`` and :meth:`close` closes the connection.
@@ -81,8 +84,12 @@ class KubernetesSubstrate:
 
         Leader-only work (the warm-pool refill and trim) registers on ``leadership``, which
         its owner runs; without one the substrate runs a :class:`LocalLeadership` of its own
-        (a single replica: it always leads)."""
+        (a single replica: it always leads).
+
+        ``admission``: the warm-pool refill reserves each pod's creation through it
+        (``warm_refill_admitted``, SPEC W3); None: the tiers' sizes alone bound it."""
         self.settings = settings
+        self._admission = admission
         self._resolver = resolver
         self._api_client = api_client
         self._owns_client = api_client is None
@@ -117,6 +124,7 @@ class KubernetesSubstrate:
             self.settings,
             self._reflector.synced,
             credentials=self._issuer is not None,
+            admission=self._refill_admission(),
         )
         self.index.on_demand = self._pool.record_demand
         if self._issuer is not None:
@@ -136,6 +144,15 @@ class KubernetesSubstrate:
         leadership.add_work("warm-pool", self._pool.run)
         if self.credentials is not None:
             leadership.add_work("sandbox-credential-renewal", self.credentials.run)
+
+    def _refill_admission(self) -> RefillAdmission | None:
+        if self._admission is None or not self.settings.warm_refill_admitted:
+            return None
+        return RefillAdmission(
+            self._admission,
+            self._nodes,
+            unavailable_backoff_s=max(1.0, self.settings.warm_pool_interval_s),
+        )
 
     async def close(self) -> None:
         await self._local_leader.close()
@@ -433,4 +450,5 @@ def _runtime(pod: PodInfo, kind: CreateKind) -> Runtime:
         client_label=pod.client_label,
         tier=pod.tier,
         node=pod.node,
+        creation_paid=kind is CreateKind.WARM and pod.paid,
     )

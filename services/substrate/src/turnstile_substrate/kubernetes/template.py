@@ -44,6 +44,9 @@ POOL_WARM = "warm"
 ORIGIN_WARM_POOL = "warm-pool"
 #: Annotation marking a pod created to restore a stopped sandbox's workspace.
 ANNOTATION_RESTORE = "turnstile.dev/restore"
+#: On a warm pod whose creation admission's ReserveWarm paid (a cluster-bucket token):
+#: its claim gives the claim's own token back (SPEC W3). Kept by the adoption patch.
+ANNOTATION_WARM_PAID = "turnstile.dev/warm-paid"
 
 #: Where the downward-API volume of the pod's labels is mounted in the runtime container.
 PODINFO_DIR = "/etc/turnstile/podinfo"

@@ -21,7 +21,8 @@ never hands out a pod of the old one.
 
 **Refill.** Leader-only work (:meth:`WarmPool.run`, registered on the replica's
 leader elector): only the leader keeps each tier at its configured size, so a
-scale-up is not filled once per replica (a pod storm). ``available = warm pods
+scale-up is not filled once per replica (a pod storm). With admission, each warm
+pod's creation is reserved first (:mod:`.warm_admission`, SPEC W3). ``available = warm pods
 the reflector sees − reserved − spent + created but not yet seen``; claims
 happen on every replica, and the leader sees them through its reflector. The
 excess is trimmed (the highest names first) with a resourceVersion precondition
@@ -42,11 +43,13 @@ from typing import Any
 
 from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.leader import LeaderTerm
+from turnstile_substrate.admission_client import WarmHold
 from turnstile_substrate.kubernetes import metrics, template
 from turnstile_substrate.kubernetes.api import KubeApiError, PodsApi
 from turnstile_substrate.kubernetes.index import PodIndex
 from turnstile_substrate.kubernetes.podinfo import PodInfo
 from turnstile_substrate.kubernetes.settings import KubernetesSettings
+from turnstile_substrate.kubernetes.warm_admission import RefillAdmission
 from turnstile_substrate.kubernetes.warm_sizing import PoolSizer, SizingPolicy
 from turnstile_substrate.passes import log_failed_pass
 from turnstile_substrate.runtime import LABEL_SANDBOX_ID, RuntimeSpec
@@ -81,9 +84,13 @@ class WarmPool:
         synced: asyncio.Event,
         *,
         credentials: bool = False,
+        admission: RefillAdmission | None = None,
     ) -> None:
-        """``credentials``: warm pods mount a (not yet existing) credential Secret."""
+        """``credentials``: warm pods mount a (not yet existing) credential Secret.
+        ``admission``: each warm pod's creation is reserved through admission first
+        (SPEC W3); None creates them bounded by the tiers' sizes alone."""
         self._api = api
+        self._admission = admission
         self._credentials = credentials
         self._index = index
         self._settings = settings
@@ -303,6 +310,8 @@ class WarmPool:
         self._prune()
         for name in list(self._discard_pending):
             await self._discard(name)
+        if self._admission is not None:
+            await self._admission.release_gone(self._index, self._unseen)
         tiers = set(self._settings.warm_tiers()) | set(self._index.warm_tiers())
         now = self._clock()
         since, self._idle_at = self._idle_at, now
@@ -313,7 +322,7 @@ class WarmPool:
             have = self.available(tier)
             metrics.WARM_POOL.labels(tier=tier, term="size").set(have)
             if have < size:
-                await asyncio.gather(*(self._create(tier) for _ in range(size - have)))
+                await self._fill(tier, size - have)
             elif have > size:
                 await self._trim(tier, have - size)
 
@@ -332,18 +341,41 @@ class WarmPool:
         if elapsed > 0 and ready:
             metrics.WARM_IDLE_SECONDS.labels(tier=tier).inc(ready * elapsed)
 
-    async def _create(self, tier: str) -> None:
+    async def _fill(self, tier: str, missing: int) -> None:
+        """Create ``missing`` warm pods of ``tier`` at once, each reserved through
+        admission first when the refill goes through it (a tier backing off after a
+        refusal makes none)."""
+        admission = self._admission
+        if admission is not None and admission.backing_off(tier):
+            return
+        await asyncio.gather(*(self._reserve_and_create(tier) for _ in range(missing)))
+
+    async def _reserve_and_create(self, tier: str) -> None:
         body = template.warm_pod(self._settings, tier, credentials=self._credentials)
+        hold = None
+        if self._admission is not None:
+            hold = await self._admission.reserve(tier, body)
+            if hold is None:
+                return
+        await self._create(tier, body, hold)
+
+    async def _create(self, tier: str, body: dict[str, Any], hold: WarmHold | None) -> None:
         name = body["metadata"]["name"]
         self._unseen[name] = (tier, time.monotonic() + _UNSEEN_TTL_S)
         self._born[name] = self._clock()
+        created = False
         try:
             await self._api.create(body)
+            created = True
         except Exception as error:
             self._unseen.pop(name, None)
             log.warning("creating a warm pod in tier %s failed: %s", tier, error)
-            return
-        metrics.WARM_CREATED.labels(tier=tier).inc()
+        finally:
+            if hold is not None and self._admission is not None:
+                settle = self._admission.settle(name, hold, created)
+                await self._cleanups.shielded(settle)
+        if created:
+            metrics.WARM_CREATED.labels(tier=tier).inc()
 
     async def _trim(self, tier: str, excess: int) -> None:
         current = self.template(tier)
@@ -405,6 +437,8 @@ class WarmPool:
 
     async def _run(self) -> None:
         await self._synced.wait()
+        if self._admission is not None:
+            self._admission.take_over(self._index)
         interval = self._settings.warm_pool_interval_s
         while True:
             self._wake.clear()

@@ -381,16 +381,23 @@ class CommitHoldRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOLD_ID_FIELD_NUMBER: _builtins.int
+    CREATION_PREPAID_FIELD_NUMBER: _builtins.int
     hold_id: _builtins.str
     """The hold returned by Admit."""
+    creation_prepaid: _builtins.bool
+    """The runtime is a warm pod whose creation ReserveWarm already paid: the
+    hold's cluster-bucket tokens go back (without over-crediting), so one pod
+    pays the cluster bucket once (SPEC W3). The key's own bucket stays charged.
+    """
     def __init__(
         self,
         *,
         hold_id: _builtins.str = ...,
+        creation_prepaid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_id", b"hold_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creation_prepaid", b"creation_prepaid", "hold_id", b"hold_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,20 +408,92 @@ class CommitHoldResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     COMMITTED_FIELD_NUMBER: _builtins.int
+    CLUSTER_TOKENS_RETURNED_FIELD_NUMBER: _builtins.int
     committed: _builtins.bool
     """False when the hold had already been committed, cancelled or had expired."""
+    cluster_tokens_returned: _builtins.float
+    """Tokens credited back to the cluster bucket (creation_prepaid only)."""
     def __init__(
         self,
         *,
         committed: _builtins.bool = ...,
+        cluster_tokens_returned: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_tokens_returned", b"cluster_tokens_returned", "committed", b"committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CommitHoldResponse: _TypeAlias = CommitHoldResponse  # noqa: Y015
+
+@_typing.final
+class ReserveWarmRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIER_FIELD_NUMBER: _builtins.int
+    POD_NAME_FIELD_NUMBER: _builtins.int
+    CANDIDATE_NODES_FIELD_NUMBER: _builtins.int
+    tier: _builtins.str
+    """The warm pod's tier: a valid label value."""
+    pod_name: _builtins.str
+    """The pod to be created: 1 to 63 characters, a valid label value. Its
+    committed node slot is the pod's until ReleaseSandbox(pod_name).
+    """
+    @_builtins.property
+    def candidate_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Nodes the pod may land on, as for a cold create's Admit. Empty: no node
+        slot is taken. At most 256 names.
+        """
+
+    def __init__(
+        self,
+        *,
+        tier: _builtins.str = ...,
+        pod_name: _builtins.str = ...,
+        candidate_nodes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "pod_name", b"pod_name", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveWarmRequest: _TypeAlias = ReserveWarmRequest  # noqa: Y015
+
+@_typing.final
+class ReserveWarmResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLD_ID_FIELD_NUMBER: _builtins.int
+    HOLD_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    CLUSTER_TOKENS_FIELD_NUMBER: _builtins.int
+    hold_id: _builtins.str
+    """The hold: commit it once the pod exists, cancel it if the create failed."""
+    node: _builtins.str
+    """The node whose slot was taken; empty when no candidate nodes were given."""
+    cluster_tokens: _builtins.float
+    """The cluster bucket's tokens left after this reservation."""
+    @_builtins.property
+    def hold_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the hold expires on its own if neither happens."""
+
+    def __init__(
+        self,
+        *,
+        hold_id: _builtins.str = ...,
+        hold_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        node: _builtins.str = ...,
+        cluster_tokens: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hold_expires_at", b"hold_expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_tokens", b"cluster_tokens", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveWarmResponse: _TypeAlias = ReserveWarmResponse  # noqa: Y015
 
 @_typing.final
 class CancelHoldRequest(_message.Message):

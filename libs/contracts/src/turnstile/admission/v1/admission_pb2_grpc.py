@@ -69,6 +69,11 @@ class AdmissionServiceStub:
                 request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.SerializeToString,
                 response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.FromString,
                 _registered_method=True)
+        self.ReserveWarm = channel.unary_unary(
+                '/turnstile.admission.v1.AdmissionService/ReserveWarm',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -129,6 +134,20 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReserveWarm(self, request, context):
+        """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
+        token and a node slot, as a hold owned by the pod (SPEC W3). Only the
+        substrate's warm-pool refill calls it. Real activations go first: it takes
+        a token only while nobody waits in the fair queue and the bucket keeps a
+        reserve, and a slot only on a node that keeps spare slots. A refusal is
+        RESOURCE_EXHAUSTED with ErrorInfo (RATE_LIMITED or NODE_SLOTS_EXHAUSTED)
+        and RetryInfo. Commit the hold when the pod exists, cancel it when the
+        create failed, and ReleaseSandbox(pod_name) once the pod is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +180,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.ListDecisions,
                     request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.FromString,
                     response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.SerializeToString,
+            ),
+            'ReserveWarm': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveWarm,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +354,33 @@ class AdmissionService:
             '/turnstile.admission.v1.AdmissionService/ListDecisions',
             turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.SerializeToString,
             turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveWarm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdmissionService/ReserveWarm',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,16 @@ class AdmissionServiceStub:
     decisions, and what the substrate and affinity did for the same calls.
     Client-scoped like GetUsage: a tenant reads its own client's entries only.
     """
+    ReserveWarm: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReserveWarmRequest, _admission_pb2.ReserveWarmResponse]
+    """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
+    token and a node slot, as a hold owned by the pod (SPEC W3). Only the
+    substrate's warm-pool refill calls it. Real activations go first: it takes
+    a token only while nobody waits in the fair queue and the bucket keeps a
+    reserve, and a slot only on a node that keeps spare slots. A refusal is
+    RESOURCE_EXHAUSTED with ErrorInfo (RATE_LIMITED or NODE_SLOTS_EXHAUSTED)
+    and RetryInfo. Commit the hold when the pod exists, cancel it when the
+    create failed, and ReleaseSandbox(pod_name) once the pod is gone.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -98,6 +108,16 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
     decisions, and what the substrate and affinity did for the same calls.
     Client-scoped like GetUsage: a tenant reads its own client's entries only.
+    """
+    ReserveWarm: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReserveWarmRequest, _admission_pb2.ReserveWarmResponse]  # type: ignore[assignment]
+    """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
+    token and a node slot, as a hold owned by the pod (SPEC W3). Only the
+    substrate's warm-pool refill calls it. Real activations go first: it takes
+    a token only while nobody waits in the fair queue and the bucket keeps a
+    reserve, and a slot only on a node that keeps spare slots. A refusal is
+    RESOURCE_EXHAUSTED with ErrorInfo (RATE_LIMITED or NODE_SLOTS_EXHAUSTED)
+    and RetryInfo. Commit the hold when the pod exists, cancel it when the
+    create failed, and ReleaseSandbox(pod_name) once the pod is gone.
     """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -167,6 +187,22 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
         decisions, and what the substrate and affinity did for the same calls.
         Client-scoped like GetUsage: a tenant reads its own client's entries only.
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveWarm(
+        self,
+        request: _admission_pb2.ReserveWarmRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ReserveWarmResponse, _abc.Awaitable[_admission_pb2.ReserveWarmResponse]]:
+        """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
+        token and a node slot, as a hold owned by the pod (SPEC W3). Only the
+        substrate's warm-pool refill calls it. Real activations go first: it takes
+        a token only while nobody waits in the fair queue and the bucket keeps a
+        reserve, and a slot only on a node that keeps spare slots. A refusal is
+        RESOURCE_EXHAUSTED with ErrorInfo (RATE_LIMITED or NODE_SLOTS_EXHAUSTED)
+        and RetryInfo. Commit the hold when the pod exists, cancel it when the
+        create failed, and ReleaseSandbox(pod_name) once the pod is gone.
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
