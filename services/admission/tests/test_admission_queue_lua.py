@@ -263,3 +263,33 @@ async def test_a_key_without_a_level_waits_in_the_default_level(
 ) -> None:
     queued = await store.enqueue("w1", "acme", "r1", 10_000, TTL)
     assert queued.level == "interactive"
+
+
+async def test_the_estimate_honours_key_weights_and_the_grants_keep_it(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A key of weight 3 beside one of weight 1 gets 3/4 of the bucket, so its
+    sixth waiter is estimated at 6 / (10 × 3/4) s = 0.8 s, not the 1.2 s equal
+    weights would say; the light key's second at 2 / (10 × 1/4) s = 0.8 s too.
+    The ticks grant each within its estimate."""
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    estimates: dict[str, int] = {}
+    for wid, key in [("light-0", "light"), ("light-1", "light")] + [
+        (f"gold-{n}", "gold") for n in range(6)
+    ]:
+        queued = await store.enqueue(wid, key, "r1", 100_000, TTL)
+        estimates[wid] = queued.estimated_wait_ms
+    assert estimates["gold-5"] == 800
+    assert estimates["light-0"] == 100 and estimates["light-1"] == 200  # alone, at first
+    # Joined after gold: light's next waiter is estimated at its weight's part.
+    queued = await store.enqueue("light-2", "light", "r1", 100_000, TTL)
+    assert queued.position == 3
+    assert queued.estimated_wait_ms == 1200  # 3 / (10 × 1/4) s
+    granted_at: dict[str, int] = {}
+    for step in range(1, 13):
+        await store.set_test_clock(NOW + step * 100)
+        for wid in (await store.tick("r1")).granted:
+            granted_at[wid] = step * 100
+    assert granted_at["gold-5"] <= estimates["gold-5"]
+    assert granted_at["light-2"] <= 1200
