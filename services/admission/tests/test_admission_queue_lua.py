@@ -281,7 +281,8 @@ async def test_the_estimate_honours_key_weights_and_the_grants_keep_it(
         queued = await store.enqueue(wid, key, "r1", 100_000, TTL)
         estimates[wid] = queued.estimated_wait_ms
     assert estimates["gold-5"] == 800
-    assert estimates["light-0"] == 100 and estimates["light-1"] == 200  # alone, at first
+    assert estimates["light-0"] == 100  # alone, at first
+    assert estimates["light-1"] == 200
     # Joined after gold: light's next waiter is estimated at its weight's part.
     queued = await store.enqueue("light-2", "light", "r1", 100_000, TTL)
     assert queued.position == 3

@@ -1,8 +1,9 @@
-"""A wake on a contended cluster waits its turn in admission's fair queue (SPEC T7,
-Q1): the real affinity, substrate (Direct) and admission services, over gRPC, on
-real Redis and PostgreSQL. The wake's ``Activate`` carries a wait budget derived
-from the Place caller's remaining deadline, so the woken sandbox is admitted when
-the cluster bucket refills instead of the wake failing on the first refusal."""
+"""Activations on a contended cluster wait their turn in admission's fair queue
+(SPEC T7, Q1): the real affinity, substrate (Direct) and admission services, over
+gRPC, on real Redis and PostgreSQL. A wake's ``Activate`` carries a wait budget
+derived from the Place caller's remaining deadline, so the woken sandbox is
+admitted when the cluster bucket refills instead of the wake failing on the first
+refusal; an ``Activate`` that waited says where it joined and the wait estimated."""
 
 from __future__ import annotations
 
@@ -162,6 +163,32 @@ async def test_a_woken_session_waits_its_turn_on_a_contended_cluster_instead_of_
         got = await sandboxes.GetSandbox(substrate_pb2.GetSandboxRequest(sandbox_id="a1"))
         assert got.sandbox.state == substrate_pb2.SANDBOX_STATE_RUNNING
         assert _wakes("refused") == refused_before
+
+
+async def test_an_activate_that_queued_says_its_position_and_estimated_wait(
+    admission: GrpcService, substrate: GrpcService, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    limits = LimitsStore(redis, redis_prefix)
+    await limits.set_cluster(ClusterLimits(rate=0.001, burst=1))  # one token in 1000 s
+    async with grpc.aio.insecure_channel(substrate.address) as channel:
+        sandboxes = substrate_pb2_grpc.SubstrateServiceStub(channel)
+        first = substrate_pb2.ActivateRequest(sandbox_id="sb-first", client=ACME)
+        assert not (await sandboxes.Activate(first)).HasField("waited")
+        request = substrate_pb2.ActivateRequest(sandbox_id="sb-queued", client=ACME)
+        request.wait_budget.FromSeconds(20)
+        activating = asyncio.ensure_future(sandboxes.Activate(request, timeout=40))
+
+        async def queued() -> bool:
+            return int(await redis.hlen(f"{redis_prefix}{{adm}}:q:info")) >= 1
+
+        await eventually(queued, what="the Activate's Admit waits in the fair queue")
+        await limits.set_cluster(ClusterLimits(rate=20, burst=1))
+        response = await activating
+    assert response.outcome == substrate_pb2.OUTCOME_CREATED
+    assert response.waited.ToMilliseconds() > 0
+    assert response.queue_position == 1
+    # Alone in the queue at one token in 1000 s when it joined.
+    assert response.estimated_wait.ToMilliseconds() == 1_000_000
 
 
 async def _refused_reason(service: Affinity, timeout_s: float) -> str:

@@ -310,7 +310,8 @@ class AdmitResponse(_message.Message):
     @_builtins.property
     def estimated_wait(self) -> _duration_pb2.Duration:
         """Set when the call joined the queue: the wait estimated when it joined,
-        from its position, the keys waiting and the cluster bucket's rate.
+        from its position, its key's weight among the keys waiting, its level's
+        share and the cluster bucket's rate.
         """
 
     def __init__(
