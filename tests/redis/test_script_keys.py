@@ -60,6 +60,7 @@ ADMISSION = (
     "tick",
     "claim",
     "leave",
+    "fairness",
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
@@ -77,15 +78,17 @@ SCRIPTS: dict[str, str] = {
 #: touch without declaring, because it learns them by reading. Affinity's scripts
 #: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
-#: The fair queue's keys (``q:...``, ``_queue.lua``) are built from the limits
-#: key's base, in admission's slot: admit.lua reads ``q:serving`` (SPEC Q1).
-_QUEUE = {"q"}
+#: The fair queue's keys (``q:...``, ``_queue.lua``) and its fairness counts
+#: (``fairness:<window>``) are built from the limits key's base, in admission's
+#: slot: admit.lua reads ``q:serving`` (SPEC Q1).
+_QUEUE = {"q", "fairness"}
 DERIVED: dict[str, set[str]] = {
     "admission/admit": _QUEUE,
     "admission/enqueue": _QUEUE,
     "admission/tick": _QUEUE,
     "admission/claim": _QUEUE,
     "admission/leave": _QUEUE,
+    "admission/fairness": _QUEUE,
     "admission/commit_hold": {"inflight", "sandbox", "slots"},
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
     "admission/release_sandbox": {"pending", "slots"},
@@ -245,6 +248,7 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert (await store.admit(admit("h4", "sb-4", "n1"), claim="w1")).outcome == "admit"
     assert (await store.enqueue("w2", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)).queued
     assert (await store.leave("w2"))[0]
+    assert await store.fairness_counts()
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

@@ -6,6 +6,7 @@ gives up or whose replica died leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from functools import partial
 from typing import Any
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 from google.protobuf.duration_pb2 import Duration
 from prometheus_client import REGISTRY
 
+from turnstile_admission import metrics
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.limits import ClusterLimits, LimitsStore
@@ -357,3 +359,35 @@ async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(
     assert answer.queue_position == 0
     assert await waiters(redis, prefix) == 0
     assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
+
+
+async def test_every_replica_reports_the_queues_fairness_of_the_last_minute(
+    start_admission: Any,
+) -> None:
+    values = settings(rate=40.0)
+    values["queue"] = {"tick_interval_s": 0.01, "fairness_interval_s": 0.05}
+    # The gauge is this process's: an earlier test's value must not pass for ours.
+    metrics.QUEUE_FAIRNESS.labels("interactive").set(math.nan)
+    one = await start_admission(**values)
+    two = await start_admission(**values)
+
+    async def admit(running: Any, n: int, key: str) -> Any:
+        return await running.stub.Admit(warm(f"sb-{key}-{n}", key, 10), timeout=15)
+
+    answers = await asyncio.gather(
+        *(admit(one if n % 2 else two, n, key) for n in range(12) for key in ("heavy", "l1"))
+    )
+    assert all(a.decision == admission_pb2.DECISION_ADMITTED for a in answers)
+
+    async def scored() -> bool:
+        value = REGISTRY.get_sample_value(
+            "turnstile_admission_queue_fairness", {"level": "interactive"}
+        )
+        return value is not None and not math.isnan(value)
+
+    await eventually(scored, what="the fairness gauge is set")
+    value = REGISTRY.get_sample_value(
+        "turnstile_admission_queue_fairness", {"level": "interactive"}
+    )
+    assert value is not None
+    assert value >= 0.95  # both keys served in turn

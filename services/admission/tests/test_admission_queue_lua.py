@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis.asyncio as aioredis
 
+from turnstile_admission.fairness import level_indexes
 from turnstile_admission.policies import PolicyName, RateSettings
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings, QueueSettings
@@ -294,3 +295,26 @@ async def test_the_estimate_honours_key_weights_and_the_grants_keep_it(
             granted_at[wid] = step * 100
     assert granted_at["gold-5"] <= estimates["gold-5"]
     assert granted_at["light-2"] <= 1200
+
+
+async def test_the_queue_counts_joins_and_grants_for_a_minute_only(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    for n in range(4):
+        await store.enqueue(f"gold-{n}", "gold", "r1", 100_000, TTL)
+        await store.enqueue(f"plain-{n}", "plain", "r1", 100_000, TTL)
+    for step in range(1, 5):
+        await store.set_test_clock(NOW + step * 100)
+        await store.tick("r1")
+    counts = dict(await store.fairness_counts())
+    assert counts["d:interactive:gold"] == "4"
+    assert counts["d:interactive:plain"] == "4"
+    assert counts["w:interactive:gold"] == "3"
+    assert int(counts["g:interactive:gold"]) + int(counts["g:interactive:plain"]) == 4
+    assert counts["g:interactive:gold"] == "3"  # weight 3 of 4
+    assert level_indexes(await store.fairness_counts())["interactive"] == pytest.approx(1.0)
+    # A minute later (and the windows' TTL), nothing is left to score.
+    await store.set_test_clock(NOW + 61_000)
+    assert await store.fairness_counts() == []

@@ -90,3 +90,20 @@ local function drop_waiter(base, q, wid)
   end
   return 0
 end
+
+-- The fairness index's counts (fairness.py, fairness.lua): per window of
+-- FAIRNESS_WINDOW_MS, each level and key's joins ('d:<l>:<key>'), grants
+-- ('g:<l>:<key>') and weight ('w:<l>:<key>'), in '<base>fairness:<window>', kept a
+-- little longer than the minute the index covers. Bounded: levels × bounded keys.
+local FAIRNESS_WINDOW_MS, FAIRNESS_TTL_MS = 10000, 70000
+
+local function fairness_key(base, now)
+  return base .. 'fairness:' .. math.floor(now / FAIRNESS_WINDOW_MS)
+end
+
+local function count_fairness(base, now, kind, level, key, weight)
+  local name = fairness_key(base, now)
+  redis.call('HINCRBY', name, kind .. ':' .. level .. ':' .. key, 1)
+  if weight then redis.call('HSET', name, 'w:' .. level .. ':' .. key, weight) end
+  redis.call('PEXPIRE', name, FAIRNESS_TTL_MS)
+end

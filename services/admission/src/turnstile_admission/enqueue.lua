@@ -35,6 +35,7 @@ if redis.call('ZSCORE', q.levels, level) == false then
   redis.call('ZADD', q.levels, join_tag(q, 'LV', 'level:' .. level, cost / share), level)
 end
 redis.call('SET', q.serving, owner, 'PX', serving_ttl)
+count_fairness(base, now, 'd', level, key, fmt(weight))
 -- Every structure outlives its newest entry, and no longer: an abandoned queue
 -- (every replica gone) leaves nothing behind.
 for _, name in ipairs({qk, active, q.levels, q.exp, q.info, q.meta, q.vf, q.owners}) do

@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from turnstile_admission import metrics
+from turnstile_admission.fairness import FairnessGauge
 from turnstile_admission.redis_store import AdmissionStore, Queued
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_platform.background import BackgroundTasks
@@ -153,6 +154,11 @@ class FairQueue:
         metrics.QUEUE_WAITERS.set(0)
         for level in self._levels:
             metrics.QUEUE_LENGTH.labels(level).set(0)
+
+    def watch_fairness(self) -> None:
+        """Keep the fairness gauge up to date (every replica: see ``fairness.py``)."""
+        gauge = FairnessGauge(self._store, self._levels, self._settings.fairness_interval_s)
+        self._tasks.supervise(gauge.run, name="fair queue: fairness", forever=True)
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -82,6 +82,13 @@ QUEUE_GRANTS = Counter(
     "Waiters admitted on a grant of the fair queue, by bounded key.",
     ["key"],
 )
+QUEUE_FAIRNESS = Gauge(
+    "turnstile_admission_queue_fairness",
+    "Jain's index over the last minute of each key's fair-queue grants divided by its "
+    "weighted max-min fair share of its level's grants, by priority level (1: fair; NaN: "
+    "no grant in the minute). The same cluster-wide value on every replica.",
+    ["level"],
+)
 QUEUE_SWEPT = Counter(
     "turnstile_admission_queue_swept_total",
     "Fair-queue entries a tick removed because they expired or their replica died (a "

@@ -27,7 +27,7 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 
 
 #: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
-QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
+QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua", "fairness.lua"})
 
 #: The includes a script needs beyond ``_common.lua``: the decision scripts append
 #: to the decision log (``_decision_log.lua``), the queue's take its helpers.
@@ -264,6 +264,7 @@ class AdmissionStore:
         self._tick: AsyncScript = client.register_script(script_text("tick.lua", clock))
         self._claim: AsyncScript = client.register_script(script_text("claim.lua", clock))
         self._leave: AsyncScript = client.register_script(script_text("leave.lua", clock))
+        self._fairness: AsyncScript = client.register_script(script_text("fairness.lua", clock))
         s = settings
         #: The levels' shares as the queue's scripts take them (JSON).
         self._shares = json.dumps(s.queue.level_shares, sort_keys=True)
@@ -565,6 +566,12 @@ class AdmissionStore:
             args=[waiter, rate.cluster_rate_per_s, rate.cluster_burst],
         )
         return bool(int(raw[0])), float(_s(raw[1]))
+
+    async def fairness_counts(self) -> list[tuple[str, str]]:
+        """The fair queue's joins, grants and weights of the last minute, by level
+        and key (``fairness.lua``), as (field, value) pairs."""
+        raw = await self._fairness(keys=[self.keys.limits, *self._clock_keys], args=[])
+        return [(_s(raw[i]), _s(raw[i + 1])) for i in range(0, len(raw), 2)]
 
     async def set_test_clock(self, now_ms: int) -> None:
         """Tests only (``test_clock``): freeze the scripts' clock at ``now_ms``."""
