@@ -61,6 +61,7 @@ ADMISSION = (
     "claim",
     "leave",
     "fairness",
+    "peek",
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
@@ -89,6 +90,7 @@ DERIVED: dict[str, set[str]] = {
     "admission/claim": _QUEUE,
     "admission/leave": _QUEUE,
     "admission/fairness": _QUEUE,
+    "admission/peek": _QUEUE,
     "admission/commit_hold": {"inflight", "sandbox", "slots"},
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
     "admission/release_sandbox": {"pending", "slots"},
@@ -249,6 +251,7 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert (await store.enqueue("w2", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)).queued
     assert (await store.leave("w2"))[0]
     assert await store.fairness_counts()
+    assert (await store.peek("acme")).position >= 1
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

@@ -343,7 +343,7 @@ async def test_a_waiter_whose_budget_ends_is_logged_once_refused(
     assert 290 <= waited <= answer.waited.ToMilliseconds() + 1
 
 
-async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(
+async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued_but_says_where(
     start_admission: Any, redis: aioredis.Redis
 ) -> None:
     running = await start_admission(**settings())
@@ -356,9 +356,55 @@ async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(
     assert answer.decision == REFUSED
     assert answer.dry_run
     assert not answer.HasField("waited")
-    assert answer.queue_position == 0
+    # Where it would have joined, alone at one token in 1000 s (SPEC Q4: nothing joined).
+    assert answer.queue_position == 1
+    assert answer.estimated_wait.ToMilliseconds() == 1_000_000
+    assert "would have waited in the fair queue at position 1" in answer.message
     assert await waiters(redis, prefix) == 0
     assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
+
+
+async def test_in_shadow_mode_a_call_is_admitted_at_once_and_told_where_it_would_have_waited(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    """The rate policy in shadow mode never refuses, so nothing waits; a call with
+    a wait budget that only the cluster bucket would have refused is told the
+    position and estimate enforcement would have queued it at, and counted."""
+    values = settings()
+    values["rate"] = {**values["rate"], "mode": "shadow"}
+    running = await start_admission(**values)
+    prefix = running.settings.redis_prefix
+    await LimitsStore(redis, prefix).set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    shadowed = (
+        REGISTRY.get_sample_value(
+            "turnstile_admission_queue_shadow_total", {"level": "interactive"}
+        )
+        or 0
+    )
+    answers = [
+        await asyncio.wait_for(running.stub.Admit(warm(f"sb-{n}", "acme", 20)), timeout=5)
+        for n in range(2)
+    ]
+    for answer in answers:
+        assert answer.decision == ADMITTED
+        assert not answer.HasField("waited")
+        [rate] = [v for v in answer.verdicts if v.policy == admission_pb2.POLICY_RATE]
+        assert rate.verdict == admission_pb2.VERDICT_SHADOW_REFUSE
+        # Nothing joined, so each would have been first.
+        assert answer.queue_position == 1
+        assert answer.estimated_wait.ToMilliseconds() == 1_000_000
+    assert await waiters(redis, prefix) == 0
+    assert (
+        REGISTRY.get_sample_value(
+            "turnstile_admission_queue_shadow_total", {"level": "interactive"}
+        )
+        == shadowed + 2
+    )
+    # Without a budget it would have been refused, not queued: nothing to report.
+    plain = await running.stub.Admit(warm("sb-plain", "acme"))
+    assert plain.decision == ADMITTED
+    assert plain.queue_position == 0
 
 
 async def test_every_replica_reports_the_queues_fairness_of_the_last_minute(

@@ -318,3 +318,24 @@ async def test_the_queue_counts_joins_and_grants_for_a_minute_only(
     # A minute later (and the windows' TTL), nothing is left to score.
     await store.set_test_clock(NOW + 61_000)
     assert await store.fairness_counts() == []
+
+
+async def test_peek_says_where_a_call_would_join_and_changes_nothing(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    await store.enqueue("plain-0", "plain", "r1", 100_000, TTL)
+    for n in range(5):
+        await store.enqueue(f"gold-{n}", "gold", "r1", 100_000, TTL)
+    before = {k: await redis.dump(k) for k in await queue_keys(redis, redis_prefix)}
+    peeked = await store.peek("gold")
+    assert (peeked.position, peeked.waiters, peeked.level) == (6, 6, "interactive")
+    assert peeked.estimated_wait_ms == 800  # 6 / (10 × 3/4) s, as enqueue would say
+    assert {k: await redis.dump(k) for k in await queue_keys(redis, redis_prefix)} == before
+    # A key not waiting yet: its weight joins the level's in the estimate.
+    newcomer = await store.peek("other")
+    assert newcomer.position == 1
+    assert newcomer.estimated_wait_ms == 500  # 1 / (10 × 1/5) s
+    joined = await store.enqueue("gold-5", "gold", "r1", 100_000, TTL)
+    assert (joined.position, joined.estimated_wait_ms) == (6, 800)

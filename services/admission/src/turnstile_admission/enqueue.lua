@@ -42,32 +42,6 @@ for _, name in ipairs({qk, active, q.levels, q.exp, q.info, q.meta, q.vf, q.owne
   redis.call('PEXPIRE', name, ttl)
 end
 local position = redis.call('ZCARD', qk)
--- The estimate: the key is served at its weight's part of its level's waiting
--- keys' weights, the level at its share of the levels waiting. The weights are
--- summed over at most ESTIMATE_KEYS waiting keys (one HMGET), the rest counted
--- at their mean, so one join costs the same however many keys wait.
-local ESTIMATE_KEYS = 64
-local rate = cluster_limits(KEYS[1], default_rate, 0)
-local estimate = -1
-if rate > 0 then
-  local total = 0
-  for _, l in ipairs(redis.call('ZRANGE', q.levels, 0, -1)) do
-    total = total + (tonumber(shares[l]) or 1)
-  end
-  local keys = redis.call('ZCARD', active)
-  local sample = redis.call('ZRANGE', active, 0, ESTIMATE_KEYS - 1)
-  local fields = {'default'}
-  for i, k in ipairs(sample) do fields[i + 1] = 'key:' .. k end
-  local docs = redis.call('HMGET', KEYS[1], unpack(fields))
-  local default_weight = field(decode(docs[1]), 'weight', 1)
-  local weights = 0
-  for i = 2, #docs do
-    local w = field(decode(docs[i]), 'weight', default_weight)
-    if w <= 0 then w = 1 end
-    weights = weights + w
-  end
-  weights = weights * keys / #sample
-  local per_s = rate * (share / total) * (weight / weights)
-  estimate = math.ceil(position * cost / per_s * 1000)
-end
+local estimate = estimate_wait_ms(KEYS[1], q, level, key, weight, position, cost, default_rate,
+                                  shares)
 return {'queued', position, estimate, waiting + 1, level}

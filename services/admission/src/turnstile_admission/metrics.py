@@ -89,6 +89,13 @@ QUEUE_FAIRNESS = Gauge(
     "no grant in the minute). The same cluster-wide value on every replica.",
     ["level"],
 )
+QUEUE_SHADOW = Counter(
+    "turnstile_admission_queue_shadow_total",
+    "Admits with a wait budget that the rate policy's shadow mode let through and that "
+    "enforcement would have queued in the fair queue, by the priority level they would "
+    "have waited in (the answer says at which position; nothing joined).",
+    ["level"],
+)
 QUEUE_SWEPT = Counter(
     "turnstile_admission_queue_swept_total",
     "Fair-queue entries a tick removed because they expired or their replica died (a "
