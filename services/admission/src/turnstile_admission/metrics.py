@@ -96,6 +96,11 @@ QUEUE_SHADOW = Counter(
     "have waited in (the answer says at which position; nothing joined).",
     ["level"],
 )
+QUEUE_REJOINED = Counter(
+    "turnstile_admission_queue_rejoined_total",
+    "Fair-queue waiters that joined again because Redis no longer had their entry (it "
+    "restarted or failed over without it: SPEC P6), for what was left of their budget.",
+)
 QUEUE_SWEPT = Counter(
     "turnstile_admission_queue_swept_total",
     "Fair-queue entries a tick removed because they expired or their replica died (a "

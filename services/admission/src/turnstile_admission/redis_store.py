@@ -527,6 +527,12 @@ class AdmissionStore:
         )
         return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]), _s(raw[4]))
 
+    async def queued(self, waiters: Sequence[str]) -> list[bool]:
+        """Whether each waiter still has its entry in the fair queue (one HMGET,
+        bounded by one replica's waiters)."""
+        found = await self.redis.hmget(self.keys.queue_info, list(waiters))
+        return [entry is not None for entry in found]
+
     async def peek(self, key: str) -> Queued:
         """Where a call of ``key`` would join the fair queue now (``peek.lua``),
         joining nothing: ``queued`` is True, ``waiters`` those already waiting."""
