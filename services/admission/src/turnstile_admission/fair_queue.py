@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 #: after their last write: an abandoned queue (every replica gone) vanishes.
 _STRUCTURE_GRACE_MS = 60_000
 
+#: How often, at most, a replica asks Redis which of its waiters it lost: one
+#: HMGET of all of them, so not on every tick of a long queue.
+_LOST_CHECK_INTERVAL_S = 1.0
+
 
 @dataclass
 class Wait:
@@ -147,6 +151,7 @@ class FairQueue:
         interval = self._settings.tick_interval_s
         queued = 1
         failed = False
+        checked = -_LOST_CHECK_INTERVAL_S
         while self._waiters or queued:
             try:
                 tick = await self._store.tick(self.owner)
@@ -173,9 +178,13 @@ class FairQueue:
                     # Its caller left between the grant and now (its leave may
                     # have run first, or be on its way): give the grant back.
                     self._tasks.spawn(self._leave(waiter), name="fair queue: return grant")
-            if failed or tick.waiters < len(self._joined):
+            now = asyncio.get_running_loop().time()
+            if (failed or tick.waiters < len(self._joined)) and (
+                now - checked >= _LOST_CHECK_INTERVAL_S
+            ):
                 # Redis was away, or holds fewer entries than this replica's
                 # waiters alone: it may have restarted without them (P6).
+                checked = now
                 failed = not await self._find_lost()
             await asyncio.sleep(interval)
         metrics.QUEUE_WAITERS.set(0)
