@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +68,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_replica(port: int, redis_url: str, prefix: str, rate: float) -> subprocess.Popen[bytes]:
+def start_replica(
+    port: int, redis_url: str, prefix: str, rate: float, extra: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """An admission replica process with every policy but rate off (``extra``:
+    more environment, over these)."""
     env = {
         **os.environ,
         "TURNSTILE_PORT": str(port),
@@ -88,6 +93,7 @@ def start_replica(port: int, redis_url: str, prefix: str, rate: float) -> subpro
         "TURNSTILE_PENDING_TTL_S": "5",
         "TURNSTILE_RPC_TIMEOUT_S": "60",
         "OTEL_TRACES_EXPORTER": "none",
+        **(extra or {}),
     }
     proc = subprocess.Popen([sys.executable, "-m", "turnstile_admission"], env=env)
     deadline = time.monotonic() + 60
@@ -347,14 +353,18 @@ def main() -> None:
         "--redis-url",
         default=os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
     )
-    args = parser.parse_args()
+    run(main_async, parser.parse_args())
+
+
+def run(work: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], args: Any) -> None:
+    """Run ``work(args)``, on uvloop when it is installed (as the services run)."""
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(main_async(args))
+    asyncio.run(work(args))
 
 
 if __name__ == "__main__":
