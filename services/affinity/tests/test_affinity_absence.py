@@ -395,7 +395,7 @@ async def test_an_absence_wakes_its_sandbox_exactly_once_through_substrate_with_
     assert call.tier == "a"
     assert "traceparent" in counting.metadata[0]  # the wake continues the Place's trace
     # A turn with no deadline lets the wake wait for its own, less the margin.
-    assert 28.0 < call.wait_budget.ToMilliseconds() / 1000 <= 30.0 - 1.0
+    assert 25.0 < call.wait_budget.ToMilliseconds() / 1000 <= 30.0 - 1.0
 
     # The worker comes back, then leaves again: a new absence, a new wake.
     back = await worker(one.address, "a1", "a", capacity=16)
@@ -480,8 +480,9 @@ async def test_prepare_wakes_an_absent_sandbox_once_across_replicas_and_the_turn
     call = counting.calls[0]
     assert (call.sandbox_id, call.tier, call.client.WhichOneof("client")) == ("a1", "a", "inherit")
     assert "traceparent" in counting.metadata[0]
-    # It may wait in admission's queue for what the caller's deadline leaves, less a margin.
-    assert 6.0 < call.wait_budget.ToMilliseconds() / 1000 <= 8.0 - 1.0
+    # It may wait in admission's queue for what the caller's deadline leaves, less a
+    # margin (and less the owner read before it, which a loaded machine makes slow).
+    assert 3.0 < call.wait_budget.ToMilliseconds() / 1000 <= 8.0 - 1.0
 
     # The turn arrives: pending (no lease), and no second wake of the same absence.
     assert (await two.refused("chat", "a")).reason == "SANDBOX_PENDING"
