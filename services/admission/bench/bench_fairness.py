@@ -327,12 +327,7 @@ async def main_async(args: argparse.Namespace) -> None:
             results.append(result)
             await asyncio.sleep(1)
     finally:
-        for c in channels:
-            await c.close(None)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        await stop_replicas(channels, procs)
         keys = [k async for k in redis.scan_iter(match=f"{prefix}*")]
         if keys:
             await redis.delete(*keys)
@@ -354,6 +349,18 @@ def main() -> None:
         default=os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
     )
     run(main_async, parser.parse_args())
+
+
+async def stop_replicas(
+    channels: list[grpc.aio.Channel], procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Close the channels, then stop the replica processes (SIGTERM) and reap them."""
+    for c in channels:
+        await c.close(None)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
 
 
 def run(work: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], args: Any) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 import grpc.aio
 import redis.asyncio as aioredis
 from bench_admit import redis_cpu_s
-from bench_fairness import free_port, run, start_replica
+from bench_fairness import free_port, run, start_replica, stop_replicas
 
 from turnstile_clientkeys.limits import ClusterLimits, LimitsStore
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
@@ -255,12 +255,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 keys,
             )
     finally:
-        for c in channels:
-            await c.close(None)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        await stop_replicas(channels, procs)
         await redis.aclose()
         server.close()
     result["load_average"] = [load_start[0], os.getloadavg()[0]]
