@@ -53,6 +53,7 @@ import grpc
 import grpc.aio
 import redis.asyncio as aioredis
 
+from turnstile_admission.fairness import jain_index
 from turnstile_clientkeys.limits import Limits, LimitsStore
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 
@@ -198,7 +199,7 @@ async def run_mode(
     fair = dict.fromkeys(LIGHT, light_demand_rate * seconds)
     fair[HEAVY] = (rate - light_demand_rate * len(LIGHT)) * seconds
     x = [stats[c].admitted / fair[c] for c in fair]
-    jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x))
+    jain = jain_index(x)
     lights = [stats[c] for c in LIGHT]
 
     def q(values: list[float], p: float) -> float:
