@@ -82,7 +82,8 @@ async def admission(redis_url: str, redis_prefix: str) -> AsyncIterator[GrpcServ
 async def substrate(
     admission: GrpcService, database_url: str, redis_url: str, redis_prefix: str, tmp_path: Path
 ) -> AsyncIterator[GrpcService]:
-    """Real substrate, Direct runtimes, admitting through the real admission."""
+    """Real substrate, Direct runtimes, admitting through the real admission; the
+    runtimes a test left running are deactivated after it."""
     await asyncio.to_thread(apply_migrations, database_url)
     app = await create_substrate(
         SubstrateSettings.model_validate(
@@ -110,6 +111,13 @@ async def substrate(
     try:
         yield app
     finally:
+        async with grpc.aio.insecure_channel(app.address) as channel:
+            stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
+            listed = await stub.ListSandboxes(substrate_pb2.ListSandboxesRequest(page_size=100))
+            for sandbox in listed.sandboxes:
+                await stub.Deactivate(
+                    substrate_pb2.DeactivateRequest(sandbox_id=sandbox.sandbox_id)
+                )
         await app.stop()
 
 
