@@ -24,7 +24,7 @@ import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_clientkeys.limits import DEFAULT, LimitsStore
+from turnstile_clientkeys.limits import DEFAULT, ClusterLimits, LimitsStore
 from turnstile_contracts import (
     admission_pb2,
     admission_pb2_grpc,
@@ -106,9 +106,33 @@ async def _shadow_limit(
     )
 
 
+async def _queued(
+    admit: admission_pb2_grpc.AdmissionServiceAsyncStub, redis_url: str, redis_prefix: str
+) -> None:
+    """Admissions that wait in the fair queue (SPEC Q1): the cluster bucket at 20
+    tokens a second with a burst of 1, and eight calls at once with a budget."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await LimitsStore(client, redis_prefix).set_cluster(ClusterLimits(rate=20, burst=1))
+    finally:
+        await client.aclose()
+
+    async def one(i: int) -> None:
+        request = admission_pb2.AdmitRequest(
+            sandbox_id=f"sb-dash-queued-{i}",
+            client=common_pb2.ActivationClient(client_id="acme"),
+            kind=common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+        )
+        request.wait_budget.FromSeconds(10)
+        answer = await admit.Admit(request, timeout=20)
+        assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
+
+    await asyncio.gather(*(one(i) for i in range(8)))
+
+
 async def _traffic(stack: RunningStack, redis_url: str, redis_prefix: str) -> None:
     """What the panels show: activations, a placement, a Prepare, admissions and
-    refusals, and what a shadow limit would have refused."""
+    refusals, what a shadow limit would have refused, and waiters of the fair queue."""
     admission, substrate, affinity = stack.addresses
     async with stack.channel(substrate) as channel:
         stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
@@ -147,6 +171,7 @@ async def _traffic(stack: RunningStack, redis_url: str, redis_prefix: str) -> No
     async with stack.channel(admission) as channel:
         admit = admission_pb2_grpc.AdmissionServiceStub(channel)
         await _shadow_limit(admit, redis_url, redis_prefix)
+        await _queued(admit, redis_url, redis_prefix)
         # The shared key allows 10 activations in flight: the rest are refused
         # (and past 2, the shadow limit would have refused them).
         for i in range(14):

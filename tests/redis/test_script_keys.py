@@ -62,6 +62,8 @@ ADMISSION = (
     "leave",
     # The warm-pool refill's reservation (SPEC W3).
     "reserve_warm",
+    "fairness",
+    "peek",
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
@@ -79,9 +81,10 @@ SCRIPTS: dict[str, str] = {
 #: touch without declaring, because it learns them by reading. Affinity's scripts
 #: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
-#: The fair queue's keys (``q:...``, ``_queue.lua``) are built from the limits
-#: key's base, in admission's slot: admit.lua reads ``q:serving`` (SPEC Q1).
-_QUEUE = {"q"}
+#: The fair queue's keys (``q:...``, ``_queue.lua``) and its fairness counts
+#: (``fairness:<window>``) are built from the limits key's base, in admission's
+#: slot: admit.lua reads ``q:serving`` (SPEC Q1).
+_QUEUE = {"q", "fairness"}
 DERIVED: dict[str, set[str]] = {
     "admission/admit": _QUEUE,
     "admission/enqueue": _QUEUE,
@@ -89,6 +92,8 @@ DERIVED: dict[str, set[str]] = {
     "admission/claim": _QUEUE,
     "admission/leave": _QUEUE,
     "admission/reserve_warm": _QUEUE,
+    "admission/fairness": _QUEUE,
+    "admission/peek": _QUEUE,
     "admission/commit_hold": {"inflight", "sandbox", "slots"},
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
     "admission/release_sandbox": {"pending", "slots"},
@@ -255,6 +260,8 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert await store.release("warm-a")
     assert (await store.admit(admit("h6", "sb-6", "n1"))).outcome == "admit"
     assert (await store.commit_answer("h6", prepaid=True)).committed
+    assert await store.fairness_counts()
+    assert (await store.peek("acme")).position >= 1
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

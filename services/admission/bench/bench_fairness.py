@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,7 @@ import grpc
 import grpc.aio
 import redis.asyncio as aioredis
 
+from turnstile_admission.fairness import jain_index
 from turnstile_clientkeys.limits import Limits, LimitsStore
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 
@@ -67,7 +69,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_replica(port: int, redis_url: str, prefix: str, rate: float) -> subprocess.Popen[bytes]:
+def start_replica(
+    port: int, redis_url: str, prefix: str, rate: float, extra: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """An admission replica process with every policy but rate off (``extra``:
+    more environment, over these)."""
     env = {
         **os.environ,
         "TURNSTILE_PORT": str(port),
@@ -88,6 +94,7 @@ def start_replica(port: int, redis_url: str, prefix: str, rate: float) -> subpro
         "TURNSTILE_PENDING_TTL_S": "5",
         "TURNSTILE_RPC_TIMEOUT_S": "60",
         "OTEL_TRACES_EXPORTER": "none",
+        **(extra or {}),
     }
     proc = subprocess.Popen([sys.executable, "-m", "turnstile_admission"], env=env)
     deadline = time.monotonic() + 60
@@ -192,7 +199,7 @@ async def run_mode(
     fair = dict.fromkeys(LIGHT, light_demand_rate * seconds)
     fair[HEAVY] = (rate - light_demand_rate * len(LIGHT)) * seconds
     x = [stats[c].admitted / fair[c] for c in fair]
-    jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x))
+    jain = jain_index(x)
     lights = [stats[c] for c in LIGHT]
 
     def q(values: list[float], p: float) -> float:
@@ -321,12 +328,7 @@ async def main_async(args: argparse.Namespace) -> None:
             results.append(result)
             await asyncio.sleep(1)
     finally:
-        for c in channels:
-            await c.close(None)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        await stop_replicas(channels, procs)
         keys = [k async for k in redis.scan_iter(match=f"{prefix}*")]
         if keys:
             await redis.delete(*keys)
@@ -347,14 +349,30 @@ def main() -> None:
         "--redis-url",
         default=os.environ.get("TURNSTILE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
     )
-    args = parser.parse_args()
+    run(main_async, parser.parse_args())
+
+
+async def stop_replicas(
+    channels: list[grpc.aio.Channel], procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Close the channels, then stop the replica processes (SIGTERM) and reap them."""
+    for c in channels:
+        await c.close(None)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+
+
+def run(work: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], args: Any) -> None:
+    """Run ``work(args)``, on uvloop when it is installed (as the services run)."""
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(main_async(args))
+    asyncio.run(work(args))
 
 
 if __name__ == "__main__":

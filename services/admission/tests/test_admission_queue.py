@@ -6,6 +6,7 @@ gives up or whose replica died leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from functools import partial
 from typing import Any
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 from google.protobuf.duration_pb2 import Duration
 from prometheus_client import REGISTRY
 
+from turnstile_admission import metrics
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.limits import ClusterLimits, LimitsStore
@@ -341,7 +343,7 @@ async def test_a_waiter_whose_budget_ends_is_logged_once_refused(
     assert 290 <= waited <= answer.waited.ToMilliseconds() + 1
 
 
-async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(
+async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued_but_says_where(
     start_admission: Any, redis: aioredis.Redis
 ) -> None:
     running = await start_admission(**settings())
@@ -354,6 +356,84 @@ async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued(
     assert answer.decision == REFUSED
     assert answer.dry_run
     assert not answer.HasField("waited")
-    assert answer.queue_position == 0
+    # Where it would have joined, alone at one token in 1000 s (SPEC Q4: nothing joined).
+    assert answer.queue_position == 1
+    assert answer.estimated_wait.ToMilliseconds() == 1_000_000
+    assert "would have waited in the fair queue at position 1" in answer.message
     assert await waiters(redis, prefix) == 0
     assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
+
+
+async def test_in_shadow_mode_a_call_is_admitted_at_once_and_told_where_it_would_have_waited(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    """The rate policy in shadow mode never refuses, so nothing waits; a call with
+    a wait budget that only the cluster bucket would have refused is told the
+    position and estimate enforcement would have queued it at, and counted."""
+    values = settings()
+    values["rate"] = {**values["rate"], "mode": "shadow"}
+    running = await start_admission(**values)
+    prefix = running.settings.redis_prefix
+    await LimitsStore(redis, prefix).set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "acme"))).decision == ADMITTED
+    shadowed = (
+        REGISTRY.get_sample_value(
+            "turnstile_admission_queue_shadow_total", {"level": "interactive"}
+        )
+        or 0
+    )
+    answers = [
+        await asyncio.wait_for(running.stub.Admit(warm(f"sb-{n}", "acme", 20)), timeout=5)
+        for n in range(2)
+    ]
+    for answer in answers:
+        assert answer.decision == ADMITTED
+        assert not answer.HasField("waited")
+        [rate] = [v for v in answer.verdicts if v.policy == admission_pb2.POLICY_RATE]
+        assert rate.verdict == admission_pb2.VERDICT_SHADOW_REFUSE
+        # Nothing joined, so each would have been first.
+        assert answer.queue_position == 1
+        assert answer.estimated_wait.ToMilliseconds() == 1_000_000
+    assert await waiters(redis, prefix) == 0
+    assert (
+        REGISTRY.get_sample_value(
+            "turnstile_admission_queue_shadow_total", {"level": "interactive"}
+        )
+        == shadowed + 2
+    )
+    # Without a budget it would have been refused, not queued: nothing to report.
+    plain = await running.stub.Admit(warm("sb-plain", "acme"))
+    assert plain.decision == ADMITTED
+    assert plain.queue_position == 0
+
+
+async def test_every_replica_reports_the_queues_fairness_of_the_last_minute(
+    start_admission: Any,
+) -> None:
+    values = settings(rate=40.0)
+    values["queue"] = {"tick_interval_s": 0.01, "fairness_interval_s": 0.05}
+    # The gauge is this process's: an earlier test's value must not pass for ours.
+    metrics.QUEUE_FAIRNESS.labels("interactive").set(math.nan)
+    one = await start_admission(**values)
+    two = await start_admission(**values)
+
+    async def admit(running: Any, n: int, key: str) -> Any:
+        return await running.stub.Admit(warm(f"sb-{key}-{n}", key, 10), timeout=15)
+
+    answers = await asyncio.gather(
+        *(admit(one if n % 2 else two, n, key) for n in range(12) for key in ("heavy", "l1"))
+    )
+    assert all(a.decision == admission_pb2.DECISION_ADMITTED for a in answers)
+
+    async def scored() -> bool:
+        value = REGISTRY.get_sample_value(
+            "turnstile_admission_queue_fairness", {"level": "interactive"}
+        )
+        return value is not None and not math.isnan(value)
+
+    await eventually(scored, what="the fairness gauge is set")
+    value = REGISTRY.get_sample_value(
+        "turnstile_admission_queue_fairness", {"level": "interactive"}
+    )
+    assert value is not None
+    assert value >= 0.95  # both keys served in turn

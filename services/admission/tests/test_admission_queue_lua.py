@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis.asyncio as aioredis
 
+from turnstile_admission.fairness import level_indexes
 from turnstile_admission.policies import PolicyName, RateSettings
 from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
 from turnstile_admission.settings import AdmissionSettings, QueueSettings
@@ -263,3 +264,78 @@ async def test_a_key_without_a_level_waits_in_the_default_level(
 ) -> None:
     queued = await store.enqueue("w1", "acme", "r1", 10_000, TTL)
     assert queued.level == "interactive"
+
+
+async def test_the_estimate_honours_key_weights_and_the_grants_keep_it(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A key of weight 3 beside one of weight 1 gets 3/4 of the bucket, so its
+    sixth waiter is estimated at 6 / (10 × 3/4) s = 0.8 s, not the 1.2 s equal
+    weights would say; the light key's second at 2 / (10 × 1/4) s = 0.8 s too.
+    The ticks grant each within its estimate."""
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    estimates: dict[str, int] = {}
+    for wid, key in [("light-0", "light"), ("light-1", "light")] + [
+        (f"gold-{n}", "gold") for n in range(6)
+    ]:
+        queued = await store.enqueue(wid, key, "r1", 100_000, TTL)
+        estimates[wid] = queued.estimated_wait_ms
+    assert estimates["gold-5"] == 800
+    assert estimates["light-0"] == 100  # alone, at first
+    assert estimates["light-1"] == 200
+    # Joined after gold: light's next waiter is estimated at its weight's part.
+    queued = await store.enqueue("light-2", "light", "r1", 100_000, TTL)
+    assert queued.position == 3
+    assert queued.estimated_wait_ms == 1200  # 3 / (10 × 1/4) s
+    granted_at: dict[str, int] = {}
+    for step in range(1, 13):
+        await store.set_test_clock(NOW + step * 100)
+        for wid in (await store.tick("r1")).granted:
+            granted_at[wid] = step * 100
+    assert granted_at["gold-5"] <= estimates["gold-5"]
+    assert granted_at["light-2"] <= 1200
+
+
+async def test_the_queue_counts_joins_and_grants_for_a_minute_only(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    for n in range(4):
+        await store.enqueue(f"gold-{n}", "gold", "r1", 100_000, TTL)
+        await store.enqueue(f"plain-{n}", "plain", "r1", 100_000, TTL)
+    for step in range(1, 5):
+        await store.set_test_clock(NOW + step * 100)
+        await store.tick("r1")
+    counts = dict(await store.fairness_counts())
+    assert counts["d:interactive:gold"] == "4"
+    assert counts["d:interactive:plain"] == "4"
+    assert counts["w:interactive:gold"] == "3"
+    assert int(counts["g:interactive:gold"]) + int(counts["g:interactive:plain"]) == 4
+    assert counts["g:interactive:gold"] == "3"  # weight 3 of 4
+    assert level_indexes(await store.fairness_counts())["interactive"] == pytest.approx(1.0)
+    # A minute later (and the windows' TTL), nothing is left to score.
+    await store.set_test_clock(NOW + 61_000)
+    assert await store.fairness_counts() == []
+
+
+async def test_peek_says_where_a_call_would_join_and_changes_nothing(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    await store.enqueue("plain-0", "plain", "r1", 100_000, TTL)
+    for n in range(5):
+        await store.enqueue(f"gold-{n}", "gold", "r1", 100_000, TTL)
+    before = {k: await redis.dump(k) for k in await queue_keys(redis, redis_prefix)}
+    peeked = await store.peek("gold")
+    assert (peeked.position, peeked.waiters, peeked.level) == (6, 6, "interactive")
+    assert peeked.estimated_wait_ms == 800  # 6 / (10 × 3/4) s, as enqueue would say
+    assert {k: await redis.dump(k) for k in await queue_keys(redis, redis_prefix)} == before
+    # A key not waiting yet: its weight joins the level's in the estimate.
+    newcomer = await store.peek("other")
+    assert newcomer.position == 1
+    assert newcomer.estimated_wait_ms == 500  # 1 / (10 × 1/5) s
+    joined = await store.enqueue("gold-5", "gold", "r1", 100_000, TTL)
+    assert (joined.position, joined.estimated_wait_ms) == (6, 800)

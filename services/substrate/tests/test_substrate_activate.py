@@ -347,6 +347,8 @@ async def test_an_activate_that_waited_says_how_long(
         hold_id="h-waited",
         key=common_pb2.BoundedKey(key="acme", kind=common_pb2.KEY_KIND_OWN, key_set_version=1),
         waited=Duration(nanos=250_000_000),
+        queue_position=4,
+        estimated_wait=Duration(nanos=300_000_000),
     )
     harness.admission.answer = answer
     request = substrate_pb2.ActivateRequest(
@@ -356,3 +358,5 @@ async def test_an_activate_that_waited_says_how_long(
     )
     response = await harness.stub.Activate(request, timeout=30)
     assert response.waited.ToMilliseconds() == 250
+    assert response.queue_position == 4
+    assert response.estimated_wait.ToMilliseconds() == 300

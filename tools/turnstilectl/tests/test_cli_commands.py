@@ -63,6 +63,10 @@ class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
                 sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
                 outcome=substrate_pb2.OUTCOME_CREATED,
                 waited=request.wait_budget if request.HasField("wait_budget") else None,
+                queue_position=2 if request.HasField("wait_budget") else 0,
+                estimated_wait=duration_pb2.Duration(nanos=400_000_000)
+                if request.HasField("wait_budget")
+                else None,
             )
         if request.sandbox_id.startswith("form"):  # says which client form arrived
             return substrate_pb2.ActivateResponse(
@@ -294,6 +298,7 @@ async def test_activate_wait_sends_the_budget_and_shows_the_wait(
     assert code == 0, out
     assert "waited" in out
     assert "1.500s" in out
+    assert "2 when it joined, estimated 0.400s" in out
     code, out = await _cli(capsys, servers[0], "activate", "wait-2", "--client", "a", "--json")
     assert "waited" not in json.loads(out)
     with pytest.raises(SystemExit) as usage:

@@ -90,3 +90,59 @@ local function drop_waiter(base, q, wid)
   end
   return 0
 end
+
+-- The fairness index's counts (fairness.py, fairness.lua): per window of
+-- FAIRNESS_WINDOW_MS, each level and key's joins ('d:<l>:<key>'), grants
+-- ('g:<l>:<key>') and weight ('w:<l>:<key>'), in '<base>fairness:<window>', kept a
+-- little longer than the minute the index covers. Bounded: levels × bounded keys.
+local FAIRNESS_WINDOW_MS, FAIRNESS_TTL_MS = 10000, 70000
+
+local function fairness_key(base, now)
+  return base .. 'fairness:' .. math.floor(now / FAIRNESS_WINDOW_MS)
+end
+
+local function count_fairness(base, now, kind, level, key, weight)
+  local name = fairness_key(base, now)
+  redis.call('HINCRBY', name, kind .. ':' .. level .. ':' .. key, 1)
+  if weight then redis.call('HSET', name, 'w:' .. level .. ':' .. key, weight) end
+  redis.call('PEXPIRE', name, FAIRNESS_TTL_MS)
+end
+
+-- The wait estimated for the position-th waiter of key (weight) in level, the key
+-- and its level counted as waiting (enqueue.lua's join, peek.lua's would-be join);
+-- -1 when the cluster bucket has no rate. The key is served at its weight's part
+-- of its level's waiting keys' weights, the level at its share of the levels
+-- waiting. The weights are summed over at most ESTIMATE_KEYS waiting keys (one
+-- HMGET), the rest counted at their mean: the same cost however many keys wait.
+local ESTIMATE_KEYS = 64
+
+local function estimate_wait_ms(limits_key, q, level, key, weight, position, cost, default_rate,
+                                shares)
+  local rate = cluster_limits(limits_key, default_rate, 0)
+  if rate <= 0 then return -1 end
+  local share = tonumber(shares[level]) or 1
+  local total = 0
+  if redis.call('ZSCORE', q.levels, level) == false then total = share end
+  for _, l in ipairs(redis.call('ZRANGE', q.levels, 0, -1)) do
+    total = total + (tonumber(shares[l]) or 1)
+  end
+  local active = active_of(base_of(limits_key), level)
+  local keys = redis.call('ZCARD', active)
+  local weights = 0
+  if keys > 0 then
+    local sample = redis.call('ZRANGE', active, 0, ESTIMATE_KEYS - 1)
+    local fields = {'default'}
+    for i, k in ipairs(sample) do fields[i + 1] = 'key:' .. k end
+    local docs = redis.call('HMGET', limits_key, unpack(fields))
+    local default_weight = field(decode(docs[1]), 'weight', 1)
+    for i = 2, #docs do
+      local w = field(decode(docs[i]), 'weight', default_weight)
+      if w <= 0 then w = 1 end
+      weights = weights + w
+    end
+    weights = weights * keys / #sample
+  end
+  if redis.call('ZSCORE', active, key) == false then weights = weights + weight end
+  local per_s = rate * (share / total) * (weight / weights)
+  return math.ceil(position * cost / per_s * 1000)
+end

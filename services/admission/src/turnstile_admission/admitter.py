@@ -182,6 +182,8 @@ class Admitter:
         decision = await self._decide(request, key, span, defer=waits)
         if waits and not decision.admitted and _queueable(decision):
             decision = await self._wait(request, key, decision, span)
+        elif request.wait_s > 0 and self.queue.enabled and _would_queue(decision):
+            decision = await self._would_wait(key, decision)
         if not decision.dry_run:
             # A dry run changes nothing, the metrics of decisions included.
             self._record(decision, time.perf_counter() - started, span)
@@ -242,6 +244,25 @@ class Admitter:
             queue_position=joined.position if joined is not None else 0,
             estimated_wait_s=estimate,
             message=message,
+        )
+
+    async def _would_wait(self, key: BoundedKey, decision: Decision) -> Decision:
+        """Report where the call would have joined the fair queue, joining nothing
+        (SPEC Q1, Q4): a dry run, or a call a shadow mode let through. Without
+        Redis, the decision as it is."""
+        try:
+            peek = await self.store.peek(key.key)
+        except (DependencyUnavailable, DependencyOverloaded):
+            return decision
+        if not decision.dry_run:
+            metrics.QUEUE_SHADOW.labels(peek.level).inc()
+        estimate = peek.estimated_wait_ms / 1000 if peek.estimated_wait_ms >= 0 else None
+        said = f", estimated {estimate:.3f}s" if estimate is not None else ""
+        return decision._replace(
+            queue_position=peek.position,
+            estimated_wait_s=estimate,
+            message=f"{decision.message}; would have waited in the fair queue "
+            f"at position {peek.position}{said}",
         )
 
     def _log_context(
@@ -592,13 +613,22 @@ _LOST = Decision(False, BoundedKey("", KeyKind.UNATTRIBUTED, 0), ())
 _CLUSTER_BUCKET = "cluster bucket"
 
 
-def _queueable(decision: Decision) -> bool:
-    """Whether only the cluster bucket refused: the one shared resource the queue
-    waits for (a client's own limits refuse at once)."""
-    refusing = [v for v in decision.verdicts if v.verdict is Verdict.REFUSE]
+def _queueable(decision: Decision, verdict: Verdict = Verdict.REFUSE) -> bool:
+    """Whether only the cluster bucket refused (``verdict``): the one shared
+    resource the queue waits for (a client's own limits refuse at once)."""
+    refusing = [v for v in decision.verdicts if v.verdict is verdict]
     return bool(refusing) and all(
         v.policy is PolicyName.RATE and v.detail == _CLUSTER_BUCKET for v in refusing
     )
+
+
+def _would_queue(decision: Decision) -> bool:
+    """A call with a wait budget the queue would have kept but did not: a dry run
+    only the cluster bucket refused, or a call the rate policy's shadow mode let
+    through that only the cluster bucket would have refused (SPEC Q1, Q4)."""
+    if decision.dry_run:
+        return not decision.admitted and _queueable(decision)
+    return decision.admitted and _queueable(decision, Verdict.SHADOW_REFUSE)
 
 
 #: Bounded keys whose words ``_log_context`` keeps (more: it starts over).

@@ -49,6 +49,8 @@ async def create_app(
     admitter = Admitter(settings, AdmissionStore(redis, settings), resolver)
     app.add_cleanup(admitter.orphans.close)
     app.add_cleanup(admitter.queue.close)
+    if admitter.queue.enabled:
+        admitter.queue.watch_fairness()
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(admitter), app.server
     )

@@ -35,9 +35,10 @@ class Decision(NamedTuple):
     waited_s: float | None = None
     """How long the call waited in the fair queue (None: it did not join it)."""
     queue_position: int = 0
-    """Its position among its key's waiters when it joined (0: it did not)."""
+    """Its position among its key's waiters when it joined, or would have joined
+    (a dry run, a shadow mode: ``waited_s`` None); 0: neither."""
     estimated_wait_s: float | None = None
-    """The wait estimated when it joined (None: it did not, or no estimate)."""
+    """The wait estimated when it joined or would have (None: neither, or no estimate)."""
 
     @property
     def refused_by(self) -> PolicyVerdict | None:

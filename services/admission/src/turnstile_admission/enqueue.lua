@@ -35,22 +35,13 @@ if redis.call('ZSCORE', q.levels, level) == false then
   redis.call('ZADD', q.levels, join_tag(q, 'LV', 'level:' .. level, cost / share), level)
 end
 redis.call('SET', q.serving, owner, 'PX', serving_ttl)
+count_fairness(base, now, 'd', level, key, fmt(weight))
 -- Every structure outlives its newest entry, and no longer: an abandoned queue
 -- (every replica gone) leaves nothing behind.
 for _, name in ipairs({qk, active, q.levels, q.exp, q.info, q.meta, q.vf, q.owners}) do
   redis.call('PEXPIRE', name, ttl)
 end
 local position = redis.call('ZCARD', qk)
--- The estimate assumes the keys of the level have equal weights: one grant per
--- waiting key per round, the level served at its share of the levels waiting.
-local rate = cluster_limits(KEYS[1], default_rate, 0)
-local estimate = -1
-if rate > 0 then
-  local total = 0
-  for _, l in ipairs(redis.call('ZRANGE', q.levels, 0, -1)) do
-    total = total + (tonumber(shares[l]) or 1)
-  end
-  local keys = redis.call('ZCARD', active)
-  estimate = math.ceil(position * keys * cost / (rate * share / total) * 1000)
-end
+local estimate = estimate_wait_ms(KEYS[1], q, level, key, weight, position, cost, default_rate,
+                                  shares)
 return {'queued', position, estimate, waiting + 1, level}

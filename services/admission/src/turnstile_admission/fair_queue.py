@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from turnstile_admission import metrics
+from turnstile_admission.fairness import FairnessGauge
 from turnstile_admission.redis_store import AdmissionStore, Queued
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_platform.background import BackgroundTasks
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 #: How much longer than the longest wait the queue's structures live in Redis
 #: after their last write: an abandoned queue (every replica gone) vanishes.
 _STRUCTURE_GRACE_MS = 60_000
+
+#: How often, at most, a replica asks Redis which of its waiters it lost: one
+#: HMGET of all of them, so not on every tick of a long queue.
+_LOST_CHECK_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -54,6 +59,10 @@ class FairQueue:
         #: This replica's id, the owner of its waiters in Redis.
         self.owner = os.urandom(8).hex()
         self._waiters: dict[str, asyncio.Event] = {}
+        #: This replica's waiters whose entry is in Redis (their join answered).
+        self._joined: set[str] = set()
+        #: Joined waiters whose entry Redis lost: woken to join again.
+        self._lost: set[str] = set()
         self._tasks = BackgroundTasks("admission fair queue")
         self._ticker: asyncio.Task[None] | None = None
         self._ttl_ms = round((self._settings.max_wait_s + self._settings.claim_ttl_s) * 1000) + (
@@ -74,32 +83,49 @@ class FairQueue:
 
         Not granted: the waiter has left the queue (or will be swept: it has an
         expiry), holding nothing. Cancelled: it leaves, and the cancellation goes
-        on."""
+        on. An entry Redis lost meanwhile (restarted without its data, P6) joins
+        again for what is left of the budget, at the back of its key's queue."""
         waiter = os.urandom(16).hex()
-        budget_ms = max(1, round(budget_s * 1000))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
         event = asyncio.Event()
         self._waiters[waiter] = event
+        first: Queued | None = None
         try:
-            try:
-                queued = await self._store.enqueue(waiter, key, self.owner, budget_ms, self._ttl_ms)
-            except (DependencyUnavailable, DependencyOverloaded):
-                return Wait(waiter, False, None)
-            if not queued.queued:
-                return Wait(waiter, False, queued)
-            self._ensure_ticking()
-            try:
-                await asyncio.wait_for(event.wait(), budget_s)
-                return Wait(waiter, True, queued)
-            except TimeoutError:
-                await self._leave(waiter)
-                return Wait(waiter, False, queued)
-            except asyncio.CancelledError:
-                # The caller gave up: leave in the background (a grant made
-                # meanwhile goes back); if that fails, the expiry sweeps it.
-                self._tasks.spawn(self._leave(waiter), name="fair queue: leave")
-                raise
+            while True:
+                remaining = deadline - loop.time()
+                budget_ms = max(1, round(remaining * 1000))
+                try:
+                    queued = await self._store.enqueue(
+                        waiter, key, self.owner, budget_ms, self._ttl_ms
+                    )
+                except (DependencyUnavailable, DependencyOverloaded):
+                    return Wait(waiter, False, first)
+                first = first or queued
+                if not queued.queued:
+                    return Wait(waiter, False, first)
+                self._joined.add(waiter)
+                self._ensure_ticking()
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    await self._leave(waiter)
+                    return Wait(waiter, False, first)
+                except asyncio.CancelledError:
+                    # The caller gave up: leave in the background (a grant made
+                    # meanwhile goes back); if that fails, the expiry sweeps it.
+                    self._tasks.spawn(self._leave(waiter), name="fair queue: leave")
+                    raise
+                if waiter not in self._lost:
+                    return Wait(waiter, True, first)
+                self._lost.discard(waiter)
+                self._joined.discard(waiter)
+                event.clear()
+                metrics.QUEUE_REJOINED.inc()
         finally:
             del self._waiters[waiter]
+            self._joined.discard(waiter)
+            self._lost.discard(waiter)
 
     async def leave(self, waiter: str) -> None:
         """A granted waiter that will not claim (its caller went) gives its grant back."""
@@ -124,10 +150,13 @@ class FairQueue:
         are swept and its unclaimed grants returned even when no one else waits."""
         interval = self._settings.tick_interval_s
         queued = 1
+        failed = False
+        checked = -_LOST_CHECK_INTERVAL_S
         while self._waiters or queued:
             try:
                 tick = await self._store.tick(self.owner)
             except (DependencyUnavailable, DependencyOverloaded) as error:
+                failed = True
                 log.warning("fair queue: tick failed", extra={"error": str(error)})
                 if not self._waiters:
                     break  # the next waiter starts it again; expiries cover the rest
@@ -149,10 +178,40 @@ class FairQueue:
                     # Its caller left between the grant and now (its leave may
                     # have run first, or be on its way): give the grant back.
                     self._tasks.spawn(self._leave(waiter), name="fair queue: return grant")
+            now = asyncio.get_running_loop().time()
+            if (failed or tick.waiters < len(self._joined)) and (
+                now - checked >= _LOST_CHECK_INTERVAL_S
+            ):
+                # Redis was away, or holds fewer entries than this replica's
+                # waiters alone: it may have restarted without them (P6).
+                checked = now
+                failed = not await self._find_lost()
             await asyncio.sleep(interval)
         metrics.QUEUE_WAITERS.set(0)
         for level in self._levels:
             metrics.QUEUE_LENGTH.labels(level).set(0)
+
+    async def _find_lost(self) -> bool:
+        """Wake the joined, ungranted waiters whose entry Redis no longer has, so
+        they join again; False when Redis could not be asked."""
+        waiting = [w for w in self._joined if not self._waiters[w].is_set()]
+        if not waiting:
+            return True
+        try:
+            present = await self._store.queued(waiting)
+        except (DependencyUnavailable, DependencyOverloaded):
+            return False
+        for waiter, there in zip(waiting, present, strict=True):
+            event = self._waiters.get(waiter)  # it may have left meanwhile
+            if not there and event is not None and not event.is_set():
+                self._lost.add(waiter)
+                event.set()
+        return True
+
+    def watch_fairness(self) -> None:
+        """Keep the fairness gauge up to date (every replica: see ``fairness.py``)."""
+        gauge = FairnessGauge(self._store, self._levels, self._settings.fairness_interval_s)
+        self._tasks.supervise(gauge.run, name="fair queue: fairness", forever=True)
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -82,6 +82,25 @@ QUEUE_GRANTS = Counter(
     "Waiters admitted on a grant of the fair queue, by bounded key.",
     ["key"],
 )
+QUEUE_FAIRNESS = Gauge(
+    "turnstile_admission_queue_fairness",
+    "Jain's index over the last minute of each key's fair-queue grants divided by its "
+    "weighted max-min fair share of its level's grants, by priority level (1: fair; NaN: "
+    "no grant in the minute). The same cluster-wide value on every replica.",
+    ["level"],
+)
+QUEUE_SHADOW = Counter(
+    "turnstile_admission_queue_shadow_total",
+    "Admits with a wait budget that the rate policy's shadow mode let through and that "
+    "enforcement would have queued in the fair queue, by the priority level they would "
+    "have waited in (the answer says at which position; nothing joined).",
+    ["level"],
+)
+QUEUE_REJOINED = Counter(
+    "turnstile_admission_queue_rejoined_total",
+    "Fair-queue waiters that joined again because Redis no longer had their entry (it "
+    "restarted or failed over without it: SPEC P6), for what was left of their budget.",
+)
 QUEUE_SWEPT = Counter(
     "turnstile_admission_queue_swept_total",
     "Fair-queue entries a tick removed because they expired or their replica died (a "

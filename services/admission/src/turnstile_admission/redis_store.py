@@ -27,7 +27,9 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 
 
 #: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
-QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
+QUEUE_SCRIPTS = frozenset(
+    {"enqueue.lua", "tick.lua", "claim.lua", "leave.lua", "fairness.lua", "peek.lua"}
+)
 
 #: The includes a script needs beyond ``_common.lua``: the decision scripts append
 #: to the decision log (``_decision_log.lua``), the queue's take its helpers.
@@ -289,6 +291,8 @@ class AdmissionStore:
         self._tick: AsyncScript = client.register_script(script_text("tick.lua", clock))
         self._claim: AsyncScript = client.register_script(script_text("claim.lua", clock))
         self._leave: AsyncScript = client.register_script(script_text("leave.lua", clock))
+        self._fairness: AsyncScript = client.register_script(script_text("fairness.lua", clock))
+        self._peek: AsyncScript = client.register_script(script_text("peek.lua", clock))
         s = settings
         #: The levels' shares as the queue's scripts take them (JSON).
         self._shares = json.dumps(s.queue.level_shares, sort_keys=True)
@@ -595,6 +599,28 @@ class AdmissionStore:
         )
         return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]), _s(raw[4]))
 
+    async def queued(self, waiters: Sequence[str]) -> list[bool]:
+        """Whether each waiter still has its entry in the fair queue (one HMGET,
+        bounded by one replica's waiters)."""
+        found = await self.redis.hmget(self.keys.queue_info, list(waiters))
+        return [entry is not None for entry in found]
+
+    async def peek(self, key: str) -> Queued:
+        """Where a call of ``key`` would join the fair queue now (``peek.lua``),
+        joining nothing: ``queued`` is True, ``waiters`` those already waiting."""
+        q = self._settings.queue
+        raw = await self._peek(
+            keys=[self.keys.limits, *self._clock_keys],
+            args=[
+                key,
+                self._settings.rate.cost,
+                self._settings.rate.cluster_rate_per_s,
+                self._shares,
+                q.default_level,
+            ],
+        )
+        return Queued(True, int(raw[0]), int(raw[1]), int(raw[2]), _s(raw[3]))
+
     async def tick(self, owner: str) -> Tick:
         q = self._settings.queue
         rate = self._settings.rate
@@ -637,6 +663,12 @@ class AdmissionStore:
             args=[waiter, rate.cluster_rate_per_s, rate.cluster_burst],
         )
         return bool(int(raw[0])), float(_s(raw[1]))
+
+    async def fairness_counts(self) -> list[tuple[str, str]]:
+        """The fair queue's joins, grants and weights of the last minute, by level
+        and key (``fairness.lua``), as (field, value) pairs."""
+        raw = await self._fairness(keys=[self.keys.limits, *self._clock_keys], args=[])
+        return [(_s(raw[i]), _s(raw[i + 1])) for i in range(0, len(raw), 2)]
 
     async def set_test_clock(self, now_ms: int) -> None:
         """Tests only (``test_clock``): freeze the scripts' clock at ``now_ms``."""

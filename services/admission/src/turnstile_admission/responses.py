@@ -90,8 +90,8 @@ class AdmitResponses:
         if decision.node:
             response.node = decision.node
         response.message = decision.message
-        if decision.waited_s is not None:
-            _waited(response, decision)
+        if decision.queue_position or decision.waited_s is not None:
+            _queue(response, decision)
         if decision.shadow:
             add = response.shadow_verdicts.add
             for sv in decision.shadow:
@@ -119,10 +119,11 @@ class AdmitResponses:
         return response
 
 
-def _waited(response: admission_pb2.AdmitResponse, decision: Decision) -> None:
-    """What the fair queue adds to the answer of a call that joined it."""
-    assert decision.waited_s is not None
-    response.waited.FromMilliseconds(round(decision.waited_s * 1000))
+def _queue(response: admission_pb2.AdmitResponse, decision: Decision) -> None:
+    """What the fair queue adds to the answer of a call that joined it (or would
+    have: a dry run's, a shadow mode's, with no wait)."""
+    if decision.waited_s is not None:
+        response.waited.FromMilliseconds(round(decision.waited_s * 1000))
     if decision.queue_position:
         response.queue_position = decision.queue_position
     if decision.estimated_wait_s is not None:

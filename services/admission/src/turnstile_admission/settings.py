@@ -57,6 +57,10 @@ class QueueSettings(BaseModel):
     claim_margin_s: float = Field(default=0.05, ge=0, le=10)
     """Time kept back from a call's deadline for its claim after the wait."""
 
+    fairness_interval_s: float = Field(default=10.0, gt=0, le=300)
+    """How often each replica reads the last minute's counts into the fairness
+    gauge (``turnstile_admission_queue_fairness``): one script call each time."""
+
     level_shares: dict[str, float] = Field(
         default_factory=lambda: {"platform": 50.0, "interactive": 35.0, "batch": 15.0}
     )

@@ -69,6 +69,7 @@ while grants < max_grants and level >= cost do
       else
         level = level - cost
         grants = grants + 1
+        count_fairness(base, now, 'g', lvl, key)
         info.s, info.g = 'g', cost
         redis.call('HSET', q.info, wid, cjson.encode(info))
         redis.call('ZADD', q.exp, now + claim_ttl, wid)

@@ -52,7 +52,7 @@ async def create_app(settings: AffinitySettings, *, clock: Clock | None = None) 
         app.add_cleanup(substrate.close)
         # The stub is async at run time; its type stub only says so through __new__.
         stub = substrate.stub
-        waker = Waker(stub, settings.wake_timeout_s)
+        waker = Waker(stub, settings.wake_timeout_s, settings.wake_wait_margin_s)
         app.add_cleanup(waker.close)
 
     policy = PlacementPolicy(

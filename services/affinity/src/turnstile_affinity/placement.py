@@ -162,9 +162,12 @@ class Placer:
         # Lease returns run to their end on this replica (every replica has its own).
         self._returns = BackgroundTasks("affinity lease returns")
 
-    async def place(self, session_id: str, session_tier: str, client: str) -> Placement:
+    async def place(
+        self, session_id: str, session_tier: str, client: str, remaining_s: float | None = None
+    ) -> Placement:
         """Place ``client``'s session's next turn in ``session_tier`` or raise a
-        :class:`RichError`."""
+        :class:`RichError`. ``remaining_s``: the caller's remaining deadline, which
+        bounds how long a wake this turn starts may wait in admission's queue."""
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(
@@ -207,6 +210,7 @@ class Placer:
                             session_tier if policy.filtered else "",
                             client,
                             turn.shared,
+                            remaining_s,
                         )
                     raise self._pending(session_id, found)
                 lease_in_doubt = True
@@ -237,7 +241,9 @@ class Placer:
             if lease_in_doubt:
                 await self._return_lease(lease_id)
 
-    async def prepare(self, session_id: str, client: str) -> Preparation:
+    async def prepare(
+        self, session_id: str, client: str, remaining_s: float | None = None
+    ) -> Preparation:
         """Start the wake of ``client``'s session's absent sandbox ahead of its turn
         (SPEC W2): one script, then at most a wake sent in the background — the
         same single wake a pending ``Place`` starts (whichever comes first takes the
@@ -263,7 +269,7 @@ class Placer:
             outcome = PrepareOutcome.WAKE_STARTED
             tier = found.tier if policy.filtered else ""
             shared = self._shared.get(found.tier, self._shared_default)
-            self._waker.wake(found.sandbox_id, tier, client, shared)
+            self._waker.wake(found.sandbox_id, tier, client, shared, remaining_s)
         else:
             outcome = PrepareOutcome.ALREADY_WAKING
         PREPARES.labels(outcome.value).inc()

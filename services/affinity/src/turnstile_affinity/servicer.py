@@ -178,7 +178,7 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
         session_id = validation.session_id(request.session_id)
         tier = validation.session_tier(self._tiers, request.tier)
         client = validation.client_id(request.client_id)
-        placing = self._placer.place(session_id, tier, client)
+        placing = self._placer.place(session_id, tier, client, context.time_remaining())
         if self._decisions is None:
             return _placement(await placing)
         placement = await logged_place(
@@ -220,7 +220,8 @@ class AffinityServicer(affinity_pb2_grpc.AffinityServiceServicer):
     ) -> affinity_pb2.PrepareResponse:
         session_id = validation.session_id(request.session_id)
         client = validation.client_id(request.client_id)
-        return _prepared(await self._placer.prepare(session_id, client))
+        prepared = await self._placer.prepare(session_id, client, context.time_remaining())
+        return _prepared(prepared)
 
     async def ListWorkers(  # noqa: N802 - gRPC method name
         self, request: affinity_pb2.ListWorkersRequest, context: Context

@@ -90,6 +90,11 @@ class AffinitySettings(TieredSettings):
     wake_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """Deadline of a wake's Activate call (it may create a pod)."""
 
+    wake_wait_margin_s: float = Field(default=1.0, ge=0, le=600)
+    """What a wake keeps back from its Place or Prepare caller's remaining deadline
+    when it passes the rest to ``Activate`` as its wait budget: how long admission's
+    fair queue may keep the wake when the cluster is contended (SPEC Q1)."""
+
     worker_attestation: Literal["enforce", "off"] = "enforce"
     """Whether a worker's Hello must carry a sandbox credential the substrate minted
     for that sandbox (SPEC Z3). ``off`` only while rolling out workers that have none:

@@ -17,6 +17,12 @@ is the session's client, or the native pool where the tier shares it: what
 placement would accept. A record re-written between the read and the ``Activate``
 is not seen (only an ``any`` caller can re-record a sandbox).
 
+A wake may wait in admission's fair queue when the cluster is contended (SPEC
+Q1): its ``Activate`` carries a wait budget, the Place or Prepare caller's
+remaining deadline less a margin (no deadline: the wake's own), the way
+``Activate`` passes its own deadline down to ``Admit``. A woken session then
+waits its turn instead of the wake failing on the first refusal.
+
 Where it runs: on every replica, for the absences its own ``Place`` and
 ``Prepare`` calls took the wake marker of (``place.lua`` / ``prepare.lua``): one
 wake per absence across replicas, held by that replica's
@@ -27,6 +33,7 @@ anyway, and a wake cut short leaves its marker, so no other replica repeats it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -48,17 +55,32 @@ class Waker:
     they end or shutdown cancels them."""
 
     def __init__(
-        self, substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub, timeout_s: float
+        self,
+        substrate: substrate_pb2_grpc.SubstrateServiceAsyncStub,
+        timeout_s: float,
+        wait_margin_s: float = 1.0,
     ) -> None:
         self._substrate = substrate
         self._timeout_s = timeout_s
+        self._wait_margin_s = wait_margin_s
         self._tasks = BackgroundTasks("affinity wakes")
 
-    def wake(self, sandbox_id: str, tier: str, client: str, shared: bool) -> None:
+    def wake(
+        self,
+        sandbox_id: str,
+        tier: str,
+        client: str,
+        shared: bool,
+        remaining_s: float | None = None,
+    ) -> None:
         """Start waking ``sandbox_id`` for a session of ``client`` (``shared``: the
-        tier lets it use the native pool); the span context of the caller is kept."""
+        tier lets it use the native pool); the span context of the caller is kept.
+        ``remaining_s``: the caller's remaining deadline (None: it set none)."""
+        window_s = self._timeout_s if remaining_s is None else min(remaining_s, self._timeout_s)
+        wait_until = asyncio.get_running_loop().time() + window_s - self._wait_margin_s
         self._tasks.spawn(
-            self._activate(sandbox_id, tier, client, shared), name=f"wake {sandbox_id}"
+            self._activate(sandbox_id, tier, client, shared, wait_until),
+            name=f"wake {sandbox_id}",
         )
 
     async def _owned(self, sandbox_id: str, client: str, shared: bool) -> bool:
@@ -87,7 +109,9 @@ class Waker:
         )
         return False
 
-    async def _activate(self, sandbox_id: str, tier: str, client: str, shared: bool) -> None:
+    async def _activate(
+        self, sandbox_id: str, tier: str, client: str, shared: bool, wait_until: float
+    ) -> None:
         if not await self._owned(sandbox_id, client, shared):
             return
         request = substrate_pb2.ActivateRequest(
@@ -95,6 +119,9 @@ class Waker:
             client=common_pb2.ActivationClient(inherit=common_pb2.ActivationClient.Inherit()),
             tier=tier,
         )
+        wait_s = wait_until - asyncio.get_running_loop().time()
+        if wait_s > 0:
+            request.wait_budget.FromMilliseconds(round(wait_s * 1000))
         try:
             response = await self._substrate.Activate(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as raw:

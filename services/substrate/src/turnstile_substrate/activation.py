@@ -118,6 +118,10 @@ class Activation:
     key: common_pb2.BoundedKey | None = None
     #: How long admission's fair queue made it wait (None: it did not wait).
     waited_s: float | None = None
+    #: Its position among its key's waiters when it joined admission's queue (0: it did not).
+    queue_position: int = 0
+    #: The wait admission estimated when it joined (None: it did not, or no estimate).
+    estimated_wait_s: float | None = None
     #: A dry run (SPEC Q4): ``outcome`` is what the activation would do; nothing
     #: was made, recorded, claimed or charged.
     dry_run: bool = False
@@ -454,7 +458,13 @@ class Activator:
             self._admission.commit(admitted.hold_id, creation_prepaid=runtime.creation_paid)
         )
         return Activation(
-            recorded, runtime, OUTCOMES[runtime.kind], admitted.key, admitted.waited_s
+            recorded,
+            runtime,
+            OUTCOMES[runtime.kind],
+            admitted.key,
+            admitted.waited_s,
+            queue_position=admitted.queue_position,
+            estimated_wait_s=admitted.estimated_wait_s,
         )
 
     async def _ensure_runtime(

@@ -64,6 +64,10 @@ class Admitted:
     cap: admission_pb2.PolicyVerdict | None
     #: How long admission's fair queue made the call wait (None: it did not).
     waited_s: float | None = None
+    #: Its position among its key's waiters when it joined (0: it did not).
+    queue_position: int = 0
+    #: The wait estimated when it joined (None: it did not, or no estimate).
+    estimated_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,19 @@ class AdmissionClient:
             raise refusal_error(response, self._retry_after_s)
         cap = next((v for v in response.verdicts if v.policy == admission_pb2.POLICY_CAP), None)
         waited = response.waited.ToMilliseconds() / 1000 if response.HasField("waited") else None
+        estimate = (
+            response.estimated_wait.ToMilliseconds() / 1000
+            if response.HasField("estimated_wait")
+            else None
+        )
         return Admitted(
-            hold_id=response.hold_id, key=response.key, node=response.node, cap=cap, waited_s=waited
+            hold_id=response.hold_id,
+            key=response.key,
+            node=response.node,
+            cap=cap,
+            waited_s=waited,
+            queue_position=response.queue_position,
+            estimated_wait_s=estimate,
         )
 
     async def commit(self, hold_id: str, *, creation_prepaid: bool = False) -> None:

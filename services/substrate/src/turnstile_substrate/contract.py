@@ -282,6 +282,10 @@ def activate_response(
         response.key.CopyFrom(activation.key)
     if activation.waited_s is not None:
         response.waited.FromMilliseconds(round(activation.waited_s * 1000))
+    if activation.queue_position:
+        response.queue_position = activation.queue_position
+    if activation.estimated_wait_s is not None:
+        response.estimated_wait.FromMilliseconds(round(activation.estimated_wait_s * 1000))
     return response
 
 

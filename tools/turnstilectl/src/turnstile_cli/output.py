@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from google.protobuf.timestamp_pb2 import Timestamp
 
     from turnstile_client import TurnstileError
+    from turnstile_contracts import admission_pb2, substrate_pb2
 
 #: Width of output that is not a terminal (a pipe, a file): rich would cut tables
 #: at 80 columns; ``COLUMNS`` still wins when set.
@@ -187,6 +188,22 @@ def human_seconds(seconds: float) -> str:
 def retry_text(seconds: float) -> str:
     """``retry in N s`` with N rounded up: retrying sooner is refused again."""
     return f"retry in {max(0, math.ceil(seconds - 1e-9))} s"
+
+
+def queue_rows(
+    rows: dict[str, object],
+    response: admission_pb2.AdmitResponse | substrate_pb2.ActivateResponse,
+    queue: str = "the fair queue",
+) -> None:
+    """Add what an Admit or Activate answer says of admission's fair queue (SPEC
+    Q1): how long the call waited, and the position and estimate it joined at."""
+    if response.HasField("waited"):
+        rows["waited"] = f"{response.waited.ToMilliseconds() / 1000:.3f}s in {queue}"
+    if response.queue_position:
+        estimate = ""
+        if response.HasField("estimated_wait"):
+            estimate = f", estimated {response.estimated_wait.ToMilliseconds() / 1000:.3f}s"
+        rows["queue position"] = f"{response.queue_position} when it joined{estimate}"
 
 
 def kv_table(rows: Mapping[str, object], *, title: str | None = None) -> Table:

@@ -16,7 +16,7 @@ from rich.table import Table
 from turnstile_cli.clients import client_from_args, describe
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
-from turnstile_cli.output import kv_table, proto_dict, retry_text, when
+from turnstile_cli.output import kv_table, proto_dict, queue_rows, retry_text, when
 from turnstile_contracts import admission_pb2, common_pb2
 
 KINDS = {
@@ -122,13 +122,7 @@ def render_admit(
         if response.HasField("retry_after"):
             seconds = response.retry_after.ToTimedelta().total_seconds()
             rows["retry"] = retry_text(seconds).removeprefix("retry ")
-    if response.HasField("waited"):
-        rows["waited"] = f"{response.waited.ToMilliseconds() / 1000:.3f}s in the fair queue"
-    if response.queue_position:
-        estimate = ""
-        if response.HasField("estimated_wait"):
-            estimate = f", estimated {response.estimated_wait.ToMilliseconds() / 1000:.3f}s"
-        rows["queue position"] = f"{response.queue_position} when it joined{estimate}"
+    queue_rows(rows, response)
     if response.message:
         rows["summary"] = response.message
     for shadow in response.shadow_verdicts:

@@ -10,7 +10,7 @@ from rich.table import Table
 from turnstile_cli.clients import client_from_args
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
-from turnstile_cli.output import kv_table, proto_dict, when
+from turnstile_cli.output import kv_table, proto_dict, queue_rows, when
 from turnstile_contracts import common_pb2, substrate_pb2
 
 OUTCOME_STYLES = {
@@ -59,8 +59,7 @@ def render_activate(console: Console, response: substrate_pb2.ActivateResponse) 
         rows["bounded key"] = (
             f"{response.key.key} ({kind}, key set v{response.key.key_set_version})"
         )
-    if response.HasField("waited"):
-        rows["waited"] = f"{response.waited.ToMilliseconds() / 1000:.3f}s in admission's fair queue"
+    queue_rows(rows, response, "admission's fair queue")
     if sandbox.node:
         rows["node"] = sandbox.node
     if sandbox.endpoint:

@@ -279,7 +279,8 @@ class AdmitResponse(_message.Message):
     """The request was a dry run: nothing was taken (there is no hold)."""
     queue_position: _builtins.int
     """Set when the call joined the queue: its position among its key's waiters
-    when it joined (1 is the head).
+    when it joined (1 is the head). Also set, with `waited` unset, when a dry
+    run or a shadow mode answered at once: where it would have joined.
     """
     @_builtins.property
     def hold_expires_at(self) -> _timestamp_pb2.Timestamp:
@@ -309,8 +310,9 @@ class AdmitResponse(_message.Message):
 
     @_builtins.property
     def estimated_wait(self) -> _duration_pb2.Duration:
-        """Set when the call joined the queue: the wait estimated when it joined,
-        from its position, the keys waiting and the cluster bucket's rate.
+        """Set when the call joined (or would have joined, as queue_position): the
+        wait estimated when it joined, from its position, its key's weight among
+        the keys waiting, its level's share and the cluster bucket's rate.
         """
 
     def __init__(

@@ -225,11 +225,17 @@ class ActivateResponse(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     WAITED_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    ESTIMATED_WAIT_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     charged_client_id: _builtins.str
     """The client id charged and recorded; absent when the record is NULL."""
     dry_run: _builtins.bool
     """The request was a dry run: nothing was made, recorded or charged."""
+    queue_position: _builtins.int
+    """Set when admission queued the call: its position among its key's waiters
+    when it joined (1 is the head), as AdmitResponse.queue_position.
+    """
     @_builtins.property
     def sandbox(self) -> Global___Sandbox: ...
     @_builtins.property
@@ -240,6 +246,12 @@ class ActivateResponse(_message.Message):
     def waited(self) -> _duration_pb2.Duration:
         """How long admission's fair queue made the call wait (unset: it did not wait)."""
 
+    @_builtins.property
+    def estimated_wait(self) -> _duration_pb2.Duration:
+        """Set when admission queued the call: the wait estimated when it joined, as
+        AdmitResponse.estimated_wait.
+        """
+
     def __init__(
         self,
         *,
@@ -249,10 +261,12 @@ class ActivateResponse(_message.Message):
         key: _common_pb2.BoundedKey | None = ...,
         dry_run: _builtins.bool = ...,
         waited: _duration_pb2.Duration | None = ...,
+        queue_position: _builtins.int = ...,
+        estimated_wait: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "key", b"key", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "estimated_wait", b"estimated_wait", "key", b"key", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "dry_run", b"dry_run", "key", b"key", "outcome", b"outcome", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id", "charged_client_id", b"charged_client_id", "dry_run", b"dry_run", "estimated_wait", b"estimated_wait", "key", b"key", "outcome", b"outcome", "queue_position", b"queue_position", "sandbox", b"sandbox", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__charged_client_id: _TypeAlias = _typing.Literal["charged_client_id"]  # noqa: Y015
     _WhichOneofArgType__charged_client_id: _TypeAlias = _typing.Literal["_charged_client_id", b"_charged_client_id"]  # noqa: Y015
