@@ -77,18 +77,21 @@ SCRIPTS: dict[str, str] = {
 #: touch without declaring, because it learns them by reading. Affinity's scripts
 #: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
-#: The fair queue's keys (``q:...``, ``_queue.lua``) are built from the limits
-#: key's base, in admission's slot: admit.lua reads ``q:serving`` (SPEC Q1).
-_QUEUE = {"q"}
+#: The fair queue's keys (``q:...``, and a node's slot queue ``qn:<node>:...``,
+#: ``_queue.lua``) are built from the limits key's base, in admission's slot:
+#: admit.lua reads ``q:serving`` and a free node's ``qn:<node>:serving``; the
+#: scripts that grant slots read and write the nodes' slots (SPEC Q1).
+_QUEUE = {"q", "qn"}
+_SLOT_GRANTS = _QUEUE | {"slots", "limits"}
 DERIVED: dict[str, set[str]] = {
     "admission/admit": _QUEUE,
-    "admission/enqueue": _QUEUE,
-    "admission/tick": _QUEUE,
-    "admission/claim": _QUEUE,
-    "admission/leave": _QUEUE,
-    "admission/commit_hold": {"inflight", "sandbox", "slots"},
-    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
-    "admission/release_sandbox": {"pending", "slots"},
+    "admission/enqueue": _SLOT_GRANTS,
+    "admission/tick": _SLOT_GRANTS,
+    "admission/claim": _SLOT_GRANTS,
+    "admission/leave": _SLOT_GRANTS,
+    "admission/commit_hold": {"inflight", "sandbox", "slots"} | _SLOT_GRANTS,
+    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"} | _SLOT_GRANTS,
+    "admission/release_sandbox": {"pending", "slots"} | _SLOT_GRANTS,
     "affinity/place": _PRUNE | {"detached", "wake"},
     "affinity/prepare": _PRUNE | {"detached", "wake"},
     "affinity/claim": _PRUNE,
@@ -245,6 +248,21 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert (await store.admit(admit("h4", "sb-4", "n1"), claim="w1")).outcome == "admit"
     assert (await store.enqueue("w2", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)).queued
     assert (await store.leave("w2"))[0]
+    # A slot waiter: n3's one slot is taken, a waiter joins its queue, the cancel
+    # that frees the slot grants it, the claim takes it; another waiter is
+    # granted by a release and leaves, passing the slot on to no one.
+    n3 = [("n3", 1)]
+    assert (await store.admit(AdmitArgs("h5", "acme", "sb-5", modes, nodes=n3))).outcome == "admit"
+    assert await store.commit("h5")
+    for waiter in ("w3", "w4"):
+        joined = await store.enqueue(waiter, "acme", "replica-1", 10_000, 60_000, n3)
+        assert joined.queued
+    assert await store.release("sb-5")
+    assert "w3" in (await store.tick("replica-1")).granted
+    claimed = await store.admit(AdmitArgs("h6", "acme", "sb-6", modes, nodes=n3), claim="w3")
+    assert claimed.outcome == "admit"
+    assert (await store.cancel("h6")).cancelled
+    assert (await store.leave("w4"))[0]
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

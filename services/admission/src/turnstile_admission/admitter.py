@@ -186,10 +186,10 @@ class Admitter:
     async def _wait(
         self, request: AdmitInput, key: BoundedKey, refused: Decision, span: trace.Span
     ) -> Decision:
-        """Wait in the fair queue for the cluster bucket, then decide on the grant
-        (SPEC Q1). Refused when the budget ends first (the first refusal, its
-        retry hint with it), or when the grant's decision refuses on a limit of
-        the client's own."""
+        """Wait in the fair queue for the cluster bucket or a node slot (whichever
+        alone refused), then decide on the grant (SPEC Q1). Refused when the
+        budget ends first (the first refusal, its retry hint with it), or when
+        the grant's decision refuses on a limit of the client's own."""
         queue = self.queue
         # ``admit`` sends only a call with a budget left here (queue enabled).
         budget = min(request.wait_s, self.settings.queue.max_wait_s)
@@ -198,8 +198,10 @@ class Admitter:
         deadline = started + budget
         decision = refused
         joined = None
+        resource = _queueable(refused)
         while (remaining := deadline - loop.time()) > 0:
-            wait = await queue.wait(key.key, remaining)
+            nodes = self._candidates(request) if resource == _SLOTS else ()
+            wait = await queue.wait(key.key, remaining, nodes)
             if joined is None:
                 joined = wait.queued
             if not wait.granted:
@@ -210,7 +212,8 @@ class Admitter:
             if claimed is _LOST:
                 continue  # swept before it claimed: join again
             decision = claimed
-            if decision.admitted or not _queueable(decision):
+            resource = _queueable(decision)
+            if decision.admitted or not resource:
                 break
         granted = decision.admitted
         if not decision.admitted and _queueable(decision):
@@ -239,6 +242,10 @@ class Admitter:
             estimated_wait_s=estimate,
             message=message,
         )
+
+    def _candidates(self, request: AdmitInput) -> list[tuple[str, int]]:
+        """The request's candidate nodes with their slots, in its order."""
+        return [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
 
     def _log_context(
         self,
@@ -286,7 +293,7 @@ class Admitter:
         modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
         if modes[PolicyName.SLOTS]:
-            nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
+            nodes = self._candidates(request)
         args = AdmitArgs(
             hold_id=_new_hold_id(),
             key=key.key,
@@ -582,17 +589,29 @@ class Admitter:
 #: A claim whose grant was gone (``claim.lua``'s ``lost``): nothing was decided.
 _LOST = Decision(False, BoundedKey("", KeyKind.UNATTRIBUTED, 0), ())
 
-#: The refusal the fair queue can wait out: the cluster bucket's (SPEC Q1).
+#: The refusals the fair queue can wait out, each a shared resource (SPEC Q1):
+#: the cluster bucket's, and node slots'.
 _CLUSTER_BUCKET = "cluster bucket"
+_SLOTS = "slots"
+#: A slots refusal's details when the script counted the nodes full (not a fail
+#: mode's): none, or the free slots kept for the nodes' waiters.
+_SLOTS_FULL = frozenset({"", "waiters first"})
 
 
-def _queueable(decision: Decision) -> bool:
-    """Whether only the cluster bucket refused: the one shared resource the queue
-    waits for (a client's own limits refuse at once)."""
+def _queueable(decision: Decision) -> str:
+    """The one shared resource that alone refused (``cluster bucket`` or
+    ``slots``), which the queue waits for; "" when none, or more than one, or a
+    client's own limit refused (those answer at once). ``admit.lua`` defers the
+    log entry of exactly these refusals."""
     refusing = [v for v in decision.verdicts if v.verdict is Verdict.REFUSE]
-    return bool(refusing) and all(
-        v.policy is PolicyName.RATE and v.detail == _CLUSTER_BUCKET for v in refusing
-    )
+    if len(refusing) != 1:
+        return ""
+    (verdict,) = refusing
+    if verdict.policy is PolicyName.SLOTS and verdict.detail in _SLOTS_FULL:
+        return _SLOTS
+    if verdict.policy is PolicyName.RATE and verdict.detail == _CLUSTER_BUCKET:
+        return _CLUSTER_BUCKET
+    return ""
 
 
 #: Bounded keys whose words ``_log_context`` keeps (more: it starts over).

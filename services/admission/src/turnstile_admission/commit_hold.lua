@@ -35,8 +35,10 @@ if pending > 0 then
 end
 if node and node ~= '' then
   local previous = redis.call('HGET', sandbox_key, 'node')
-  if previous and previous ~= node then
-    redis.call('ZREM', base .. 'slots:' .. previous, 's:' .. sandbox)
+  if previous and previous ~= node
+      and redis.call('ZREM', base .. 'slots:' .. previous, 's:' .. sandbox) == 1 then
+    -- The sandbox moved: its old node's slot goes to that node's first waiter.
+    grant_slots(base, queue_keys(base), previous, now)
   end
   local slots = base .. 'slots:' .. node
   redis.call('ZREM', slots, 'h:' .. hold_id)

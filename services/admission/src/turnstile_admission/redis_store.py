@@ -29,12 +29,16 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 #: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
 QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
 
+#: The scripts that free node slots, and grant them to the nodes' waiters first
+#: (``_queue.lua``'s ``grant_slots``, SPEC Q1).
+SLOT_FREEING_SCRIPTS = frozenset({"commit_hold.lua", "cancel_hold.lua", "release_sandbox.lua"})
+
 #: The includes a script needs beyond ``_common.lua``: the decision scripts append
 #: to the decision log (``_decision_log.lua``), the queue's take its helpers.
 INCLUDES: dict[str, tuple[str, ...]] = {
     "admit.lua": ("_decision_log.lua",),
     "claim.lua": ("_decision_log.lua", "_queue.lua"),
-    **dict.fromkeys(QUEUE_SCRIPTS - {"claim.lua"}, ("_queue.lua",)),
+    **dict.fromkeys((QUEUE_SCRIPTS | SLOT_FREEING_SCRIPTS) - {"claim.lua"}, ("_queue.lua",)),
 }
 
 
@@ -187,7 +191,8 @@ class Queued(NamedTuple):
     position: int
     """Among the key's waiters, 1 the head."""
     estimated_wait_ms: int
-    """-1: no estimate (the cluster bucket has no rate)."""
+    """-1: no estimate (the cluster bucket has no rate, or the call waits for a
+    node slot: slots free when sandboxes stop, at no known rate)."""
     waiters: int
     level: str
     """The priority level it waits in (SPEC Q2)."""
@@ -258,7 +263,9 @@ class AdmissionStore:
         self._admit: AsyncScript = client.register_script(script_text("admit.lua", clock))
         self._commit: AsyncScript = client.register_script(script_text("commit_hold.lua", clock))
         self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua", clock))
-        self._release: AsyncScript = client.register_script(script_text("release_sandbox.lua"))
+        self._release: AsyncScript = client.register_script(
+            script_text("release_sandbox.lua", clock)
+        )
         self._usage: AsyncScript = client.register_script(script_text("usage.lua", clock))
         self._enqueue: AsyncScript = client.register_script(script_text("enqueue.lua", clock))
         self._tick: AsyncScript = client.register_script(script_text("tick.lua", clock))
@@ -462,7 +469,9 @@ class AdmissionStore:
 
     async def release(self, sandbox_id: str) -> bool:
         k = self.keys
-        done = await self._release(keys=[k.sandbox(sandbox_id)], args=[sandbox_id])
+        done = await self._release(
+            keys=[k.sandbox(sandbox_id), *self._clock_keys], args=[sandbox_id]
+        )
         return bool(done)
 
     async def usage(self, key: str) -> UsageAnswer:
@@ -501,8 +510,16 @@ class AdmissionStore:
         )
 
     async def enqueue(
-        self, waiter: str, key: str, owner: str, budget_ms: int, ttl_ms: int
+        self,
+        waiter: str,
+        key: str,
+        owner: str,
+        budget_ms: int,
+        ttl_ms: int,
+        nodes: Sequence[tuple[str, int]] = (),
     ) -> Queued:
+        """Join the queue of the cluster bucket, or with ``nodes`` (candidate
+        nodes with their slots) the queues of those nodes' slots."""
         q = self._settings.queue
         raw = await self._enqueue(
             keys=[self.keys.limits, *self._clock_keys],
@@ -519,6 +536,9 @@ class AdmissionStore:
                 ttl_ms,
                 self._shares,
                 q.default_level,
+                round(q.claim_ttl_s * 1000),
+                len(nodes),
+                *(part for pair in nodes for part in pair),
             ],
         )
         return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]), _s(raw[4]))
