@@ -88,7 +88,8 @@ async def test_a_burst_of_waiters_never_holds_more_than_the_nodes_slots(
             most = max(most, int(await redis.zcount(slots_key, now_ms, "+inf")))
 
     async def activate(n: int) -> admission_pb2.AdmitResponse:
-        answer = await running.stub.Admit(cold(f"sb-{n}", f"l{n % 3 + 1}", 30), timeout=40)
+        request = cold(f"sb-{n}", f"l{n % 3 + 1}", 30)
+        answer: admission_pb2.AdmitResponse = await running.stub.Admit(request, timeout=40)
         assert answer.decision == ADMITTED, answer.message
         await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=answer.hold_id))
         await running.stub.ReleaseSandbox(admission_pb2.ReleaseSandboxRequest(sandbox_id=f"sb-{n}"))
@@ -116,7 +117,7 @@ async def test_fifo_within_a_client(start_admission: Any, redis: aioredis.Redis)
         answer = await running.stub.Admit(cold(f"sb-{n}", wait_s=20), timeout=30)
         assert answer.decision == ADMITTED, answer.message
         order.append(f"sb-{n}")
-        return answer.hold_id
+        return str(answer.hold_id)
 
     tasks = []
     for n in range(6):

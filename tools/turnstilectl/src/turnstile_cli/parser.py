@@ -186,8 +186,8 @@ def _admission(sub: Subparsers) -> None:
         type=duration,
         default=0.0,
         metavar="DURATION",
-        help="wait up to DURATION in the fair queue when only the cluster bucket refuses "
-        "(shows the position and estimated wait it joined at)",
+        help="wait up to DURATION in the fair queue when only the cluster bucket or node slots "
+        "refuse (shows the position and estimated wait it joined at)",
     )
     admit.add_argument(
         "--commit", action="store_true", help="commit the hold at once (as a finished activation)"

@@ -177,7 +177,8 @@ class AdmitRequest(_message.Message):
     @_builtins.property
     def wait_budget(self) -> _duration_pb2.Duration:
         """How long the call may wait in admission's fair queue when only a shared
-        resource (the cluster bucket) refuses: it returns once admitted, or refused
+        resource (the cluster bucket, or a cold create's candidate nodes' slots)
+        refuses: it returns once admitted, or refused
         when the budget, the call's deadline or the service's longest wait ends,
         whichever is first. Unset or zero: the answer comes at once, as without a
         queue. Negative is INVALID_ARGUMENT.
