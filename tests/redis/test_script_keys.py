@@ -28,7 +28,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from turnstile_admission.policies import CapSettings, PolicyName
-from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
+from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, OwnLimits
 from turnstile_admission.redis_store import script_text as admission_script
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_affinity.store import SCRIPTS as AFFINITY_SCRIPTS
@@ -80,18 +80,19 @@ _PRUNE = {"leases", "presence", "load"}
 #: The fair queue's keys (``q:...``, and a node's slot queue ``qn:<node>:...``,
 #: ``_queue.lua``) are built from the limits key's base, in admission's slot:
 #: admit.lua reads ``q:serving`` and a free node's ``qn:<node>:serving``; the
-#: scripts that grant slots read and write the nodes' slots (SPEC Q1).
+#: scripts that grant read and reserve what they grant: the nodes' slots, and a
+#: key's lease, pending entry and tokens under its limits and live count (SPEC Q1).
 _QUEUE = {"q", "qn"}
-_SLOT_GRANTS = _QUEUE | {"slots", "limits"}
+_GRANTS = _QUEUE | {"slots", "limits", "inflight", "pending", "bucket", "live", "live-state"}
 DERIVED: dict[str, set[str]] = {
     "admission/admit": _QUEUE,
-    "admission/enqueue": _SLOT_GRANTS,
-    "admission/tick": _SLOT_GRANTS,
-    "admission/claim": _SLOT_GRANTS,
-    "admission/leave": _SLOT_GRANTS,
-    "admission/commit_hold": {"inflight", "sandbox", "slots"} | _SLOT_GRANTS,
-    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"} | _SLOT_GRANTS,
-    "admission/release_sandbox": {"pending", "slots"} | _SLOT_GRANTS,
+    "admission/enqueue": _GRANTS,
+    "admission/tick": _GRANTS,
+    "admission/claim": _GRANTS,
+    "admission/leave": _GRANTS,
+    "admission/commit_hold": {"inflight", "sandbox", "slots"} | _GRANTS,
+    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"} | _GRANTS,
+    "admission/release_sandbox": {"pending", "slots"} | _GRANTS,
     "affinity/place": _PRUNE | {"detached", "wake"},
     "affinity/prepare": _PRUNE | {"detached", "wake"},
     "affinity/claim": _PRUNE,
@@ -263,6 +264,17 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert claimed.outcome == "admit"
     assert (await store.cancel("h6")).cancelled
     assert (await store.leave("w4"))[0]
+    # Per-client waiters (queue_per_client), granted as they join (acme has
+    # room under its concurrency and bucket): one claims, one leaves with its
+    # grant; commit and cancel look for the key's waiters.
+    own = OwnLimits(cap=False, concurrency=True, rate=True)
+    for waiter in ("w5", "w6"):
+        joined = await store.enqueue(waiter, "acme", "replica-1", 10_000, 60_000, own=own)
+        assert joined.queued
+    assert {"w5", "w6"} <= set((await store.tick("replica-1")).granted)
+    assert (await store.admit(admit("h7", "sb-7", "n1"), claim="w5")).outcome == "admit"
+    assert await store.commit("h7")
+    assert (await store.leave("w6"))[0]
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

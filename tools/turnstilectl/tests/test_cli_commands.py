@@ -171,7 +171,8 @@ class Admission(admission_pb2_grpc.AdmissionServiceServicer):
                 key=common_pb2.BoundedKey(key="acme", kind=common_pb2.KEY_KIND_OWN),
                 refused_by=admission_pb2.POLICY_RATE,
                 retry_after=duration_pb2.Duration(nanos=20_000_000),
-                message="refused by rate; waited in the fair queue",
+                message="refused by rate; waited in the fair queue"
+                + ("; for the client's own limits too" if request.queue_per_client else ""),
                 waited=request.wait_budget,
                 queue_position=3,
                 estimated_wait=duration_pb2.Duration(nanos=600_000_000),
@@ -283,6 +284,21 @@ async def test_admit_wait_shows_the_wait_position_and_estimate(
     assert code == 3, out
     assert "2.000s in the fair queue" in out
     assert "3 when it joined, estimated 0.600s" in out
+
+
+async def test_admit_queue_per_client_asks_to_wait_for_the_clients_own_limits(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("admit", "sb-1", "--client", "acme", "--wait", "1s")
+    code, out = await _cli(capsys, servers[0], *args, "--queue-per-client")
+    assert code == 3, out
+    assert "for the client's own limits too" in out
+    code, out = await _cli(capsys, servers[0], *args)
+    assert "own limits" not in out
+    code, _ = await _cli(
+        capsys, servers[0], "admit", "sb-1", "--client", "acme", "--queue-per-client"
+    )
+    assert code == 2  # a usage error: nothing to wait with
 
 
 async def test_activate_wait_sends_the_budget_and_shows_the_wait(

@@ -36,7 +36,8 @@ local function queue_keys(base)
   return {p = base .. 'q:', levels = base .. 'q:levels', info = base .. 'q:info',
           exp = base .. 'q:exp', meta = base .. 'q:meta', vf = base .. 'q:vf',
           owners = base .. 'q:owners', serving = base .. 'q:serving',
-          slotq = base .. 'q:slotq', wnodes = base .. 'q:wnodes'}
+          slotq = base .. 'q:slotq', wnodes = base .. 'q:wnodes',
+          ownq = base .. 'q:ownq', ownkeys = base .. 'q:ownkeys'}
 end
 
 -- A node's slot queue: the scope of the same fair machinery as the cluster bucket's.
@@ -129,6 +130,8 @@ local function return_tokens(bucket_key, tokens, rate, burst, now)
 end
 
 local drop_waiter
+-- A per-client queue's waiter's removal (_own_queue.lua, which assigns it).
+local drop_own
 
 -- The next waiter of a scope in fair order (a level, then a key of it, then the
 -- key's oldest), taken off the queue with the virtual times moved past it; nil
@@ -237,6 +240,7 @@ drop_waiter = function(base, q, wid, now)
   redis.call('HDEL', q.info, wid)
   redis.call('ZREM', q.exp, wid)
   if not info then return 0 end
+  if info.own then return drop_own(base, q, wid, info, now) end
   if info.s == 'g' then
     redis.call('ZREM', granted_of(base, info.o), wid)
     if info.gn then

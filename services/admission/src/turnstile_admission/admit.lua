@@ -21,7 +21,8 @@
 --       queue so far in ms (empty: the call did not wait),
 --       defer (1: the call may wait in the fair queue, SPEC Q1: a refusal only
 --       the cluster bucket, or only node slots, made is not logged; the wait's
---       final decision is),
+--       final decision is; 2: as 1, and a refusal only the key's own limits
+--       made too: the call waits in its key's own queue),
 --       n, then n pairs (node name, slot capacity).
 -- Returns: {outcome, now_ms, hold_expires_ms, node,
 --           then per policy in order slots, concurrency, cap, rate:
@@ -53,7 +54,7 @@ local log_max, log_age = num(), num()
 local dry = num() == 1
 local trace_id, sampled, identity, client = str(), str(), str(), str()
 local key_kind, key_version, activation, waited = str(), str(), str(), str()
-local defer = num() == 1
+local defer = num()
 local nodes = {}
 for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[12 + j], held = 0} end
 
@@ -288,10 +289,13 @@ end
 if refused then
   local function over(mode, r) return mode == 2 and r[1] == 2 end
   -- Deferred when one shared resource alone refuses: the cluster bucket, or
-  -- node slots (SPEC Q1).
+  -- node slots; with defer 2, also when the key's own limits alone refuse
+  -- (SPEC Q1).
   local by_rate, by_slots = over(rate_mode, rate), over(slot_mode, slots)
-  if defer and by_rate ~= by_slots and (by_slots or rate[5] == 'cluster bucket')
-      and not over(conc_mode, conc) and not over(cap_mode, cap) then
+  local shared = by_rate ~= by_slots and (by_slots or rate[5] == 'cluster bucket')
+    and not over(conc_mode, conc) and not over(cap_mode, cap)
+  local own = defer == 2 and not by_slots and (not by_rate or rate[5] == 'client bucket')
+  if defer > 0 and (shared or own) then
     return answer('refuse', 0, '')
   end
   return logged('refuse', 0, '')

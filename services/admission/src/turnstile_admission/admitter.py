@@ -46,6 +46,7 @@ from turnstile_admission.redis_store import (
     AdmitArgs,
     CancelAnswer,
     LogContext,
+    OwnLimits,
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import BoundedKey, Client, KeyKind, Resolver
@@ -65,6 +66,8 @@ class AdmitInput(NamedTuple):
     candidate_nodes: tuple[str, ...] = ()
     #: How long the call may wait in the fair queue (0: answer at once).
     wait_s: float = 0.0
+    #: With ``wait_s``: wait too when only the client's own limits refuse.
+    queue_per_client: bool = False
     dry_run: bool = False
     """Decide and report, take nothing (SPEC Q4)."""
     identity: str = ""
@@ -175,8 +178,9 @@ class Admitter:
         )
         # A call that may wait defers the log entry of a refusal the queue can
         # wait out: its decision is logged once, when it is final (SPEC Q1, Q3).
-        decision = await self._decide(request, key, span, defer=waits)
-        if waits and not decision.admitted and _queueable(decision):
+        own = waits and request.queue_per_client
+        decision = await self._decide(request, key, span, defer=waits, defer_own=own)
+        if waits and not decision.admitted and _queueable(decision, own):
             decision = await self._wait(request, key, decision, span)
         if not decision.dry_run:
             # A dry run changes nothing, the metrics of decisions included.
@@ -187,9 +191,10 @@ class Admitter:
         self, request: AdmitInput, key: BoundedKey, refused: Decision, span: trace.Span
     ) -> Decision:
         """Wait in the fair queue for the cluster bucket or a node slot (whichever
-        alone refused), then decide on the grant (SPEC Q1). Refused when the
-        budget ends first (the first refusal, its retry hint with it), or when
-        the grant's decision refuses on a limit of the client's own."""
+        alone refused), or, asked to, for the client's own limits, then decide on
+        the grant (SPEC Q1). Refused when the budget ends first (the first
+        refusal, its retry hint with it), or when the grant's decision refuses
+        on what the call does not wait for."""
         queue = self.queue
         # ``admit`` sends only a call with a budget left here (queue enabled).
         budget = min(request.wait_s, self.settings.queue.max_wait_s)
@@ -198,25 +203,33 @@ class Admitter:
         deadline = started + budget
         decision = refused
         joined = None
-        resource = _queueable(refused)
+        per_client = request.queue_per_client
+        resource = _queueable(refused, per_client)
         while (remaining := deadline - loop.time()) > 0:
             nodes = self._candidates(request) if resource == _SLOTS else ()
-            wait = await queue.wait(key.key, remaining, nodes)
+            own = self._own_limits(request) if resource == _OWN else None
+            wait = await queue.wait(key.key, remaining, nodes, own)
             if joined is None:
                 joined = wait.queued
             if not wait.granted:
                 break
             claimed = await self._decide(
-                request, key, span, claim=wait.waiter, defer=True, waited_s=loop.time() - started
+                request,
+                key,
+                span,
+                claim=wait.waiter,
+                defer=True,
+                defer_own=per_client,
+                waited_s=loop.time() - started,
             )
             if claimed is _LOST:
                 continue  # swept before it claimed: join again
             decision = claimed
-            resource = _queueable(decision)
+            resource = _queueable(decision, per_client)
             if decision.admitted or not resource:
                 break
         granted = decision.admitted
-        if not decision.admitted and _queueable(decision):
+        if not decision.admitted and _queueable(decision, per_client):
             # Its wait ended on a refusal the log has not seen: the final
             # decision, logged (SPEC Q3), outside the queue like any other call.
             decision = await self._decide(request, key, span, waited_s=loop.time() - started)
@@ -246,6 +259,16 @@ class Admitter:
     def _candidates(self, request: AdmitInput) -> list[tuple[str, int]]:
         """The request's candidate nodes with their slots, in its order."""
         return [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
+
+    def _own_limits(self, request: AdmitInput) -> OwnLimits:
+        """Which of the client's own limits the call enforces: those its grant
+        waits for room under (SPEC Q1)."""
+        modes = self._plan(request.kind, request.candidate_nodes).modes
+        return OwnLimits(
+            cap=modes[PolicyName.CAP] == _ENFORCE,
+            concurrency=modes[PolicyName.CONCURRENCY] == _ENFORCE,
+            rate=modes[PolicyName.RATE] == _ENFORCE,
+        )
 
     def _log_context(
         self,
@@ -287,6 +310,7 @@ class Admitter:
         span: trace.Span,
         claim: str = "",
         defer: bool = False,
+        defer_own: bool = False,
         waited_s: float | None = None,
     ) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
@@ -303,6 +327,7 @@ class Admitter:
             dry_run=request.dry_run,
             log=self._log_context(request, key, span, plan, waited_s),
             defer=defer,
+            defer_own=defer_own,
         )
         # The one place admission decides on a failing Redis: fail modes apply
         # to an unavailable Redis only. Anything else (a script error) is a bug.
@@ -593,17 +618,36 @@ _LOST = Decision(False, BoundedKey("", KeyKind.UNATTRIBUTED, 0), ())
 #: the cluster bucket's, and node slots'.
 _CLUSTER_BUCKET = "cluster bucket"
 _SLOTS = "slots"
+_OWN = "own"
+#: The script mode of an enforced policy (``Policy.script_mode``).
+_ENFORCE = 2
+
+
+def _own(verdict: PolicyVerdict) -> bool:
+    """A refusal by one of the client's own limits, counted by the script (not a
+    fail mode's)."""
+    if verdict.policy is PolicyName.RATE:
+        return verdict.detail == _CLIENT_BUCKET
+    return verdict.policy in (PolicyName.CAP, PolicyName.CONCURRENCY) and not (
+        verdict.detail.startswith("POLICY_BACKEND_UNAVAILABLE")
+    )
+
+
+_CLIENT_BUCKET = "client bucket"
 #: A slots refusal's details when the script counted the nodes full (not a fail
 #: mode's): none, or the free slots kept for the nodes' waiters.
 _SLOTS_FULL = frozenset({"", "waiters first"})
 
 
-def _queueable(decision: Decision) -> str:
-    """The one shared resource that alone refused (``cluster bucket`` or
-    ``slots``), which the queue waits for; "" when none, or more than one, or a
-    client's own limit refused (those answer at once). ``admit.lua`` defers the
-    log entry of exactly these refusals."""
+def _queueable(decision: Decision, per_client: bool = False) -> str:
+    """What the queue waits for: the one shared resource that alone refused
+    (``cluster bucket`` or ``slots``), or with ``per_client`` the client's own
+    limits when only they refused (``own``: its cap, concurrency, bucket); ""
+    otherwise (nothing refused, or a mix: answered at once). ``admit.lua``
+    defers the log entry of exactly these refusals."""
     refusing = [v for v in decision.verdicts if v.verdict is Verdict.REFUSE]
+    if per_client and refusing and all(_own(v) for v in refusing):
+        return _OWN
     if len(refusing) != 1:
         return ""
     (verdict,) = refusing

@@ -56,4 +56,7 @@ if pending_score > 0 then
     redis.call('ZREM', pending, sandbox)
   end
 end
+-- What came back (tokens, the lease, the pending entry) goes to the key's first
+-- per-client waiter, if any (_own_queue.lua).
+grant_own(base, queue_keys(base), key, now)
 return {1, fmt(client_back), fmt(cluster_back)}

@@ -6,7 +6,8 @@
 -- is held. A slot waiter's grant is a slot reserved on one node: freed here for
 -- its decision to take (past the node's queue: slot_claim); a decision that does
 -- not take it (refused, or another candidate chosen) hands it to the node's
--- next waiter.
+-- next waiter. A per-client waiter's grant (_own_queue.lua) is what its key's
+-- limits reserved for it, given back here for its decision to take.
 --
 -- KEYS and ARGV: admit.lua's, then ARGV's last is the waiter id.
 -- Returns: admit.lua's answer, or {'lost'} when the waiter holds no grant (it
@@ -20,6 +21,14 @@ redis.call('HDEL', q.info, wid)
 redis.call('ZREM', q.exp, wid)
 if redis.call('HLEN', q.info) == 0 then redis.call('DEL', q.serving) end
 local now = now_ms()
+if info.own then
+  -- A per-client waiter: what its grant reserved goes back, and its decision
+  -- takes it at once; not taken (refused), it goes to the key's next waiter.
+  release_own(base, wid, info, now)
+  local out = admit_body()
+  if out[1] ~= 'admit' then grant_own(base, q, info.k, now) end
+  return out
+end
 if info.gn then
   redis.call('ZREM', slots_of(base, info.gn), 'g:' .. wid)
   slot_claim = info.gn

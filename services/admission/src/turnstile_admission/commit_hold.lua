@@ -22,7 +22,10 @@ local pending = tonumber(h[6]) or 0
 if not key then return 0 end
 redis.call('DEL', KEYS[1])
 if exp <= now then return 0 end
-if lease == '1' then redis.call('ZREM', base .. 'inflight:' .. key, hold_id) end
+if lease == '1' and redis.call('ZREM', base .. 'inflight:' .. key, hold_id) == 1 then
+  -- The released lease goes to the key's first per-client waiter, if any.
+  grant_own(base, queue_keys(base), key, now)
+end
 local sandbox_key = base .. 'sandbox:' .. sandbox
 if pending > 0 then
   -- Which pending set holds this sandbox, so that stopping it removes the entry

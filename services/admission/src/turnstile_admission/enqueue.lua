@@ -1,6 +1,7 @@
 -- enqueue.lua: one Admit joins the fair queue (SPEC Q1, Q2), in its key's level:
 -- the cluster bucket's, or, for a call that waits for a node slot, the queue of
--- each of its candidate nodes (the first of them to free a slot grants it).
+-- each of its candidate nodes (the first of them to free a slot grants it), or,
+-- for a call that waits for its own limits, its key's own queue (_own_queue.lua).
 -- The waiter gets an owner (this replica) and an expiry (its budget): whatever
 -- happens to the replica, tick.lua sweeps it once expired.
 --
@@ -9,8 +10,11 @@
 -- ARGV: waiter id, bounded key, owner, budget_ms, max_waiters, owner_ttl_ms,
 --       serving_ttl_ms, cost, cluster rate default, structure ttl_ms,
 --       level shares (JSON object level -> share), default level,
---       claim_ttl_ms, n, then n pairs (candidate node, its slots): n > 0 waits
---       for a slot on one of those nodes, n = 0 for the cluster bucket.
+--       claim_ttl_ms, own limits (JSON {cap, conc, rate}: the limits the call
+--       enforces; empty: not a per-client waiter), the limits' defaults (JSON,
+--       as admit.lua takes them), n, then n pairs (candidate node, its slots):
+--       n > 0 waits for a slot on one of those nodes, n = 0 and no own limits
+--       for the cluster bucket.
 -- Returns: {'queued', position in the key's queue (1 = head), estimated wait ms
 --           (-1 none), waiters in all, level}, or {'full', 0, 0, waiters, level}.
 local wid, key, owner = ARGV[1], ARGV[2], ARGV[3]
@@ -19,12 +23,13 @@ local owner_ttl, serving_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
 local cost, default_rate, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local shares, default_level = cjson.decode(ARGV[11]), ARGV[12]
 local claim_ttl = tonumber(ARGV[13])
+local own = ARGV[14] ~= '' and cjson.decode(ARGV[14]) or nil
 local nodes, seen = {}, {}
-for j = 1, tonumber(ARGV[14]) do
-  local name = ARGV[13 + 2 * j]
+for j = 1, tonumber(ARGV[16]) do
+  local name = ARGV[15 + 2 * j]
   if not seen[name] then
     seen[name] = true
-    nodes[#nodes + 1] = {name, tonumber(ARGV[14 + 2 * j])}
+    nodes[#nodes + 1] = {name, tonumber(ARGV[16 + 2 * j])}
   end
 end
 local base = base_of(KEYS[1])
@@ -43,7 +48,17 @@ redis.call('ZADD', q.owners, now + owner_ttl, owner)
 local written = {q.levels, q.exp, q.info, q.meta, q.vf, q.owners}
 local position = 0
 
-if #nodes == 0 then
+if own then
+  info.own = own
+  redis.call('HSET', q.ownq, 'defaults', ARGV[15], 'cost', cost, 'claim_ttl', claim_ttl,
+             'owner_ttl', owner_ttl)
+  local qk = own_queue_of(base, key)
+  redis.call('ZADD', qk, seq, wid)
+  redis.call('SADD', q.ownkeys, key)
+  redis.call('HSET', q.info, wid, cjson.encode(info))
+  written[#written + 1], written[#written + 2], written[#written + 3] = qk, q.ownq, q.ownkeys
+  position = redis.call('ZCARD', qk)
+elseif #nodes == 0 then
   for _, name in ipairs(join(q, wid, key, level, seq, weight, share, cost)) do
     written[#written + 1] = name
   end
@@ -70,6 +85,11 @@ else
   position = redis.call('ZCARD', queue_of(node_scope(base, nodes[1][1]), level, key))
 end
 for _, name in ipairs(written) do redis.call('PEXPIRE', name, ttl) end
+if own then
+  -- Room made since the call was refused is granted now (reported by a tick).
+  grant_own(base, q, key, now)
+  return {'queued', position, -1, waiting + 1, level}
+end
 if #nodes > 0 then
   -- A slot freed by expiry since the call was refused is granted now, not at the
   -- next tick (the grant is reported by this replica's next tick all the same).

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnstile_admission import metrics
-from turnstile_admission.redis_store import AdmissionStore, Queued
+from turnstile_admission.redis_store import AdmissionStore, OwnLimits, Queued
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
@@ -73,10 +73,17 @@ class FairQueue:
         """This replica's waiters."""
         return len(self._waiters)
 
-    async def wait(self, key: str, budget_s: float, nodes: Sequence[tuple[str, int]] = ()) -> Wait:
+    async def wait(
+        self,
+        key: str,
+        budget_s: float,
+        nodes: Sequence[tuple[str, int]] = (),
+        own: OwnLimits | None = None,
+    ) -> Wait:
         """Join ``key``'s queue and wait up to ``budget_s`` for a grant: of the
         cluster bucket's tokens, or with ``nodes`` (candidate nodes and their
-        slots) of a slot on one of them, granted by the script that frees it.
+        slots) of a slot on one of them, granted by the script that frees it, or
+        with ``own`` of room under the key's own limits, FIFO among its waiters.
 
         Not granted: the waiter has left the queue (or will be swept: it has an
         expiry), holding nothing. Cancelled: it leaves, and the cancellation goes
@@ -88,7 +95,7 @@ class FairQueue:
         try:
             try:
                 queued = await self._store.enqueue(
-                    waiter, key, self.owner, budget_ms, self._ttl_ms, nodes
+                    waiter, key, self.owner, budget_ms, self._ttl_ms, nodes, own
                 )
             except (DependencyUnavailable, DependencyOverloaded):
                 return Wait(waiter, False, None)

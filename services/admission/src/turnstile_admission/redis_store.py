@@ -29,16 +29,19 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 #: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
 QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
 
-#: The scripts that free node slots, and grant them to the nodes' waiters first
-#: (``_queue.lua``'s ``grant_slots``, SPEC Q1).
+#: The scripts that free node slots or a key's room (a lease, a pending entry,
+#: tokens), and grant them to the waiters first (``_queue.lua``'s ``grant_slots``,
+#: ``_own_queue.lua``'s ``grant_own``, SPEC Q1).
 SLOT_FREEING_SCRIPTS = frozenset({"commit_hold.lua", "cancel_hold.lua", "release_sandbox.lua"})
 
 #: The includes a script needs beyond ``_common.lua``: the decision scripts append
 #: to the decision log (``_decision_log.lua``), the queue's take its helpers.
 INCLUDES: dict[str, tuple[str, ...]] = {
     "admit.lua": ("_decision_log.lua",),
-    "claim.lua": ("_decision_log.lua", "_queue.lua"),
-    **dict.fromkeys((QUEUE_SCRIPTS | SLOT_FREEING_SCRIPTS) - {"claim.lua"}, ("_queue.lua",)),
+    "claim.lua": ("_decision_log.lua", "_queue.lua", "_own_queue.lua"),
+    **dict.fromkeys(
+        (QUEUE_SCRIPTS | SLOT_FREEING_SCRIPTS) - {"claim.lua"}, ("_queue.lua", "_own_queue.lua")
+    ),
 }
 
 
@@ -99,8 +102,21 @@ class AdmitArgs(NamedTuple):
     log: LogContext | None = None
     """What the decision log records beside the decision (SPEC Q3)."""
     defer: bool = False
-    """The call may wait in the fair queue (SPEC Q1): a refusal only the cluster
-    bucket made is not logged, the wait's final decision is."""
+    """The call may wait in the fair queue (SPEC Q1): a refusal only a shared
+    resource made (the cluster bucket, or node slots) is not logged, the wait's
+    final decision is."""
+    defer_own: bool = False
+    """With ``defer``: so is a refusal only the key's own limits made (the call
+    waits for them: ``queue_per_client``)."""
+
+
+class OwnLimits(NamedTuple):
+    """The client's own limits a per-client waiter enforces, whose room its
+    grant waits for and reserves (``_own_queue.lua``)."""
+
+    cap: bool
+    concurrency: bool
+    rate: bool
 
 
 #: How much longer than its TTL a hold record is kept (``admit.lua``), so a late
@@ -274,6 +290,15 @@ class AdmissionStore:
         s = settings
         #: The levels' shares as the queue's scripts take them (JSON).
         self._shares = json.dumps(s.queue.level_shares, sort_keys=True)
+        #: The limits' defaults as ``_own_queue.lua`` takes them (JSON).
+        self._defaults_json = json.dumps(
+            {
+                "cap": s.cap.default_cap,
+                "rate": s.rate.default_rate_per_s,
+                "burst": s.rate.default_burst,
+                "concurrency": s.concurrency.default_limit,
+            }
+        )
         self._key_defaults = [
             s.cap.default_cap,
             s.rate.default_rate_per_s,
@@ -402,7 +427,7 @@ class AdmissionStore:
             log.key_set_version,
             log.activation,
             log.wait_ms,
-            1 if args.defer else 0,
+            2 if args.defer_own else 1 if args.defer else 0,
             len(args.nodes),
         ]
         for name, capacity in args.nodes:
@@ -517,9 +542,11 @@ class AdmissionStore:
         budget_ms: int,
         ttl_ms: int,
         nodes: Sequence[tuple[str, int]] = (),
+        own: OwnLimits | None = None,
     ) -> Queued:
         """Join the queue of the cluster bucket, or with ``nodes`` (candidate
-        nodes with their slots) the queues of those nodes' slots."""
+        nodes with their slots) the queues of those nodes' slots, or with
+        ``own`` the key's own queue, for room under those of its limits."""
         q = self._settings.queue
         raw = await self._enqueue(
             keys=[self.keys.limits, *self._clock_keys],
@@ -537,6 +564,10 @@ class AdmissionStore:
                 self._shares,
                 q.default_level,
                 round(q.claim_ttl_s * 1000),
+                json.dumps({"cap": own.cap, "conc": own.concurrency, "rate": own.rate})
+                if own is not None
+                else "",
+                self._defaults_json,
                 len(nodes),
                 *(part for pair in nodes for part in pair),
             ],

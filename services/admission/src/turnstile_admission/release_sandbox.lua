@@ -20,8 +20,9 @@ if node and redis.call('ZREM', base .. 'slots:' .. node, 's:' .. sandbox) == 1 t
   -- The freed slot goes to the node's first waiter, if any (SPEC Q1).
   grant_slots(base, queue_keys(base), node, now_ms())
 end
-if key then
-  released = released + redis.call('ZREM', base .. 'pending:' .. key, sandbox)
+if key and redis.call('ZREM', base .. 'pending:' .. key, sandbox) == 1 then
+  released = 1
+  -- Room under the key's cap: to its first per-client waiter, if any.
+  grant_own(base, queue_keys(base), key, now_ms())
 end
-if released > 0 then return 1 end
-return 0
+return released

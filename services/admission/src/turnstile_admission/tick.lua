@@ -4,7 +4,8 @@
 -- then a key of it: _queue.lua) while the bucket has them: each grant is a few
 -- O(log n) commands, whoever's replica owns the waiter. Then, on each node with
 -- slot waiters, frees the slots whose hold or claim expired and grants them (the
--- scripts that free a slot grant it themselves; expiry frees without a script).
+-- scripts that free a slot grant it themselves; expiry frees without a script),
+-- and tries each key's own queue (per-client limits).
 -- Returns the waiters of this replica granted since its last tick (by any
 -- replica's tick or any script that freed a slot), so the replica wakes them;
 -- they claim with claim.lua.
@@ -65,6 +66,13 @@ for _, node in ipairs(redis.call('SMEMBERS', q.wnodes)) do
   else
     redis.call('SREM', q.wnodes, node)
   end
+end
+
+-- Per-client queues (_own_queue.lua): each key with waiters gets its head
+-- granted if its limits have room again (its bucket refilled, a lease expired,
+-- the live count dropped). Bounded by the keys (SPEC C3).
+for _, key in ipairs(redis.call('SMEMBERS', q.ownkeys)) do
+  grants = grants + grant_own(base, q, key, now)
 end
 
 local mine = redis.call('ZRANGE', KEYS[3], 0, -1)

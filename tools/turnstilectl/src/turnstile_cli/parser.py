@@ -190,6 +190,12 @@ def _admission(sub: Subparsers) -> None:
         "refuse (shows the position and estimated wait it joined at)",
     )
     admit.add_argument(
+        "--queue-per-client",
+        action="store_true",
+        help="with --wait: wait too when only the client's own limits refuse (its cap, "
+        "concurrency or bucket), first come first served among its waiting calls",
+    )
+    admit.add_argument(
         "--commit", action="store_true", help="commit the hold at once (as a finished activation)"
     )
     admit.add_argument(

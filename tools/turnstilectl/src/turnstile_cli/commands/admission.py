@@ -42,6 +42,9 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     if args.dry_run and (args.commit or args.cancel):
         ctx.out.failure("a --dry-run takes no hold to --commit or --cancel")
         return Exit.USAGE
+    if args.queue_per_client and args.wait <= 0:
+        ctx.out.failure("--queue-per-client needs a --wait budget")
+        return Exit.USAGE
     request = admission_pb2.AdmitRequest(
         sandbox_id=args.sandbox_id,
         client=client_from_args(args),
@@ -49,6 +52,7 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
         tier=args.tier,
         candidate_nodes=args.node,
         dry_run=args.dry_run,
+        queue_per_client=args.queue_per_client,
     )
     timeout = None
     if args.wait > 0:
