@@ -11,6 +11,7 @@ import asyncio
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from turnstile_clientkeys.limits import Limits, LimitsStore
@@ -67,12 +68,13 @@ async def nothing_queued(redis: aioredis.Redis, prefix: str) -> bool:
     return not [k for k in keys if not k.endswith(bookkeeping)] and not reserved
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 async def test_a_burst_of_waiters_never_passes_the_clients_concurrency(
     start_admission: Any, redis: aioredis.Redis
 ) -> None:
     """12 concurrent calls of one client with a concurrency of 2: each admitted
     call commits (its lease released), letting the next in. A concurrent watcher
-    reads the key's unexpired leases the whole time: never more than 2."""
+    reads the key's leases the whole time: never more than 2."""
     running = await start_admission(**settings())
     prefix = running.settings.redis_prefix
     await LimitsStore(redis, prefix).set_key("acme", Limits(concurrency=2))
@@ -83,8 +85,8 @@ async def test_a_burst_of_waiters_never_passes_the_clients_concurrency(
     async def watch() -> None:
         nonlocal most
         while not done.is_set():
-            now_ms = int((await redis.time())[0]) * 1000
-            most = max(most, int(await redis.zcount(inflight, now_ms, "+inf")))
+            # Every member (none expires within the test: holds last 60 s).
+            most = max(most, int(await redis.zcard(inflight)))
 
     async def activate(n: int) -> str:
         answer: admission_pb2.AdmitResponse = await running.stub.Admit(

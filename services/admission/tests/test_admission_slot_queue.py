@@ -10,6 +10,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from turnstile_admission.redis_store import AdmissionStore
@@ -69,12 +70,13 @@ async def nothing_queued(redis: aioredis.Redis, prefix: str) -> bool:
     return not [k for k in keys if not k.endswith(bookkeeping)] and not reserved
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 async def test_a_burst_of_waiters_never_holds_more_than_the_nodes_slots(
     start_admission: Any, redis: aioredis.Redis
 ) -> None:
     """20 concurrent cold creates for n1's 3 slots: each admitted call commits and
     then stops (ReleaseSandbox), freeing its slot for the next. A concurrent
-    watcher reads n1's unexpired slots the whole time: never more than 3."""
+    watcher reads n1's slots the whole time: never more than 3."""
     running = await start_admission(**settings())
     prefix = running.settings.redis_prefix
     slots_key = running.keys.slots("n1")
@@ -84,8 +86,8 @@ async def test_a_burst_of_waiters_never_holds_more_than_the_nodes_slots(
     async def watch() -> None:
         nonlocal most
         while not done.is_set():
-            now_ms = int((await redis.time())[0]) * 1000
-            most = max(most, int(await redis.zcount(slots_key, now_ms, "+inf")))
+            # Every member (none expires within the test: holds last 60 s).
+            most = max(most, int(await redis.zcard(slots_key)))
 
     async def activate(n: int) -> admission_pb2.AdmitResponse:
         request = cold(f"sb-{n}", f"l{n % 3 + 1}", 30)
