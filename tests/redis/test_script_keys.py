@@ -63,7 +63,15 @@ ADMISSION = (
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
-PRELUDES = {"_common", "_test_clock", "_lib", "_decision_log", "_queue"}
+PRELUDES = {
+    "_common",
+    "_test_clock",
+    "_lib",
+    "_decision_log",
+    "_queue",
+    "_own_queue",
+    "_grant_freed",
+}
 
 #: Every script's full text, by the name the report uses.
 SCRIPTS: dict[str, str] = {

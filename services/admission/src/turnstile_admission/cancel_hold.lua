@@ -2,7 +2,7 @@
 -- Tokens go back to both buckets without over-crediting (a bucket never exceeds
 -- its burst because of a refund); the lease, the pending entry (if it is still
 -- this hold's) and the node slot are released (to the node's fair queue first:
--- _queue.lua's grant_slots). The hold record is deleted in the
+-- _grant_freed.lua). The hold record is deleted in the
 -- same step, so a second cancel finds nothing and returns nothing.
 --
 -- Every cancel, of a hold found or not, leaves a tombstone for the hold id
@@ -46,7 +46,7 @@ if h[4] == '1' then redis.call('ZREM', base .. 'inflight:' .. key, hold_id) end
 local node = h[5]
 if node and node ~= '' and redis.call('ZREM', base .. 'slots:' .. node, 'h:' .. hold_id) == 1 then
   -- The freed slot goes to the node's first waiter, if any (SPEC Q1).
-  grant_slots(base, queue_keys(base), node, now)
+  grant_freed_slot(base, node, now)
 end
 local pending_score = tonumber(h[6]) or 0
 if pending_score > 0 then
@@ -57,6 +57,6 @@ if pending_score > 0 then
   end
 end
 -- What came back (tokens, the lease, the pending entry) goes to the key's first
--- per-client waiter, if any (_own_queue.lua).
-grant_own(base, queue_keys(base), key, now)
+-- per-client waiter, if any (_grant_freed.lua).
+grant_freed_room(base, key, now)
 return {1, fmt(client_back), fmt(cluster_back)}

@@ -24,7 +24,7 @@ redis.call('DEL', KEYS[1])
 if exp <= now then return 0 end
 if lease == '1' and redis.call('ZREM', base .. 'inflight:' .. key, hold_id) == 1 then
   -- The released lease goes to the key's first per-client waiter, if any.
-  grant_own(base, queue_keys(base), key, now)
+  grant_freed_room(base, key, now)
 end
 local sandbox_key = base .. 'sandbox:' .. sandbox
 if pending > 0 then
@@ -41,7 +41,7 @@ if node and node ~= '' then
   if previous and previous ~= node
       and redis.call('ZREM', base .. 'slots:' .. previous, 's:' .. sandbox) == 1 then
     -- The sandbox moved: its old node's slot goes to that node's first waiter.
-    grant_slots(base, queue_keys(base), previous, now)
+    grant_freed_slot(base, previous, now)
   end
   local slots = base .. 'slots:' .. node
   redis.call('ZREM', slots, 'h:' .. hold_id)

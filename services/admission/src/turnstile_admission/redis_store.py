@@ -30,18 +30,18 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 QUEUE_SCRIPTS = frozenset({"enqueue.lua", "tick.lua", "claim.lua", "leave.lua"})
 
 #: The scripts that free node slots or a key's room (a lease, a pending entry,
-#: tokens), and grant them to the waiters first (``_queue.lua``'s ``grant_slots``,
-#: ``_own_queue.lua``'s ``grant_own``, SPEC Q1).
-SLOT_FREEING_SCRIPTS = frozenset({"commit_hold.lua", "cancel_hold.lua", "release_sandbox.lua"})
+#: tokens), and grant them to the waiters first (``_grant_freed.lua``, SPEC Q1).
+FREEING_SCRIPTS = frozenset({"commit_hold.lua", "cancel_hold.lua", "release_sandbox.lua"})
+
+#: The fair queue's helpers.
+_QUEUE_HELPERS = ("_queue.lua", "_own_queue.lua")
 
 #: The includes a script needs beyond ``_common.lua``: the decision scripts append
 #: to the decision log (``_decision_log.lua``), the queue's take its helpers.
 INCLUDES: dict[str, tuple[str, ...]] = {
     "admit.lua": ("_decision_log.lua",),
-    "claim.lua": ("_decision_log.lua", "_queue.lua", "_own_queue.lua"),
-    **dict.fromkeys(
-        (QUEUE_SCRIPTS | SLOT_FREEING_SCRIPTS) - {"claim.lua"}, ("_queue.lua", "_own_queue.lua")
-    ),
+    "claim.lua": ("_decision_log.lua", *_QUEUE_HELPERS),
+    **dict.fromkeys(QUEUE_SCRIPTS - {"claim.lua"}, _QUEUE_HELPERS),
 }
 
 
@@ -52,13 +52,27 @@ def script_text(name: str, test_clock: bool = False) -> str:
     ``claim.lua`` is a granted waiter's ``admit.lua``: admit.lua's text, wrapped
     as the function ``admit_body`` (a chunk's ``return`` is then the function's),
     comes before it, so it takes admit.lua's includes too (its decision is logged
-    once, by admit_body: SPEC Q3)."""
+    once, by admit_body: SPEC Q3).
+
+    A script that frees a slot or a key's room (:data:`FREEING_SCRIPTS`, run on
+    every activation) takes the queue's helpers wrapped as the function
+    ``queue_helpers``, called only when there are waiters to grant to
+    (``_grant_freed.lua``): a script's top level makes a closure of every local
+    function on every run."""
     parts = [
         "_common.lua",
         *(["_test_clock.lua"] if test_clock else []),
         *INCLUDES.get(name, ()),
     ]
     texts = [read_script(_PACKAGE, part) for part in parts]
+    if name in FREEING_SCRIPTS:
+        texts += [
+            "local function queue_helpers()",
+            *(read_script(_PACKAGE, part) for part in _QUEUE_HELPERS),
+            "return {queue_keys = queue_keys, grant_slots = grant_slots, grant_own = grant_own}",
+            "end",
+            read_script(_PACKAGE, "_grant_freed.lua"),
+        ]
     if name == "claim.lua":
         texts += ["local function admit_body()", read_script(_PACKAGE, "admit.lua"), "end"]
     texts.append(read_script(_PACKAGE, name))
