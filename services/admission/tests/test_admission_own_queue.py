@@ -19,7 +19,7 @@ from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.eventually import eventually
 
 if TYPE_CHECKING:
-    from conftest import LiveSets
+    from conftest import LiveSets, QueueProbe
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 REFUSED = admission_pb2.DECISION_REFUSED
@@ -50,27 +50,9 @@ def warm(
     return request
 
 
-async def _at_least(redis: aioredis.Redis, prefix: str, count: int) -> bool:
-    return int(await redis.hlen(f"{prefix}{{adm}}:q:info")) >= count
-
-
-async def nothing_queued(redis: aioredis.Redis, prefix: str) -> bool:
-    """No waiter, grant or reservation is left."""
-    keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q*")]
-    bookkeeping = (b":meta", b":vf", b"q:owners", b"q:ownq")
-    reserved = [
-        m
-        for pattern in ("inflight", "pending")
-        for k in [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:{pattern}:*")]
-        for m in await redis.zrange(k, 0, -1)
-        if isinstance(m, bytes) and m.startswith(b"g:")
-    ]
-    return not [k for k in keys if not k.endswith(bookkeeping)] and not reserved
-
-
 @pytest.mark.redis_topologies("single", "cluster")
 async def test_a_burst_of_waiters_never_passes_the_clients_concurrency(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
 ) -> None:
     """12 concurrent calls of one client with a concurrency of 2: each admitted
     call commits (its lease released), letting the next in. A concurrent watcher
@@ -78,15 +60,6 @@ async def test_a_burst_of_waiters_never_passes_the_clients_concurrency(
     running = await start_admission(**settings())
     prefix = running.settings.redis_prefix
     await LimitsStore(redis, prefix).set_key("acme", Limits(concurrency=2))
-    inflight = running.keys.inflight("acme")
-    done = asyncio.Event()
-    most = 0
-
-    async def watch() -> None:
-        nonlocal most
-        while not done.is_set():
-            # Every member (none expires within the test: holds last 60 s).
-            most = max(most, int(await redis.zcard(inflight)))
 
     async def activate(n: int) -> str:
         answer: admission_pb2.AdmitResponse = await running.stub.Admit(
@@ -96,42 +69,32 @@ async def test_a_burst_of_waiters_never_passes_the_clients_concurrency(
         await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=answer.hold_id))
         return str(answer.hold_id)
 
-    watcher = asyncio.create_task(watch())
-    holds = await asyncio.gather(*(activate(n) for n in range(12)))
-    done.set()
-    await watcher
+    burst = asyncio.gather(*(activate(n) for n in range(12)))
+    most, holds = await queue.peak(running.keys.inflight("acme"), burst)
     assert 1 <= most <= 2
     assert len(set(holds)) == 12  # no waiter granted twice
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
 
 
-async def test_fifo_within_a_client(start_admission: Any, redis: aioredis.Redis) -> None:
+async def test_fifo_within_a_client(
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
+) -> None:
     running = await start_admission(**settings())
-    prefix = running.settings.redis_prefix
-    await LimitsStore(redis, prefix).set_key("acme", Limits(concurrency=1))
+    await LimitsStore(redis, queue.prefix).set_key("acme", Limits(concurrency=1))
     first = await running.stub.Admit(warm("sb-first"))
     assert first.decision == ADMITTED
-    order: list[str] = []
 
-    async def activate(n: int) -> str:
-        answer = await running.stub.Admit(warm(f"sb-{n}", 20), timeout=30)
-        assert answer.decision == ADMITTED, answer.message
-        order.append(f"sb-{n}")
-        return str(answer.hold_id)
+    async def commit(hold_id: str) -> None:
+        # Each commit releases the one lease; the next waiter in line gets it.
+        await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=hold_id))
 
-    tasks = []
-    for n in range(6):
-        tasks.append(asyncio.create_task(activate(n)))
-        await eventually(partial(_at_least, redis, prefix, n + 1), what=f"waiter {n} queued")
-    hold = first.hold_id
-    for n in range(6):
-        await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=hold))
-        hold = await tasks[n]
+    requests = [warm(f"sb-{n}", 20) for n in range(6)]
+    order, _ = await queue.served_in_order(running.stub, requests, first.hold_id, commit)
     assert order == [f"sb-{n}" for n in range(6)]
 
 
 async def test_without_queue_per_client_an_own_limit_answers_at_once(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings())
     await LimitsStore(redis, running.settings.redis_prefix).set_key("acme", Limits(concurrency=1))
@@ -144,7 +107,7 @@ async def test_without_queue_per_client_an_own_limit_answers_at_once(
 
 
 async def test_a_waiter_whose_budget_ends_is_refused_and_leaves_nothing(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings())
     prefix = running.settings.redis_prefix
@@ -154,30 +117,30 @@ async def test_a_waiter_whose_budget_ends_is_refused_and_leaves_nothing(
     assert answer.decision == REFUSED
     assert answer.waited.ToMilliseconds() >= 250
     assert "fair queue" in answer.message
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
     await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=first.hold_id))
     assert (await running.stub.Admit(warm("sb-next"))).decision == ADMITTED
 
 
 async def test_a_cap_waiter_is_admitted_when_the_substrate_sees_a_sandbox_go(
-    start_admission: Any, redis: aioredis.Redis, live: LiveSets
+    start_admission: Any, redis: aioredis.Redis, live: LiveSets, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings())
     prefix = running.settings.redis_prefix
     await LimitsStore(redis, prefix).set_key("acme", Limits(cap=1))
     await live.counted("acme", "sb-running")
     call = asyncio.ensure_future(running.stub.Admit(warm("sb-new", 20), timeout=30))
-    await eventually(partial(_at_least, redis, prefix, 1), what="the waiter queued")
+    await eventually(partial(queue.at_least, 1), what="the waiter queued")
     assert not call.done()
     await live.counted("acme")  # sb-running is gone
     answer = await call
     assert answer.decision == ADMITTED, answer.message
     assert answer.HasField("waited")
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
 
 
 async def test_bucket_waiters_are_admitted_as_the_clients_bucket_refills_never_past_it(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings())
     prefix = running.settings.redis_prefix
@@ -200,4 +163,4 @@ async def test_bucket_waiters_are_admitted_as_the_clients_bucket_refills_never_p
     # Each call logged once, with its final decision (SPEC Q3).
     entries: Any = await redis.xrange(running.keys.decisions)
     assert sorted(f[b"sandbox"].decode() for _, f in entries) == [f"sb-{n}" for n in range(8)]
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,6 +17,9 @@ from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.eventually import eventually
+
+if TYPE_CHECKING:
+    from conftest import QueueProbe
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 REFUSED = admission_pb2.DECISION_REFUSED
@@ -49,45 +52,14 @@ def cold(
     return request
 
 
-async def waiters(redis: aioredis.Redis, prefix: str) -> int:
-    return int(await redis.hlen(f"{prefix}{{adm}}:q:info"))
-
-
-async def _at_least(redis: aioredis.Redis, prefix: str, count: int) -> bool:
-    return await waiters(redis, prefix) >= count
-
-
-async def nothing_queued(redis: aioredis.Redis, prefix: str) -> bool:
-    """No waiter, grant, reserved slot or node serving mark is left."""
-    keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q*")]
-    bookkeeping = (b":meta", b":vf", b"q:owners", b"q:slotq")
-    reserved = [
-        m
-        for k in [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:slots:*")]
-        for m in await redis.zrange(k, 0, -1)
-        if isinstance(m, bytes) and m.startswith(b"g:")
-    ]
-    return not [k for k in keys if not k.endswith(bookkeeping)] and not reserved
-
-
 @pytest.mark.redis_topologies("single", "cluster")
 async def test_a_burst_of_waiters_never_holds_more_than_the_nodes_slots(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, queue: QueueProbe
 ) -> None:
     """20 concurrent cold creates for n1's 3 slots: each admitted call commits and
     then stops (ReleaseSandbox), freeing its slot for the next. A concurrent
     watcher reads n1's slots the whole time: never more than 3."""
     running = await start_admission(**settings())
-    prefix = running.settings.redis_prefix
-    slots_key = running.keys.slots("n1")
-    done = asyncio.Event()
-    most = 0
-
-    async def watch() -> None:
-        nonlocal most
-        while not done.is_set():
-            # Every member (none expires within the test: holds last 60 s).
-            most = max(most, int(await redis.zcard(slots_key)))
 
     async def activate(n: int) -> admission_pb2.AdmitResponse:
         request = cold(f"sb-{n}", f"l{n % 3 + 1}", 30)
@@ -97,73 +69,58 @@ async def test_a_burst_of_waiters_never_holds_more_than_the_nodes_slots(
         await running.stub.ReleaseSandbox(admission_pb2.ReleaseSandboxRequest(sandbox_id=f"sb-{n}"))
         return answer
 
-    watcher = asyncio.create_task(watch())
-    answers = await asyncio.gather(*(activate(n) for n in range(20)))
-    done.set()
-    await watcher
+    burst = asyncio.gather(*(activate(n) for n in range(20)))
+    most, answers = await queue.peak(running.keys.slots("n1"), burst)
     assert 1 <= most <= SLOTS
     assert len({a.hold_id for a in answers}) == 20  # no waiter granted twice
     assert {a.node for a in answers} == {"n1"}
     assert sum(a.HasField("waited") for a in answers) >= 20 - SLOTS
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
 
 
-async def test_fifo_within_a_client(start_admission: Any, redis: aioredis.Redis) -> None:
+async def test_fifo_within_a_client(start_admission: Any, queue: QueueProbe) -> None:
     running = await start_admission(**settings(slots=1))
-    prefix = running.settings.redis_prefix
     first = await running.stub.Admit(cold("sb-first"))
     assert first.decision == ADMITTED
-    order: list[str] = []
 
-    async def activate(n: int) -> str:
-        answer = await running.stub.Admit(cold(f"sb-{n}", wait_s=20), timeout=30)
-        assert answer.decision == ADMITTED, answer.message
-        order.append(f"sb-{n}")
-        return str(answer.hold_id)
+    async def cancel(hold_id: str) -> None:
+        # Each cancel frees the one slot; the next waiter in line gets it.
+        await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=hold_id))
 
-    tasks = []
-    for n in range(6):
-        tasks.append(asyncio.create_task(activate(n)))
-        await eventually(partial(_at_least, redis, prefix, n + 1), what=f"waiter {n} queued")
-    # Each cancel frees the one slot; the next waiter in line gets it.
-    hold = first.hold_id
-    for n in range(6):
-        await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=hold))
-        hold = await tasks[n]
+    requests = [cold(f"sb-{n}", wait_s=20) for n in range(6)]
+    order, last = await queue.served_in_order(running.stub, requests, first.hold_id, cancel)
     assert order == [f"sb-{n}" for n in range(6)]
-    await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=hold))
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    await cancel(last)
+    assert await eventually(queue.empty)
 
 
 async def test_a_waiter_whose_budget_ends_is_refused_and_leaves_nothing(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings(slots=1))
-    prefix = running.settings.redis_prefix
     first = await running.stub.Admit(cold("sb-first"))
     answer = await running.stub.Admit(cold("sb-late", wait_s=0.3), timeout=5)
     assert answer.decision == REFUSED
     assert answer.waited.ToMilliseconds() >= 250
     assert answer.queue_position == 1
     assert "fair queue" in answer.message
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
     # The slot, freed, is anyone's at once: no waiter holds it.
     await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=first.hold_id))
     assert (await running.stub.Admit(cold("sb-next"))).decision == ADMITTED
 
 
 async def test_a_cancelled_waiter_of_two_nodes_releases_everything(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings(slots=1))
-    prefix = running.settings.redis_prefix
     both = ("n1", "n2")
     holders = [await running.stub.Admit(cold(f"sb-{n}", nodes=both)) for n in range(2)]
     assert [h.node for h in holders] == ["n1", "n2"]
     call = running.stub.Admit(cold("sb-waiting", wait_s=30, nodes=both), timeout=40)
-    await eventually(partial(_at_least, redis, prefix, 1), what="queued")
+    await eventually(partial(queue.at_least, 1), what="queued")
     call.cancel()
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
     for holder in holders:
         await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=holder.hold_id))
     # Both slots are free and no one waits: two calls without a budget take them.
@@ -172,7 +129,7 @@ async def test_a_cancelled_waiter_of_two_nodes_releases_everything(
 
 
 async def test_a_dead_replicas_slot_waiters_are_dropped_and_the_rest_served(
-    start_admission: Any, redis: aioredis.Redis
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
 ) -> None:
     running = await start_admission(**settings(slots=1))
     prefix = running.settings.redis_prefix
@@ -183,12 +140,12 @@ async def test_a_dead_replicas_slot_waiters_are_dropped_and_the_rest_served(
         await dead.enqueue(f"dead-{n}", "acme", "dead-replica", 30_000, 600_000, [("n1", 1)])
     await redis.zadd(f"{prefix}{{adm}}:q:owners", {"dead-replica": 0})  # its lease is over
     call = asyncio.ensure_future(running.stub.Admit(cold("sb-live", "l1", 10), timeout=15))
-    await eventually(partial(_at_least, redis, prefix, 4), what="the live waiter queued")
+    await eventually(partial(queue.at_least, 4), what="the live waiter queued")
     await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=first.hold_id))
     answer = await call
     assert answer.decision == ADMITTED, answer.message
     await running.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=answer.hold_id))
-    assert await eventually(lambda: nothing_queued(redis, prefix))
+    assert await eventually(queue.empty)
 
 
 async def test_slots_and_a_client_limit_refusing_together_answer_at_once(
