@@ -92,6 +92,11 @@ async def test_fifo_within_a_client(start_admission: Any, queue: QueueProbe) -> 
     assert order == [f"sb-{n}" for n in range(6)]
     await cancel(last)
     assert await eventually(queue.empty)
+    # Each call is logged once, with its final decision: the refusals it waited
+    # out are not (SPEC Q3).
+    entries: Any = await queue.redis.xrange(running.keys.decisions)
+    logged = [(f[b"sandbox"].decode(), f[b"kind"].decode()) for _, f in entries]
+    assert logged == [("sb-first", "admitted"), *((f"sb-{n}", "admitted") for n in range(6))]
 
 
 async def test_a_waiter_whose_budget_ends_is_refused_and_leaves_nothing(
