@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 import redis.asyncio as aioredis
@@ -16,6 +16,9 @@ import redis.asyncio as aioredis
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_testing.eventually import eventually
 from turnstile_testing.service_process import ServiceProcess
+
+if TYPE_CHECKING:
+    from conftest import QueueProbe
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 QUEUE = {"tick_interval_s": 0.01, "owner_ttl_s": 0.5, "claim_ttl_s": 0.5}
@@ -79,3 +82,68 @@ async def test_a_killed_replicas_waiters_are_dropped_and_the_others_served(
 
 async def _waiting(redis: aioredis.Redis, prefix: str, count: int) -> bool:
     return int(await redis.hlen(f"{prefix}{{adm}}:q:info")) >= count
+
+
+def cold(sandbox_id: str, client_id: str, wait_s: float) -> admission_pb2.AdmitRequest:
+    request = warm(sandbox_id, client_id, wait_s)
+    request.kind = common_pb2.ACTIVATION_KIND_COLD_CREATE
+    request.candidate_nodes.append("n1")
+    return request
+
+
+async def test_a_killed_replicas_slot_waiters_are_dropped_and_the_slot_served(
+    start_admission: Any,
+    redis: aioredis.Redis,
+    redis_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+    queue: QueueProbe,
+) -> None:
+    """Node-slot waiters (SPEC Q1): the victim's four wait for n1's one slot; after
+    the kill, the slot that frees ends with the survivor's waiter, and when it
+    frees again the victim's, at the head, are dropped, never granted: no entry
+    and no reserved slot is left."""
+    clients = ("dead", "alive", "acme")
+    slots = {"per_node": {"n1": 1}}
+    env = {
+        "TURNSTILE_REDIS_URL": redis_url,
+        "TURNSTILE_REDIS_PREFIX": redis_prefix,
+        "TURNSTILE_CLIENT_ALLOWLIST": json.dumps(clients),
+        "TURNSTILE_SLOTS": json.dumps(slots),
+        "TURNSTILE_QUEUE": json.dumps(QUEUE),
+    }
+    victim = await ServiceProcess("turnstile_admission", env, tmp_path / "victim.log").start()
+    channel = grpc.aio.insecure_channel(victim.address)
+    stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
+    try:
+        first = await stub.Admit(cold("sb-0", "acme", 0))
+        assert first.decision == ADMITTED
+        calls = [stub.Admit(cold(f"dead-{n}", "dead", 30), timeout=40) for n in range(4)]
+        await eventually(lambda: _waiting(redis, redis_prefix, 4), what="the victim's waiters")
+        victim.kill()
+        for call in calls:
+            call.cancel()
+    finally:
+        await channel.close(None)
+        victim.kill()
+
+    survivor = await start_admission(client_allowlist=clients, slots=slots, queue=QUEUE)
+    waiting = asyncio.ensure_future(survivor.stub.Admit(cold("alive-0", "alive", 10), timeout=15))
+    await eventually(lambda: _waiting(redis, redis_prefix, 5), what="the survivor's waiter")
+    await survivor.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=first.hold_id))
+    answer = await waiting
+    assert answer.decision == ADMITTED, answer.message
+    assert answer.node == "n1"
+    # The slot frees again: the victim's waiters, now at the head, are dropped
+    # (their replica's lease is over), never granted: nothing is reserved, and
+    # nothing of them is left.
+    owners = f"{redis_prefix}{{adm}}:q:owners"
+    await eventually(lambda: _one_owner(redis, owners), what="the victim's lease over")
+    await survivor.stub.CancelHold(admission_pb2.CancelHoldRequest(hold_id=answer.hold_id))
+    assert await eventually(queue.empty, timeout_s=10)
+    assert await redis.zrange(survivor.keys.slots("n1"), 0, -1) == []
+
+
+async def _one_owner(redis: aioredis.Redis, owners: str) -> bool:
+    """Only one replica's lease is left (the survivor's ticks drop expired ones)."""
+    return int(await redis.zcard(owners)) == 1
