@@ -164,3 +164,18 @@ async def test_bucket_waiters_are_admitted_as_the_clients_bucket_refills_never_p
     entries: Any = await redis.xrange(running.keys.decisions)
     assert sorted(f[b"sandbox"].decode() for _, f in entries) == [f"sb-{n}" for n in range(8)]
     assert await eventually(queue.empty)
+
+
+async def test_a_cancelled_waiter_releases_everything(
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
+) -> None:
+    running = await start_admission(**settings())
+    await LimitsStore(redis, queue.prefix).set_key("acme", Limits(concurrency=1))
+    first = await running.stub.Admit(warm("sb-first"))
+    call = running.stub.Admit(warm("sb-waiting", 30), timeout=40)
+    await eventually(partial(queue.at_least, 1), what="queued")
+    call.cancel()
+    assert await eventually(queue.empty)
+    # The lease released, a call without a budget takes it: nothing was kept.
+    await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=first.hold_id))
+    assert (await running.stub.Admit(warm("sb-next"))).decision == ADMITTED
