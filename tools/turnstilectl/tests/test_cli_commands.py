@@ -60,7 +60,11 @@ class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
             await abort(context, bad_field("sandbox_id", "must be a label value"))
         if request.sandbox_id.startswith("wait"):  # echoes the wait budget as the wait
             return substrate_pb2.ActivateResponse(
-                sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
+                sandbox=substrate_pb2.Sandbox(
+                    # and queue_per_client as the tier
+                    sandbox_id=request.sandbox_id,
+                    tier="per-client" if request.queue_per_client else "",
+                ),
                 outcome=substrate_pb2.OUTCOME_CREATED,
                 waited=request.wait_budget if request.HasField("wait_budget") else None,
             )
@@ -297,6 +301,21 @@ async def test_admit_queue_per_client_asks_to_wait_for_the_clients_own_limits(
     assert "own limits" not in out
     code, _ = await _cli(
         capsys, servers[0], "admit", "sb-1", "--client", "acme", "--queue-per-client"
+    )
+    assert code == 2  # a usage error: nothing to wait with
+
+
+async def test_activate_queue_per_client_is_sent_with_the_budget(
+    servers: tuple[dict[str, str], Affinity], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("activate", "wait-q", "--client", "a", "--wait", "1s", "--json")
+    code, out = await _cli(capsys, servers[0], *args, "--queue-per-client")
+    assert code == 0, out
+    assert json.loads(out)["sandbox"]["tier"] == "per-client"
+    code, out = await _cli(capsys, servers[0], *args)
+    assert json.loads(out)["sandbox"]["tier"] == ""
+    code, _ = await _cli(
+        capsys, servers[0], "activate", "wait-q", "--client", "a", "--queue-per-client"
     )
     assert code == 2  # a usage error: nothing to wait with
 

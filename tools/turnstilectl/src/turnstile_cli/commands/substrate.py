@@ -23,6 +23,9 @@ OUTCOME_STYLES = {
 
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
+    if args.queue_per_client and args.wait <= 0:
+        ctx.out.failure("--queue-per-client needs a --wait budget")
+        return Exit.USAGE
     async with ctx.client("substrate") as client:
         response = await client.activate(
             args.sandbox_id,
@@ -30,6 +33,7 @@ async def _activate(args: argparse.Namespace, ctx: Context) -> int:
             tier=args.tier,
             dry_run=args.dry_run,
             wait_s=args.wait,
+            queue_per_client=args.queue_per_client,
         )
     ctx.out.emit(proto_dict(response), lambda console: render_activate(console, response))
     return Exit.OK
