@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,46 @@ def warm(sandbox_id: str, client_id: str, wait_s: float) -> admission_pb2.AdmitR
     return request
 
 
+@dataclass
+class Victim:
+    """An admission process that is SIGKILLed with waiters in the queue."""
+
+    redis: aioredis.Redis
+    redis_url: str
+    prefix: str
+    clients: tuple[str, ...]
+    tmp_path: Path
+
+    async def kill_with_waiters(
+        self, env: dict[str, str], request: Callable[[str, str, float], admission_pb2.AdmitRequest]
+    ) -> admission_pb2.AdmitResponse:
+        """Start it, admit ``sb-0`` for ``acme`` (taking what the waiters then wait
+        for), queue four calls of client ``dead``, and SIGKILL it; the first answer."""
+        env = {
+            "TURNSTILE_REDIS_URL": self.redis_url,
+            "TURNSTILE_REDIS_PREFIX": self.prefix,
+            "TURNSTILE_CLIENT_ALLOWLIST": json.dumps(self.clients),
+            "TURNSTILE_QUEUE": json.dumps(QUEUE),
+            **env,
+        }
+        victim = ServiceProcess("turnstile_admission", env, self.tmp_path / "victim.log")
+        await victim.start()
+        channel = grpc.aio.insecure_channel(victim.address)
+        stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
+        try:
+            first: admission_pb2.AdmitResponse = await stub.Admit(request("sb-0", "acme", 0))
+            assert first.decision == ADMITTED
+            calls = [stub.Admit(request(f"dead-{n}", "dead", 30), timeout=40) for n in range(4)]
+            await eventually(lambda: _waiting(self.redis, self.prefix, 4), what="the waiters")
+            victim.kill()
+            for call in calls:
+                call.cancel()
+        finally:
+            await channel.close(None)
+            victim.kill()
+        return first
+
+
 async def queue_is_empty(redis: aioredis.Redis, prefix: str) -> bool:
     keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q:*")]
     return not [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners"))]
@@ -44,26 +86,11 @@ async def test_a_killed_replicas_waiters_are_dropped_and_the_others_served(
 ) -> None:
     clients = ("dead", "alive", "acme")
     env = {
-        "TURNSTILE_REDIS_URL": redis_url,
-        "TURNSTILE_REDIS_PREFIX": redis_prefix,
-        "TURNSTILE_CLIENT_ALLOWLIST": json.dumps(clients),
         "TURNSTILE_RATE__CLUSTER_RATE_PER_S": "0.001",  # nothing refills while they queue
         "TURNSTILE_RATE__CLUSTER_BURST": "1",
-        "TURNSTILE_QUEUE": json.dumps(QUEUE),
     }
-    victim = await ServiceProcess("turnstile_admission", env, tmp_path / "victim.log").start()
-    channel = grpc.aio.insecure_channel(victim.address)
-    stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
-    try:
-        assert (await stub.Admit(warm("sb-0", "acme", 0))).decision == ADMITTED
-        calls = [stub.Admit(warm(f"dead-{n}", "dead", 30), timeout=40) for n in range(4)]
-        await eventually(lambda: _waiting(redis, redis_prefix, 4), what="the victim's waiters")
-        victim.kill()
-        for call in calls:
-            call.cancel()
-    finally:
-        await channel.close(None)
-        victim.kill()
+    victim = Victim(redis, redis_url, redis_prefix, clients, tmp_path)
+    await victim.kill_with_waiters(env, warm)
 
     survivor = await start_admission(
         client_allowlist=clients,
@@ -105,27 +132,8 @@ async def test_a_killed_replicas_slot_waiters_are_dropped_and_the_slot_served(
     and no reserved slot is left."""
     clients = ("dead", "alive", "acme")
     slots = {"per_node": {"n1": 1}}
-    env = {
-        "TURNSTILE_REDIS_URL": redis_url,
-        "TURNSTILE_REDIS_PREFIX": redis_prefix,
-        "TURNSTILE_CLIENT_ALLOWLIST": json.dumps(clients),
-        "TURNSTILE_SLOTS": json.dumps(slots),
-        "TURNSTILE_QUEUE": json.dumps(QUEUE),
-    }
-    victim = await ServiceProcess("turnstile_admission", env, tmp_path / "victim.log").start()
-    channel = grpc.aio.insecure_channel(victim.address)
-    stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
-    try:
-        first = await stub.Admit(cold("sb-0", "acme", 0))
-        assert first.decision == ADMITTED
-        calls = [stub.Admit(cold(f"dead-{n}", "dead", 30), timeout=40) for n in range(4)]
-        await eventually(lambda: _waiting(redis, redis_prefix, 4), what="the victim's waiters")
-        victim.kill()
-        for call in calls:
-            call.cancel()
-    finally:
-        await channel.close(None)
-        victim.kill()
+    victim = Victim(redis, redis_url, redis_prefix, clients, tmp_path)
+    first = await victim.kill_with_waiters({"TURNSTILE_SLOTS": json.dumps(slots)}, cold)
 
     survivor = await start_admission(client_allowlist=clients, slots=slots, queue=QUEUE)
     waiting = asyncio.ensure_future(survivor.stub.Admit(cold("alive-0", "alive", 10), timeout=15))

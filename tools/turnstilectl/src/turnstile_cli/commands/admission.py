@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnstile_cli.clients import client_from_args, describe
+from turnstile_cli.commands.base import queue_per_client_without_wait
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, retry_text, when
@@ -42,8 +43,7 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     if args.dry_run and (args.commit or args.cancel):
         ctx.out.failure("a --dry-run takes no hold to --commit or --cancel")
         return Exit.USAGE
-    if args.queue_per_client and args.wait <= 0:
-        ctx.out.failure("--queue-per-client needs a --wait budget")
+    if queue_per_client_without_wait(args, ctx):
         return Exit.USAGE
     request = admission_pb2.AdmitRequest(
         sandbox_id=args.sandbox_id,

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnstile_cli.clients import client_from_args
+from turnstile_cli.commands.base import queue_per_client_without_wait
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, when
@@ -23,8 +24,7 @@ OUTCOME_STYLES = {
 
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
-    if args.queue_per_client and args.wait <= 0:
-        ctx.out.failure("--queue-per-client needs a --wait budget")
+    if queue_per_client_without_wait(args, ctx):
         return Exit.USAGE
     async with ctx.client("substrate") as client:
         response = await client.activate(
