@@ -15,11 +15,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from turnstile_clientkeys.limits import Limits, LimitsStore
+from turnstile_clientkeys.live_counts import COUNTED
+from turnstile_clientkeys.live_store import Change, LiveStore, Op
 from turnstile_contracts import admission_pb2, common_pb2
 from turnstile_testing.eventually import eventually
 
 if TYPE_CHECKING:
-    from conftest import LiveSets, QueueProbe
+    from conftest import QueueProbe
 
 ADMITTED = admission_pb2.DECISION_ADMITTED
 REFUSED = admission_pb2.DECISION_REFUSED
@@ -123,16 +125,19 @@ async def test_a_waiter_whose_budget_ends_is_refused_and_leaves_nothing(
 
 
 async def test_a_cap_waiter_is_admitted_when_the_substrate_sees_a_sandbox_go(
-    start_admission: Any, redis: aioredis.Redis, live: LiveSets, queue: QueueProbe
+    start_admission: Any, redis: aioredis.Redis, queue: QueueProbe
 ) -> None:
+    """The live set is written by the substrate leader's own script (LiveStore,
+    live_publish.lua): a sandbox it sees go makes room under the cap, and the
+    waiter is admitted (SPEC Q1, S4)."""
     running = await start_admission(**settings())
-    prefix = running.settings.redis_prefix
-    await LimitsStore(redis, prefix).set_key("acme", Limits(cap=1))
-    await live.counted("acme", "sb-running")
+    await LimitsStore(redis, queue.prefix).set_key("acme", Limits(cap=1))
+    leader = LiveStore(redis, queue.prefix, state_ttl_s=60)
+    await leader.write(1, [Change(Op.SET, "sb-running", "acme")], COUNTED)
     call = asyncio.ensure_future(running.stub.Admit(warm("sb-new", 20), timeout=30))
     await eventually(partial(queue.at_least, 1), what="the waiter queued")
     assert not call.done()
-    await live.counted("acme")  # sb-running is gone
+    await leader.write(1, [Change(Op.DEL, "sb-running", "acme")], COUNTED, continuing=True)
     answer = await call
     assert answer.decision == ADMITTED, answer.message
     assert answer.HasField("waited")
