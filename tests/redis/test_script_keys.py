@@ -28,7 +28,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from turnstile_admission.policies import CapSettings, PolicyName
-from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
+from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, OwnLimits
 from turnstile_admission.redis_store import script_text as admission_script
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_affinity.store import SCRIPTS as AFFINITY_SCRIPTS
@@ -67,7 +67,15 @@ ADMISSION = (
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
-PRELUDES = {"_common", "_test_clock", "_lib", "_decision_log", "_queue"}
+PRELUDES = {
+    "_common",
+    "_test_clock",
+    "_lib",
+    "_decision_log",
+    "_queue",
+    "_own_queue",
+    "_grant_freed",
+}
 
 #: Every script's full text, by the name the report uses.
 SCRIPTS: dict[str, str] = {
@@ -81,22 +89,26 @@ SCRIPTS: dict[str, str] = {
 #: touch without declaring, because it learns them by reading. Affinity's scripts
 #: prune expired leases and presence of any sandbox (leases:, presence:, load:own:, load:tier:).
 _PRUNE = {"leases", "presence", "load"}
-#: The fair queue's keys (``q:...``, ``_queue.lua``) and its fairness counts
-#: (``fairness:<window>``) are built from the limits key's base, in admission's
-#: slot: admit.lua reads ``q:serving`` (SPEC Q1).
-_QUEUE = {"q", "fairness"}
+#: The fair queue's keys (``q:...``, and a node's slot queue ``qn:<node>:...``,
+#: ``_queue.lua``) and its fairness counts (``fairness:<window>``) are built from
+#: the limits key's base, in admission's slot: admit.lua reads ``q:serving`` and a
+#: free node's ``qn:<node>:serving``; the scripts that grant read and reserve what
+#: they grant: the nodes' slots, and a key's lease, pending entry and tokens under
+#: its limits and live count (SPEC Q1).
+_QUEUE = {"q", "qn", "fairness"}
+_GRANTS = _QUEUE | {"slots", "limits", "inflight", "pending", "bucket", "live", "live-state"}
 DERIVED: dict[str, set[str]] = {
     "admission/admit": _QUEUE,
-    "admission/enqueue": _QUEUE,
-    "admission/tick": _QUEUE,
-    "admission/claim": _QUEUE,
-    "admission/leave": _QUEUE,
+    "admission/enqueue": _GRANTS,
+    "admission/tick": _GRANTS,
+    "admission/claim": _GRANTS,
+    "admission/leave": _GRANTS,
     "admission/reserve_warm": _QUEUE,
     "admission/fairness": _QUEUE,
     "admission/peek": _QUEUE,
-    "admission/commit_hold": {"inflight", "sandbox", "slots"},
-    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"},
-    "admission/release_sandbox": {"pending", "slots"},
+    "admission/commit_hold": {"inflight", "sandbox", "slots"} | _GRANTS,
+    "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"} | _GRANTS,
+    "admission/release_sandbox": {"pending", "slots"} | _GRANTS,
     "affinity/place": _PRUNE | {"detached", "wake"},
     "affinity/prepare": _PRUNE | {"detached", "wake"},
     "affinity/claim": _PRUNE,
@@ -253,13 +265,39 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert (await store.admit(admit("h4", "sb-4", "n1"), claim="w1")).outcome == "admit"
     assert (await store.enqueue("w2", "acme", "replica-1", budget_ms=10_000, ttl_ms=60_000)).queued
     assert (await store.leave("w2"))[0]
+    # A slot waiter: n3's one slot is taken, a waiter joins its queue, the cancel
+    # that frees the slot grants it, the claim takes it; another waiter is
+    # granted by a release and leaves, passing the slot on to no one.
+    n3 = [("n3", 1)]
+    assert (await store.admit(AdmitArgs("h5", "acme", "sb-5", modes, nodes=n3))).outcome == "admit"
+    assert await store.commit("h5")
+    for waiter in ("w3", "w4"):
+        joined = await store.enqueue(waiter, "acme", "replica-1", 10_000, 60_000, n3)
+        assert joined.queued
+    assert await store.release("sb-5")
+    assert "w3" in (await store.tick("replica-1")).granted
+    claimed = await store.admit(AdmitArgs("h6", "acme", "sb-6", modes, nodes=n3), claim="w3")
+    assert claimed.outcome == "admit"
+    assert (await store.cancel("h6")).cancelled
+    assert (await store.leave("w4"))[0]
+    # Per-client waiters (queue_per_client), granted as they join (acme has
+    # room under its concurrency and bucket): one claims, one leaves with its
+    # grant; commit and cancel look for the key's waiters.
+    own = OwnLimits(cap=False, concurrency=True, rate=True)
+    for waiter in ("w5", "w6"):
+        joined = await store.enqueue(waiter, "acme", "replica-1", 10_000, 60_000, own=own)
+        assert joined.queued
+    assert {"w5", "w6"} <= set((await store.tick("replica-1")).granted)
+    assert (await store.admit(admit("h7", "sb-7", "n1"), claim="w5")).outcome == "admit"
+    assert await store.commit("h7")
+    assert (await store.leave("w6"))[0]
     # The warm-pool refill (SPEC W3): a warm pod's reservation, committed, released
     # when the pod goes; a claim of a paid warm pod gives its cluster token back.
-    assert (await store.reserve_warm("h5", "warm-a", [("n1", 5)])).outcome == "reserved"
-    assert await store.commit("h5")
+    assert (await store.reserve_warm("h8", "warm-a", [("n1", 5)])).outcome == "reserved"
+    assert await store.commit("h8")
     assert await store.release("warm-a")
-    assert (await store.admit(admit("h6", "sb-6", "n1"))).outcome == "admit"
-    assert (await store.commit_answer("h6", prepaid=True)).committed
+    assert (await store.admit(admit("h9", "sb-9", "n1"))).outcome == "admit"
+    assert (await store.commit_answer("h9", prepaid=True)).committed
     assert await store.fairness_counts()
     assert (await store.peek("acme")).position >= 1
 

@@ -7,7 +7,8 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -21,6 +22,7 @@ from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.server import GrpcService
+from turnstile_testing.eventually import eventually
 from turnstile_testing.proxies import ReplyHoldingProxy
 from turnstile_testing.redis_topologies import single_server_port
 
@@ -269,3 +271,89 @@ def fault_settings() -> Callable[[float, float], dict[str, Any]]:
     """Settings of the fault tests, given the Redis budget and the hold and pending
     TTLs: every policy out of the way but its fail mode (node slots fail closed)."""
     return _fault_settings
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class QueueProbe:
+    """The fair queue's state in Redis as the queue tests read it (SPEC Q1), and
+    the FIFO check the slot and per-client tests share."""
+
+    redis: aioredis.Redis
+    prefix: str
+
+    async def waiters(self) -> int:
+        return int(await self.redis.hlen(f"{self.prefix}{{adm}}:q:info"))
+
+    async def at_least(self, count: int) -> bool:
+        return await self.waiters() >= count
+
+    async def empty(self) -> bool:
+        """No waiter, grant, serving mark or reservation (``g:<waiter>`` in a
+        node's slots, a key's leases or pending entries) is left; the queue's
+        bookkeeping (virtual times, owners, settings) outlives its waiters."""
+        keys = [k async for k in self.redis.scan_iter(match=f"{self.prefix}{{adm}}:q*")]
+        bookkeeping = (b":meta", b":vf", b"q:owners", b"q:slotq", b"q:ownq")
+        if [k for k in keys if not k.endswith(bookkeeping)]:
+            return False
+        for kind in ("slots", "inflight", "pending"):
+            async for key in self.redis.scan_iter(match=f"{self.prefix}{{adm}}:{kind}:*"):
+                members = await self.redis.zrange(key, 0, -1)
+                if any(isinstance(m, bytes) and m.startswith(b"g:") for m in members):
+                    return False
+        return True
+
+    async def peak(self, key: str, work: Awaitable[T]) -> tuple[int, T]:
+        """The most members the sorted set ``key`` had while ``work`` ran (read by
+        a concurrent watcher, every member counted: the tests' holds outlive
+        them), and what ``work`` returned."""
+        done = asyncio.Event()
+        most = 0
+
+        async def watch() -> None:
+            nonlocal most
+            while not done.is_set():
+                most = max(most, int(await self.redis.zcard(key)))
+
+        watcher = asyncio.create_task(watch())
+        try:
+            result = await work
+        finally:
+            done.set()
+            await watcher
+        return most, result
+
+    async def served_in_order(
+        self,
+        stub: Any,
+        requests: list[admission_pb2.AdmitRequest],
+        hold_id: str,
+        settle: Callable[[str], Awaitable[object]],
+    ) -> tuple[list[str], str]:
+        """Queue ``requests`` one after the other (each joined before the next is
+        sent), then ``settle`` the hold in the way (``hold_id``) and each admitted
+        one in turn, freeing room for one waiter at a time. Returns the sandboxes
+        in the order they were admitted, and the last one's hold (left held)."""
+        order: list[str] = []
+
+        async def call(request: admission_pb2.AdmitRequest) -> str:
+            answer = await stub.Admit(request, timeout=30)
+            assert answer.decision == admission_pb2.DECISION_ADMITTED, answer.message
+            order.append(request.sandbox_id)
+            return str(answer.hold_id)
+
+        tasks = []
+        for n, request in enumerate(requests):
+            tasks.append(asyncio.create_task(call(request)))
+            await eventually(partial(self.at_least, n + 1), what=f"waiter {n} queued")
+        for task in tasks:
+            await settle(hold_id)
+            hold_id = await task
+        return order, hold_id
+
+
+@pytest.fixture
+def queue(redis: aioredis.Redis, redis_prefix: str) -> QueueProbe:
+    return QueueProbe(redis, redis_prefix)

@@ -333,9 +333,27 @@ async def test_a_wait_budget_reaches_admission_bounded_by_the_deadline(
     [admit] = harness.admission.admits
     budget = admit.wait_budget.ToMilliseconds() / 1000
     assert 7.0 < budget <= 8.0  # 10 s deadline less the 2 s margin, not 30 s
+    assert not admit.queue_per_client
     # Without a budget, admission is asked to answer at once.
     await harness.activate("sb-2", "acme")
     assert not harness.admission.admits[1].HasField("wait_budget")
+
+
+async def test_queue_per_client_reaches_admission_with_the_budget(
+    migrated_url: str, start_service: StartService
+) -> None:
+    """SPEC Q1: an Activate that asks to wait for its client's own limits too
+    asks admission so; without a budget there is nothing to wait with."""
+    harness = await start_service(migrated_url)
+    for sandbox_id, budget in (("sb-1", Duration(seconds=5)), ("sb-2", None)):
+        request = substrate_pb2.ActivateRequest(
+            sandbox_id=sandbox_id,
+            client=common_pb2.ActivationClient(client_id="acme"),
+            wait_budget=budget,
+            queue_per_client=True,
+        )
+        await harness.stub.Activate(request, timeout=30)
+    assert [a.queue_per_client for a in harness.admission.admits] == [True, False]
 
 
 async def test_an_activate_that_waited_says_how_long(

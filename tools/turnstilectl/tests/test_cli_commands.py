@@ -60,7 +60,11 @@ class Substrate(substrate_pb2_grpc.SubstrateServiceServicer):
             await abort(context, bad_field("sandbox_id", "must be a label value"))
         if request.sandbox_id.startswith("wait"):  # echoes the wait budget as the wait
             return substrate_pb2.ActivateResponse(
-                sandbox=substrate_pb2.Sandbox(sandbox_id=request.sandbox_id),
+                sandbox=substrate_pb2.Sandbox(
+                    # and queue_per_client as the tier
+                    sandbox_id=request.sandbox_id,
+                    tier="per-client" if request.queue_per_client else "",
+                ),
                 outcome=substrate_pb2.OUTCOME_CREATED,
                 waited=request.wait_budget if request.HasField("wait_budget") else None,
                 queue_position=2 if request.HasField("wait_budget") else 0,
@@ -175,7 +179,8 @@ class Admission(admission_pb2_grpc.AdmissionServiceServicer):
                 key=common_pb2.BoundedKey(key="acme", kind=common_pb2.KEY_KIND_OWN),
                 refused_by=admission_pb2.POLICY_RATE,
                 retry_after=duration_pb2.Duration(nanos=20_000_000),
-                message="refused by rate; waited in the fair queue",
+                message="refused by rate; waited in the fair queue"
+                + ("; for the client's own limits too" if request.queue_per_client else ""),
                 waited=request.wait_budget,
                 queue_position=3,
                 estimated_wait=duration_pb2.Duration(nanos=600_000_000),
@@ -287,6 +292,30 @@ async def test_admit_wait_shows_the_wait_position_and_estimate(
     assert code == 3, out
     assert "2.000s in the fair queue" in out
     assert "3 when it joined, estimated 0.600s" in out
+
+
+@pytest.mark.parametrize(
+    ("command", "sandbox", "sent"),
+    [
+        # The stand-ins say it arrived: admission in its message, substrate as the tier.
+        ("admit", "sb-1", "for the client's own limits too"),
+        ("activate", "wait-q", "per-client"),
+    ],
+)
+async def test_queue_per_client_is_sent_with_the_wait_budget(
+    servers: tuple[dict[str, str], Affinity],
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    sandbox: str,
+    sent: str,
+) -> None:
+    args = (command, sandbox, "--client", "acme", "--json")
+    _, out = await _cli(capsys, servers[0], *args, "--wait", "1s", "--queue-per-client")
+    assert sent in out
+    _, out = await _cli(capsys, servers[0], *args, "--wait", "1s")
+    assert sent not in out
+    code, _ = await _cli(capsys, servers[0], *args, "--queue-per-client")
+    assert code == 2  # a usage error: nothing to wait with
 
 
 async def test_activate_wait_sends_the_budget_and_shows_the_wait(

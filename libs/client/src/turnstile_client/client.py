@@ -189,6 +189,7 @@ class TurnstileClient:
         dry_run: bool = False,
         deadline_s: float | None = None,
         wait_s: float = 0.0,
+        queue_per_client: bool = False,
     ) -> substrate_pb2.ActivateResponse:
         """Make the sandbox's runtime exist, charged to ``client``: a client id, or
         any form of ``ActivationClient`` (``inherit``, ``native``, ``unattributed``).
@@ -197,7 +198,8 @@ class TurnstileClient:
         any other error.
 
         ``wait_s`` > 0: wait up to that long in admission's fair queue when only a
-        shared resource refuses (the default deadline grows by it)."""
+        shared resource refuses (the default deadline grows by it), or with
+        ``queue_per_client`` when only the client's own limits do."""
         stub = _need(self._substrate, "substrate")
         request = substrate_pb2.ActivateRequest(
             sandbox_id=sandbox_id,
@@ -209,6 +211,7 @@ class TurnstileClient:
         )
         if wait_s > 0:
             request.wait_budget.FromMilliseconds(round(wait_s * 1000))
+            request.queue_per_client = queue_per_client
             if deadline_s is None:
                 deadline_s = self.deadline_s + wait_s
         response: substrate_pb2.ActivateResponse = await self._call(

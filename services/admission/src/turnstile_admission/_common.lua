@@ -111,3 +111,7 @@ local function fmt(x) return string.format('%.17g', x) end
 -- True only inside claim.lua: the decision is a granted waiter's, whose tokens the
 -- fair queue handed back to the cluster bucket for it (admit.lua's queue check).
 local queue_claim = false
+
+-- Inside claim.lua, for a granted slot waiter: the node whose slot the fair queue
+-- reserved for it (SPEC Q1), which its decision may take past the node's queue.
+local slot_claim = false

@@ -20,7 +20,9 @@
 --       key's kind, key-set version, activation kind, the wait in the fair
 --       queue so far in ms (empty: the call did not wait),
 --       defer (1: the call may wait in the fair queue, SPEC Q1: a refusal only
---       the cluster bucket made is not logged; the wait's final decision is),
+--       the cluster bucket, or only node slots, made is not logged; the wait's
+--       final decision is; 2: as 1, and a refusal only the key's own limits
+--       made too: the call waits in its key's own queue),
 --       n, then n pairs (node name, slot capacity).
 -- Returns: {outcome, now_ms, hold_expires_ms, node,
 --           then per policy in order slots, concurrency, cap, rate:
@@ -52,7 +54,7 @@ local log_max, log_age = num(), num()
 local dry = num() == 1
 local trace_id, sampled, identity, client = str(), str(), str(), str()
 local key_kind, key_version, activation, waited = str(), str(), str(), str()
-local defer = num() == 1
+local defer = num()
 local nodes = {}
 for j = 1, num() do nodes[j] = {name = str(), cap = num(), key = KEYS[12 + j], held = 0} end
 
@@ -85,15 +87,24 @@ end
 -- than its expired ones removed first: only the node a hold is taken on has
 -- them removed, when it is written (below), so a decision reads each other
 -- candidate with one command.
+-- A node whose slots have waiters (its qn:<node>:serving mark, _queue.lua) keeps
+-- a slot that frees for them: a call from outside the queue does not jump it.
 local slots = {0, 0, 0, -1, ''}
 local chosen = nil
 local unexpired = '(' .. now
 if slot_mode > 0 then
-  local held, total = 0, 0
+  local held, total, queued = 0, 0, false
   for _, n in ipairs(nodes) do
     n.held = redis.call('ZCOUNT', n.key, unexpired, '+inf')
     held, total = held + n.held, total + n.cap
-    if chosen == nil and n.held < n.cap then chosen = n end
+    if chosen == nil and n.held < n.cap then
+      if slot_claim == n.name
+          or redis.call('EXISTS', base_of(KEYS[1]) .. 'qn:' .. n.name .. ':serving') == 0 then
+        chosen = n
+      else
+        queued = true
+      end
+    end
   end
   local over = chosen == nil
   local retry = -1
@@ -111,7 +122,7 @@ if slot_mode > 0 then
     end
     if earliest then retry = earliest - now end
   end
-  slots = {judge(slot_mode, over), total, held, retry, ''}
+  slots = {judge(slot_mode, over), total, held, retry, over and queued and 'waiters first' or ''}
 end
 
 -- Concurrency: unexpired leases in flight.
@@ -277,8 +288,14 @@ if dry then
 end
 if refused then
   local function over(mode, r) return mode == 2 and r[1] == 2 end
-  if defer and rate[5] == 'cluster bucket' and not over(slot_mode, slots)
-      and not over(conc_mode, conc) and not over(cap_mode, cap) then
+  -- Deferred when one shared resource alone refuses: the cluster bucket, or
+  -- node slots; with defer 2, also when the key's own limits alone refuse
+  -- (SPEC Q1).
+  local by_rate, by_slots = over(rate_mode, rate), over(slot_mode, slots)
+  local shared = by_rate ~= by_slots and (by_slots or rate[5] == 'cluster bucket')
+    and not over(conc_mode, conc) and not over(cap_mode, cap)
+  local own = defer == 2 and not by_slots and (not by_rate or rate[5] == 'client bucket')
+  if defer > 0 and (shared or own) then
     return answer('refuse', 0, '')
   end
   return logged('refuse', 0, '')

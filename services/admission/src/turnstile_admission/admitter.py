@@ -47,6 +47,7 @@ from turnstile_admission.redis_store import (
     CancelAnswer,
     CommitAnswer,
     LogContext,
+    OwnLimits,
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_admission.warm_reservations import WarmReservations
@@ -67,6 +68,8 @@ class AdmitInput(NamedTuple):
     candidate_nodes: tuple[str, ...] = ()
     #: How long the call may wait in the fair queue (0: answer at once).
     wait_s: float = 0.0
+    #: With ``wait_s``: wait too when only the client's own limits refuse.
+    queue_per_client: bool = False
     dry_run: bool = False
     """Decide and report, take nothing (SPEC Q4)."""
     identity: str = ""
@@ -179,8 +182,9 @@ class Admitter:
         )
         # A call that may wait defers the log entry of a refusal the queue can
         # wait out: its decision is logged once, when it is final (SPEC Q1, Q3).
-        decision = await self._decide(request, key, span, defer=waits)
-        if waits and not decision.admitted and _queueable(decision):
+        own = waits and request.queue_per_client
+        decision = await self._decide(request, key, span, defer=waits, defer_own=own)
+        if waits and not decision.admitted and _queueable(decision, own):
             decision = await self._wait(request, key, decision, span)
         elif request.wait_s > 0 and self.queue.enabled and _would_queue(decision):
             decision = await self._would_wait(key, decision)
@@ -192,10 +196,11 @@ class Admitter:
     async def _wait(
         self, request: AdmitInput, key: BoundedKey, refused: Decision, span: trace.Span
     ) -> Decision:
-        """Wait in the fair queue for the cluster bucket, then decide on the grant
-        (SPEC Q1). Refused when the budget ends first (the first refusal, its
-        retry hint with it), or when the grant's decision refuses on a limit of
-        the client's own."""
+        """Wait in the fair queue for the cluster bucket or a node slot (whichever
+        alone refused), or, asked to, for the client's own limits, then decide on
+        the grant (SPEC Q1). Refused when the budget ends first (the first
+        refusal, its retry hint with it), or when the grant's decision refuses
+        on what the call does not wait for."""
         queue = self.queue
         # ``admit`` sends only a call with a budget left here (queue enabled).
         budget = min(request.wait_s, self.settings.queue.max_wait_s)
@@ -204,22 +209,33 @@ class Admitter:
         deadline = started + budget
         decision = refused
         joined = None
+        per_client = request.queue_per_client
+        resource = _queueable(refused, per_client)
         while (remaining := deadline - loop.time()) > 0:
-            wait = await queue.wait(key.key, remaining)
+            nodes = self._candidates(request) if resource == _SLOTS else ()
+            own = self._own_limits(request) if resource == _OWN else None
+            wait = await queue.wait(key.key, remaining, nodes, own)
             if joined is None:
                 joined = wait.queued
             if not wait.granted:
                 break
             claimed = await self._decide(
-                request, key, span, claim=wait.waiter, defer=True, waited_s=loop.time() - started
+                request,
+                key,
+                span,
+                claim=wait.waiter,
+                defer=True,
+                defer_own=per_client,
+                waited_s=loop.time() - started,
             )
             if claimed is _LOST:
                 continue  # swept before it claimed: join again
             decision = claimed
-            if decision.admitted or not _queueable(decision):
+            resource = _queueable(decision, per_client)
+            if decision.admitted or not resource:
                 break
         granted = decision.admitted
-        if not decision.admitted and _queueable(decision):
+        if not decision.admitted and _queueable(decision, per_client):
             # Its wait ended on a refusal the log has not seen: the final
             # decision, logged (SPEC Q3), outside the queue like any other call.
             decision = await self._decide(request, key, span, waited_s=loop.time() - started)
@@ -265,6 +281,20 @@ class Admitter:
             f"at position {peek.position}{said}",
         )
 
+    def _candidates(self, request: AdmitInput) -> list[tuple[str, int]]:
+        """The request's candidate nodes with their slots, in its order."""
+        return [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
+
+    def _own_limits(self, request: AdmitInput) -> OwnLimits:
+        """Which of the client's own limits the call enforces: those its grant
+        waits for room under (SPEC Q1)."""
+        modes = self._plan(request.kind, request.candidate_nodes).modes
+        return OwnLimits(
+            cap=modes[PolicyName.CAP] == _ENFORCE,
+            concurrency=modes[PolicyName.CONCURRENCY] == _ENFORCE,
+            rate=modes[PolicyName.RATE] == _ENFORCE,
+        )
+
     def _log_context(
         self,
         request: AdmitInput,
@@ -305,13 +335,14 @@ class Admitter:
         span: trace.Span,
         claim: str = "",
         defer: bool = False,
+        defer_own: bool = False,
         waited_s: float | None = None,
     ) -> Decision:
         plan = self._plan(request.kind, request.candidate_nodes)
         modes = plan.modes
         nodes: Sequence[tuple[str, int]] = ()
         if modes[PolicyName.SLOTS]:
-            nodes = [(n, self._slots.capacity(n)) for n in request.candidate_nodes]
+            nodes = self._candidates(request)
         args = AdmitArgs(
             hold_id=new_hold_id(),
             key=key.key,
@@ -321,6 +352,7 @@ class Admitter:
             dry_run=request.dry_run,
             log=self._log_context(request, key, span, plan, waited_s),
             defer=defer,
+            defer_own=defer_own,
         )
         # The one place admission decides on a failing Redis: fail modes apply
         # to an unavailable Redis only. Anything else (a script error) is a bug.
@@ -609,13 +641,53 @@ class Admitter:
 #: A claim whose grant was gone (``claim.lua``'s ``lost``): nothing was decided.
 _LOST = Decision(False, BoundedKey("", KeyKind.UNATTRIBUTED, 0), ())
 
-#: The refusal the fair queue can wait out: the cluster bucket's (SPEC Q1).
+#: The refusals the fair queue can wait out, each a shared resource (SPEC Q1):
+#: the cluster bucket's, and node slots'.
 _CLUSTER_BUCKET = "cluster bucket"
+_SLOTS = "slots"
+_OWN = "own"
+#: The script mode of an enforced policy (``Policy.script_mode``).
+_ENFORCE = 2
 
 
-def _queueable(decision: Decision, verdict: Verdict = Verdict.REFUSE) -> bool:
-    """Whether only the cluster bucket refused (``verdict``): the one shared
-    resource the queue waits for (a client's own limits refuse at once)."""
+def _own(verdict: PolicyVerdict) -> bool:
+    """A refusal by one of the client's own limits, counted by the script (not a
+    fail mode's)."""
+    if verdict.policy is PolicyName.RATE:
+        return verdict.detail == _CLIENT_BUCKET
+    return verdict.policy in (PolicyName.CAP, PolicyName.CONCURRENCY) and not (
+        verdict.detail.startswith("POLICY_BACKEND_UNAVAILABLE")
+    )
+
+
+_CLIENT_BUCKET = "client bucket"
+#: A slots refusal's details when the script counted the nodes full (not a fail
+#: mode's): none, or the free slots kept for the nodes' waiters.
+_SLOTS_FULL = frozenset({"", "waiters first"})
+
+
+def _queueable(decision: Decision, per_client: bool = False) -> str:
+    """What the queue waits for: the one shared resource that alone refused
+    (``cluster bucket`` or ``slots``), or with ``per_client`` the client's own
+    limits when only they refused (``own``: its cap, concurrency, bucket); ""
+    otherwise (nothing refused, or a mix: answered at once). ``admit.lua``
+    defers the log entry of exactly these refusals."""
+    refusing = [v for v in decision.verdicts if v.verdict is Verdict.REFUSE]
+    if per_client and refusing and all(_own(v) for v in refusing):
+        return _OWN
+    if len(refusing) != 1:
+        return ""
+    (verdict,) = refusing
+    if verdict.policy is PolicyName.SLOTS and verdict.detail in _SLOTS_FULL:
+        return _SLOTS
+    if verdict.policy is PolicyName.RATE and verdict.detail == _CLUSTER_BUCKET:
+        return _CLUSTER_BUCKET
+    return ""
+
+
+def _only_cluster_bucket(decision: Decision, verdict: Verdict) -> bool:
+    """Whether only the cluster bucket gave ``verdict`` (a refusal, or a shadow
+    refusal): the queue that peek.lua reports on."""
     refusing = [v for v in decision.verdicts if v.verdict is verdict]
     return bool(refusing) and all(
         v.policy is PolicyName.RATE and v.detail == _CLUSTER_BUCKET for v in refusing
@@ -627,8 +699,8 @@ def _would_queue(decision: Decision) -> bool:
     only the cluster bucket refused, or a call the rate policy's shadow mode let
     through that only the cluster bucket would have refused (SPEC Q1, Q4)."""
     if decision.dry_run:
-        return not decision.admitted and _queueable(decision)
-    return decision.admitted and _queueable(decision, Verdict.SHADOW_REFUSE)
+        return not decision.admitted and _only_cluster_bucket(decision, Verdict.REFUSE)
+    return decision.admitted and _only_cluster_bucket(decision, Verdict.SHADOW_REFUSE)
 
 
 #: Bounded keys whose words ``_log_context`` keeps (more: it starts over).

@@ -1,7 +1,8 @@
 -- cancel_hold.lua: undo a hold whose activation failed or was abandoned.
 -- Tokens go back to both buckets without over-crediting (a bucket never exceeds
 -- its burst because of a refund); the lease, the pending entry (if it is still
--- this hold's) and the node slot are released. The hold record is deleted in the
+-- this hold's) and the node slot are released (to the node's fair queue first:
+-- _grant_freed.lua). The hold record is deleted in the
 -- same step, so a second cancel finds nothing and returns nothing.
 --
 -- Every cancel, of a hold found or not, leaves a tombstone for the hold id
@@ -43,7 +44,10 @@ local cluster_back = refund(KEYS[3], tonumber(h[8]) or 0, lim.cluster_rate, lim.
 
 if h[4] == '1' then redis.call('ZREM', base .. 'inflight:' .. key, hold_id) end
 local node = h[5]
-if node and node ~= '' then redis.call('ZREM', base .. 'slots:' .. node, 'h:' .. hold_id) end
+if node and node ~= '' and redis.call('ZREM', base .. 'slots:' .. node, 'h:' .. hold_id) == 1 then
+  -- The freed slot goes to the node's first waiter, if any (SPEC Q1).
+  grant_freed_slot(base, node, now)
+end
 local pending_score = tonumber(h[6]) or 0
 if pending_score > 0 then
   local pending = base .. 'pending:' .. key
@@ -52,4 +56,7 @@ if pending_score > 0 then
     redis.call('ZREM', pending, sandbox)
   end
 end
+-- What came back (tokens, the lease, the pending entry) goes to the key's first
+-- per-client waiter, if any (_grant_freed.lua).
+grant_freed_room(base, key, now)
 return {1, fmt(client_back), fmt(cluster_back)}

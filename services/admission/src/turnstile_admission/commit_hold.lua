@@ -40,7 +40,10 @@ if ARGV[5] == '1' and taken > 0 and key ~= '' then
     bucket_store(KEYS[5], level + returned, lim.cluster_rate, lim.cluster_burst, now)
   end
 end
-if lease == '1' then redis.call('ZREM', base .. 'inflight:' .. key, hold_id) end
+if lease == '1' and redis.call('ZREM', base .. 'inflight:' .. key, hold_id) == 1 then
+  -- The released lease goes to the key's first per-client waiter, if any.
+  grant_freed_room(base, key, now)
+end
 local sandbox_key = base .. 'sandbox:' .. sandbox
 if pending > 0 then
   -- Which pending set holds this sandbox, so that stopping it removes the entry
@@ -53,8 +56,10 @@ if pending > 0 then
 end
 if node and node ~= '' then
   local previous = redis.call('HGET', sandbox_key, 'node')
-  if previous and previous ~= node then
-    redis.call('ZREM', base .. 'slots:' .. previous, 's:' .. sandbox)
+  if previous and previous ~= node
+      and redis.call('ZREM', base .. 'slots:' .. previous, 's:' .. sandbox) == 1 then
+    -- The sandbox moved: its old node's slot goes to that node's first waiter.
+    grant_freed_slot(base, previous, now)
   end
   local slots = base .. 'slots:' .. node
   redis.call('ZREM', slots, 'h:' .. hold_id)

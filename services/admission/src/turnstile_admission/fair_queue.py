@@ -1,5 +1,5 @@
 """The fair queue (SPEC Q1): an Admit with a wait budget that only the cluster
-bucket refuses waits its turn here instead of being refused.
+bucket, or only node slots, refuse waits its turn here instead of being refused.
 
 The queue lives in Redis, in admission's slot (``_queue.lua`` lists its keys), so
 it is one queue across every replica. Grants happen inside ``tick.lua``: each
@@ -9,9 +9,12 @@ refills the cluster bucket and hands its tokens to the heads of the queue in
 weighted-fair order, whichever replica owns them. A waiter costs no Redis work
 while it waits and holds no connection: it waits on an ``asyncio.Event`` that its
 replica's one tick loop sets when a tick reports it granted; it then decides with
-``claim.lua`` (admit.lua on the granted tokens). A waiter that gives up (budget
-ended, caller cancelled) leaves with ``leave.lua``; one whose replica died is
-swept by another replica's tick (each entry has an owner and an expiry).
+``claim.lua`` (admit.lua on the granted tokens or slot). A slot waiter is granted
+by the script that frees a slot on one of its candidate nodes (cancel, release,
+a moved commit) or by a tick that finds a slot expired, and woken the same way.
+A waiter that gives up (budget ended, caller cancelled) leaves with
+``leave.lua``; one whose replica died is swept by another replica's tick (each
+entry has an owner and an expiry).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnstile_admission import metrics
 from turnstile_admission.fairness import FairnessGauge
-from turnstile_admission.redis_store import AdmissionStore, Queued
+from turnstile_admission.redis_store import AdmissionStore, OwnLimits, Queued
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
@@ -78,8 +82,17 @@ class FairQueue:
         """This replica's waiters."""
         return len(self._waiters)
 
-    async def wait(self, key: str, budget_s: float) -> Wait:
-        """Join ``key``'s queue and wait up to ``budget_s`` for a grant.
+    async def wait(
+        self,
+        key: str,
+        budget_s: float,
+        nodes: Sequence[tuple[str, int]] = (),
+        own: OwnLimits | None = None,
+    ) -> Wait:
+        """Join ``key``'s queue and wait up to ``budget_s`` for a grant: of the
+        cluster bucket's tokens, or with ``nodes`` (candidate nodes and their
+        slots) of a slot on one of them, granted by the script that frees it, or
+        with ``own`` of room under the key's own limits, FIFO among its waiters.
 
         Not granted: the waiter has left the queue (or will be swept: it has an
         expiry), holding nothing. Cancelled: it leaves, and the cancellation goes
@@ -97,7 +110,7 @@ class FairQueue:
                 budget_ms = max(1, round(remaining * 1000))
                 try:
                     queued = await self._store.enqueue(
-                        waiter, key, self.owner, budget_ms, self._ttl_ms
+                        waiter, key, self.owner, budget_ms, self._ttl_ms, nodes, own
                     )
                 except (DependencyUnavailable, DependencyOverloaded):
                     return Wait(waiter, False, first)

@@ -61,13 +61,14 @@ HOLDS = Counter(
 
 QUEUE_WAITERS = Gauge(
     "turnstile_admission_queue_waiters",
-    "Waiters in the fair queue across every replica (granted, unclaimed ones included), "
-    "as this replica's last tick saw them (0 when it has none waiting).",
+    "Waiters in the fair queue across every replica (granted, unclaimed ones included; "
+    "the cluster bucket's, node slots' and per-client), as this replica's last tick saw "
+    "them (0 when it has none waiting).",
 )
 QUEUE_LENGTH = Gauge(
     "turnstile_admission_queue_length",
-    "Fair-queue waiters not yet granted across every replica, by priority level, as this "
-    "replica's last tick saw them.",
+    "Cluster-bucket waiters of the fair queue not yet granted across every replica, by "
+    "priority level, as this replica's last tick saw them.",
     ["level"],
 )
 QUEUE_WAIT_SECONDS = Histogram(

@@ -11,7 +11,7 @@ local shares, default_level = cjson.decode(ARGV[4]), ARGV[5]
 local base = base_of(KEYS[1])
 local q = queue_keys(base)
 local weight, level = key_queueing(KEYS[1], key, shares, default_level)
-local position = redis.call('ZCARD', queue_of(base, level, key)) + 1
+local position = redis.call('ZCARD', queue_of(q, level, key)) + 1
 local estimate = estimate_wait_ms(KEYS[1], q, level, key, weight, position, cost, default_rate,
                                   shares)
 return {position, estimate, redis.call('HLEN', q.info), level}

@@ -31,12 +31,19 @@ QUEUE_SCRIPTS = frozenset(
     {"enqueue.lua", "tick.lua", "claim.lua", "leave.lua", "fairness.lua", "peek.lua"}
 )
 
+#: The scripts that free node slots or a key's room (a lease, a pending entry,
+#: tokens), and grant them to the waiters first (``_grant_freed.lua``, SPEC Q1).
+FREEING_SCRIPTS = frozenset({"commit_hold.lua", "cancel_hold.lua", "release_sandbox.lua"})
+
+#: The fair queue's helpers.
+_QUEUE_HELPERS = ("_queue.lua", "_own_queue.lua")
+
 #: The includes a script needs beyond ``_common.lua``: the decision scripts append
 #: to the decision log (``_decision_log.lua``), the queue's take its helpers.
 INCLUDES: dict[str, tuple[str, ...]] = {
     "admit.lua": ("_decision_log.lua",),
-    "claim.lua": ("_decision_log.lua", "_queue.lua"),
-    **dict.fromkeys(QUEUE_SCRIPTS - {"claim.lua"}, ("_queue.lua",)),
+    "claim.lua": ("_decision_log.lua", *_QUEUE_HELPERS),
+    **dict.fromkeys(QUEUE_SCRIPTS - {"claim.lua"}, _QUEUE_HELPERS),
 }
 
 
@@ -47,13 +54,27 @@ def script_text(name: str, test_clock: bool = False) -> str:
     ``claim.lua`` is a granted waiter's ``admit.lua``: admit.lua's text, wrapped
     as the function ``admit_body`` (a chunk's ``return`` is then the function's),
     comes before it, so it takes admit.lua's includes too (its decision is logged
-    once, by admit_body: SPEC Q3)."""
+    once, by admit_body: SPEC Q3).
+
+    A script that frees a slot or a key's room (:data:`FREEING_SCRIPTS`, run on
+    every activation) takes the queue's helpers wrapped as the function
+    ``queue_helpers``, called only when there are waiters to grant to
+    (``_grant_freed.lua``): a script's top level makes a closure of every local
+    function on every run."""
     parts = [
         "_common.lua",
         *(["_test_clock.lua"] if test_clock else []),
         *INCLUDES.get(name, ()),
     ]
     texts = [read_script(_PACKAGE, part) for part in parts]
+    if name in FREEING_SCRIPTS:
+        texts += [
+            "local function queue_helpers()",
+            *(read_script(_PACKAGE, part) for part in _QUEUE_HELPERS),
+            "return {queue_keys = queue_keys, grant_slots = grant_slots, grant_own = grant_own}",
+            "end",
+            read_script(_PACKAGE, "_grant_freed.lua"),
+        ]
     if name == "claim.lua":
         texts += ["local function admit_body()", read_script(_PACKAGE, "admit.lua"), "end"]
     texts.append(read_script(_PACKAGE, name))
@@ -97,8 +118,21 @@ class AdmitArgs(NamedTuple):
     log: LogContext | None = None
     """What the decision log records beside the decision (SPEC Q3)."""
     defer: bool = False
-    """The call may wait in the fair queue (SPEC Q1): a refusal only the cluster
-    bucket made is not logged, the wait's final decision is."""
+    """The call may wait in the fair queue (SPEC Q1): a refusal only a shared
+    resource made (the cluster bucket, or node slots) is not logged, the wait's
+    final decision is."""
+    defer_own: bool = False
+    """With ``defer``: so is a refusal only the key's own limits made (the call
+    waits for them: ``queue_per_client``)."""
+
+
+class OwnLimits(NamedTuple):
+    """The client's own limits a per-client waiter enforces, whose room its
+    grant waits for and reserves (``_own_queue.lua``)."""
+
+    cap: bool
+    concurrency: bool
+    rate: bool
 
 
 #: How much longer than its TTL a hold record is kept (``admit.lua``), so a late
@@ -189,7 +223,8 @@ class Queued(NamedTuple):
     position: int
     """Among the key's waiters, 1 the head."""
     estimated_wait_ms: int
-    """-1: no estimate (the cluster bucket has no rate)."""
+    """-1: no estimate (the cluster bucket has no rate, or the call waits for a
+    node slot: slots free when sandboxes stop, at no known rate)."""
     waiters: int
     level: str
     """The priority level it waits in (SPEC Q2)."""
@@ -282,7 +317,9 @@ class AdmissionStore:
         self._admit: AsyncScript = client.register_script(script_text("admit.lua", clock))
         self._commit: AsyncScript = client.register_script(script_text("commit_hold.lua", clock))
         self._cancel: AsyncScript = client.register_script(script_text("cancel_hold.lua", clock))
-        self._release: AsyncScript = client.register_script(script_text("release_sandbox.lua"))
+        self._release: AsyncScript = client.register_script(
+            script_text("release_sandbox.lua", clock)
+        )
         self._usage: AsyncScript = client.register_script(script_text("usage.lua", clock))
         self._reserve_warm: AsyncScript = client.register_script(
             script_text("reserve_warm.lua", clock)
@@ -296,6 +333,15 @@ class AdmissionStore:
         s = settings
         #: The levels' shares as the queue's scripts take them (JSON).
         self._shares = json.dumps(s.queue.level_shares, sort_keys=True)
+        #: The limits' defaults as ``_own_queue.lua`` takes them (JSON).
+        self._defaults_json = json.dumps(
+            {
+                "cap": s.cap.default_cap,
+                "rate": s.rate.default_rate_per_s,
+                "burst": s.rate.default_burst,
+                "concurrency": s.concurrency.default_limit,
+            }
+        )
         self._key_defaults = [
             s.cap.default_cap,
             s.rate.default_rate_per_s,
@@ -425,7 +471,7 @@ class AdmissionStore:
             log.key_set_version,
             log.activation,
             log.wait_ms,
-            1 if args.defer else 0,
+            2 if args.defer_own else 1 if args.defer else 0,
             len(args.nodes),
         ]
         for name, capacity in args.nodes:
@@ -538,7 +584,9 @@ class AdmissionStore:
 
     async def release(self, sandbox_id: str) -> bool:
         k = self.keys
-        done = await self._release(keys=[k.sandbox(sandbox_id)], args=[sandbox_id])
+        done = await self._release(
+            keys=[k.sandbox(sandbox_id), *self._clock_keys], args=[sandbox_id]
+        )
         return bool(done)
 
     async def usage(self, key: str) -> UsageAnswer:
@@ -577,8 +625,18 @@ class AdmissionStore:
         )
 
     async def enqueue(
-        self, waiter: str, key: str, owner: str, budget_ms: int, ttl_ms: int
+        self,
+        waiter: str,
+        key: str,
+        owner: str,
+        budget_ms: int,
+        ttl_ms: int,
+        nodes: Sequence[tuple[str, int]] = (),
+        own: OwnLimits | None = None,
     ) -> Queued:
+        """Join the queue of the cluster bucket, or with ``nodes`` (candidate
+        nodes with their slots) the queues of those nodes' slots, or with
+        ``own`` the key's own queue, for room under those of its limits."""
         q = self._settings.queue
         raw = await self._enqueue(
             keys=[self.keys.limits, *self._clock_keys],
@@ -595,6 +653,13 @@ class AdmissionStore:
                 ttl_ms,
                 self._shares,
                 q.default_level,
+                round(q.claim_ttl_s * 1000),
+                json.dumps({"cap": own.cap, "conc": own.concurrency, "rate": own.rate})
+                if own is not None
+                else "",
+                self._defaults_json,
+                len(nodes),
+                *(part for pair in nodes for part in pair),
             ],
         )
         return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]), _s(raw[4]))

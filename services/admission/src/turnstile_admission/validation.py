@@ -135,6 +135,7 @@ def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
         tier=request.tier,
         candidate_nodes=nodes,
         wait_s=wait_s,
+        queue_per_client=request.queue_per_client,
         dry_run=request.dry_run,
     )
 

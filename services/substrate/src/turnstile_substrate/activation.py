@@ -267,6 +267,7 @@ class Activator:
         scope: CallerScope | None = None,
         wait_s: float = 0.0,
         *,
+        queue_per_client: bool = False,
         dry_run: bool = False,
         identity: str = "",
     ) -> Activation:
@@ -275,7 +276,8 @@ class Activator:
         A ``scope`` (a caller not allowed every client) must own the sandbox: checked
         on each record read here (the already-running path, then under the claim),
         before anything is made or admitted. ``wait_s``: how long admission may
-        keep the call in its fair queue (SPEC Q1; 0: answer at once). A dry run
+        keep the call in its fair queue (SPEC Q1; 0: answer at once), for its
+        client's own limits too with ``queue_per_client``. A dry run
         (SPEC Q4) never waits: admission decides it at once, queueing nothing."""
         if dry_run:
             return await self._guard(self._dry_run(sandbox_id, client, tier, scope))
@@ -284,7 +286,9 @@ class Activator:
         activation: Activation | None = None
         failure: RichError | None = None
         try:
-            activation = await self._guard(self._activate(sandbox_id, client, tier, scope, wait_s))
+            activation = await self._guard(
+                self._activate(sandbox_id, client, tier, scope, wait_s, queue_per_client)
+            )
             result = activation.outcome.value
             return activation
         except RichError as error:
@@ -336,6 +340,7 @@ class Activator:
         tier: str,
         scope: CallerScope | None,
         wait_s: float = 0.0,
+        queue_per_client: bool = False,
     ) -> Activation:
         inherit = client.form is ClientForm.INHERIT
         runtime = await self.substrate.find_running(sandbox_id)
@@ -365,7 +370,9 @@ class Activator:
                         )
                     )
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
-            return await self._create(claim, sandbox_id, client, tier, record, generation, wait_s)
+            return await self._create(
+                claim, sandbox_id, client, tier, record, generation, wait_s, queue_per_client
+            )
 
     async def _dry_run(
         self, sandbox_id: str, client: Client, tier: str, scope: CallerScope | None
@@ -410,6 +417,7 @@ class Activator:
         record: SandboxRecord | None,
         generation: int,
         wait_s: float = 0.0,
+        queue_per_client: bool = False,
     ) -> Activation:
         charged = charged_client(client, record)
         spec = RuntimeSpec(
@@ -421,7 +429,13 @@ class Activator:
         )
         plan = self.substrate.plan(spec)
         admitted = await self._admission.admit(
-            sandbox_id, charged, plan.kind, spec.tier, plan.candidate_nodes, wait_s
+            sandbox_id,
+            charged,
+            plan.kind,
+            spec.tier,
+            plan.candidate_nodes,
+            wait_s,
+            queue_per_client=queue_per_client,
         )
         runtime: Runtime | None = None
         stage = "runtime"

@@ -176,6 +176,7 @@ class AdmissionClient:
         candidate_nodes: Sequence[str],
         wait_s: float = 0.0,
         *,
+        queue_per_client: bool = False,
         dry_run: bool = False,
     ) -> Admitted:
         """Admit the activation or raise its refusal as a :class:`RichError`.
@@ -185,7 +186,8 @@ class AdmissionClient:
         own (its owner, this call, is gone).
 
         ``wait_s`` > 0 asks admission to queue the call that long when only a
-        shared resource refuses (SPEC Q1); the call's deadline grows by it.
+        shared resource refuses (SPEC Q1), or with ``queue_per_client`` when only
+        the client's own limits do; the call's deadline grows by it.
         """
         request = admission_pb2.AdmitRequest(
             sandbox_id=sandbox_id,
@@ -198,6 +200,7 @@ class AdmissionClient:
         timeout = self._timeout_s
         if wait_s > 0:
             request.wait_budget.FromMilliseconds(round(wait_s * 1000))
+            request.queue_per_client = queue_per_client
             timeout += wait_s
         try:
             response = await self._stub.Admit(request, timeout=timeout)

@@ -48,6 +48,7 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
             tier,
             current_scope(),
             wait_s,
+            queue_per_client=request.queue_per_client,
             dry_run=request.dry_run,
             identity=current_identity(),
         )

@@ -71,6 +71,16 @@ def add_watch(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_queue_per_client(parser: argparse.ArgumentParser) -> None:
+    """``--queue-per-client`` (SPEC Q1), for ``admit`` and ``activate``."""
+    parser.add_argument(
+        "--queue-per-client",
+        action="store_true",
+        help="with --wait: wait too when only the client's own limits refuse (its cap, "
+        "concurrency or bucket), first come first served among its waiting calls",
+    )
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -186,9 +196,10 @@ def _admission(sub: Subparsers) -> None:
         type=duration,
         default=0.0,
         metavar="DURATION",
-        help="wait up to DURATION in the fair queue when only the cluster bucket refuses "
-        "(shows the position and estimated wait it joined at)",
+        help="wait up to DURATION in the fair queue when only the cluster bucket or node slots "
+        "refuse (shows the position and estimated wait it joined at)",
     )
+    add_queue_per_client(admit)
     admit.add_argument(
         "--commit", action="store_true", help="commit the hold at once (as a finished activation)"
     )
@@ -290,6 +301,7 @@ def _substrate(sub: Subparsers) -> None:
         help="wait up to DURATION (30s, 500ms, 2m) in admission's fair queue when the "
         "cluster is contended, instead of being refused",
     )
+    add_queue_per_client(activate)
     activate.add_argument(
         "--dry-run",
         action="store_true",

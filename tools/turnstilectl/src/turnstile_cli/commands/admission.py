@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnstile_cli.clients import client_from_args, describe
+from turnstile_cli.commands.base import queue_per_client_without_wait
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, queue_rows, retry_text, when
@@ -42,6 +43,8 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     if args.dry_run and (args.commit or args.cancel):
         ctx.out.failure("a --dry-run takes no hold to --commit or --cancel")
         return Exit.USAGE
+    if queue_per_client_without_wait(args, ctx):
+        return Exit.USAGE
     request = admission_pb2.AdmitRequest(
         sandbox_id=args.sandbox_id,
         client=client_from_args(args),
@@ -49,6 +52,7 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
         tier=args.tier,
         candidate_nodes=args.node,
         dry_run=args.dry_run,
+        queue_per_client=args.queue_per_client,
     )
     timeout = None
     if args.wait > 0:

@@ -121,3 +121,12 @@ def load_handler(reference: str) -> Handler:
     """The coroutine function ``"module:function"`` names."""
     module, _, name = reference.partition(":")
     return cast(Handler, getattr(importlib.import_module(module), name))
+
+
+def queue_per_client_without_wait(args: argparse.Namespace, ctx: Context) -> bool:
+    """``--queue-per-client`` without a ``--wait`` budget (``admit``, ``activate``):
+    said, and the caller exits with a usage error (SPEC Q1: nothing to wait with)."""
+    if args.queue_per_client and args.wait <= 0:
+        ctx.out.failure("--queue-per-client needs a --wait budget")
+        return True
+    return False

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turnstile_cli.clients import client_from_args
+from turnstile_cli.commands.base import queue_per_client_without_wait
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, queue_rows, when
@@ -23,6 +24,8 @@ OUTCOME_STYLES = {
 
 
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
+    if queue_per_client_without_wait(args, ctx):
+        return Exit.USAGE
     async with ctx.client("substrate") as client:
         response = await client.activate(
             args.sandbox_id,
@@ -30,6 +33,7 @@ async def _activate(args: argparse.Namespace, ctx: Context) -> int:
             tier=args.tier,
             dry_run=args.dry_run,
             wait_s=args.wait,
+            queue_per_client=args.queue_per_client,
         )
     ctx.out.emit(proto_dict(response), lambda console: render_activate(console, response))
     return Exit.OK

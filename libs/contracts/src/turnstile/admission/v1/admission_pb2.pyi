@@ -151,6 +151,7 @@ class AdmitRequest(_message.Message):
     CANDIDATE_NODES_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     WAIT_BUDGET_FIELD_NUMBER: _builtins.int
+    QUEUE_PER_CLIENT_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """The sandbox being activated: 1 to 63 characters, a valid label value."""
     kind: _common_pb2.ActivationKind.ValueType
@@ -161,6 +162,14 @@ class AdmitRequest(_message.Message):
     """Decide and report without changing anything (SPEC Q4): no token, hold,
     pending entry or lease is taken, and nothing is logged. The response's
     hold_id is empty; a dry run's admission is no licence to activate.
+    """
+    queue_per_client: _builtins.bool
+    """With a wait budget: wait too when only the client's own limits refuse (its
+    cap, concurrency or bucket), in its key's own queue, first come first
+    served among the key's waiting calls (SPEC Q1); granted when the key has
+    room again (a lease or pending entry released, a sandbox seen gone, the
+    bucket refilled). False: such a refusal is answered at once. Ignored
+    without a wait budget.
     """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
@@ -177,7 +186,8 @@ class AdmitRequest(_message.Message):
     @_builtins.property
     def wait_budget(self) -> _duration_pb2.Duration:
         """How long the call may wait in admission's fair queue when only a shared
-        resource (the cluster bucket) refuses: it returns once admitted, or refused
+        resource (the cluster bucket, or a cold create's candidate nodes' slots)
+        refuses: it returns once admitted, or refused
         when the budget, the call's deadline or the service's longest wait ends,
         whichever is first. Unset or zero: the answer comes at once, as without a
         queue. Negative is INVALID_ARGUMENT.
@@ -193,10 +203,11 @@ class AdmitRequest(_message.Message):
         candidate_nodes: _abc.Iterable[_builtins.str] | None = ...,
         dry_run: _builtins.bool = ...,
         wait_budget: _duration_pb2.Duration | None = ...,
+        queue_per_client: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "dry_run", b"dry_run", "kind", b"kind", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "dry_run", b"dry_run", "kind", b"kind", "queue_per_client", b"queue_per_client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

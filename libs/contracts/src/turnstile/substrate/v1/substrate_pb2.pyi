@@ -173,6 +173,7 @@ class ActivateRequest(_message.Message):
     TIER_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     WAIT_BUDGET_FIELD_NUMBER: _builtins.int
+    QUEUE_PER_CLIENT_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """1 to 63 characters, a valid Kubernetes label value."""
     tier: _builtins.str
@@ -184,6 +185,11 @@ class ActivateRequest(_message.Message):
     """Decide and report without changing anything (SPEC Q4): the record is read,
     admission is asked for a dry run, and no runtime, record, claim or hold is
     made. The response's outcome is what the activation would do.
+    """
+    queue_per_client: _builtins.bool
+    """With a wait budget: wait too when only the client's own limits refuse (its
+    cap, concurrency or bucket), first come first served among its waiting
+    calls (admission's AdmitRequest.queue_per_client). Ignored without one.
     """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
@@ -206,10 +212,11 @@ class ActivateRequest(_message.Message):
         tier: _builtins.str = ...,
         dry_run: _builtins.bool = ...,
         wait_budget: _duration_pb2.Duration | None = ...,
+        queue_per_client: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "dry_run", b"dry_run", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "dry_run", b"dry_run", "queue_per_client", b"queue_per_client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
