@@ -29,6 +29,13 @@ async def until_pending(redis: aioredis.Redis, key: str, count: int) -> None:
     await eventually(held, timeout_s=10, interval_s=0.01, what=f"{count} pending under {key}")
 
 
+async def cached(redis: aioredis.Redis, script: str) -> None:
+    """Put ``script`` in Redis's script cache, as any earlier call of it would have:
+    with the replies held back, a NOSCRIPT answer is held too and the script never
+    runs (a fresh Redis has none cached)."""
+    await redis.script_load(script_text(script, test_clock=True))
+
+
 async def nothing_held(stub: Any) -> None:
     shown = await stub.GetUsage(admission_pb2.GetUsageRequest(client=ACME), timeout=10)
     assert shown.pending == 0
@@ -44,6 +51,7 @@ async def test_a_lost_reply_to_a_refused_admit_strands_no_hold(
     running = await start_proxied(slots={"fail": "closed"})
     await redis.set(running.keys.test_clock, 1_000_000)  # no refill: tokens compare exactly
     pending = running.keys.pending("acme")
+    await cached(redis, "admit.lua")
 
     proxy.hold()
     answer = await running.stub.Admit(
@@ -73,6 +81,7 @@ async def test_a_lost_reply_to_an_admitted_admit_leaves_a_hold_its_caller_settle
     running = await start_proxied()
     await redis.set(running.keys.test_clock, 1_000_000)
     pending = running.keys.pending("acme")
+    await cached(redis, "admit.lua")
 
     proxy.hold()
     answer = await running.stub.Admit(
@@ -102,9 +111,7 @@ async def test_a_lost_reply_to_a_warm_reservation_strands_no_hold(
     running = await start_proxied()
     await redis.set(running.keys.test_clock, 1_000_000)
     slots = running.keys.slots("n1")
-    # In Redis's script cache, as after any earlier reservation: else the NOSCRIPT
-    # answer is held back too, and the script never runs.
-    await redis.script_load(script_text("reserve_warm.lua", test_clock=True))
+    await cached(redis, "reserve_warm.lua")
 
     proxy.hold()
     with pytest.raises(grpc.aio.AioRpcError) as raised:
