@@ -111,34 +111,62 @@ def _log_context() -> Any:
     )
 
 
+def _store(client: aioredis.Redis, prefix: str, side: str) -> Any:
+    """An AdmissionStore on ``prefix`` with the log on or off, the limits of
+    :data:`_LIMITS`."""
+    from turnstile_admission.redis_store import AdmissionStore
+    from turnstile_admission.settings import AdmissionSettings
+    from turnstile_platform.settings import DecisionLogSettings
+
+    settings = AdmissionSettings(
+        redis_prefix=prefix,
+        decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
+        **_LIMITS,  # type: ignore[arg-type]
+    )
+    return AdmissionStore(client, settings)
+
+
+def _shapes() -> dict[str, tuple[Any, list[tuple[str, int]]]]:
+    """Each shape's script modes and candidate nodes: cold create with every
+    policy on three nodes, resume with concurrency only."""
+    from turnstile_admission.policies import PolicyName
+
+    resume = {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0}
+    return {
+        "cold": (
+            dict.fromkeys(PolicyName, 2),
+            [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)],
+        ),
+        "resume": (resume, []),
+    }
+
+
+def _on_off(per: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Per shape, the median Redis CPU per decision on each side and their difference."""
+    out: dict[str, dict[str, float]] = {}
+    for shape, sides in per.items():
+        on, off = statistics.median(sides["on"]), statistics.median(sides["off"])
+        out[shape] = {
+            "on_us": round(on, 1),
+            "off_us": round(off, 1),
+            "per_logged_decision_us": round(on - off, 1),
+        }
+    return out
+
+
 async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[str, float]]:
     """Redis's main-thread CPU per decision, log on and off, the script called one
     at a time from this process (no gRPC, no admission process): CPU time, not
     wall time, so the machine's load hardly moves it; the difference is what
     appending and trimming costs Redis per logged decision."""
-    from turnstile_admission.policies import PolicyName
-    from turnstile_admission.redis_store import AdmissionStore, AdmitArgs
-    from turnstile_admission.settings import AdmissionSettings
-    from turnstile_platform.settings import DecisionLogSettings
+    from turnstile_admission.redis_store import AdmitArgs
 
     stores = {}
     for side in SIDES:
         prefix = f"cpu{side}:"
         await client.set(LiveCountKeys(prefix).state, COUNTED)
-        settings = AdmissionSettings(
-            redis_prefix=prefix,
-            decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
-            **_LIMITS,  # type: ignore[arg-type]
-        )
-        stores[side] = AdmissionStore(client, settings)
-    every = dict.fromkeys(PolicyName, 2)
-    shapes = {
-        "cold": (every, [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)]),
-        "resume": (
-            {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0},
-            [],
-        ),
-    }
+        stores[side] = _store(client, prefix, side)
+    shapes = _shapes()
     context = _log_context()
     per: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in shapes}
     n = 0
@@ -154,15 +182,7 @@ async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[
                     )
                 spent = await base.redis_cpu_s(client) - before
                 per[shape][side].append(spent / SCRIPT_CALLS * 1e6)
-    out: dict[str, dict[str, float]] = {}
-    for shape, sides in per.items():
-        on, off = statistics.median(sides["on"]), statistics.median(sides["off"])
-        out[shape] = {
-            "on_us": round(on, 1),
-            "off_us": round(off, 1),
-            "per_logged_decision_us": round(on - off, 1),
-        }
-    return out
+    return _on_off(per)
 
 
 #: Decisions per side and round of :func:`script_loop`, in one EVAL.
@@ -183,20 +203,12 @@ async def script_loop(client: aioredis.Redis, rounds: int = 9) -> dict[str, dict
     """Redis's main-thread CPU per decision inside the decision script alone, log
     on and off: the script looped within one EVAL, so neither the network nor the
     arguments' parsing is in it (they are in :func:`script_cpu`)."""
-    from turnstile_admission.policies import PolicyName
-    from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, script_text
-    from turnstile_admission.settings import AdmissionSettings
+    from turnstile_admission.redis_store import AdmitArgs, script_text
     from turnstile_platform.redis_client import read_script
-    from turnstile_platform.settings import DecisionLogSettings
 
     admit = read_script("turnstile_admission", "admit.lua")
     body = script_text("admit.lua").replace(admit, _LOOP.format(admit=admit))
-    every = dict.fromkeys(PolicyName, 2)
-    resume = {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0}
-    shapes = {
-        "cold": (every, [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)]),
-        "resume": (resume, []),
-    }
+    shapes = _shapes()
     context = _log_context()
     per: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in shapes}
     for r in range(rounds):
@@ -204,28 +216,14 @@ async def script_loop(client: aioredis.Redis, rounds: int = 9) -> dict[str, dict
             for side in SIDES if r % 2 == 0 else tuple(reversed(SIDES)):
                 prefix = f"loop{side}{r}{shape}:"
                 await client.set(LiveCountKeys(prefix).state, COUNTED)
-                settings = AdmissionSettings(
-                    redis_prefix=prefix,
-                    decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
-                    **_LIMITS,  # type: ignore[arg-type]
-                )
-                store = AdmissionStore(client, settings)
-                keys, argv = store.admit_request(
+                keys, argv = _store(client, prefix, side).admit_request(
                     AdmitArgs("0" * 32, "acme", "acme--sb-1", modes, nodes, log=context)
                 )
                 before = await base.redis_cpu_s(client)
                 await client.eval(body, len(keys), *keys, *argv, LOOP_CALLS)
                 spent = await base.redis_cpu_s(client) - before
                 per[shape][side].append(spent / LOOP_CALLS * 1e6)
-    out: dict[str, dict[str, float]] = {}
-    for shape, sides in per.items():
-        on, off = statistics.median(sides["on"]), statistics.median(sides["off"])
-        out[shape] = {
-            "on_us": round(on, 1),
-            "off_us": round(off, 1),
-            "per_logged_decision_us": round(on - off, 1),
-        }
-    return out
+    return _on_off(per)
 
 
 def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
