@@ -19,7 +19,9 @@
 -- default), so the stream may exceed the length bound by less than one node and
 -- the age bound by less than one node plus one trim period. The stream expires
 -- between max_age and max_age + one period after its last entry: a log nobody
--- writes to goes on its own, never before its entries are max_age old.
+-- writes to goes on its own, never before its entries are max_age old. The
+-- substrate's and affinity's batches (decision_append.lua) set the same expiry,
+-- so their writes do not make the next decision trim again.
 -- max_entries 0 turns the log off: nothing is written.
 
 local LOG_POLICIES = {'node_slots', 'concurrency', 'cap', 'rate'}
