@@ -23,9 +23,16 @@ machine's drift falls on both. Per shape, the median over the rounds (and range)
   (``INFO commandstats``), and their difference, ``script_us_per_logged_decision``:
   what appending and trimming the log costs Redis per decision;
 
+* ``cpu_on_per_off``: admission's CPU plus Redis's main-thread CPU per call, with
+  ÷ without: what a decision costs the machine. On a shared machine the calls/s
+  of a phase swing by a third on their own; the CPU per call hardly moves, and
+  where the service and Redis share the cores it is what bounds the calls/s;
+
 then ``script_cpu``: Redis's main-thread CPU per decision with the log on and
 off, the decision script called one at a time from this process (CPU time, not
-wall time: the steadiest figure on a loaded machine), and their difference; and,
+wall time: the steadiest figure on a loaded machine), and their difference;
+``script_loop``: the same script run ``LOOP_CALLS`` times inside one EVAL (no
+network, no argument parsing: the script's own CPU; the least of nine rounds); and,
 from the log-on prefix's stream after the rounds, the Redis memory per logged
 decision (``MEMORY USAGE`` ÷ ``XLEN``). The run ends with one line of JSON.
 Builds on ``bench_admit.py``'s servers and measurement (same directory).
@@ -78,42 +85,22 @@ async def _evalsha(client: aioredis.Redis) -> tuple[int, int]:
 SCRIPT_CALLS = 3000
 
 
-async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[str, float]]:
-    """Redis's main-thread CPU per decision, log on and off, the script called one
-    at a time from this process (no gRPC, no admission process): CPU time, not
-    wall time, so the machine's load hardly moves it; the difference is what
-    appending and trimming costs Redis per logged decision."""
-    from turnstile_admission.policies import PolicyName
-    from turnstile_admission.redis_store import AdmissionStore, AdmitArgs, LogContext
-    from turnstile_admission.settings import AdmissionSettings
-    from turnstile_platform.settings import DecisionLogSettings
+#: Limits high enough that every decision of :func:`script_cpu` and
+#: :func:`script_loop` takes the full path and admits.
+_LIMITS = {
+    "cap": {"default_cap": 1_000_000},
+    "rate": {"default_burst": 1_000_000, "cluster_burst": 1_000_000},
+    "concurrency": {"default_limit": 1_000_000},
+    "hold_ttl_s": 5,
+    "pending_ttl_s": 5,
+}
 
-    limits = {
-        "cap": {"default_cap": 1_000_000},
-        "rate": {"default_burst": 1_000_000, "cluster_burst": 1_000_000},
-        "concurrency": {"default_limit": 1_000_000},
-        "hold_ttl_s": 5,
-        "pending_ttl_s": 5,
-    }
-    stores = {}
-    for side in SIDES:
-        prefix = f"cpu{side}:"
-        await client.set(LiveCountKeys(prefix).state, COUNTED)
-        settings = AdmissionSettings(
-            redis_prefix=prefix,
-            decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
-            **limits,  # type: ignore[arg-type]
-        )
-        stores[side] = AdmissionStore(client, settings)
-    every = dict.fromkeys(PolicyName, 2)
-    shapes = {
-        "cold": (every, [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)]),
-        "resume": (
-            {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0},
-            [],
-        ),
-    }
-    context = LogContext(
+
+def _log_context() -> Any:
+    """A production-like log context: a trace id, the substrate's identity."""
+    from turnstile_admission.redis_store import LogContext
+
+    return LogContext(
         "4bf92f3577b34da6a3ce929d0e0e4736",
         False,
         "spiffe://turnstile.local/service/substrate",
@@ -122,6 +109,68 @@ async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[
         "1",
         "cold_create",
     )
+
+
+def _store(client: aioredis.Redis, prefix: str, side: str) -> Any:
+    """An AdmissionStore on ``prefix`` with the log on or off, the limits of
+    :data:`_LIMITS`."""
+    from turnstile_admission.redis_store import AdmissionStore
+    from turnstile_admission.settings import AdmissionSettings
+    from turnstile_platform.settings import DecisionLogSettings
+
+    settings = AdmissionSettings(
+        redis_prefix=prefix,
+        decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
+        **_LIMITS,  # type: ignore[arg-type]
+    )
+    return AdmissionStore(client, settings)
+
+
+def _shapes() -> dict[str, tuple[Any, list[tuple[str, int]]]]:
+    """Each shape's script modes and candidate nodes: cold create with every
+    policy on three nodes, resume with concurrency only."""
+    from turnstile_admission.policies import PolicyName
+
+    resume = {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 2, PolicyName.SLOTS: 0}
+    return {
+        "cold": (
+            dict.fromkeys(PolicyName, 2),
+            [("node-a", 100_000), ("node-b", 100_000), ("node-c", 100_000)],
+        ),
+        "resume": (resume, []),
+    }
+
+
+def _on_off(
+    per: dict[str, dict[str, list[float]]], pick: Any = statistics.median
+) -> dict[str, dict[str, float]]:
+    """Per shape, Redis CPU per decision on each side over the rounds (``pick``:
+    median, or min) and their difference."""
+    out: dict[str, dict[str, float]] = {}
+    for shape, sides in per.items():
+        on, off = pick(sides["on"]), pick(sides["off"])
+        out[shape] = {
+            "on_us": round(on, 1),
+            "off_us": round(off, 1),
+            "per_logged_decision_us": round(on - off, 1),
+        }
+    return out
+
+
+async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Redis's main-thread CPU per decision, log on and off, the script called one
+    at a time from this process (no gRPC, no admission process): CPU time, not
+    wall time, so the machine's load hardly moves it; the difference is what
+    appending and trimming costs Redis per logged decision."""
+    from turnstile_admission.redis_store import AdmitArgs
+
+    stores = {}
+    for side in SIDES:
+        prefix = f"cpu{side}:"
+        await client.set(LiveCountKeys(prefix).state, COUNTED)
+        stores[side] = _store(client, prefix, side)
+    shapes = _shapes()
+    context = _log_context()
     per: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in shapes}
     n = 0
     for r in range(rounds):
@@ -136,15 +185,51 @@ async def script_cpu(client: aioredis.Redis, rounds: int = 3) -> dict[str, dict[
                     )
                 spent = await base.redis_cpu_s(client) - before
                 per[shape][side].append(spent / SCRIPT_CALLS * 1e6)
-    out: dict[str, dict[str, float]] = {}
-    for shape, sides in per.items():
-        on, off = statistics.median(sides["on"]), statistics.median(sides["off"])
-        out[shape] = {
-            "on_us": round(on, 1),
-            "off_us": round(off, 1),
-            "per_logged_decision_us": round(on - off, 1),
-        }
-    return out
+    return _on_off(per)
+
+
+#: Decisions per side and round of :func:`script_loop`, in one EVAL.
+LOOP_CALLS = 2000
+
+#: admit.lua as the body of a function called LOOP_CALLS times in one EVAL (as
+#: claim.lua wraps it): each call decides again, with the same arguments.
+_LOOP = """
+local function admit_body()
+{admit}
+end
+for _ = 1, tonumber(ARGV[#ARGV]) do admit_body() end
+return 1
+"""
+
+
+async def script_loop(client: aioredis.Redis, rounds: int = 9) -> dict[str, dict[str, float]]:
+    """Redis's main-thread CPU per decision inside the decision script alone, log
+    on and off, the least of ``rounds``: the script looped within one EVAL, so
+    neither the network nor the arguments' parsing is in it (they are in
+    :func:`script_cpu`)."""
+    from turnstile_admission.redis_store import AdmitArgs, script_text
+    from turnstile_platform.redis_client import read_script
+
+    admit = read_script("turnstile_admission", "admit.lua")
+    body = script_text("admit.lua").replace(admit, _LOOP.format(admit=admit))
+    shapes = _shapes()
+    context = _log_context()
+    per: dict[str, dict[str, list[float]]] = {s: {"on": [], "off": []} for s in shapes}
+    for r in range(rounds):
+        for shape, (modes, nodes) in shapes.items():
+            for side in SIDES if r % 2 == 0 else tuple(reversed(SIDES)):
+                prefix = f"loop{side}{r}{shape}:"
+                await client.set(LiveCountKeys(prefix).state, COUNTED)
+                keys, argv = _store(client, prefix, side).admit_request(
+                    AdmitArgs("0" * 32, "acme", "acme--sb-1", modes, nodes, log=context)
+                )
+                before = await base.redis_cpu_s(client)
+                await client.eval(body, len(keys), *keys, *argv, LOOP_CALLS)
+                spent = await base.redis_cpu_s(client) - before
+                per[shape][side].append(spent / LOOP_CALLS * 1e6)
+    # The least of the rounds: the script's own CPU only grows when other work
+    # shares the core's caches (medians moved by 10 us at load average 8).
+    return _on_off(per, min)
 
 
 def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
@@ -185,6 +270,7 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                 "redis_off": [],
                 "script_on": [],
                 "script_off": [],
+                "total_cpu": [],
             }
             for shape in makers
         }
@@ -206,6 +292,10 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                     got[side]["script_us"] = (after[1] - before[1]) / calls if calls else 0.0
                 per[shape]["rps"].append(got["on"]["rps"] / got["off"]["rps"])
                 per[shape]["cpu"].append(got["on"]["cpu_us"] / got["off"]["cpu_us"])
+                per[shape]["total_cpu"].append(
+                    (got["on"]["cpu_us"] + got["on"]["redis_cpu_us"])
+                    / (got["off"]["cpu_us"] + got["off"]["redis_cpu_us"])
+                )
                 per[shape]["redis_on"].append(got["on"]["redis_cpu_us"])
                 per[shape]["redis_off"].append(got["off"]["redis_cpu_us"])
                 per[shape]["script_on"].append(got["on"]["script_us"])
@@ -217,6 +307,7 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                     flush=True,
                 )
         out_script = await script_cpu(client)
+        out_loop = await script_loop(client)
         stream = f"{PREFIXES['on']}{{adm}}:decisions"
         length = int(await client.xlen(stream))
         memory = int(await client.memory_usage(stream, samples=0) or 0)
@@ -227,12 +318,14 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
             "memory_bytes_per_decision": round(memory / length, 1) if length else None,
             "logged_entries": length,
             "script_cpu": out_script,
+            "script_loop": out_loop,
         }
         for shape, values in per.items():
             on, off = values["redis_on"], values["redis_off"]
             out[shape] = {
                 "rps_on_per_off": _spread(values["rps"]),
                 "server_cpu_on_per_off": _spread(values["cpu"]),
+                "cpu_on_per_off": _spread(values["total_cpu"]),
                 "redis_cpu_us_per_decision_on": _spread(on, 1),
                 "redis_cpu_us_per_decision_off": _spread(off, 1),
                 "redis_cpu_us_per_logged_decision": round(
@@ -252,6 +345,7 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                 f"{shape:6s} log on ÷ off: calls/s {s['rps_on_per_off']['median']:.3f} "
                 f"({s['rps_on_per_off']['min']:.3f}-{s['rps_on_per_off']['max']:.3f}), "
                 f"server CPU/call {s['server_cpu_on_per_off']['median']:.3f}, "
+                f"server + Redis CPU/call {s['cpu_on_per_off']['median']:.3f}, "
                 f"Redis CPU/decision {s['redis_cpu_us_per_decision_on']['median']:.1f} vs "
                 f"{s['redis_cpu_us_per_decision_off']['median']:.1f} us, "
                 f"script {s['script_us_on']['median']:.1f} vs {s['script_us_off']['median']:.1f} us"
@@ -259,6 +353,11 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
         for shape, cpu in out_script.items():
             print(
                 f"{shape:6s} Redis CPU per decision, one at a time: log on {cpu['on_us']} us, "
+                f"off {cpu['off_us']} us: +{cpu['per_logged_decision_us']} us per logged decision"
+            )
+        for shape, cpu in out_loop.items():
+            print(
+                f"{shape:6s} Redis CPU per decision, the script alone: log on {cpu['on_us']} us, "
                 f"off {cpu['off_us']} us: +{cpu['per_logged_decision_us']} us per logged decision"
             )
         print(

@@ -4,6 +4,7 @@ verdicts document."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -42,9 +43,8 @@ async def test_length_is_bounded_within_one_node(redis: aioredis.Redis, redis_pr
 
 async def test_age_is_bounded_by_redis_time(redis: Any, redis_prefix: str) -> None:
     stream = f"{redis_prefix}{{adm}}:decisions"
-    # 300 entries from 1970 (ids far older than any max age), three whole nodes.
-    for i in range(1, 301):
-        await redis.xadd(stream, {"kind": "old"}, id=f"{i}-0")
+    # A stream without an expiry (none of this include's writing) is trimmed at once.
+    await old_entries(redis, stream)
     await append(redis, stream, 1000, 60_000)
     entries = await redis.xrange(stream)
     old = [e for e in entries if e[1][b"kind"] == b"old"]
@@ -52,12 +52,49 @@ async def test_age_is_bounded_by_redis_time(redis: Any, redis_prefix: str) -> No
     assert entries[-1][1][b"kind"] == b"admitted"
 
 
+#: The age trim's period (``LOG_TRIM_MS``) for max ages of 10 s and more.
+PERIOD_MS = 1000
+
+
 async def test_the_stream_expires_after_its_max_age(
     redis: aioredis.Redis, redis_prefix: str
 ) -> None:
     stream = f"{redis_prefix}{{adm}}:decisions"
     await append(redis, stream, 10, 30_000)
-    assert 0 < await redis.pttl(stream) <= 30_000
+    # Never before its entries are max_age old; at most one trim period later.
+    assert 30_000 < await redis.pttl(stream) <= 30_000 + PERIOD_MS
+    # A short max age has a tenth of it as its period.
+    short = f"{redis_prefix}{{adm}}:short"
+    await append(redis, short, 10, 2_000)
+    assert 2_000 < await redis.pttl(short) <= 2_200
+
+
+async def old_entries(redis: Any, stream: str) -> None:
+    """300 entries from 1970 (ids far older than any max age), three whole nodes."""
+    for i in range(1, 301):
+        await redis.xadd(stream, {"kind": "old"}, id=f"{i}-0")
+
+
+async def test_the_age_trim_runs_once_a_period_not_on_every_append(
+    redis: Any, redis_prefix: str
+) -> None:
+    stream = f"{redis_prefix}{{adm}}:decisions"
+    await old_entries(redis, stream)
+    # The expiry as a trim leaves it: within the period, appends leave the old
+    # entries (the length bound still holds on every append).
+    await redis.pexpire(stream, 60_000 + PERIOD_MS)
+    for _ in range(3):
+        await append(redis, stream, 1000, 60_000)
+    kinds = [f[b"kind"] for _, f in await redis.xrange(stream)]
+    assert kinds.count(b"old") == 300
+    # Once a period has passed since that trim (what the TTL measures), the
+    # next append trims by age and sets the expiry a period past max age again.
+    await redis.pexpire(stream, 60_000 - 1)
+    await append(redis, stream, 1000, 60_000)
+    kinds = [f[b"kind"] for _, f in await redis.xrange(stream)]
+    assert kinds.count(b"old") < NODE
+    assert kinds[-1] == b"admitted"
+    assert await redis.pttl(stream) > 60_000
 
 
 async def test_zero_entries_turns_the_log_off(redis: aioredis.Redis, redis_prefix: str) -> None:
@@ -134,3 +171,66 @@ NONE = script("return verdicts_json({{0, 0, 0, -1, ''}}, {0}, {})")
 
 async def test_no_policy_evaluated_is_an_empty_array(redis: aioredis.Redis) -> None:
     assert json.loads(await redis.eval(NONE, 0)) == []
+
+
+async def test_trimming_races_a_slow_consumer_group(redis: Any, redis_prefix: str) -> None:
+    """The bounds do not wait for a shipper (docs/operations.md, "Shipping the
+    decision log"): appends trim while a slow group reads; entries trimmed before
+    it read them are never delivered, and those delivered but not acknowledged
+    stay in its pending list as bare ids, which re-reading returns without fields
+    and XAUTOCLAIM reports deleted (and drops)."""
+    stream = f"{redis_prefix}{{adm}}:decisions"
+    await redis.xgroup_create(stream, "shipper", id="$", mkstream=True)
+    appends: asyncio.Queue[bool] = asyncio.Queue()
+    delivered: list[bytes] = []
+    unacked: list[bytes] = []
+
+    async def appender() -> None:
+        for _ in range(1000):
+            await append(redis, stream, 150, 60_000)
+            appends.put_nowait(True)
+        appends.put_nowait(False)
+
+    async def slow_reader() -> None:
+        # One entry read for every ten appended, every other one acknowledged.
+        seen = 0
+        while await appends.get():
+            seen += 1
+            if seen % 10:
+                continue
+            got = await redis.xreadgroup("shipper", "s1", {stream: ">"}, count=1)
+            for entry_id, fields in got[0][1]:
+                assert fields[b"kind"] == b"admitted"  # '>' delivers only what exists
+                delivered.append(entry_id)
+                if len(delivered) % 2:
+                    await redis.xack(stream, "shipper", entry_id)
+                else:
+                    unacked.append(entry_id)
+
+    await asyncio.gather(appender(), slow_reader())
+    assert len(delivered) == 100
+    # The trim passed the reader by: its last entry is among the newest few
+    # hundred, not the 100th appended (what reading in order would have given).
+    assert delivered[-1] in {entry_id for entry_id, _ in await redis.xrange(stream)}
+    group = (await redis.xinfo_groups(stream))[0]
+    assert group["pending"] == len(unacked) == 50
+    # Enough further appends that every entry the reader saw is trimmed.
+    for _ in range(300):
+        await append(redis, stream, 150, 60_000)
+    assert 150 <= await redis.xlen(stream) < 150 + NODE
+    left = {entry_id for entry_id, _ in await redis.xrange(stream)}
+    assert not left & set(unacked)
+    # The pending list still holds every unacknowledged id; re-reading it ('0')
+    # returns them without fields.
+    assert (await redis.xpending(stream, "shipper"))["pending"] == len(unacked)
+    history = await redis.xreadgroup("shipper", "s1", {stream: "0"}, count=len(unacked))
+    assert [entry_id for entry_id, _ in history[0][1]] == unacked
+    assert all(not fields for _, fields in history[0][1])
+    # Acknowledged, one goes; XAUTOCLAIM reports the rest deleted and drops them.
+    assert await redis.xack(stream, "shipper", unacked[0]) == 1
+    _, claimed, deleted = await redis.xautoclaim(
+        stream, "shipper", "s2", 0, start_id="0-0", count=len(unacked)
+    )
+    assert claimed == []
+    assert deleted == unacked[1:]
+    assert (await redis.xpending(stream, "shipper"))["pending"] == 0

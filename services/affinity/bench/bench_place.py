@@ -33,6 +33,13 @@ authorization check replaced by a pass-through — a bench-only patch); and
 Measured in interleaved rounds (``--rounds``, 3 by default); reported as the
 median per-round ratio and its range: mtls / plaintext (TLS cost) and
 mtls+authz / mtls (authorization cost; goal within 5 %).
+
+Then the cost of the decision log (SPEC Q3) on Place: hits in the small tier on the
+affinity server above (the log on) and on one started with the log off
+(``TURNSTILE_DECISION_LOG__MAX_ENTRIES=0``), taken in turn for ``--rounds``
+rounds, the order flipped every round. Reported as the median per-round ratio
+(on ÷ off) of RPCs/s, of the server's CPU per RPC and of the server's plus
+redis-server's CPU per RPC (the steadier measure on a shared machine).
 """
 
 from __future__ import annotations
@@ -430,6 +437,15 @@ async def _bench(seconds: float, concurrency: int, rounds: int) -> dict[str, obj
         results |= alternating
         if rounds:
             results |= await _bench_security(url, affinity, seconds, concurrency, procs, rounds)
+            results |= await _bench_decision_log(
+                url,
+                affinity,
+                {"affinity": affinity_proc.pid, "redis": redis_proc.pid},
+                seconds,
+                concurrency,
+                procs,
+                rounds,
+            )
         print("\n" + json.dumps(results))
         return results
     finally:
@@ -586,6 +602,47 @@ async def _bench_security(
         )
         out[f"mtls_over_plaintext_{n}"] = round(statistics.median(tls_ratios), 3)
         out[f"authz_over_mtls_{n}"] = round(statistics.median(authz_ratios), 3)
+    return out
+
+
+async def _bench_decision_log(
+    url: str,
+    logging: str,
+    pids: dict[str, int],
+    seconds: float,
+    concurrency: int,
+    procs: list[subprocess.Popen[str]],
+    rounds: int,
+) -> dict[str, object]:
+    """Place hits with the decision log on (the ``logging`` server) and off, in turn."""
+    off_proc, off = _start_server("affinity", url, {"TURNSTILE_DECISION_LOG__MAX_ENTRIES": "0"})
+    procs.append(off_proc)
+    servers = {"on": (logging, pids["affinity"]), "off": (off, off_proc.pid)}
+    ratios: dict[str, list[float]] = {"rps": [], "server": [], "total": []}
+    for r in range(rounds):
+        got: dict[str, tuple[float, float, float]] = {}
+        for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            address, pid = servers[side]
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub: Any = affinity_pb2_grpc.AffinityServiceStub(channel)
+                server_0, redis_0 = _cpu_s(pid), _cpu_s(pids["redis"])
+                run = await _place_turns(stub, "small", concurrency, seconds, first_turns=False)
+                # The warm-up's 0.5 s runs at the same rate: its RPCs count too.
+                rpcs = 2 * run.rate * (seconds + 0.5)
+                server = (_cpu_s(pid) - server_0) / rpcs
+                redis_cpu = (_cpu_s(pids["redis"]) - redis_0) / rpcs
+                got[side] = (run.rate, server, server + redis_cpu)
+        ratios["rps"].append(got["on"][0] / got["off"][0])
+        ratios["server"].append(got["on"][1] / got["off"][1])
+        ratios["total"].append(got["on"][2] / got["off"][2])
+    off_proc.terminate()
+    off_proc.wait(10)
+    out: dict[str, object] = {}
+    print(f"\nPlace hit, decision log on ÷ off ({rounds} rounds, order alternating):")
+    for name, values in ratios.items():
+        median = statistics.median(values)
+        print(f"  {name:<7} {median:.3f} ({min(values):.3f}-{max(values):.3f})")
+        out[f"decision_log_on_per_off_{name}"] = round(median, 3)
     return out
 
 

@@ -9,7 +9,11 @@
 -- ARGV: max entries (0: off), max age in ms, F (fields per entry), then the
 --       entries, each F field names and values (2F values).
 -- Bounded by length (XADD MAXLEN ~) and by age (XTRIM MINID ~ Redis TIME - max
--- age: entry ids are Redis TIME); the stream expires max age after its last entry.
+-- age: entry ids are Redis TIME), once per batch. The stream expires one trim
+-- period (a second, or a tenth of max age when shorter) past max age after its
+-- last entry, as admission's appends set it: admission trims by age only once its
+-- TTL falls below max age (_decision_log.lua), so a shorter expiry set here would
+-- make its next decision trim again.
 -- Returns the number of entries appended.
 
 local max_entries, max_age, f = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -25,6 +29,6 @@ if n > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('XTRIM', KEYS[1], 'MINID', '~', math.max(0, now - max_age))
-  redis.call('PEXPIRE', KEYS[1], max_age)
+  redis.call('PEXPIRE', KEYS[1], max_age + math.min(1000, math.floor(max_age / 10)))
 end
 return n

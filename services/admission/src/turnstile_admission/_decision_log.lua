@@ -7,13 +7,21 @@
 -- step as what it took; a script that takes nothing for a settled hold (its
 -- caller gave up) or a dry run returns before it and logs nothing.
 --
--- Bounded twice: by length (XADD MAXLEN ~ max_entries) and by age (XTRIM MINID ~
--- now - max_age). Entry ids are Redis TIME (XADD '*'), so age is measured on
--- Redis TIME too, never on the test clock: the entry's own 'at' field carries the
--- decision's clock. '~' trims whole stream nodes only (stream-node-max-entries,
--- 100 by default), so the stream may exceed either bound by less than one node;
--- it costs a trim per node filled instead of per entry. The stream expires
--- max_age after its last entry: a log nobody writes to goes on its own.
+-- Bounded twice: by length on every append (XADD MAXLEN ~ max_entries) and by
+-- age (XTRIM MINID ~ now - max_age) at least once per trim period (LOG_TRIM_MS,
+-- a tenth of max_age when that is shorter). Every append is paid for by the
+-- decision it logs, so the age trim and the expiry's refresh run only when the
+-- stream's TTL says a period has passed: one PTTL per append instead of TIME,
+-- XTRIM and PEXPIRE (docs/admission.md, "The decision log's cost").
+-- Entry ids are Redis TIME (XADD '*'), so age is measured on Redis TIME too,
+-- never on the test clock: the entry's own 'at' field carries the decision's
+-- clock. '~' trims whole stream nodes only (stream-node-max-entries, 100 by
+-- default), so the stream may exceed the length bound by less than one node and
+-- the age bound by less than one node plus one trim period. The stream expires
+-- between max_age and max_age + one period after its last entry: a log nobody
+-- writes to goes on its own, never before its entries are max_age old. The
+-- substrate's and affinity's batches (decision_append.lua) set the same expiry,
+-- so their writes do not make the next decision trim again.
 -- max_entries 0 turns the log off: nothing is written.
 
 local LOG_POLICIES = {'node_slots', 'concurrency', 'cap', 'rate'}
@@ -62,12 +70,19 @@ local function verdicts_json(results, modes, shadow)
   return cjson.encode(out)
 end
 
+-- The age trim's period in ms (the head comment): at most a second.
+local LOG_TRIM_MS = 1000
+
 -- Append one decision (fields: a flat list of name, value) and keep the bounds.
 local function log_decision(stream, max_entries, max_age_ms, fields)
   if max_entries <= 0 then return end
   redis.call('XADD', stream, 'MAXLEN', '~', max_entries, '*', unpack(fields))
-  local t = redis.call('TIME')
-  local redis_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('XTRIM', stream, 'MINID', '~', math.max(0, redis_now - max_age_ms))
-  redis.call('PEXPIRE', stream, max_age_ms)
+  -- The expiry is set one period past max_age, so it drops below max_age once a
+  -- period has passed since the last trim (or was never set: -1).
+  if redis.call('PTTL', stream) < max_age_ms then
+    local t = redis.call('TIME')
+    local redis_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('XTRIM', stream, 'MINID', '~', math.max(0, redis_now - max_age_ms))
+    redis.call('PEXPIRE', stream, max_age_ms + math.min(LOG_TRIM_MS, math.floor(max_age_ms / 10)))
+  end
 end

@@ -289,7 +289,12 @@ class UsageAnswer:
 
 
 def _shadow(raw: Sequence[object]) -> Mapping[PolicyName, ShadowResult]:
-    """The shadow limits of ``admit.lua``'s answer (after its 27 first values)."""
+    """The shadow limits of ``admit.lua``'s answer (after its 27 first values).
+
+    Most keys set none: their three codes are the integer 0, answered without
+    parsing anything (about 1 µs a decision)."""
+    if raw[27] == 0 and raw[30] == 0 and raw[33] == 0:
+        return _NO_SHADOW
     out: dict[PolicyName, ShadowResult] = {}
     at = 27
     for policy in SHADOW_ORDER:
@@ -298,6 +303,10 @@ def _shadow(raw: Sequence[object]) -> Mapping[PolicyName, ShadowResult]:
             out[policy] = ShadowResult(code == 2, int(_s(raw[at + 1])), int(_s(raw[at + 2])))
         at += 3
     return out
+
+
+#: The answer's shadow results when no shadow limit is set (never mutated).
+_NO_SHADOW: Mapping[PolicyName, ShadowResult] = {}
 
 
 def _s(value: object) -> str:
