@@ -27,6 +27,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from turnstile_contracts import affinity_pb2, affinity_pb2_grpc
+from turnstile_platform.errors import decode
 from turnstile_testing.processes import free_port
 
 if TYPE_CHECKING:
@@ -124,6 +125,25 @@ class Fleet:
         return self.status
 
 
+async def place(stub: affinity_pb2_grpc.AffinityServiceAsyncStub, session: str) -> Any:
+    """A Place as a client makes it: one a busy replica shed (UNAVAILABLE, nothing
+    done, with its retry hint; the 3,000-worker run on a loaded machine) is sent again."""
+    request = affinity_pb2.PlaceRequest(client_id="acme", session_id=session, tier="")
+    attempts = 0
+    while True:
+        try:
+            return await stub.Place(request, timeout=30)
+        except grpc.aio.AioRpcError as error:
+            attempts += 1
+            shed = decode(error)
+            if shed.code != grpc.StatusCode.UNAVAILABLE or attempts >= PLACE_ATTEMPTS:
+                raise
+            await asyncio.sleep(shed.retry_after_s or 0.1)  # the server's own hint
+
+
+PLACE_ATTEMPTS = 20
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("count", [300, pytest.param(3000, marks=pytest.mark.slow)])
 async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and_one_presence(
@@ -163,10 +183,7 @@ async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and
         # One session per sandbox, placed before the kill.
         sessions: dict[str, str] = {}
         for n in range(count):
-            placed = await survivor.stub.Place(
-                affinity_pb2.PlaceRequest(client_id="acme", session_id=f"chat-{n}", tier=""),
-                timeout=30,
-            )
+            placed = await place(survivor.stub, f"chat-{n}")
             sessions[f"chat-{n}"] = placed.sandbox_id
             await survivor.stub.ReleaseLease(
                 affinity_pb2.ReleaseLeaseRequest(
@@ -194,9 +211,7 @@ async def test_a_killed_replicas_workers_reattach_elsewhere_keeping_sessions_and
         assert set(await replicas[2].workers()) == set(ids)
         # Every session keeps its sandbox: an affinity hit, no workspace reset.
         for session, sandbox in sessions.items():
-            placed = await replicas[2].stub.Place(
-                affinity_pb2.PlaceRequest(client_id="acme", session_id=session, tier=""), timeout=30
-            )
+            placed = await place(replicas[2].stub, session)
             assert placed.sandbox_id == sandbox
             assert placed.outcome == affinity_pb2.PLACEMENT_OUTCOME_HIT
             assert not placed.HasField("reset")
