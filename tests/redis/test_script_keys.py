@@ -64,6 +64,8 @@ ADMISSION = (
     "reserve_warm",
     "fairness",
     "peek",
+    # A waiting call's position, polled by its caller (SPEC Q1).
+    "queue_position",
 )
 PLATFORM = ("sandbox_credential_renew", "sandbox_credential_revoke", "decision_append")
 #: Prepended to other scripts, never run alone.
@@ -106,6 +108,7 @@ DERIVED: dict[str, set[str]] = {
     "admission/reserve_warm": _QUEUE,
     "admission/fairness": _QUEUE,
     "admission/peek": _QUEUE,
+    "admission/queue_position": _QUEUE,
     "admission/commit_hold": {"inflight", "sandbox", "slots"} | _GRANTS,
     "admission/cancel_hold": {"bucket", "inflight", "pending", "slots"} | _GRANTS,
     "admission/release_sandbox": {"pending", "slots"} | _GRANTS,
@@ -300,6 +303,7 @@ async def _admission_calls(client: aioredis.Redis, prefix: str) -> None:
     assert (await store.commit_answer("h9", prepaid=True)).committed
     assert await store.fairness_counts()
     assert (await store.peek("acme")).position >= 1
+    assert (await store.queue_position("w-none")).state == "none"
 
     live = LiveStore(client, prefix, state_ttl_s=60)
     await live.write(1, [Change(Op.SET, "sb-1", "acme"), Change(Op.DEL, "sb-2", "acme")], COUNTED)

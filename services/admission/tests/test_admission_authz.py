@@ -5,6 +5,8 @@ scoped: an identity allowed only ``self`` or a list acts for no other client."""
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import redis.asyncio as aioredis
 
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_testing.authz import Invoke, authorized, outcome, redis_snapshot, refusal, unary
+from turnstile_testing.eventually import eventually
 from turnstile_testing.pki import Pki
 
 SERVICE = "turnstile.admission.v1.AdmissionService"
@@ -70,6 +73,10 @@ CALLS: dict[str, Invoke] = {
     ),
     "ListDecisions": unary(
         f"/{SERVICE}/ListDecisions", admission_pb2.ListDecisionsRequest(client_id="acme")
+    ),
+    "GetQueuePosition": unary(
+        f"/{SERVICE}/GetQueuePosition",
+        admission_pb2.GetQueuePositionRequest(client=_client("acme"), wait_id="w-1"),
     ),
     "ReserveWarm": unary(
         f"/{SERVICE}/ReserveWarm",
@@ -255,3 +262,50 @@ async def test_the_shipped_policies_let_only_the_substrate_reserve_warm_pods(
             assert await redis_snapshot(redis, prefix) == before
     async with shipped.identity("service/substrate").channel(address) as substrate:
         assert await outcome(substrate, invoke) == grpc.StatusCode.OK
+
+
+async def _waiting(stub: Any, request: admission_pb2.GetQueuePositionRequest) -> bool:
+    found = await stub.GetQueuePosition(request)
+    return bool(found.state == admission_pb2.QUEUE_STATE_WAITING)
+
+
+@pytest.mark.parametrize("policy_file", SHIPPED_POLICIES)
+async def test_the_shipped_policies_show_a_tenant_its_own_waits_only(
+    policy_file: str, start_admission: Any, tmp_path: Path, redis: aioredis.Redis
+) -> None:
+    """GetQueuePosition is client-scoped like GetUsage (SPEC Q1, O1): a tenant sees
+    where its own waiting call stands; asking for another client's is refused, and
+    the same wait_id under its own client is not found, never the other's place."""
+    shipped = Pki(tmp_path / "pki", trust_domain="turnstile.local")
+    admission = await start_admission(
+        client_allowlist=("acme", "globex"),
+        rate={"cluster_rate_per_s": 0.001, "cluster_burst": 1},
+        queue={"tick_interval_s": 0.01},
+        **shipped.server_settings("service/admission", policy=(REPO / policy_file).read_text()),
+    )
+    address = admission.app.address
+    mine = admission_pb2.GetQueuePositionRequest(client=_client("acme"), wait_id="w-1")
+    theirs = admission_pb2.GetQueuePositionRequest(client=_client("globex"), wait_id="w-1")
+    async with (
+        shipped.identity("service/substrate").channel(address) as substrate_channel,
+        shipped.identity("client/acme").channel(address) as acme_channel,
+        shipped.identity("client/globex").channel(address) as globex_channel,
+    ):
+        substrate: Any = admission_pb2_grpc.AdmissionServiceStub(substrate_channel)
+        acme: Any = admission_pb2_grpc.AdmissionServiceStub(acme_channel)
+        globex: Any = admission_pb2_grpc.AdmissionServiceStub(globex_channel)
+        await substrate.Admit(_admit("acme", "acme--first"))  # the bucket's one token
+        request = _admit("acme", "acme--sb-1")
+        request.wait_budget.FromSeconds(20)
+        request.wait_id = "w-1"
+        call = asyncio.ensure_future(substrate.Admit(request, timeout=30))
+        try:
+            await eventually(partial(_waiting, acme, mine), what="acme sees its wait")
+            assert (await acme.GetQueuePosition(mine)).position == 1
+            code, _, _ = await refusal(globex_channel, unary(f"/{SERVICE}/GetQueuePosition", mine))
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+            found = await globex.GetQueuePosition(theirs)
+            assert found.state == admission_pb2.QUEUE_STATE_NOT_FOUND
+            assert not found.HasField("waited")
+        finally:
+            call.cancel()

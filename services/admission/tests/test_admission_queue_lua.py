@@ -339,3 +339,49 @@ async def test_peek_says_where_a_call_would_join_and_changes_nothing(
     assert newcomer.estimated_wait_ms == 500  # 1 / (10 × 1/5) s
     joined = await store.enqueue("gold-5", "gold", "r1", 100_000, TTL)
     assert (joined.position, joined.estimated_wait_ms) == (6, 800)
+
+
+async def test_a_waiters_position_and_estimate_follow_the_queue_and_change_nothing(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """queue_position.lua: a waiter's place among its key's waiters now, the wait
+    estimated from there (weights honoured, as enqueue's estimate), and how long
+    it has waited; granted once a tick grants it, none once claimed or unknown."""
+    await LimitsStore(redis, redis_prefix).set_key("gold", Limits(weight=3))
+    await drain_bucket(store)
+    await store.enqueue("plain-0", "plain", "r1", 100_000, TTL)
+    for n in range(6):
+        await store.enqueue(f"gold-{n}", "gold", "r1", 100_000, TTL)
+    await store.set_test_clock(NOW + 40)
+    before = {k: await redis.dump(k) for k in await queue_keys(redis, redis_prefix)}
+    last = await store.queue_position("gold-5")
+    assert last == ("waiting", 6, 6, 800, 40)  # 6 / (10 × 3/4) s, as it joined
+    assert {k: await redis.dump(k) for k in await queue_keys(redis, redis_prefix)} == before
+    assert (await store.queue_position("plain-0"))[:4] == ("waiting", 1, 1, 400)  # 1 / 2.5 s
+    # Grants move it up, and its estimate with it.
+    await store.set_test_clock(NOW + 100)
+    assert (await store.tick("r1")).granted == ("gold-0",)
+    moved = await store.queue_position("gold-5")
+    assert (moved.position, moved.key_waiters, moved.estimated_wait_ms) == (5, 5, 667)
+    assert moved.waited_ms == 100
+    granted = await store.queue_position("gold-0")
+    assert (granted.state, granted.position, granted.waited_ms) == ("granted", 0, 100)
+    claimed = await store.admit(AdmitArgs("h1", "gold", "sb-1", RATE_ONLY), claim="gold-0")
+    assert claimed.outcome == "admit"
+    assert (await store.queue_position("gold-0")).state == "none"
+    assert (await store.queue_position("never-joined")).state == "none"
+    # Its budget over (not yet swept): not waiting any more.
+    await store.set_test_clock(NOW + 100_001)
+    assert (await store.queue_position("gold-5")).state == "none"
+
+
+async def test_a_slot_waiters_position_has_no_estimate(store: AdmissionStore) -> None:
+    for n in range(2):
+        await store.enqueue(f"s{n}", "acme", "r1", 100_000, TTL, [("n1", 0), ("n2", 0)])
+    found = await store.queue_position("s1")
+    assert (found.state, found.position, found.key_waiters, found.estimated_wait_ms) == (
+        "waiting",
+        2,
+        2,
+        -1,
+    )

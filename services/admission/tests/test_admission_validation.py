@@ -51,6 +51,8 @@ BAD_ADMITS = [
         id="inherit",
     ),
     pytest.param(admit(tier="no spaces"), "tier", id="bad-tier"),
+    pytest.param(admit(wait_id="w" * 65), "wait_id", id="oversized-wait-id"),
+    pytest.param(admit(wait_id="not/a wait"), "wait_id", id="bad-wait-id"),
     pytest.param(admit(candidate_nodes=["n1", ""]), "candidate_nodes[1]", id="empty-node"),
     pytest.param(admit(candidate_nodes=["n1", "n1"]), "candidate_nodes[1]", id="duplicate-node"),
     pytest.param(
@@ -115,6 +117,14 @@ async def test_bad_release_and_usage_requests_are_invalid_argument(admission: An
         ),
         "client.inherit",
     )
+
+
+@pytest.mark.parametrize("wait_id", ["", "w" * 65, "not/a wait"])
+async def test_a_bad_queue_position_request_is_invalid_argument(
+    admission: Any, wait_id: str
+) -> None:
+    request = admission_pb2.GetQueuePositionRequest(client=ACME, wait_id=wait_id)
+    await assert_invalid(admission.stub.GetQueuePosition(request), "wait_id")
 
 
 GOOD = admit(candidate_nodes=["n1", "n2"])

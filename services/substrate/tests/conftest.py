@@ -205,6 +205,11 @@ class AdmissionDouble(admission_pb2_grpc.AdmissionServiceServicer):
     ) -> admission_pb2.ListDecisionsResponse:
         return admission_pb2.ListDecisionsResponse()
 
+    async def GetQueuePosition(
+        self, request: admission_pb2.GetQueuePositionRequest, context: Context
+    ) -> admission_pb2.GetQueuePositionResponse:
+        return admission_pb2.GetQueuePositionResponse(state=admission_pb2.QUEUE_STATE_NOT_FOUND)
+
 
 @pytest.fixture
 async def admission() -> AsyncIterator[AdmissionDouble]:

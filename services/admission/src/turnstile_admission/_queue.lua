@@ -8,7 +8,8 @@
 --   q:key:<l>:<key>   zset  waiter id -> arrival number (FIFO within the key)
 --   q:info            hash  waiter id -> JSON {s = 'w' waiting | 'g' granted, k = key,
 --                           l = level, o = owner replica, g = tokens granted,
---                           n = candidate nodes of a slot waiter, gn = node granted}
+--                           n = candidate nodes of a slot waiter, gn = node granted,
+--                           t = when it joined (ms), for queue_position.lua}
 --   q:exp             zset  waiter id -> expiry (ms): its budget, then its claim's
 --   q:meta            hash  LV (levels' virtual time), V:<l> (level l's), seq (arrivals),
 --                           n:<l> (level l's waiters not yet granted)

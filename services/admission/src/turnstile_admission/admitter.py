@@ -22,7 +22,7 @@ from prometheus_client import Counter, Histogram
 from turnstile_admission import decision_log, metrics
 from turnstile_admission.decision import Decision
 from turnstile_admission.decision_log import Page, Query
-from turnstile_admission.fair_queue import FairQueue
+from turnstile_admission.fair_queue import FairQueue, waiter_of
 from turnstile_admission.orphans import OrphanedHolds
 from turnstile_admission.policies import (
     ActivationShape,
@@ -48,6 +48,7 @@ from turnstile_admission.redis_store import (
     CommitAnswer,
     LogContext,
     OwnLimits,
+    QueuePosition,
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_admission.warm_reservations import WarmReservations
@@ -74,6 +75,8 @@ class AdmitInput(NamedTuple):
     """Decide and report, take nothing (SPEC Q4)."""
     identity: str = ""
     """The caller's SPIFFE ID, for the decision log (empty without authentication)."""
+    wait_id: str = ""
+    """The caller's id of this call, by which GetQueuePosition finds it waiting."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,8 @@ class Admitter:
         while (remaining := deadline - loop.time()) > 0:
             nodes = self._candidates(request) if resource == _SLOTS else ()
             own = self._own_limits(request) if resource == _OWN else None
-            wait = await queue.wait(key.key, remaining, nodes, own)
+            waiter = waiter_of(request.client, request.wait_id) if request.wait_id else ""
+            wait = await queue.wait(key.key, remaining, nodes, own, waiter)
             if joined is None:
                 joined = wait.queued
             if not wait.granted:
@@ -614,6 +618,10 @@ class Admitter:
     async def decisions(self, query: Query) -> Page:
         """A page of the decision log (SPEC Q3), newest first."""
         return await decision_log.read(self.store.redis, self.store.keys.decisions, query)
+
+    async def queue_position(self, client: Client, wait_id: str) -> QueuePosition:
+        """Where ``client``'s call carrying ``wait_id`` stands in the fair queue."""
+        return await self.store.queue_position(waiter_of(client, wait_id))
 
     async def usage(self, client: Client) -> Usage:
         key = self.resolver.resolve(client)

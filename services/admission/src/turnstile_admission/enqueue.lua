@@ -40,7 +40,7 @@ local waiting = redis.call('HLEN', q.info)
 if waiting >= max_waiters then return {'full', 0, 0, waiting, level} end
 local seq = redis.call('HINCRBY', q.meta, 'seq', 1)
 local share = tonumber(shares[level]) or 1
-local info = {s = 'w', k = key, l = level, o = owner}
+local info = {s = 'w', k = key, l = level, o = owner, t = now}
 redis.call('ZADD', q.exp, now + budget, wid)
 redis.call('ZADD', q.owners, now + owner_ttl, owner)
 -- Every structure outlives its newest entry, and no longer: an abandoned queue

@@ -20,6 +20,7 @@ entry has an owner and an expiry).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from turnstile_admission import metrics
 from turnstile_admission.fairness import FairnessGauge
 from turnstile_admission.redis_store import AdmissionStore, OwnLimits, Queued
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys import Client
 from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
@@ -41,6 +43,15 @@ _STRUCTURE_GRACE_MS = 60_000
 #: How often, at most, a replica asks Redis which of its waiters it lost: one
 #: HMGET of all of them, so not on every tick of a long queue.
 _LOST_CHECK_INTERVAL_S = 1.0
+
+
+def waiter_of(client: Client, wait_id: str) -> str:
+    """The queue entry id of ``client``'s call that carries ``wait_id``: derived,
+    not stored, so GetQueuePosition finds the entry with no index to keep (the
+    entry's own owner and expiry are the only ones) and another client's caller,
+    deriving from its own client, never finds it (SPEC O1)."""
+    tag = f"{client.form.value}\n{client.client_id or ''}\n{wait_id}"
+    return "w" + hashlib.sha256(tag.encode()).hexdigest()[:31]
 
 
 @dataclass
@@ -88,6 +99,7 @@ class FairQueue:
         budget_s: float,
         nodes: Sequence[tuple[str, int]] = (),
         own: OwnLimits | None = None,
+        waiter: str = "",
     ) -> Wait:
         """Join ``key``'s queue and wait up to ``budget_s`` for a grant: of the
         cluster bucket's tokens, or with ``nodes`` (candidate nodes and their
@@ -97,8 +109,12 @@ class FairQueue:
         Not granted: the waiter has left the queue (or will be swept: it has an
         expiry), holding nothing. Cancelled: it leaves, and the cancellation goes
         on. An entry Redis lost meanwhile (restarted without its data, P6) joins
-        again for what is left of the budget, at the back of its key's queue."""
-        waiter = os.urandom(16).hex()
+        again for what is left of the budget, at the back of its key's queue.
+
+        ``waiter``: the entry's id (:func:`waiter_of`), so that its caller can find
+        it; random when empty or already one of this replica's waiters."""
+        if not waiter or waiter in self._waiters:
+            waiter = os.urandom(16).hex()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget_s
         event = asyncio.Event()

@@ -28,7 +28,15 @@ SCRIPT_ORDER = (PolicyName.SLOTS, PolicyName.CONCURRENCY, PolicyName.CAP, Policy
 
 #: The fair queue's scripts, which take ``_queue.lua``'s helpers too.
 QUEUE_SCRIPTS = frozenset(
-    {"enqueue.lua", "tick.lua", "claim.lua", "leave.lua", "fairness.lua", "peek.lua"}
+    {
+        "enqueue.lua",
+        "tick.lua",
+        "claim.lua",
+        "leave.lua",
+        "fairness.lua",
+        "peek.lua",
+        "queue_position.lua",
+    }
 )
 
 #: The scripts that free node slots or a key's room (a lease, a pending entry,
@@ -230,6 +238,19 @@ class Queued(NamedTuple):
     """The priority level it waits in (SPEC Q2)."""
 
 
+class QueuePosition(NamedTuple):
+    """``queue_position.lua``'s answer: one waiter, now."""
+
+    state: str
+    """``waiting``, ``granted`` (not yet claimed) or ``none`` (not in the queue)."""
+    position: int
+    """Among its key's waiters, 1 the head; 0 unless waiting."""
+    key_waiters: int
+    estimated_wait_ms: int
+    """-1: no estimate (as :attr:`Queued.estimated_wait_ms`)."""
+    waited_ms: int
+
+
 class Tick(NamedTuple):
     """``tick.lua``'s answer."""
 
@@ -339,6 +360,9 @@ class AdmissionStore:
         self._leave: AsyncScript = client.register_script(script_text("leave.lua", clock))
         self._fairness: AsyncScript = client.register_script(script_text("fairness.lua", clock))
         self._peek: AsyncScript = client.register_script(script_text("peek.lua", clock))
+        self._position: AsyncScript = client.register_script(
+            script_text("queue_position.lua", clock)
+        )
         s = settings
         #: The levels' shares as the queue's scripts take them (JSON).
         self._shares = json.dumps(s.queue.level_shares, sort_keys=True)
@@ -694,6 +718,20 @@ class AdmissionStore:
             ],
         )
         return Queued(True, int(raw[0]), int(raw[1]), int(raw[2]), _s(raw[3]))
+
+    async def queue_position(self, waiter: str) -> QueuePosition:
+        """Where ``waiter`` stands in the fair queue now (``queue_position.lua``),
+        changing nothing: polled by a caller while its Admit waits (SPEC Q1)."""
+        raw = await self._position(
+            keys=[self.keys.limits, *self._clock_keys],
+            args=[
+                waiter,
+                self._settings.rate.cost,
+                self._settings.rate.cluster_rate_per_s,
+                self._shares,
+            ],
+        )
+        return QueuePosition(_s(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), int(raw[4]))
 
     async def tick(self, owner: str) -> Tick:
         q = self._settings.queue

@@ -101,6 +101,25 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         released = await self._admitter.release(sandbox_id)
         return admission_pb2.ReleaseSandboxResponse(released=released)
 
+    async def GetQueuePosition(  # noqa: N802
+        self, request: admission_pb2.GetQueuePositionRequest, context: Context
+    ) -> admission_pb2.GetQueuePositionResponse:
+        # The authorizer allowed this call's client, and the entry is found by
+        # client and wait_id together: another client's wait is not found (SPEC O1).
+        client = validation.client(request.client)
+        found = await self._admitter.queue_position(
+            client, validation.wait_id(request.wait_id, required=True)
+        )
+        response = admission_pb2.GetQueuePositionResponse(state=_QUEUE_STATES[found.state])
+        if found.state == "waiting":
+            response.position = found.position
+            response.key_waiters = found.key_waiters
+            if found.estimated_wait_ms >= 0:
+                response.estimated_wait.FromMilliseconds(found.estimated_wait_ms)
+        if found.state != "none":
+            response.waited.FromMilliseconds(found.waited_ms)
+        return response
+
     async def GetUsage(  # noqa: N802
         self, request: admission_pb2.GetUsageRequest, context: Context
     ) -> admission_pb2.GetUsageResponse:
@@ -134,6 +153,11 @@ _ACTIVATIONS = {
     "warm_claim": common_pb2.ACTIVATION_KIND_WARM_CLAIM,
     "resume": common_pb2.ACTIVATION_KIND_RESUME,
     "restore": common_pb2.ACTIVATION_KIND_RESTORE,
+}
+_QUEUE_STATES = {
+    "waiting": admission_pb2.QUEUE_STATE_WAITING,
+    "granted": admission_pb2.QUEUE_STATE_GRANTED,
+    "none": admission_pb2.QUEUE_STATE_NOT_FOUND,
 }
 _KEY_KINDS = {kind.value: value for kind, value in KEY_KINDS.items()}
 

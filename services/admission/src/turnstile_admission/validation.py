@@ -26,6 +26,7 @@ ADMIT_FORMS = frozenset({ClientForm.CLIENT_ID, ClientForm.NATIVE, ClientForm.UNA
 MAX_CANDIDATE_NODES = 256
 MAX_NODE_NAME = 253
 MAX_HOLD_ID = 64
+MAX_WAIT_ID = 64
 
 _KINDS = {
     common_pb2.ACTIVATION_KIND_COLD_CREATE: Kind.COLD_CREATE,
@@ -97,6 +98,17 @@ def candidate_nodes(names: Sequence[str]) -> tuple[str, ...]:
     return nodes
 
 
+def wait_id(value: str, required: bool = False) -> str:
+    """A caller's id of a waiting call (AdmitRequest.wait_id): bounded, plain."""
+    if not value:
+        if required:
+            raise bad_field("wait_id", "must not be empty")
+        return value
+    if len(value) > MAX_WAIT_ID or not _HOLD.fullmatch(value):
+        raise bad_field("wait_id", f"must be at most {MAX_WAIT_ID} of A-Z, a-z, 0-9, '-', '_'")
+    return value
+
+
 class WarmRequest(NamedTuple):
     """A validated ReserveWarm request."""
 
@@ -137,6 +149,7 @@ def admit_request(request: admission_pb2.AdmitRequest) -> AdmitInput:
         wait_s=wait_s,
         queue_per_client=request.queue_per_client,
         dry_run=request.dry_run,
+        wait_id=wait_id(request.wait_id),
     )
 
 

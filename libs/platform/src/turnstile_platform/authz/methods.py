@@ -6,8 +6,9 @@ must be allowed). A sandbox's owner is its recorded client; an id ``<client>--â€
 lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC O1):
 
 ==============================  ===============================================================
-``GetUsage``                    the request's ``client``: a client id, or the reserved keys
-                                ``native`` / ``unattributed``
+``GetUsage``,                   the request's ``client``: a client id, or the reserved keys
+``GetQueuePosition``            ``native`` / ``unattributed`` (a wait is found by client and
+                                wait id together, so another client's is not found)
 ``Activate``                    the request's ``client`` *and* the sandbox's owner (with none
                                 recorded: its namespace's client), so a ``self``- or
                                 list-scoped identity can neither take over nor restore another
@@ -110,6 +111,9 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
         lambda r: r.client, lambda r: r.sandbox_id
     ),
     _name(_ADMISSION, "AdmissionService", "GetUsage"): FromActivationClient(
+        lambda r: r.client, None
+    ),
+    _name(_ADMISSION, "AdmissionService", "GetQueuePosition"): FromActivationClient(
         lambda r: r.client, None
     ),
     _name(_ADMISSION, "AdmissionService", "ReleaseSandbox"): FromSandbox(lambda r: r.sandbox_id),

@@ -140,6 +140,31 @@ DECISION_ADMITTED: Decision.ValueType  # 1
 DECISION_REFUSED: Decision.ValueType  # 2
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
 
+class _QueueState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QueueStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QUEUE_STATE_UNSPECIFIED: _QueueState.ValueType  # 0
+    QUEUE_STATE_WAITING: _QueueState.ValueType  # 1
+    """In the queue, not yet granted."""
+    QUEUE_STATE_GRANTED: _QueueState.ValueType  # 2
+    """Granted: the call is deciding on its grant and answers soon."""
+    QUEUE_STATE_NOT_FOUND: _QueueState.ValueType  # 3
+    """Not in the queue: not yet joined, already answered, or another client's."""
+
+class QueueState(_QueueState, metaclass=_QueueStateEnumTypeWrapper): ...
+
+QUEUE_STATE_UNSPECIFIED: QueueState.ValueType  # 0
+QUEUE_STATE_WAITING: QueueState.ValueType  # 1
+"""In the queue, not yet granted."""
+QUEUE_STATE_GRANTED: QueueState.ValueType  # 2
+"""Granted: the call is deciding on its grant and answers soon."""
+QUEUE_STATE_NOT_FOUND: QueueState.ValueType  # 3
+"""Not in the queue: not yet joined, already answered, or another client's."""
+Global___QueueState: _TypeAlias = QueueState  # noqa: Y015
+
 @_typing.final
 class AdmitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -152,6 +177,7 @@ class AdmitRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _builtins.int
     WAIT_BUDGET_FIELD_NUMBER: _builtins.int
     QUEUE_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    WAIT_ID_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """The sandbox being activated: 1 to 63 characters, a valid label value."""
     kind: _common_pb2.ActivationKind.ValueType
@@ -170,6 +196,12 @@ class AdmitRequest(_message.Message):
     room again (a lease or pending entry released, a sandbox seen gone, the
     bucket refilled). False: such a refusal is answered at once. Ignored
     without a wait budget.
+    """
+    wait_id: _builtins.str
+    """With a wait budget: a caller-chosen id of this call (1 to 64 characters of
+    A-Z, a-z, 0-9, '-' and '_'; empty: none) by which GetQueuePosition finds it
+    while it waits, with the same client. Choose one per call (e.g. random):
+    a second call of the client with an id still in use waits unseen.
     """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
@@ -204,10 +236,11 @@ class AdmitRequest(_message.Message):
         dry_run: _builtins.bool = ...,
         wait_budget: _duration_pb2.Duration | None = ...,
         queue_per_client: _builtins.bool = ...,
+        wait_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "dry_run", b"dry_run", "kind", b"kind", "queue_per_client", b"queue_per_client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_nodes", b"candidate_nodes", "client", b"client", "dry_run", b"dry_run", "kind", b"kind", "queue_per_client", b"queue_per_client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget", "wait_id", b"wait_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -597,6 +630,75 @@ class ReleaseSandboxResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseSandboxResponse: _TypeAlias = ReleaseSandboxResponse  # noqa: Y015
+
+@_typing.final
+class GetQueuePositionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_FIELD_NUMBER: _builtins.int
+    WAIT_ID_FIELD_NUMBER: _builtins.int
+    wait_id: _builtins.str
+    """The waiting call's AdmitRequest.wait_id (ActivateRequest.wait_id)."""
+    @_builtins.property
+    def client(self) -> _common_pb2.ActivationClient:
+        """The client the waiting call charges (`client_id`, `native` or `unattributed`)."""
+
+    def __init__(
+        self,
+        *,
+        client: _common_pb2.ActivationClient | None = ...,
+        wait_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_id", b"wait_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueuePositionRequest: _TypeAlias = GetQueuePositionRequest  # noqa: Y015
+
+@_typing.final
+class GetQueuePositionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    KEY_WAITERS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_WAIT_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
+    state: Global___QueueState.ValueType
+    position: _builtins.int
+    """While waiting: its position among its key's waiters (1 is the head)."""
+    key_waiters: _builtins.int
+    """While waiting: its key's waiters, itself included."""
+    @_builtins.property
+    def estimated_wait(self) -> _duration_pb2.Duration:
+        """While waiting for the cluster bucket: the wait estimated now from its
+        position, its key's weight, its level's share and the bucket's rate (as
+        AdmitResponse.estimated_wait). Unset: no estimate (a node slot's or the
+        client's own limits' waiter, or no cluster rate).
+        """
+
+    @_builtins.property
+    def waited(self) -> _duration_pb2.Duration:
+        """Waiting or granted: how long since it joined the queue."""
+
+    def __init__(
+        self,
+        *,
+        state: Global___QueueState.ValueType = ...,
+        position: _builtins.int = ...,
+        key_waiters: _builtins.int = ...,
+        estimated_wait: _duration_pb2.Duration | None = ...,
+        waited: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_wait", b"estimated_wait", "waited", b"waited"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_wait", b"estimated_wait", "key_waiters", b"key_waiters", "position", b"position", "state", b"state", "waited", b"waited"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueuePositionResponse: _TypeAlias = GetQueuePositionResponse  # noqa: Y015
 
 @_typing.final
 class GetUsageRequest(_message.Message):

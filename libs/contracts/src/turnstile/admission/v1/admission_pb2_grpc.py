@@ -69,6 +69,11 @@ class AdmissionServiceStub:
                 request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.SerializeToString,
                 response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.FromString,
                 _registered_method=True)
+        self.GetQueuePosition = channel.unary_unary(
+                '/turnstile.admission.v1.AdmissionService/GetQueuePosition',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetQueuePositionRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetQueuePositionResponse.FromString,
+                _registered_method=True)
         self.ReserveWarm = channel.unary_unary(
                 '/turnstile.admission.v1.AdmissionService/ReserveWarm',
                 request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ReserveWarmRequest.SerializeToString,
@@ -134,6 +139,16 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueuePosition(self, request, context):
+        """GetQueuePosition tells a caller whose Admit (or Activate) waits in the fair
+        queue where it stands now: found by the client and the wait_id the call
+        carried (SPEC Q1). Read-only; client-scoped like GetUsage: a wait_id of
+        another client's call answers QUEUE_STATE_NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReserveWarm(self, request, context):
         """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
         token and a node slot, as a hold owned by the pod (SPEC W3). Only the
@@ -180,6 +195,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.ListDecisions,
                     request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.FromString,
                     response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.SerializeToString,
+            ),
+            'GetQueuePosition': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueuePosition,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetQueuePositionRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetQueuePositionResponse.SerializeToString,
             ),
             'ReserveWarm': grpc.unary_unary_rpc_method_handler(
                     servicer.ReserveWarm,
@@ -354,6 +374,33 @@ class AdmissionService:
             '/turnstile.admission.v1.AdmissionService/ListDecisions',
             turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsRequest.SerializeToString,
             turnstile_dot_admission_dot_v1_dot_admission__pb2.ListDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueuePosition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdmissionService/GetQueuePosition',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.GetQueuePositionRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.GetQueuePositionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,12 @@ class AdmissionServiceStub:
     decisions, and what the substrate and affinity did for the same calls.
     Client-scoped like GetUsage: a tenant reads its own client's entries only.
     """
+    GetQueuePosition: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetQueuePositionRequest, _admission_pb2.GetQueuePositionResponse]
+    """GetQueuePosition tells a caller whose Admit (or Activate) waits in the fair
+    queue where it stands now: found by the client and the wait_id the call
+    carried (SPEC Q1). Read-only; client-scoped like GetUsage: a wait_id of
+    another client's call answers QUEUE_STATE_NOT_FOUND.
+    """
     ReserveWarm: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReserveWarmRequest, _admission_pb2.ReserveWarmResponse]
     """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
     token and a node slot, as a hold owned by the pod (SPEC W3). Only the
@@ -108,6 +114,12 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
     decisions, and what the substrate and affinity did for the same calls.
     Client-scoped like GetUsage: a tenant reads its own client's entries only.
+    """
+    GetQueuePosition: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetQueuePositionRequest, _admission_pb2.GetQueuePositionResponse]  # type: ignore[assignment]
+    """GetQueuePosition tells a caller whose Admit (or Activate) waits in the fair
+    queue where it stands now: found by the client and the wait_id the call
+    carried (SPEC Q1). Read-only; client-scoped like GetUsage: a wait_id of
+    another client's call answers QUEUE_STATE_NOT_FOUND.
     """
     ReserveWarm: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReserveWarmRequest, _admission_pb2.ReserveWarmResponse]  # type: ignore[assignment]
     """ReserveWarm takes what creating one warm-pool pod needs, a cluster-bucket
@@ -187,6 +199,18 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListDecisions reads the decision log (SPEC Q3), newest first: admission's
         decisions, and what the substrate and affinity did for the same calls.
         Client-scoped like GetUsage: a tenant reads its own client's entries only.
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueuePosition(
+        self,
+        request: _admission_pb2.GetQueuePositionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.GetQueuePositionResponse, _abc.Awaitable[_admission_pb2.GetQueuePositionResponse]]:
+        """GetQueuePosition tells a caller whose Admit (or Activate) waits in the fair
+        queue where it stands now: found by the client and the wait_id the call
+        carried (SPEC Q1). Read-only; client-scoped like GetUsage: a wait_id of
+        another client's call answers QUEUE_STATE_NOT_FOUND.
         """
 
     @_abc_1.abstractmethod
