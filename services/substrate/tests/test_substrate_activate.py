@@ -356,6 +356,27 @@ async def test_queue_per_client_reaches_admission_with_the_budget(
     assert [a.queue_per_client for a in harness.admission.admits] == [True, False]
 
 
+async def test_a_wait_id_reaches_admission_and_a_bad_one_changes_nothing(
+    migrated_url: str, start_service: StartService
+) -> None:
+    """SPEC Q1: the caller's wait_id goes down to Admit, so GetQueuePosition finds
+    the call while it waits; a bad one is INVALID_ARGUMENT before anything is asked."""
+    harness = await start_service(migrated_url)
+    request = substrate_pb2.ActivateRequest(
+        sandbox_id="sb-1",
+        client=common_pb2.ActivationClient(client_id="acme"),
+        wait_budget=Duration(seconds=5),
+        wait_id="w-1",
+    )
+    await harness.stub.Activate(request, timeout=30)
+    assert [a.wait_id for a in harness.admission.admits] == ["w-1"]
+    request.sandbox_id, request.wait_id = "sb-2", "not/a wait"
+    refused = await harness.error(harness.stub.Activate(request, timeout=30))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.field_violations[0].field == "wait_id"
+    assert len(harness.admission.admits) == 1
+
+
 async def test_an_activate_that_waited_says_how_long(
     migrated_url: str, start_service: StartService
 ) -> None:

@@ -190,6 +190,7 @@ class TurnstileClient:
         deadline_s: float | None = None,
         wait_s: float = 0.0,
         queue_per_client: bool = False,
+        wait_id: str = "",
     ) -> substrate_pb2.ActivateResponse:
         """Make the sandbox's runtime exist, charged to ``client``: a client id, or
         any form of ``ActivationClient`` (``inherit``, ``native``, ``unattributed``).
@@ -199,7 +200,9 @@ class TurnstileClient:
 
         ``wait_s`` > 0: wait up to that long in admission's fair queue when only a
         shared resource refuses (the default deadline grows by it), or with
-        ``queue_per_client`` when only the client's own limits do."""
+        ``queue_per_client`` when only the client's own limits do; ``wait_id``
+        (your id of this call, fresh per call) lets admission's GetQueuePosition
+        say where it stands while it waits."""
         stub = _need(self._substrate, "substrate")
         request = substrate_pb2.ActivateRequest(
             sandbox_id=sandbox_id,
@@ -212,6 +215,7 @@ class TurnstileClient:
         if wait_s > 0:
             request.wait_budget.FromMilliseconds(round(wait_s * 1000))
             request.queue_per_client = queue_per_client
+            request.wait_id = wait_id
             if deadline_s is None:
                 deadline_s = self.deadline_s + wait_s
         response: substrate_pb2.ActivateResponse = await self._call(

@@ -270,6 +270,7 @@ class Activator:
         queue_per_client: bool = False,
         dry_run: bool = False,
         identity: str = "",
+        wait_id: str = "",
     ) -> Activation:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
@@ -277,7 +278,8 @@ class Activator:
         on each record read here (the already-running path, then under the claim),
         before anything is made or admitted. ``wait_s``: how long admission may
         keep the call in its fair queue (SPEC Q1; 0: answer at once), for its
-        client's own limits too with ``queue_per_client``. A dry run
+        client's own limits too with ``queue_per_client``; ``wait_id`` names the
+        wait for the caller's GetQueuePosition, passed down to Admit. A dry run
         (SPEC Q4) never waits: admission decides it at once, queueing nothing."""
         if dry_run:
             return await self._guard(self._dry_run(sandbox_id, client, tier, scope))
@@ -287,7 +289,7 @@ class Activator:
         failure: RichError | None = None
         try:
             activation = await self._guard(
-                self._activate(sandbox_id, client, tier, scope, wait_s, queue_per_client)
+                self._activate(sandbox_id, client, tier, scope, wait_s, queue_per_client, wait_id)
             )
             result = activation.outcome.value
             return activation
@@ -341,6 +343,7 @@ class Activator:
         scope: CallerScope | None,
         wait_s: float = 0.0,
         queue_per_client: bool = False,
+        wait_id: str = "",
     ) -> Activation:
         inherit = client.form is ClientForm.INHERIT
         runtime = await self.substrate.find_running(sandbox_id)
@@ -371,7 +374,15 @@ class Activator:
                     )
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
             return await self._create(
-                claim, sandbox_id, client, tier, record, generation, wait_s, queue_per_client
+                claim,
+                sandbox_id,
+                client,
+                tier,
+                record,
+                generation,
+                wait_s,
+                queue_per_client,
+                wait_id,
             )
 
     async def _dry_run(
@@ -418,6 +429,7 @@ class Activator:
         generation: int,
         wait_s: float = 0.0,
         queue_per_client: bool = False,
+        wait_id: str = "",
     ) -> Activation:
         charged = charged_client(client, record)
         spec = RuntimeSpec(
@@ -436,6 +448,7 @@ class Activator:
             plan.candidate_nodes,
             wait_s,
             queue_per_client=queue_per_client,
+            wait_id=wait_id,
         )
         runtime: Runtime | None = None
         stage = "runtime"

@@ -178,6 +178,7 @@ class AdmissionClient:
         *,
         queue_per_client: bool = False,
         dry_run: bool = False,
+        wait_id: str = "",
     ) -> Admitted:
         """Admit the activation or raise its refusal as a :class:`RichError`.
 
@@ -187,7 +188,8 @@ class AdmissionClient:
 
         ``wait_s`` > 0 asks admission to queue the call that long when only a
         shared resource refuses (SPEC Q1), or with ``queue_per_client`` when only
-        the client's own limits do; the call's deadline grows by it.
+        the client's own limits do; the call's deadline grows by it. ``wait_id``
+        names the wait, so the caller can ask GetQueuePosition where it stands.
         """
         request = admission_pb2.AdmitRequest(
             sandbox_id=sandbox_id,
@@ -201,6 +203,7 @@ class AdmissionClient:
         if wait_s > 0:
             request.wait_budget.FromMilliseconds(round(wait_s * 1000))
             request.queue_per_client = queue_per_client
+            request.wait_id = wait_id
             timeout += wait_s
         try:
             response = await self._stub.Admit(request, timeout=timeout)

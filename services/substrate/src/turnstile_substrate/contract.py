@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import UTC, datetime
 
 import grpc
@@ -238,6 +239,19 @@ def sandbox(
 def sandbox_view(found: SandboxView, substrate_name: str) -> substrate_pb2.Sandbox:
     """GetSandbox's Sandbox: the record, corrected by what runs now."""
     return sandbox(found.record, found.runtime, substrate_name, live=True)
+
+
+#: A caller's id of a waiting call (ActivateRequest.wait_id), as admission takes it.
+MAX_WAIT_ID = 64
+_WAIT_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def wait_id(value: str) -> str:
+    """The call's wait id, checked here so a bad one changes nothing (not even a
+    claim) before admission would refuse it."""
+    if value and (len(value) > MAX_WAIT_ID or not _WAIT_ID.fullmatch(value)):
+        raise bad_field("wait_id", f"must be at most {MAX_WAIT_ID} of A-Z, a-z, 0-9, '-', '_'")
+    return value
 
 
 def wait_budget(

@@ -51,6 +51,7 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
             queue_per_client=request.queue_per_client,
             dry_run=request.dry_run,
             identity=current_identity(),
+            wait_id=contract.wait_id(request.wait_id),
         )
         return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from turnstile_cli.clients import client_from_args, describe
 from turnstile_cli.commands.base import queue_per_client_without_wait
+from turnstile_cli.commands.queue_watch import new_wait_id, watched
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, queue_rows, retry_text, when
@@ -57,9 +58,14 @@ async def _admit(args: argparse.Namespace, ctx: Context) -> int:
     timeout = None
     if args.wait > 0:
         request.wait_budget.FromMilliseconds(round(args.wait * 1000))
+        request.wait_id = new_wait_id()
         timeout = args.wait + 10
     async with ctx.admission() as stub:
-        response = await stub.Admit(request, timeout=timeout)
+        answer = stub.Admit(request, timeout=timeout)
+        if args.wait > 0 and not args.dry_run:
+            response = await watched(ctx, request.client, request.wait_id, answer)
+        else:
+            response = await answer
         settled: str | None = None
         if response.decision == admission_pb2.DECISION_ADMITTED and (args.commit or args.cancel):
             if args.commit:

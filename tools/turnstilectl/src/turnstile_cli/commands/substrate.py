@@ -9,6 +9,7 @@ from rich.table import Table
 
 from turnstile_cli.clients import client_from_args
 from turnstile_cli.commands.base import queue_per_client_without_wait
+from turnstile_cli.commands.queue_watch import new_wait_id, watched
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import kv_table, proto_dict, queue_rows, when
@@ -26,15 +27,22 @@ OUTCOME_STYLES = {
 async def _activate(args: argparse.Namespace, ctx: Context) -> int:
     if queue_per_client_without_wait(args, ctx):
         return Exit.USAGE
+    charged = client_from_args(args)
+    wait_id = new_wait_id() if args.wait > 0 else ""
     async with ctx.client("substrate") as client:
-        response = await client.activate(
+        answer = client.activate(
             args.sandbox_id,
-            client_from_args(args),
+            charged,
             tier=args.tier,
             dry_run=args.dry_run,
             wait_s=args.wait,
             queue_per_client=args.queue_per_client,
+            wait_id=wait_id,
         )
+        if wait_id and not args.dry_run:
+            response = await watched(ctx, charged, wait_id, answer)
+        else:
+            response = await answer
     ctx.out.emit(proto_dict(response), lambda console: render_activate(console, response))
     return Exit.OK
 

@@ -27,45 +27,45 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from turnstile.common.v1 import common_pb2 as turnstile_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&turnstile/substrate/v1/substrate.proto\x12\x16turnstile.substrate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a turnstile/common/v1/common.proto\"\xc5\x02\n\x07Sandbox\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.turnstile.substrate.v1.SandboxState\x12\x14\n\x0cruntime_name\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12!\n\x14\x61\x63tivating_client_id\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x11\n\tsubstrate\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x65ndpoint\x18\n \x01(\tB\x17\n\x15_activating_client_id\"\xc5\x01\n\x0f\x41\x63tivateRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x35\n\x06\x63lient\x18\x02 \x01(\x0b\x32%.turnstile.common.v1.ActivationClient\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12.\n\x0bwait_budget\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10queue_per_client\x18\x07 \x01(\x08\"\xe1\x02\n\x10\x41\x63tivateResponse\x12\x30\n\x07sandbox\x18\x01 \x01(\x0b\x32\x1f.turnstile.substrate.v1.Sandbox\x12\x30\n\x07outcome\x18\x02 \x01(\x0e\x32\x1f.turnstile.substrate.v1.Outcome\x12\x1e\n\x11\x63harged_client_id\x18\x03 \x01(\tH\x00\x88\x01\x01\x12,\n\x03key\x18\x04 \x01(\x0b\x32\x1f.turnstile.common.v1.BoundedKey\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\x12)\n\x06waited\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0equeue_position\x18\x07 \x01(\x05\x12\x31\n\x0e\x65stimated_wait\x18\x08 \x01(\x0b\x32\x19.google.protobuf.DurationB\x14\n\x12_charged_client_id\"\'\n\x11\x44\x65\x61\x63tivateRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"%\n\x12\x44\x65\x61\x63tivateResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"a\n\x19\x43ountLiveSandboxesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1a\n\x12\x65xclude_sandbox_id\x18\x02 \x01(\t\x12\x1b\n\x13pending_sandbox_ids\x18\x03 \x03(\t\"\xe4\x02\n\x1a\x43ountLiveSandboxesResponse\x12I\n\x05known\x18\x01 \x01(\x0b\x32\x38.turnstile.substrate.v1.CountLiveSandboxesResponse.KnownH\x00\x12M\n\x07unknown\x18\x02 \x01(\x0b\x32:.turnstile.substrate.v1.CountLiveSandboxesResponse.UnknownH\x00\x12\x17\n\x0fkey_set_version\x18\x03 \x01(\x03\x1a\x37\n\x05Known\x12\x0c\n\x04live\x18\x01 \x01(\x03\x12 \n\x18live_pending_sandbox_ids\x18\x02 \x03(\t\x1aP\n\x07Unknown\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.turnstile.substrate.v1.UnknownReason\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\tB\x08\n\x06result\"\'\n\x11GetSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"F\n\x12GetSandboxResponse\x12\x30\n\x07sandbox\x18\x01 \x01(\x0b\x32\x1f.turnstile.substrate.v1.Sandbox\"P\n\x14ListSandboxesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\"d\n\x15ListSandboxesResponse\x12\x32\n\tsandboxes\x18\x01 \x03(\x0b\x32\x1f.turnstile.substrate.v1.Sandbox\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\x99\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17OUTCOME_ALREADY_RUNNING\x10\x01\x12\x13\n\x0fOUTCOME_CREATED\x10\x02\x12\x18\n\x14OUTCOME_WARM_CLAIMED\x10\x03\x12\x14\n\x10OUTCOME_RESTORED\x10\x04\x12\x13\n\x0fOUTCOME_RESUMED\x10\x05*\x81\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18SANDBOX_STATE_ACTIVATING\x10\x01\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x02\x12\x19\n\x15SANDBOX_STATE_STOPPED\x10\x03*n\n\rUnknownReason\x12\x1e\n\x1aUNKNOWN_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aUNKNOWN_REASON_UNSUPPORTED\x10\x01\x12\x1d\n\x19UNKNOWN_REASON_NOT_SYNCED\x10\x02\x32\xa6\x04\n\x10SubstrateService\x12]\n\x08\x41\x63tivate\x12\'.turnstile.substrate.v1.ActivateRequest\x1a(.turnstile.substrate.v1.ActivateResponse\x12\x63\n\nDeactivate\x12).turnstile.substrate.v1.DeactivateRequest\x1a*.turnstile.substrate.v1.DeactivateResponse\x12{\n\x12\x43ountLiveSandboxes\x12\x31.turnstile.substrate.v1.CountLiveSandboxesRequest\x1a\x32.turnstile.substrate.v1.CountLiveSandboxesResponse\x12\x63\n\nGetSandbox\x12).turnstile.substrate.v1.GetSandboxRequest\x1a*.turnstile.substrate.v1.GetSandboxResponse\x12l\n\rListSandboxes\x12,.turnstile.substrate.v1.ListSandboxesRequest\x1a-.turnstile.substrate.v1.ListSandboxesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&turnstile/substrate/v1/substrate.proto\x12\x16turnstile.substrate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a turnstile/common/v1/common.proto\"\xc5\x02\n\x07Sandbox\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.turnstile.substrate.v1.SandboxState\x12\x14\n\x0cruntime_name\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12!\n\x14\x61\x63tivating_client_id\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x11\n\tsubstrate\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x65ndpoint\x18\n \x01(\tB\x17\n\x15_activating_client_id\"\xd6\x01\n\x0f\x41\x63tivateRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x35\n\x06\x63lient\x18\x02 \x01(\x0b\x32%.turnstile.common.v1.ActivationClient\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12.\n\x0bwait_budget\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10queue_per_client\x18\x07 \x01(\x08\x12\x0f\n\x07wait_id\x18\x08 \x01(\t\"\xe1\x02\n\x10\x41\x63tivateResponse\x12\x30\n\x07sandbox\x18\x01 \x01(\x0b\x32\x1f.turnstile.substrate.v1.Sandbox\x12\x30\n\x07outcome\x18\x02 \x01(\x0e\x32\x1f.turnstile.substrate.v1.Outcome\x12\x1e\n\x11\x63harged_client_id\x18\x03 \x01(\tH\x00\x88\x01\x01\x12,\n\x03key\x18\x04 \x01(\x0b\x32\x1f.turnstile.common.v1.BoundedKey\x12\x0f\n\x07\x64ry_run\x18\x05 \x01(\x08\x12)\n\x06waited\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0equeue_position\x18\x07 \x01(\x05\x12\x31\n\x0e\x65stimated_wait\x18\x08 \x01(\x0b\x32\x19.google.protobuf.DurationB\x14\n\x12_charged_client_id\"\'\n\x11\x44\x65\x61\x63tivateRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"%\n\x12\x44\x65\x61\x63tivateResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"a\n\x19\x43ountLiveSandboxesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1a\n\x12\x65xclude_sandbox_id\x18\x02 \x01(\t\x12\x1b\n\x13pending_sandbox_ids\x18\x03 \x03(\t\"\xe4\x02\n\x1a\x43ountLiveSandboxesResponse\x12I\n\x05known\x18\x01 \x01(\x0b\x32\x38.turnstile.substrate.v1.CountLiveSandboxesResponse.KnownH\x00\x12M\n\x07unknown\x18\x02 \x01(\x0b\x32:.turnstile.substrate.v1.CountLiveSandboxesResponse.UnknownH\x00\x12\x17\n\x0fkey_set_version\x18\x03 \x01(\x03\x1a\x37\n\x05Known\x12\x0c\n\x04live\x18\x01 \x01(\x03\x12 \n\x18live_pending_sandbox_ids\x18\x02 \x03(\t\x1aP\n\x07Unknown\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32%.turnstile.substrate.v1.UnknownReason\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\tB\x08\n\x06result\"\'\n\x11GetSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"F\n\x12GetSandboxResponse\x12\x30\n\x07sandbox\x18\x01 \x01(\x0b\x32\x1f.turnstile.substrate.v1.Sandbox\"P\n\x14ListSandboxesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\"d\n\x15ListSandboxesResponse\x12\x32\n\tsandboxes\x18\x01 \x03(\x0b\x32\x1f.turnstile.substrate.v1.Sandbox\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\x99\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17OUTCOME_ALREADY_RUNNING\x10\x01\x12\x13\n\x0fOUTCOME_CREATED\x10\x02\x12\x18\n\x14OUTCOME_WARM_CLAIMED\x10\x03\x12\x14\n\x10OUTCOME_RESTORED\x10\x04\x12\x13\n\x0fOUTCOME_RESUMED\x10\x05*\x81\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18SANDBOX_STATE_ACTIVATING\x10\x01\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x02\x12\x19\n\x15SANDBOX_STATE_STOPPED\x10\x03*n\n\rUnknownReason\x12\x1e\n\x1aUNKNOWN_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aUNKNOWN_REASON_UNSUPPORTED\x10\x01\x12\x1d\n\x19UNKNOWN_REASON_NOT_SYNCED\x10\x02\x32\xa6\x04\n\x10SubstrateService\x12]\n\x08\x41\x63tivate\x12\'.turnstile.substrate.v1.ActivateRequest\x1a(.turnstile.substrate.v1.ActivateResponse\x12\x63\n\nDeactivate\x12).turnstile.substrate.v1.DeactivateRequest\x1a*.turnstile.substrate.v1.DeactivateResponse\x12{\n\x12\x43ountLiveSandboxes\x12\x31.turnstile.substrate.v1.CountLiveSandboxesRequest\x1a\x32.turnstile.substrate.v1.CountLiveSandboxesResponse\x12\x63\n\nGetSandbox\x12).turnstile.substrate.v1.GetSandboxRequest\x1a*.turnstile.substrate.v1.GetSandboxResponse\x12l\n\rListSandboxes\x12,.turnstile.substrate.v1.ListSandboxesRequest\x1a-.turnstile.substrate.v1.ListSandboxesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'turnstile.substrate.v1.substrate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOME']._serialized_start=1885
-  _globals['_OUTCOME']._serialized_end=2038
-  _globals['_SANDBOXSTATE']._serialized_start=2041
-  _globals['_SANDBOXSTATE']._serialized_end=2170
-  _globals['_UNKNOWNREASON']._serialized_start=2172
-  _globals['_UNKNOWNREASON']._serialized_end=2282
+  _globals['_OUTCOME']._serialized_start=1902
+  _globals['_OUTCOME']._serialized_end=2055
+  _globals['_SANDBOXSTATE']._serialized_start=2058
+  _globals['_SANDBOXSTATE']._serialized_end=2187
+  _globals['_UNKNOWNREASON']._serialized_start=2189
+  _globals['_UNKNOWNREASON']._serialized_end=2299
   _globals['_SANDBOX']._serialized_start=166
   _globals['_SANDBOX']._serialized_end=491
   _globals['_ACTIVATEREQUEST']._serialized_start=494
-  _globals['_ACTIVATEREQUEST']._serialized_end=691
-  _globals['_ACTIVATERESPONSE']._serialized_start=694
-  _globals['_ACTIVATERESPONSE']._serialized_end=1047
-  _globals['_DEACTIVATEREQUEST']._serialized_start=1049
-  _globals['_DEACTIVATEREQUEST']._serialized_end=1088
-  _globals['_DEACTIVATERESPONSE']._serialized_start=1090
-  _globals['_DEACTIVATERESPONSE']._serialized_end=1127
-  _globals['_COUNTLIVESANDBOXESREQUEST']._serialized_start=1129
-  _globals['_COUNTLIVESANDBOXESREQUEST']._serialized_end=1226
-  _globals['_COUNTLIVESANDBOXESRESPONSE']._serialized_start=1229
-  _globals['_COUNTLIVESANDBOXESRESPONSE']._serialized_end=1585
-  _globals['_COUNTLIVESANDBOXESRESPONSE_KNOWN']._serialized_start=1438
-  _globals['_COUNTLIVESANDBOXESRESPONSE_KNOWN']._serialized_end=1493
-  _globals['_COUNTLIVESANDBOXESRESPONSE_UNKNOWN']._serialized_start=1495
-  _globals['_COUNTLIVESANDBOXESRESPONSE_UNKNOWN']._serialized_end=1575
-  _globals['_GETSANDBOXREQUEST']._serialized_start=1587
-  _globals['_GETSANDBOXREQUEST']._serialized_end=1626
-  _globals['_GETSANDBOXRESPONSE']._serialized_start=1628
-  _globals['_GETSANDBOXRESPONSE']._serialized_end=1698
-  _globals['_LISTSANDBOXESREQUEST']._serialized_start=1700
-  _globals['_LISTSANDBOXESREQUEST']._serialized_end=1780
-  _globals['_LISTSANDBOXESRESPONSE']._serialized_start=1782
-  _globals['_LISTSANDBOXESRESPONSE']._serialized_end=1882
-  _globals['_SUBSTRATESERVICE']._serialized_start=2285
-  _globals['_SUBSTRATESERVICE']._serialized_end=2835
+  _globals['_ACTIVATEREQUEST']._serialized_end=708
+  _globals['_ACTIVATERESPONSE']._serialized_start=711
+  _globals['_ACTIVATERESPONSE']._serialized_end=1064
+  _globals['_DEACTIVATEREQUEST']._serialized_start=1066
+  _globals['_DEACTIVATEREQUEST']._serialized_end=1105
+  _globals['_DEACTIVATERESPONSE']._serialized_start=1107
+  _globals['_DEACTIVATERESPONSE']._serialized_end=1144
+  _globals['_COUNTLIVESANDBOXESREQUEST']._serialized_start=1146
+  _globals['_COUNTLIVESANDBOXESREQUEST']._serialized_end=1243
+  _globals['_COUNTLIVESANDBOXESRESPONSE']._serialized_start=1246
+  _globals['_COUNTLIVESANDBOXESRESPONSE']._serialized_end=1602
+  _globals['_COUNTLIVESANDBOXESRESPONSE_KNOWN']._serialized_start=1455
+  _globals['_COUNTLIVESANDBOXESRESPONSE_KNOWN']._serialized_end=1510
+  _globals['_COUNTLIVESANDBOXESRESPONSE_UNKNOWN']._serialized_start=1512
+  _globals['_COUNTLIVESANDBOXESRESPONSE_UNKNOWN']._serialized_end=1592
+  _globals['_GETSANDBOXREQUEST']._serialized_start=1604
+  _globals['_GETSANDBOXREQUEST']._serialized_end=1643
+  _globals['_GETSANDBOXRESPONSE']._serialized_start=1645
+  _globals['_GETSANDBOXRESPONSE']._serialized_end=1715
+  _globals['_LISTSANDBOXESREQUEST']._serialized_start=1717
+  _globals['_LISTSANDBOXESREQUEST']._serialized_end=1797
+  _globals['_LISTSANDBOXESRESPONSE']._serialized_start=1799
+  _globals['_LISTSANDBOXESRESPONSE']._serialized_end=1899
+  _globals['_SUBSTRATESERVICE']._serialized_start=2302
+  _globals['_SUBSTRATESERVICE']._serialized_end=2852
 # @@protoc_insertion_point(module_scope)

@@ -174,6 +174,7 @@ class ActivateRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _builtins.int
     WAIT_BUDGET_FIELD_NUMBER: _builtins.int
     QUEUE_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    WAIT_ID_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     """1 to 63 characters, a valid Kubernetes label value."""
     tier: _builtins.str
@@ -190,6 +191,12 @@ class ActivateRequest(_message.Message):
     """With a wait budget: wait too when only the client's own limits refuse (its
     cap, concurrency or bucket), first come first served among its waiting
     calls (admission's AdmitRequest.queue_per_client). Ignored without one.
+    """
+    wait_id: _builtins.str
+    """With a wait budget: the caller's id of this call, passed down to
+    AdmitRequest.wait_id, so GetQueuePosition (admission) finds it while it
+    waits, with the client it charges. 1 to 64 of A-Z, a-z, 0-9, '-', '_';
+    empty: none.
     """
     @_builtins.property
     def client(self) -> _common_pb2.ActivationClient:
@@ -213,10 +220,11 @@ class ActivateRequest(_message.Message):
         dry_run: _builtins.bool = ...,
         wait_budget: _duration_pb2.Duration | None = ...,
         queue_per_client: _builtins.bool = ...,
+        wait_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "wait_budget", b"wait_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "dry_run", b"dry_run", "queue_per_client", b"queue_per_client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "dry_run", b"dry_run", "queue_per_client", b"queue_per_client", "sandbox_id", b"sandbox_id", "tier", b"tier", "wait_budget", b"wait_budget", "wait_id", b"wait_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
