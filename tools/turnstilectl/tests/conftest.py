@@ -4,11 +4,53 @@ taken for the test's, nor the test's for theirs."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
+
+from turnstile_admission.app import create_app
+from turnstile_admission.settings import AdmissionSettings
+from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
+from turnstile_platform.server import GrpcService
+
+#: Starts the real admission service on real Redis with settings over the test's
+#: defaults; answers its address.
+StartAdmission = Callable[..., Awaitable[str]]
 
 
 @pytest.fixture(autouse=True)
 def _own_state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+
+
+@pytest.fixture
+async def start_admission(
+    redis_url: str, redis_prefix: str, redis: aioredis.Redis
+) -> AsyncIterator[StartAdmission]:
+    """The real admission service for the CLI to talk to (its live counts marked
+    counted: nothing is unknown), stopped after the test."""
+    await redis.set(LiveCountKeys(redis_prefix).state, COUNTED)
+    apps: list[GrpcService] = []
+
+    async def start(**overrides: Any) -> str:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "redis_prefix": redis_prefix,
+            "port": 0,
+            "metrics_port": 0,
+            "shutdown_grace_s": 0,
+            "log_format": "text",
+            **overrides,
+        }
+        app = await create_app(AdmissionSettings(**values))
+        apps.append(app)
+        return f"127.0.0.1:{await app.start()}"
+
+    try:
+        yield start
+    finally:
+        for app in apps:
+            await app.stop()

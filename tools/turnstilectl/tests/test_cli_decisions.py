@@ -6,43 +6,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 import pytest
-import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app
 from turnstile_admission.keys import AdmissionKeys
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_cli.cli import run
 from turnstile_cli.commands import decisions
 from turnstile_cli.commands.decisions import duration_s, newer_than
-from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
 from turnstile_contracts import admission_pb2, admission_pb2_grpc
+
+if TYPE_CHECKING:
+    from conftest import StartAdmission
 
 
 @pytest.fixture
-async def admission(redis_url: str, redis_prefix: str, redis: aioredis.Redis) -> AsyncIterator[str]:
-    await redis.set(LiveCountKeys(redis_prefix).state, COUNTED)
-    values: dict[str, Any] = {
-        "redis_url": redis_url,
-        "redis_prefix": redis_prefix,
-        "port": 0,
-        "metrics_port": 0,
-        "shutdown_grace_s": 0,
-        "log_format": "text",
-        "client_allowlist": ("acme", "globex"),
-        "cap": {"default_cap": 1},
-    }
-    settings = AdmissionSettings(**values)
-    app = await create_app(settings)
-    port = await app.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await app.stop()
+async def admission(start_admission: StartAdmission) -> str:
+    return await start_admission(client_allowlist=("acme", "globex"), cap={"default_cap": 1})
 
 
 async def cli(capsys: pytest.CaptureFixture[str], address: str, *argv: str) -> tuple[int, str]:

@@ -5,40 +5,27 @@ one line per change on stderr; then the final answer, as without it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_cli.cli import run
 from turnstile_clientkeys.limits import ClusterLimits, LimitsStore
-from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
 from turnstile_testing.eventually import eventually
+
+if TYPE_CHECKING:
+    from conftest import StartAdmission
 
 
 @pytest.fixture
-async def admission(redis_url: str, redis_prefix: str, redis: aioredis.Redis) -> AsyncIterator[str]:
-    await redis.set(LiveCountKeys(redis_prefix).state, COUNTED)
-    values: dict[str, Any] = {
-        "redis_url": redis_url,
-        "redis_prefix": redis_prefix,
-        "port": 0,
-        "metrics_port": 0,
-        "shutdown_grace_s": 0,
-        "log_format": "text",
-        "client_allowlist": ("acme",),
-        "rate": {"cluster_rate_per_s": 0.001, "cluster_burst": 1},
-        "queue": {"tick_interval_s": 0.01},
-    }
-    app = await create_app(AdmissionSettings(**values))
-    port = await app.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await app.stop()
+async def admission(start_admission: StartAdmission) -> str:
+    # One token per 1000 s: a second call waits.
+    return await start_admission(
+        client_allowlist=("acme",),
+        rate={"cluster_rate_per_s": 0.001, "cluster_burst": 1},
+        queue={"tick_interval_s": 0.01},
+    )
 
 
 def cli(address: str, *argv: str) -> int:

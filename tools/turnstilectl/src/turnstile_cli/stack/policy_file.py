@@ -29,6 +29,7 @@ EARLIER_DEFAULTS = frozenset(
         "24f094eb52730aaaad6d0cfef7e7d5069b1ca9a86ed819dacfa55edfdc2b4885",
         "670ade2ede5bb01b28cf7635c31f876caccdd3193762de641df35c2b2d26bd10",
         "7b2782bcf9f7e1a43a56a577230b146e69ae579d9a5c3cfff65dfba8b127a04b",
+        "80d63ae6345dd58af891e53e7154333eeba16516f68abdc2d72badc2f08a20ab",
         "92de65e202d32f5332c3fe79ea0a6caff301ed93281619f0520f38a6239aad41",
         "97c3e3e18ca6b204f17dc7f137d947ee6aacff6a48bb41e3c71c2120f371bcbf",
         "9c7e1d7c7a20d3aebda7f3fddf3bcd71cf7c94c133de4bc58c98c2074f669069",
