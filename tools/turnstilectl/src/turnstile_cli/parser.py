@@ -197,7 +197,8 @@ def _admission(sub: Subparsers) -> None:
         default=0.0,
         metavar="DURATION",
         help="wait up to DURATION in the fair queue when only the cluster bucket or node slots "
-        "refuse (shows the position and estimated wait it joined at)",
+        "refuse (says its position and estimated wait on stderr as they change, and where it "
+        "joined)",
     )
     add_queue_per_client(admit)
     admit.add_argument(
@@ -299,7 +300,8 @@ def _substrate(sub: Subparsers) -> None:
         default=0.0,
         metavar="DURATION",
         help="wait up to DURATION (30s, 500ms, 2m) in admission's fair queue when the "
-        "cluster is contended, instead of being refused",
+        "cluster is contended, instead of being refused (says its position and estimated "
+        "wait on stderr as they change)",
     )
     add_queue_per_client(activate)
     activate.add_argument(
