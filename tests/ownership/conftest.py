@@ -58,6 +58,7 @@ methods = [
   "{SUBSTRATE}/Activate", "{SUBSTRATE}/Deactivate", "{SUBSTRATE}/GetSandbox",
   "{SUBSTRATE}/ListSandboxes",
   "{ADMISSION}/Admit", "{ADMISSION}/GetUsage", "{ADMISSION}/ReleaseSandbox",
+  "{ADMISSION}/GetQueuePosition",
 ]
 clients = "self"
 """
@@ -117,6 +118,7 @@ class Tenants:
             "CountLiveSandboxes": substrate_pb2.CountLiveSandboxesResponse,
             "Admit": admission_pb2.AdmitResponse,
             "GetUsage": admission_pb2.GetUsageResponse,
+            "GetQueuePosition": admission_pb2.GetQueuePositionResponse,
             "ReleaseSandbox": admission_pb2.ReleaseSandboxResponse,
             "CommitHold": admission_pb2.CommitHoldResponse,
             "CancelHold": admission_pb2.CancelHoldResponse,

@@ -112,6 +112,16 @@ CLIENT_CALLS: dict[str, tuple[str, str, Any]] = {
         admission_pb2.GetUsageRequest(client=client("globex")),
     ),
     "GetUsage inherit": (ADMISSION, "GetUsage", admission_pb2.GetUsageRequest(client=INHERIT)),
+    "GetQueuePosition client=globex": (
+        ADMISSION,
+        "GetQueuePosition",
+        admission_pb2.GetQueuePositionRequest(client=client("globex"), wait_id="w-1"),
+    ),
+    "GetQueuePosition inherit": (
+        ADMISSION,
+        "GetQueuePosition",
+        admission_pb2.GetQueuePositionRequest(client=INHERIT, wait_id="w-1"),
+    ),
 }
 
 
