@@ -198,6 +198,22 @@ async def test_a_dead_replicas_waiters_are_dropped_never_granted(store: Admissio
     assert tick.waiters == 1
 
 
+async def test_an_id_already_waiting_is_not_queued_twice(
+    store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A wait_id reused by a concurrent call (on another replica) derives the same
+    waiter id: the second join changes nothing, so the two never share an entry."""
+    await drain_bucket(store)
+    assert (await store.enqueue("w-same", "acme", "r1", 10_000, TTL)).queued
+    info = await redis.hget(f"{redis_prefix}{{adm}}:q:info", "w-same")
+    again = await store.enqueue("w-same", "acme", "r2", 60_000, TTL)
+    assert not again.queued
+    assert again.taken
+    assert await redis.hget(f"{redis_prefix}{{adm}}:q:info", "w-same") == info
+    await store.set_test_clock(NOW + 100)
+    assert (await store.tick("r1")).granted == ("w-same",)  # granted once, to the first
+
+
 async def test_the_queue_refuses_past_max_waiters(
     redis: aioredis.Redis, redis_prefix: str, live: Any
 ) -> None:

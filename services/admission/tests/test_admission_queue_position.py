@@ -82,3 +82,34 @@ async def test_a_waiting_call_is_found_by_its_wait_id_until_it_is_answered(
         assert answer.decision == admission_pb2.DECISION_ADMITTED
     for n in range(2):
         assert (await _position(stub, f"wait-{n}")).state == NOT_FOUND
+
+
+async def test_a_wait_id_reused_on_two_replicas_gives_each_call_an_entry_of_its_own(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    """Two calls of one client with the same wait_id, on two replicas, derive the
+    same entry id: the second waits under an id of its own instead of sharing the
+    first's entry (and its one grant)."""
+    settings = {
+        "client_allowlist": ("acme",),
+        "rate": {"cluster_rate_per_s": RATE, "cluster_burst": 1, "default_burst": 1000},
+        "queue": {"tick_interval_s": 0.01},
+    }
+    one, two = await start_admission(**settings), await start_admission(**settings)
+    prefix = one.settings.redis_prefix
+    assert two.settings.redis_prefix == prefix
+    limits = LimitsStore(redis, prefix)
+    await limits.set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await one.stub.Admit(_admit("sb-first"))).decision == admission_pb2.DECISION_ADMITTED
+    first = asyncio.ensure_future(one.stub.Admit(_admit("sb-a", "same"), timeout=40))
+    await eventually(partial(_waiting_at, one.stub, "same", 1), what="the first call queued")
+    second = asyncio.ensure_future(two.stub.Admit(_admit("sb-b", "same"), timeout=40))
+
+    async def two_entries() -> bool:
+        return int(await redis.hlen(f"{prefix}{{adm}}:q:info")) == 2
+
+    await eventually(two_entries, what="the second call queued under its own id")
+    await limits.set_cluster(ClusterLimits(rate=50, burst=1))
+    answers = await asyncio.gather(first, second)
+    assert [a.decision for a in answers] == [admission_pb2.DECISION_ADMITTED] * 2
+    assert answers[0].hold_id != answers[1].hold_id

@@ -16,7 +16,8 @@
 --       n > 0 waits for a slot on one of those nodes, n = 0 and no own limits
 --       for the cluster bucket.
 -- Returns: {'queued', position in the key's queue (1 = head), estimated wait ms
---           (-1 none), waiters in all, level}, or {'full', 0, 0, waiters, level}.
+--           (-1 none), waiters in all, level}, or {'full' | 'taken', 0, 0, waiters,
+--           level} ('taken': the waiter id is already queued, nothing done).
 local wid, key, owner = ARGV[1], ARGV[2], ARGV[3]
 local budget, max_waiters = tonumber(ARGV[4]), tonumber(ARGV[5])
 local owner_ttl, serving_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -38,6 +39,9 @@ local now = now_ms()
 local weight, level = key_queueing(KEYS[1], key, shares, default_level)
 local waiting = redis.call('HLEN', q.info)
 if waiting >= max_waiters then return {'full', 0, 0, waiting, level} end
+-- An id already waiting (a caller's wait_id reused by a call on another replica,
+-- fair_queue.waiter_of): this call must not share that entry or its grant.
+if redis.call('HEXISTS', q.info, wid) == 1 then return {'taken', 0, 0, waiting, level} end
 local seq = redis.call('HINCRBY', q.meta, 'seq', 1)
 local share = tonumber(shares[level]) or 1
 local info = {s = 'w', k = key, l = level, o = owner, t = now}

@@ -112,7 +112,7 @@ class FairQueue:
         again for what is left of the budget, at the back of its key's queue.
 
         ``waiter``: the entry's id (:func:`waiter_of`), so that its caller can find
-        it; random when empty or already one of this replica's waiters."""
+        it; random when empty or already waiting, here or on another replica."""
         if not waiter or waiter in self._waiters:
             waiter = os.urandom(16).hex()
         loop = asyncio.get_running_loop()
@@ -130,6 +130,13 @@ class FairQueue:
                     )
                 except (DependencyUnavailable, DependencyOverloaded):
                     return Wait(waiter, False, first)
+                if queued.taken:
+                    # A call on another replica waits under the same wait_id: this
+                    # one waits under an id of its own (not findable by that id).
+                    del self._waiters[waiter]
+                    waiter = os.urandom(16).hex()
+                    self._waiters[waiter] = event
+                    continue
                 first = first or queued
                 if not queued.queued:
                     return Wait(waiter, False, first)

@@ -236,6 +236,8 @@ class Queued(NamedTuple):
     waiters: int
     level: str
     """The priority level it waits in (SPEC Q2)."""
+    taken: bool = False
+    """Not queued: the waiter id is already waiting (a reused ``wait_id``)."""
 
 
 class QueuePosition(NamedTuple):
@@ -695,7 +697,9 @@ class AdmissionStore:
                 *(part for pair in nodes for part in pair),
             ],
         )
-        return Queued(_s(raw[0]) == "queued", int(raw[1]), int(raw[2]), int(raw[3]), _s(raw[4]))
+        outcome = _s(raw[0])
+        counts = int(raw[1]), int(raw[2]), int(raw[3])
+        return Queued(outcome == "queued", *counts, _s(raw[4]), taken=outcome == "taken")
 
     async def queued(self, waiters: Sequence[str]) -> list[bool]:
         """Whether each waiter still has its entry in the fair queue (one HMGET,
