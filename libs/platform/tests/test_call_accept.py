@@ -10,6 +10,11 @@ Their callers got CANCELLED from a handler that never ran: seen as CANCELLED
 though no one had cancelled them. ``TURNSTILE_CALL_ACCEPT_WAIT_S`` sets that
 limit (default 300 s, past every caller's deadline).
 
+gRPC also bounds how many calls may wait so: past 1,000 it cancels arrivals at
+random, past 3,000 all of them. A fair-queue benchmark's 10,000 ``Admit``s over
+three replicas lost a tenth to a fifth so. The bootstrap sets that bound to the
+server's own cap on calls at once.
+
 Here the event loop really stalls (blocked, as a CPU-starved loop is) while
 calls arrive from a synchronous client, whose calls gRPC's own threads carry.
 """
@@ -76,14 +81,16 @@ def _outcome(call: grpc.Future[bytes]) -> str:
     return "OK"
 
 
-async def _through_a_stall(port: int, stall_s: float, deadline_s: float) -> list[str]:
-    """What each of ``CALLS`` calls got (``OK`` or its status code) when they arrive
-    as the server's event loop stalls for ``stall_s``."""
+async def _through_a_stall(
+    port: int, stall_s: float, deadline_s: float, calls_sent: int = CALLS
+) -> list[str]:
+    """What each of ``calls_sent`` calls got (``OK`` or its status code) when they
+    arrive as the server's event loop stalls for ``stall_s``."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         echo = channel.unary_unary(f"/{SERVICE}/Echo", None, None)
         # Connected first, off the loop: a blocking call on it could not be served.
         assert await asyncio.to_thread(echo, b"hello", timeout=30) == b"hello"
-        calls = [echo.future(b"n", timeout=deadline_s) for _ in range(CALLS)]
+        calls = [echo.future(b"n", timeout=deadline_s) for _ in range(calls_sent)]
         # The stall itself: the loop blocked, as a starved one is (a sleep, not a
         # busy loop, so the 32 s one does not take a shared machine's core).
         time.sleep(stall_s)  # noqa: ASYNC251
@@ -118,11 +125,32 @@ async def test_a_caller_whose_deadline_passes_while_its_call_waits_gets_deadline
     assert answers == ["DEADLINE_EXCEEDED"] * CALLS
 
 
+async def test_a_burst_past_grpcs_own_backlog_limit_is_taken_up_in_turn(start: Start) -> None:
+    """1,500 calls arrive while the loop is stalled: past gRPC's 1,000, inside the
+    server's cap (its default limits: 1,024 unary calls, 1,024 streams, and room)."""
+    port = await start(settings())
+    answers = await _through_a_stall(port, stall_s=2.5, deadline_s=60, calls_sent=1500)
+    assert answers == ["OK"] * 1500
+
+
+async def test_calls_past_the_servers_cap_waiting_at_once_are_cancelled_by_grpc(
+    start: Start,
+) -> None:
+    """The backlog's bound is the server's cap (here 10 + 10 + 64 = 84), not
+    unbounded: what arrives past it while nothing is taken up is dropped."""
+    port = await start(settings(max_concurrent_rpcs=10, max_concurrent_streams=10))
+    answers = await _through_a_stall(port, stall_s=2.5, deadline_s=60, calls_sent=300)
+    cancelled = answers.count("CANCELLED")
+    assert answers.count("OK") + cancelled == 300
+    # The one matched to grpc.aio's outstanding request, and the 84 waiting.
+    assert 300 - 85 - 5 <= cancelled <= 300 - 84
+
+
 def test_the_default_accept_wait_outlasts_every_callers_deadline() -> None:
     defaults = ServiceSettings()
     longest_deadline = max(
         getattr(rule, "le", 0) for rule in ServiceSettings.model_fields["rpc_timeout_s"].metadata
     )
     assert defaults.call_accept_wait_s > 2 * longest_deadline
-    options = dict(connection_options(defaults))
+    options = dict(connection_options(defaults, backlog=100))
     assert options["grpc.server_max_unrequested_time_in_server"] == defaults.call_accept_wait_s

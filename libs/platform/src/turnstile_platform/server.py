@@ -46,9 +46,9 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def connection_options(settings: ServiceSettings) -> list[tuple[str, int]]:
-    """gRPC server arguments for keepalive, the maximum connection age and how long
-    an arrived call may wait to be taken up.
+def connection_options(settings: ServiceSettings, backlog: int) -> list[tuple[str, int]]:
+    """gRPC server arguments for keepalive, the maximum connection age, and how long
+    and how many arrived calls may wait to be taken up.
 
     Keepalive finds connections whose peer vanished without a FIN; the maximum
     age (with its grace) makes clients reconnect now and then, so they spread
@@ -61,9 +61,20 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, int]]:
     take longer than that, and the caller then gets CANCELLED from a handler
     that never ran. ``call_accept_wait_s`` raises the limit past callers'
     deadlines, so theirs decides.
+
+    gRPC also bounds how many such calls may wait: past 1,000 it cancels arrivals
+    at random, and all of them past 3,000 (``grpc.server.max_pending_requests`` and
+    its hard limit), again CANCELLED from a handler that never ran. A burst of
+    thousands of calls at once (10,000 ``Admit``s joining the fair queue over three
+    replicas lost a tenth to a fifth of them so) is what a replica's call limits
+    exist to answer, with a rich refusal once they are full. So the wait is
+    bounded at ``backlog``, the server's own cap on calls at once: every call up to
+    it is taken up in turn, and the interceptor, not gRPC, refuses what is over.
     """
     options = [
         ("grpc.server_max_unrequested_time_in_server", settings.call_accept_wait_s),
+        ("grpc.server.max_pending_requests", backlog),
+        ("grpc.server.max_pending_requests_hard_limit", backlog),
         ("grpc.keepalive_time_ms", _ms(settings.keepalive_time_s)),
         ("grpc.keepalive_timeout_ms", _ms(settings.keepalive_timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),
@@ -146,7 +157,7 @@ class GrpcService:
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0),
-            *connection_options(settings),
+            *connection_options(settings, self.limits.server_cap),
         ]
         self.server = grpc.aio.server(
             interceptors=[interceptor],
