@@ -293,9 +293,10 @@ class QueueProbe:
     async def empty(self) -> bool:
         """No waiter, grant, serving mark or reservation (``g:<waiter>`` in a
         node's slots, a key's leases or pending entries) is left; the queue's
-        bookkeeping (virtual times, owners, settings) outlives its waiters."""
+        bookkeeping (virtual times, owners, settings, grant pace) outlives its
+        waiters."""
         keys = [k async for k in self.redis.scan_iter(match=f"{self.prefix}{{adm}}:q*")]
-        bookkeeping = (b":meta", b":vf", b"q:owners", b"q:slotq", b"q:ownq")
+        bookkeeping = (b":meta", b":vf", b"q:owners", b"q:slotq", b"q:ownq", b"q:pace")
         if [k for k in keys if not k.endswith(bookkeeping)]:
             return False
         for kind in ("slots", "inflight", "pending"):

@@ -56,7 +56,7 @@ async def wait(store: AdmissionStore, wid: str, own: OwnLimits, owner: str = "r1
 
 async def own_keys(redis: aioredis.Redis, prefix: str) -> list[bytes]:
     keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q*")]
-    bookkeeping = (b":meta", b":vf", b"q:owners", b"q:ownq")
+    bookkeeping = (b":meta", b":vf", b"q:owners", b"q:ownq", b"q:pace")
     return sorted(k for k in keys if not k.endswith(bookkeeping))
 
 
@@ -161,3 +161,72 @@ async def test_a_dead_replicas_waiter_is_dropped_never_granted(
     await store.cancel("h1")
     assert (await store.tick("r1")).granted == ("live",)
     assert await redis.hlen(store.keys.queue_info) == 1
+
+
+async def test_a_bucket_waiters_estimate_is_when_its_keys_bucket_refills_its_turn(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    await limit(redis, store, Limits(rate=10, burst=1))  # a token every 100 ms
+    assert (await store.admit(admit("h0"))).outcome == "admit"
+    estimates = []
+    for n in range(3):
+        queued = await store.enqueue(f"w{n}", "acme", "r1", 60_000, TTL, own=RATE)
+        estimates.append(queued.estimated_wait_ms)
+    assert estimates == [100, 200, 300]
+    await store.set_test_clock(NOW + 50)
+    assert (await store.queue_position("w2")).estimated_wait_ms == 250
+
+
+async def test_a_lease_waiters_estimate_follows_its_keys_recent_grant_pace(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """Leases free when sandboxes stop, at no known rate: the estimate is the key's
+    recent pace times the waiter's place, none before any grant."""
+    await limit(redis, store, Limits(concurrency=1))
+    assert (await store.admit(admit("h0"))).outcome == "admit"
+    queued = await store.enqueue("w0", "acme", "r1", 60_000, TTL, own=CONCURRENCY)
+    assert queued.estimated_wait_ms == -1
+    await wait(store, "w1", CONCURRENCY)
+    await wait(store, "w2", CONCURRENCY)
+    for n, hold in enumerate(("h0", "h-w0"), start=1):
+        await store.set_test_clock(NOW + n * 1_000)
+        await store.commit(hold)  # a lease freed every second
+        granted = f"w{n - 1}"
+        assert (await store.tick("r1")).granted == (granted,)
+        assert (await store.admit(admit(f"h-{granted}"), claim=granted)).outcome == "admit"
+    assert (await store.queue_position("w2")).estimated_wait_ms == 1_000
+    queued = await store.enqueue("w3", "acme", "r1", 60_000, TTL, own=CONCURRENCY)
+    assert queued.estimated_wait_ms == 2_000
+
+
+async def test_room_freed_between_ticks_goes_to_the_waiters_not_to_a_call_from_outside(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """The key's bucket refills by itself, with no script to grant it: the next
+    decision of the key hands it to the key's queue before judging the call, so a
+    call without a wait budget never takes a token a waiter is owed (FIFO)."""
+    await limit(redis, store, Limits(rate=10, burst=1))  # a token every 100 ms
+    assert (await store.admit(admit("h0"))).outcome == "admit"
+    await wait(store, "w0", RATE)
+    await store.set_test_clock(NOW + 100)  # one token back; no tick yet
+    outsider = await store.admit(admit("h-outsider"))
+    assert outsider.outcome == "refuse"
+    assert outsider.results[PolicyName.RATE].detail == "client bucket"
+    assert (await store.tick("r1")).granted == ("w0",)
+    assert (await store.admit(admit("h-w0"), claim="w0")).outcome == "admit"
+    # With the queue empty again, the next token is anyone's.
+    await store.set_test_clock(NOW + 200)
+    assert (await store.admit(admit("h-next"))).outcome == "admit"
+
+
+async def test_a_dry_run_grants_nothing_to_the_waiters(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    await limit(redis, store, Limits(rate=10, burst=1))
+    assert (await store.admit(admit("h0"))).outcome == "admit"
+    await wait(store, "w0", RATE)
+    await store.set_test_clock(NOW + 100)
+    await store.admit(AdmitArgs("h-dry", "acme", "sb-dry", OWN, dry_run=True))
+    info = await redis.hget(f"{store.keys.prefix}{{adm}}:q:info", "w0")
+    assert info is not None
+    assert b'"s":"w"' in info  # still waiting: nothing granted

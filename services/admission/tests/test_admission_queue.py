@@ -63,7 +63,7 @@ async def waiters(redis: aioredis.Redis, prefix: str) -> int:
 
 async def queue_is_empty(redis: aioredis.Redis, prefix: str) -> bool:
     keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q:*")]
-    held = [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners"))]
+    held = [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners", b"q:pace"))]
     holds = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:hold:*")]
     return not held and not holds
 

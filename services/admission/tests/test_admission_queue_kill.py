@@ -82,7 +82,7 @@ class Victim:
 
 async def queue_is_empty(redis: aioredis.Redis, prefix: str) -> bool:
     keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q:*")]
-    return not [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners"))]
+    return not [k for k in keys if not k.endswith((b"q:meta", b"q:vf", b"q:owners", b"q:pace"))]
 
 
 async def test_a_killed_replicas_waiters_are_dropped_and_the_others_served(

@@ -47,7 +47,7 @@ async def drain_bucket(store: AdmissionStore, key: str = "drain") -> None:
 
 
 #: The queue's bookkeeping, which outlives its waiters (each with a TTL).
-BOOKKEEPING = (b"q:meta", b"q:vf", b"q:owners")
+BOOKKEEPING = (b"q:meta", b"q:vf", b"q:owners", b"q:pace")
 
 
 async def queue_keys(redis: aioredis.Redis, prefix: str) -> list[bytes]:

@@ -25,6 +25,7 @@ SLOTS_ONLY = {PolicyName.CAP: 0, PolicyName.RATE: 0, PolicyName.CONCURRENCY: 0, 
 TTL = 600_000
 HOLD_MS = 10_000
 N1 = [("n1", 1)]
+TWO_SLOTS = [("n1", 2)]
 
 
 @pytest.fixture
@@ -55,14 +56,14 @@ async def wait(
 ) -> None:
     queued = await store.enqueue(wid, key, "r1", 60_000, TTL, nodes)
     assert queued.queued
-    assert queued.estimated_wait_ms == -1
 
 
 async def slot_queue_keys(redis: aioredis.Redis, prefix: str) -> list[bytes]:
     """The keys that hold slot waiters, grants or a node's serving mark (the
-    per-node virtual times and the settings in q:slotq are bookkeeping)."""
+    per-node virtual times, the settings in q:slotq and the grant pace are
+    bookkeeping)."""
     keys = [k async for k in redis.scan_iter(match=f"{prefix}{{adm}}:q*")]
-    bookkeeping = (b":meta", b":vf", b"q:owners", b"q:slotq")
+    bookkeeping = (b":meta", b":vf", b"q:owners", b"q:slotq", b"q:pace")
     return sorted(k for k in keys if not k.endswith(bookkeeping))
 
 
@@ -222,3 +223,42 @@ async def test_an_expired_slot_waiter_is_swept_from_every_nodes_queue(
     assert await slot_queue_keys(redis, store.keys.prefix) == []
     await store.cancel("h1")
     assert await held(redis, store, "n1") == []
+
+
+async def test_a_slot_waiters_estimate_follows_the_nodes_recent_grant_pace(
+    store: AdmissionStore,
+) -> None:
+    """A node's slots free when sandboxes stop, at no known rate: the estimate is
+    the node's recent pace (a grant every second here) times the waiter's place,
+    and none before any grant."""
+    await take(store, "h0", TWO_SLOTS)
+    await take(store, "h1", TWO_SLOTS)
+    queued = await store.enqueue("w0", "acme", "r1", 60_000, TTL, TWO_SLOTS)
+    assert queued.estimated_wait_ms == -1  # no grant yet: no pace to go by
+    await store.enqueue("w1", "acme", "r1", 60_000, TTL, TWO_SLOTS)
+    await store.set_test_clock(NOW + 1_000)
+    await store.cancel("h0")  # w0 granted after 1 s
+    await store.set_test_clock(NOW + 2_000)
+    await store.cancel("h1")  # w1 granted 1 s later
+    for n in (2, 3, 4):
+        await store.enqueue(f"w{n}", "acme", "r1", 60_000, TTL, TWO_SLOTS)
+    # w4 is third in line: three grants at one a second.
+    assert (await store.queue_position("w4")).estimated_wait_ms == 3_000
+    assert (await store.queue_position("w2")).estimated_wait_ms == 1_000
+
+
+async def test_a_slot_waiter_of_two_nodes_is_estimated_at_the_sooner_node(
+    store: AdmissionStore,
+) -> None:
+    two = [("n1", 1), ("n2", 1)]
+    await take(store, "h1", [("n1", 1)])
+    await take(store, "h2", [("n2", 1)])
+    await store.enqueue("slow", "acme", "r1", 60_000, TTL, [("n1", 1)])
+    await store.enqueue("fast", "acme", "r1", 60_000, TTL, [("n2", 1)])
+    await store.set_test_clock(NOW + 250)
+    await store.cancel("h2")  # n2: a grant after 250 ms
+    await store.set_test_clock(NOW + 1_000)
+    await store.cancel("h1")  # n1: a grant after 1 s
+    # Both grants are still unclaimed (their slots reserved): "both" waits.
+    queued = await store.enqueue("both", "acme", "r1", 60_000, TTL, two)
+    assert queued.estimated_wait_ms == 250

@@ -115,3 +115,7 @@ local queue_claim = false
 -- Inside claim.lua, for a granted slot waiter: the node whose slot the fair queue
 -- reserved for it (SPEC Q1), which its decision may take past the node's queue.
 local slot_claim = false
+
+-- Inside claim.lua, for a granted per-client waiter: its key's room was reserved
+-- for it and given back for its decision to take, past the key's own queue.
+local own_claim = false

@@ -95,11 +95,39 @@ local function grant_own(base, q, key, now)
       end
       info.s = 'g'
       mark_granted(base, q, wid, info, now, claim_ttl, owner_ttl)
+      note_pace(q, 'o:' .. key, now, info.t)
       grants = grants + 1
     end
   end
   if redis.call('EXISTS', qk) == 0 then redis.call('SREM', q.ownkeys, key) end
   return grants
+end
+
+-- A per-client waiter's estimate: its place at its key's recent grant pace
+-- (_queue.lua's note_pace: a cap or a lease frees when a sandbox goes, at no
+-- known rate) and, when it enforces its key's bucket, no sooner than the bucket
+-- refills the cost of every waiter up to it. -1 when neither is known.
+local function own_wait_ms(base, q, wid, info, now)
+  local rank = redis.call('ZRANK', own_queue_of(base, info.k), wid)
+  if not rank then return -1 end
+  local position, best = rank + 1, -1
+  local gap = pace_gap_ms(q, 'o:' .. info.k, now)
+  if gap then best = math.ceil(position * gap) end
+  if info.own.rate then
+    local raw = redis.call('HMGET', q.ownq, 'defaults', 'cost')
+    local defaults, cost = decode(raw[1]), tonumber(raw[2])
+    if defaults and cost then
+      local lim = limits(base .. 'limits', info.k, defaults)
+      if lim.rate > 0 then
+        local need = position * cost - bucket_level(base .. 'bucket:' .. info.k, lim.rate,
+                                                    lim.burst, now)
+        local ms = 0
+        if need > 0 then ms = math.ceil(need / lim.rate * 1000) end
+        if ms > best then best = ms end
+      end
+    end
+  end
+  return best
 end
 
 -- Give back what a grant reserved (the lease, the pending entry, the tokens).

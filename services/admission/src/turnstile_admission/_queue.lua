@@ -18,6 +18,9 @@
 --   q:granted:<o>     zset  waiter id -> grant time: granted, not yet told to replica o
 --   q:serving         string, with a short TTL: waiters are being served, so the
 --                           cluster bucket is theirs (admit.lua's one queue check)
+--   q:pace            hash  n:<node> | o:<key> -> '<last grant ms>:<mean gap ms>': how
+--                           fast a queue that frees at no known rate (a node's
+--                           slots, a key's own limits) was granted lately
 -- A node's slots have a queue of the same shape ('a scope'), for calls that wait
 -- for a slot there (a waiter of several candidate nodes waits in each):
 --   qn:<node>:levels, :active:<l>, :key:<l>:<key>, :meta, :vf   as above
@@ -38,7 +41,7 @@ local function queue_keys(base)
           exp = base .. 'q:exp', meta = base .. 'q:meta', vf = base .. 'q:vf',
           owners = base .. 'q:owners', serving = base .. 'q:serving',
           slotq = base .. 'q:slotq', wnodes = base .. 'q:wnodes',
-          ownq = base .. 'q:ownq', ownkeys = base .. 'q:ownkeys'}
+          ownq = base .. 'q:ownq', ownkeys = base .. 'q:ownkeys', pace = base .. 'q:pace'}
 end
 
 -- A node's slot queue: the scope of the same fair machinery as the cluster bucket's.
@@ -188,6 +191,43 @@ local function pop_next(base, q, sc, now, limits_key, shares, cost, weights)
   end
 end
 
+-- The pace of a queue whose room frees at no known rate: a node's slots free when
+-- sandboxes stop, a key's cap when its sandboxes go. Its estimates come from how
+-- fast it was granted lately: a moving mean of the gap between grants, each gap
+-- counted from the later of the previous grant and the granted waiter's arrival
+-- (a queue that sat empty does not count its idle time). One HGET and one HSET a
+-- grant; bounded by nodes and keys; a pace older than PACE_STALE_MS says nothing.
+local PACE_WEIGHT, PACE_STALE_MS, PACE_TTL_MS = 0.3, 600000, 3600000
+
+local function read_pace(q, field)
+  local raw = redis.call('HGET', q.pace, field)
+  if not raw then return nil, nil end
+  local last, mean = string.match(raw, '^([^:]*):(.*)$')
+  return tonumber(last), tonumber(mean)
+end
+
+local function note_pace(q, field, now, joined)
+  local last, mean = read_pace(q, field)
+  local gap = nil
+  if last then gap = now - last end
+  joined = tonumber(joined)
+  if joined and (gap == nil or now - joined < gap) then gap = now - joined end
+  if gap then
+    if gap < 0 then gap = 0 end
+    if mean then mean = mean + PACE_WEIGHT * (gap - mean) else mean = gap end
+  end
+  redis.call('HSET', q.pace, field, now .. ':' .. (mean and fmt(mean) or ''))
+  redis.call('PEXPIRE', q.pace, PACE_TTL_MS)
+end
+
+-- A queue's mean gap between grants lately (ms, at least 1), or nil: none known.
+local function pace_gap_ms(q, field, now)
+  local last, mean = read_pace(q, field)
+  if not last or not mean or now - last > PACE_STALE_MS then return nil end
+  if mean < 1 then return 1 end
+  return mean
+end
+
 -- Mark a waiter granted and tell its replica (its next tick wakes it).
 local function mark_granted(base, q, wid, info, now, claim_ttl, owner_ttl)
   redis.call('HSET', q.info, wid, cjson.encode(info))
@@ -223,6 +263,7 @@ local function grant_slots(base, q, node, now)
     end
     info.s, info.g, info.gn = 'g', 0, node
     mark_granted(base, q, wid, info, now, claim_ttl, owner_ttl)
+    note_pace(q, 'n:' .. node, now, info.t)
     redis.call('ZADD', slots, now + claim_ttl, 'g:' .. wid)
     extend(slots, claim_ttl)
     held, grants = held + 1, grants + 1
@@ -271,25 +312,23 @@ local function count_fairness(base, now, kind, level, key, weight)
   redis.call('PEXPIRE', name, FAIRNESS_TTL_MS)
 end
 
--- The wait estimated for the position-th waiter of key (weight) in level, the key
--- and its level counted as waiting (enqueue.lua's join, peek.lua's would-be join);
--- -1 when the cluster bucket has no rate. The key is served at its weight's part
--- of its level's waiting keys' weights, the level at its share of the levels
--- waiting. The weights are summed over at most ESTIMATE_KEYS waiting keys (one
--- HMGET), the rest counted at their mean: the same cost however many keys wait.
+-- The wait estimated for the position-th waiter of key (weight) in level of a
+-- scope granting per_s a second, the key and its level counted as waiting
+-- (enqueue.lua's join, peek.lua's would-be join). The key is served at its
+-- weight's part of its level's waiting keys' weights, the level at its share of
+-- the levels waiting. The weights are summed over at most ESTIMATE_KEYS waiting
+-- keys (one HMGET), the rest counted at their mean: the same cost however many
+-- keys wait.
 local ESTIMATE_KEYS = 64
 
-local function estimate_wait_ms(limits_key, q, level, key, weight, position, cost, default_rate,
-                                shares)
-  local rate = cluster_limits(limits_key, default_rate, 0)
-  if rate <= 0 then return -1 end
+local function fair_wait_ms(limits_key, sc, level, key, weight, position, cost, per_s, shares)
   local share = tonumber(shares[level]) or 1
   local total = 0
-  if redis.call('ZSCORE', q.levels, level) == false then total = share end
-  for _, l in ipairs(redis.call('ZRANGE', q.levels, 0, -1)) do
+  if redis.call('ZSCORE', sc.levels, level) == false then total = share end
+  for _, l in ipairs(redis.call('ZRANGE', sc.levels, 0, -1)) do
     total = total + (tonumber(shares[l]) or 1)
   end
-  local active = active_of(q, level)
+  local active = active_of(sc, level)
   local keys = redis.call('ZCARD', active)
   local weights = 0
   if keys > 0 then
@@ -306,6 +345,34 @@ local function estimate_wait_ms(limits_key, q, level, key, weight, position, cos
     weights = weights * keys / #sample
   end
   if redis.call('ZSCORE', active, key) == false then weights = weights + weight end
-  local per_s = rate * (share / total) * (weight / weights)
-  return math.ceil(position * cost / per_s * 1000)
+  local key_per_s = per_s * (share / total) * (weight / weights)
+  return math.ceil(position * cost / key_per_s * 1000)
+end
+
+-- A cluster-bucket waiter's estimate (fair_wait_ms at the bucket's rate); -1 when
+-- the bucket has no rate.
+local function estimate_wait_ms(limits_key, q, level, key, weight, position, cost, default_rate,
+                                shares)
+  local rate = cluster_limits(limits_key, default_rate, 0)
+  if rate <= 0 then return -1 end
+  return fair_wait_ms(limits_key, q, level, key, weight, position, cost, rate, shares)
+end
+
+-- A slot waiter's estimate: on each candidate node whose pace is known, its place
+-- there at the node's recent grant rate (fair_wait_ms); the soonest, as the first
+-- node to free a slot grants it. -1 when no candidate's pace is known.
+local function slot_wait_ms(base, q, wid, info, shares, now)
+  local best = -1
+  local weight = key_queueing(base .. 'limits', info.k, shares, info.l or '')
+  for _, node in ipairs(info.n) do
+    local gap = pace_gap_ms(q, 'n:' .. node, now)
+    local sc = node_scope(base, node)
+    local rank = gap and redis.call('ZRANK', queue_of(sc, info.l or '', info.k), wid)
+    if rank then
+      local ms = fair_wait_ms(base .. 'limits', sc, info.l or '', info.k, weight, rank + 1, 1,
+                              1000 / gap, shares)
+      if best < 0 or ms < best then best = ms end
+    end
+  end
+  return best
 end

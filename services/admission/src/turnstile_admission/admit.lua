@@ -74,6 +74,17 @@ if redis.call('EXISTS', KEYS[10]) == 1 then
   for _ = 1, 9 do out[#out + 1] = 0 end  -- shadow limits: not evaluated
   return out
 end
+-- Room under the key's own limits that freed by itself since the last grant (its
+-- bucket refilled, a lease or a pending entry expired) goes to the key's own
+-- queue first (_own_queue.lua; SPEC Q1, FIFO within a key): granted here, before
+-- this call is judged, so a call from outside the queue (without a wait budget,
+-- or one that will join behind) never takes what a waiter is owed. Not when this
+-- is a per-client waiter's own claim (claim.lua: own_claim), whose grant was
+-- given back for it to take; not in a dry run, which writes nothing. One EXISTS
+-- when the key has no such waiters.
+if not dry and not own_claim and (cap_mode > 0 or conc_mode > 0 or rate_mode > 0) then
+  grant_freed_room(base_of(KEYS[1]), key, now)
+end
 local lim = limits(KEYS[1], key, d)
 local refused = false
 local function judge(mode, over)

@@ -7,7 +7,8 @@
 -- its decision to take (past the node's queue: slot_claim); a decision that does
 -- not take it (refused, or another candidate chosen) hands it to the node's
 -- next waiter. A per-client waiter's grant (_own_queue.lua) is what its key's
--- limits reserved for it, given back here for its decision to take.
+-- limits reserved for it, given back here for its decision to take (past the
+-- key's own queue: own_claim).
 --
 -- KEYS and ARGV: admit.lua's, then ARGV's last is the waiter id.
 -- Returns: admit.lua's answer, or {'lost'} when the waiter holds no grant (it
@@ -25,6 +26,7 @@ if info.own then
   -- A per-client waiter: what its grant reserved goes back, and its decision
   -- takes it at once; not taken (refused), it goes to the key's next waiter.
   release_own(base, wid, info, now)
+  own_claim = true
   local out = admit_body()
   if out[1] ~= 'admit' then grant_own(base, q, info.k, now) end
   return out

@@ -16,7 +16,8 @@
 --       n > 0 waits for a slot on one of those nodes, n = 0 and no own limits
 --       for the cluster bucket.
 -- Returns: {'queued', position in the key's queue (1 = head), estimated wait ms
---           (-1 none), waiters in all, level}, or {'full' | 'taken', 0, 0, waiters,
+--           (-1 none: no cluster rate, or a slot's or own limits' queue with no
+--           recent pace), waiters in all, level}, or {'full' | 'taken', 0, 0, waiters,
 --           level} ('taken': the waiter id is already queued, nothing done).
 local wid, key, owner = ARGV[1], ARGV[2], ARGV[3]
 local budget, max_waiters = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -93,13 +94,13 @@ for _, name in ipairs(written) do redis.call('PEXPIRE', name, ttl) end
 if own then
   -- Room made since the call was refused is granted now (reported by a tick).
   grant_own(base, q, key, now)
-  return {'queued', position, -1, waiting + 1, level}
+  return {'queued', position, own_wait_ms(base, q, wid, info, now), waiting + 1, level}
 end
 if #nodes > 0 then
   -- A slot freed by expiry since the call was refused is granted now, not at the
   -- next tick (the grant is reported by this replica's next tick all the same).
   for _, n in ipairs(nodes) do grant_slots(base, q, n[1], now) end
-  return {'queued', position, -1, waiting + 1, level}
+  return {'queued', position, slot_wait_ms(base, q, wid, info, shares, now), waiting + 1, level}
 end
 local estimate = estimate_wait_ms(KEYS[1], q, level, key, weight, position, cost, default_rate,
                                   shares)

@@ -9,7 +9,8 @@
 --       share).
 -- Returns: {state ('waiting', 'granted' or 'none'), position in its key's queue
 --           (1 = head; 0 unless waiting), its key's waiters, estimated wait ms
---           (-1 none: a slot's or its own limits' waiter, or no cluster rate),
+--           (-1 none: no cluster rate, or a slot's or its own limits' waiter whose
+--           queue has no recent pace),
 --           waited ms (since it joined)}.
 local wid, cost, default_rate = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local shares = cjson.decode(ARGV[4])
@@ -34,8 +35,12 @@ end
 local rank = redis.call('ZRANK', qk, wid)
 if rank == false then return {'none', 0, 0, -1, waited} end
 local position, waiters = rank + 1, redis.call('ZCARD', qk)
-local estimate = -1
-if not info.own and type(info.n) ~= 'table' then
+local estimate
+if info.own then
+  estimate = own_wait_ms(base, q, wid, info, now)
+elseif type(info.n) == 'table' then
+  estimate = slot_wait_ms(base, q, wid, info, shares, now)
+else
   local weight = key_queueing(KEYS[1], info.k, shares, info.l or '')
   estimate = estimate_wait_ms(KEYS[1], q, info.l or '', info.k, weight, position, cost,
                               default_rate, shares)

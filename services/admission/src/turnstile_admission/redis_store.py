@@ -43,6 +43,12 @@ QUEUE_SCRIPTS = frozenset(
 #: tokens), and grant them to the waiters first (``_grant_freed.lua``, SPEC Q1).
 FREEING_SCRIPTS = frozenset({"commit_hold.lua", "cancel_hold.lua", "release_sandbox.lua"})
 
+#: The scripts that grant freed room to the waiters before deciding anything:
+#: those that free it, and the decisions (room under a key's own limits frees by
+#: itself too: its bucket refills, a lease expires; ``admit.lua`` hands it to the
+#: key's own queue before judging a call from outside it).
+GRANTING_SCRIPTS = FREEING_SCRIPTS | {"admit.lua", "claim.lua"}
+
 #: The fair queue's helpers.
 _QUEUE_HELPERS = ("_queue.lua", "_own_queue.lua")
 
@@ -64,8 +70,8 @@ def script_text(name: str, test_clock: bool = False) -> str:
     comes before it, so it takes admit.lua's includes too (its decision is logged
     once, by admit_body: SPEC Q3).
 
-    A script that frees a slot or a key's room (:data:`FREEING_SCRIPTS`, run on
-    every activation) takes the queue's helpers wrapped as the function
+    A script that frees a slot or a key's room, or decides (:data:`GRANTING_SCRIPTS`,
+    run on every activation) takes the queue's helpers wrapped as the function
     ``queue_helpers``, called only when there are waiters to grant to
     (``_grant_freed.lua``): a script's top level makes a closure of every local
     function on every run."""
@@ -75,7 +81,7 @@ def script_text(name: str, test_clock: bool = False) -> str:
         *INCLUDES.get(name, ()),
     ]
     texts = [read_script(_PACKAGE, part) for part in parts]
-    if name in FREEING_SCRIPTS:
+    if name in GRANTING_SCRIPTS:
         texts += [
             "local function queue_helpers()",
             *(read_script(_PACKAGE, part) for part in _QUEUE_HELPERS),

@@ -355,8 +355,11 @@ class AdmitResponse(_message.Message):
     @_builtins.property
     def estimated_wait(self) -> _duration_pb2.Duration:
         """Set when the call joined (or would have joined, as queue_position): the
-        wait estimated when it joined, from its position, its key's weight among
-        the keys waiting, its level's share and the cluster bucket's rate.
+        wait estimated when it joined. For the cluster bucket, from its position,
+        its key's weight among the keys waiting, its level's share and the
+        bucket's rate; for a node's slots or the client's own limits, from the
+        recent pace of that queue's grants (and its key's bucket's rate). Unset:
+        no estimate (no cluster rate, or a queue not granted in the last minutes).
         """
 
     def __init__(
@@ -673,10 +676,9 @@ class GetQueuePositionResponse(_message.Message):
     """While waiting: its key's waiters, itself included."""
     @_builtins.property
     def estimated_wait(self) -> _duration_pb2.Duration:
-        """While waiting for the cluster bucket: the wait estimated now from its
-        position, its key's weight, its level's share and the bucket's rate (as
-        AdmitResponse.estimated_wait). Unset: no estimate (a node slot's or the
-        client's own limits' waiter, or no cluster rate).
+        """While waiting: the wait estimated now from where it stands, as
+        AdmitResponse.estimated_wait. Unset: no estimate (no cluster rate, or a
+        node's slots' or the client's own limits' queue not granted lately).
         """
 
     @_builtins.property
