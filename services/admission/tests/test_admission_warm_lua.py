@@ -90,6 +90,19 @@ async def test_the_refill_takes_nothing_while_activations_wait_in_the_fair_queue
     assert await dump(redis, redis_prefix) == before
 
 
+async def test_the_refill_takes_no_slot_on_a_node_whose_slots_have_waiters(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """A node with slot waiters keeps what frees there for them (its serving mark):
+    the refill goes to the next candidate, or is refused."""
+    await redis.set(store.keys.base + "qn:n1:serving", "r1", px=1000)
+    answer = await store.reserve_warm("w1", "warm-a", [("n1", 3), ("n2", 3)])
+    assert (answer.outcome, answer.node) == ("reserved", "n2")
+    refused = await store.reserve_warm("w2", "warm-b", [("n1", 3)])
+    assert (refused.outcome, refused.refused_by) == ("refused", "node slots")
+    assert await redis.zrange(store.keys.slots("n1"), 0, -1) == []
+
+
 async def test_the_refill_leaves_each_node_its_spare_slots(
     store: AdmissionStore, redis: aioredis.Redis, redis_prefix: str
 ) -> None:

@@ -2,7 +2,8 @@
 -- token and a node slot, taken as a hold owned by the pod (SPEC W3), or nothing.
 -- Real activations go first: the refill takes a token only while no one waits in
 -- the fair queue (q:serving, tick.lua) and the bucket keeps `reserve` tokens
--- after it, and a slot only on a node that keeps `spare` slots free after it.
+-- after it, and a slot only on a node without slot waiters (qn:<node>:serving)
+-- that keeps `spare` slots free after it.
 -- The hold has the fields admit.lua writes (no key, no lease, no pending entry),
 -- so commit_hold.lua, cancel_hold.lua and release_sandbox.lua settle it as they
 -- settle an activation's: the pod name stands where a sandbox id would.
@@ -49,9 +50,14 @@ end
 
 local unexpired = '(' .. now
 local chosen = nil
+-- A node whose slots have waiters (qn:<node>:serving) keeps what frees there for
+-- them, as the bucket does: the refill never takes a slot an activation waits for.
 for _, n in ipairs(nodes) do
   n.held = redis.call('ZCOUNT', n.key, unexpired, '+inf')
-  if chosen == nil and n.held + spare < n.cap then chosen = n end
+  if chosen == nil and n.held + spare < n.cap
+      and redis.call('EXISTS', base_of(KEYS[1]) .. 'qn:' .. n.name .. ':serving') == 0 then
+    chosen = n
+  end
 end
 if #nodes > 0 and chosen == nil then
   local earliest = nil
