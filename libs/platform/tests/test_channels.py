@@ -1,4 +1,5 @@
-"""Peer channels: a default deadline on every unary call, retries only where idempotent."""
+"""Peer channels: a default deadline on every unary call, retries only where idempotent,
+and a caller that gives up cancels its call on the server."""
 
 from __future__ import annotations
 
@@ -84,3 +85,37 @@ async def test_only_idempotent_methods_are_retried_on_unavailable(
         await channel.close(None)
         await app.stop()
     assert len(seen) == attempts
+
+
+@pytest.mark.parametrize("client_spans", [True, False])
+async def test_a_caller_cancelled_mid_call_cancels_the_call_on_the_server(
+    client_spans: bool,
+) -> None:
+    """The task awaiting a call is cancelled: the server's handler is cancelled too,
+    with client spans as without (the span interceptor waits for the call's status,
+    and a cancellation of that wait alone left the call running to its deadline)."""
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def wait(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return b""
+
+    app = await _serve({"Wait": wait})
+    channel = create_channel(
+        f"127.0.0.1:{app.port}", SERVICE, timeout_s=30, client_spans=client_spans
+    )
+    try:
+        caller = asyncio.ensure_future(call(channel, "Wait"))
+        await entered.wait()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.wait_for(cancelled.wait(), 5)
+    finally:
+        await channel.close(None)
+        await app.stop()

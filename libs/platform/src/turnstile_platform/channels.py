@@ -10,11 +10,13 @@ about two seconds fails every call at once with DEADLINE_EXCEEDED, per-call
 deadlines included, and longer ones sometimes end calls tens of milliseconds in
 on a busy process — grpc/grpc#34547, #40633. A deadline set on the call is exact;
 ``libs/platform/tests/test_channels.py`` pins the behaviour we rely on.) Client spans
-propagate the trace context so one trace crosses service boundaries (SPEC X4).
+propagate the trace context so one trace crosses service boundaries (SPEC X4); a
+caller that gives up cancels its call on the server (:class:`CancelWithCaller`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
@@ -53,6 +55,26 @@ class DefaultDeadline(_UnaryUnaryClientInterceptor):
                 wait_for_ready=client_call_details.wait_for_ready,
             )
         return await continuation(client_call_details, request)
+
+
+class CancelWithCaller(_UnaryUnaryClientInterceptor):
+    """Waits for each unary call's end itself, so a caller that gives up cancels the
+    call on the server: the client-span interceptor awaits the call's status, and a
+    cancellation of that wait alone left the call running until its deadline
+    (opentelemetry-python-contrib#3271). Innermost: it holds the call itself."""
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        call = await continuation(client_call_details, request)
+        # Awaiting the call cancels it when this wait is cancelled (grpc.aio's own
+        # await does); its error is the caller's to read, from the call.
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call
+        return call
 
 
 def service_config(
@@ -115,6 +137,7 @@ def create_channel(
     interceptors: list[grpc.aio.ClientInterceptor] = [
         *tracing.client_interceptors(provider, spans=client_spans),
         cast(grpc.aio.ClientInterceptor, DefaultDeadline(timeout_s)),
+        cast(grpc.aio.ClientInterceptor, CancelWithCaller()),
     ]
     if credentials is not None:
         options += tls.server_check_options(server_id)
