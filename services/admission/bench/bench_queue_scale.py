@@ -17,9 +17,9 @@ off).
   per grant, how far the k-th answer came behind the bucket's schedule
   (``t_k − (t_open + max(0, k − burst) / rate)``, p50/p99: what granting, waking
   and claiming add to the wait the rate imposes), and the drain's achieved rate
-  ÷ ``--rate``. A waiter the replicas could not take up (gRPC answers CANCELLED
-  before the handler ran: the accept backlog of thousands of calls at once on
-  two cores) is counted in ``failed`` and never joins.
+  ÷ ``--rate``. A call that failed (none expected: before the platform bounded
+  gRPC's backlog of arrived calls at the server's own cap, 10–20 % came back
+  CANCELLED before their handler ran) is counted in ``failed`` and never joins.
 * **Uncontended, on vs off.** One replica with queuing on, one with it off
   (``TURNSTILE_QUEUE__MAX_WAIT_S=0``), the bucket never short; identical Admits
   (with a wait budget) at 64 in flight, ``--rounds`` alternating rounds of
