@@ -116,13 +116,28 @@ async def test_fifo_within_a_key(start_admission: Any, redis: aioredis.Redis) ->
         assert answer.decision == ADMITTED, answer.message
         order.append(n)
 
+    waiting_before, waits_before = _key_waiters("acme"), _key_waits("acme")
     tasks = []
     for n in range(8):
         tasks.append(asyncio.create_task(admit(n)))
         await eventually(partial(_at_least, redis, prefix, n + 1), what=f"waiter {n} queued")
+    # The key's queue length and its waits, as a dashboard reads them.
+    assert _key_waiters("acme") == waiting_before + 8
     await limits.set_cluster(ClusterLimits(rate=RATE, burst=1))
     await asyncio.gather(*tasks)
     assert order == list(range(8))
+    assert _key_waiters("acme") == waiting_before
+    assert _key_waits("acme") == waits_before + 8
+
+
+def _key_waiters(key: str) -> float:
+    value = REGISTRY.get_sample_value("turnstile_admission_queue_key_waiters", {"key": key})
+    return value or 0.0
+
+
+def _key_waits(key: str) -> float:
+    name = "turnstile_admission_queue_key_wait_seconds_count"
+    return REGISTRY.get_sample_value(name, {"key": key}) or 0.0
 
 
 async def _at_least(redis: aioredis.Redis, prefix: str, count: int) -> bool:

@@ -48,6 +48,7 @@ from turnstile_admission.redis_store import (
     CommitAnswer,
     LogContext,
     OwnLimits,
+    Queued,
     QueuePosition,
 )
 from turnstile_admission.settings import AdmissionSettings
@@ -204,21 +205,68 @@ class Admitter:
         the grant (SPEC Q1). Refused when the budget ends first (the first
         refusal, its retry hint with it), or when the grant's decision refuses
         on what the call does not wait for."""
-        queue = self.queue
         # ``admit`` sends only a call with a budget left here (queue enabled).
         budget = min(request.wait_s, self.settings.queue.max_wait_s)
         loop = asyncio.get_running_loop()
         started = loop.time()
+        per_client = request.queue_per_client
+        waiting = metrics.queue_key_waiters(key.key)
+        waiting.inc()
+        try:
+            decision, joined = await self._wait_turns(request, key, span, refused, started, budget)
+        finally:
+            waiting.dec()
+        granted = decision.admitted
+        if not decision.admitted and _queueable(decision, per_client):
+            # Its wait ended on a refusal the log has not seen: the final
+            # decision, logged (SPEC Q3), outside the queue like any other call.
+            decision = await self._decide(request, key, span, waited_s=loop.time() - started)
+        waited = loop.time() - started
+        outcome = "admitted" if decision.admitted else "refused"
+        level = joined.level if joined is not None else ""
+        metrics.queue_wait_seconds(level, outcome).observe(waited)
+        metrics.queue_key_wait_seconds(key.key).observe(waited)
+        if granted:
+            metrics.queue_grants(key.key).inc()
+        estimate = None
+        if joined is not None and joined.queued and joined.estimated_wait_ms >= 0:
+            estimate = joined.estimated_wait_ms / 1000
+        message = decision.message
+        if not decision.admitted:
+            message += (
+                f"; the fair queue was full ({joined.waiters} waiting)"
+                if joined is not None and not joined.queued
+                else f"; waited {waited:.3f}s in the fair queue"
+            )
+        return decision._replace(
+            waited_s=waited,
+            queue_position=joined.position if joined is not None else 0,
+            estimated_wait_s=estimate,
+            message=message,
+        )
+
+    async def _wait_turns(
+        self,
+        request: AdmitInput,
+        key: BoundedKey,
+        span: trace.Span,
+        refused: Decision,
+        started: float,
+        budget: float,
+    ) -> tuple[Decision, Queued | None]:
+        """Join, wait for a grant and claim it, until admitted, refused on what
+        the call does not wait for, or out of ``budget``: the last decision, and
+        the first join's answer (None: it never joined)."""
+        loop = asyncio.get_running_loop()
         deadline = started + budget
-        decision = refused
-        joined = None
+        decision, joined = refused, None
         per_client = request.queue_per_client
         resource = _queueable(refused, per_client)
         while (remaining := deadline - loop.time()) > 0:
             nodes = self._candidates(request) if resource == _SLOTS else ()
             own = self._own_limits(request) if resource == _OWN else None
             waiter = waiter_of(request.client, request.wait_id) if request.wait_id else ""
-            wait = await queue.wait(key.key, remaining, nodes, own, waiter)
+            wait = await self.queue.wait(key.key, remaining, nodes, own, waiter)
             if joined is None:
                 joined = wait.queued
             if not wait.granted:
@@ -238,33 +286,7 @@ class Admitter:
             resource = _queueable(decision, per_client)
             if decision.admitted or not resource:
                 break
-        granted = decision.admitted
-        if not decision.admitted and _queueable(decision, per_client):
-            # Its wait ended on a refusal the log has not seen: the final
-            # decision, logged (SPEC Q3), outside the queue like any other call.
-            decision = await self._decide(request, key, span, waited_s=loop.time() - started)
-        waited = loop.time() - started
-        outcome = "admitted" if decision.admitted else "refused"
-        level = joined.level if joined is not None else ""
-        metrics.queue_wait_seconds(level, outcome).observe(waited)
-        if granted:
-            metrics.queue_grants(key.key).inc()
-        estimate = None
-        if joined is not None and joined.queued and joined.estimated_wait_ms >= 0:
-            estimate = joined.estimated_wait_ms / 1000
-        message = decision.message
-        if not decision.admitted:
-            message += (
-                f"; the fair queue was full ({joined.waiters} waiting)"
-                if joined is not None and not joined.queued
-                else f"; waited {waited:.3f}s in the fair queue"
-            )
-        return decision._replace(
-            waited_s=waited,
-            queue_position=joined.position if joined is not None else 0,
-            estimated_wait_s=estimate,
-            message=message,
-        )
+        return decision, joined
 
     async def _would_wait(self, key: BoundedKey, decision: Decision) -> Decision:
         """Report where the call would have joined the fair queue, joining nothing

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Summary
 
 from turnstile_clientkeys import NATIVE, SHARED, UNATTRIBUTED, KeySet, Resolver
 from turnstile_platform.metric_children import Children
@@ -83,6 +83,18 @@ QUEUE_GRANTS = Counter(
     "Waiters admitted on a grant of the fair queue, by bounded key.",
     ["key"],
 )
+QUEUE_KEY_WAITERS = Gauge(
+    "turnstile_admission_queue_key_waiters",
+    "Calls of a bounded key waiting in the fair queue on this replica (summed over "
+    "replicas: the key's queue length), whichever queue they wait in.",
+    ["key"],
+)
+QUEUE_KEY_WAIT_SECONDS = Summary(
+    "turnstile_admission_queue_key_wait_seconds",
+    "Time calls of a bounded key waited in the fair queue, admitted or refused (_sum over "
+    "_count: the key's mean wait; the per-level histogram has the quantiles).",
+    ["key"],
+)
 QUEUE_FAIRNESS = Gauge(
     "turnstile_admission_queue_fairness",
     "Jain's index over the last minute of each key's fair-queue grants divided by its "
@@ -123,10 +135,12 @@ decision_seconds = Children(DECISION_SECONDS)
 holds = Children(HOLDS)
 queue_wait_seconds = Children(QUEUE_WAIT_SECONDS)
 queue_grants = Children(QUEUE_GRANTS)
+queue_key_waiters = Children(QUEUE_KEY_WAITERS)
+queue_key_wait_seconds = Children(QUEUE_KEY_WAIT_SECONDS)
 
 #: Per-key gauges: a key that left the key set must leave them too, or its last
 #: value is reported forever (counters keep their history: rates need it).
-PER_KEY_GAUGES = ((PENDING, pending),)
+PER_KEY_GAUGES = ((PENDING, pending), (QUEUE_KEY_WAITERS, queue_key_waiters))
 _ALWAYS = frozenset({SHARED, NATIVE, UNATTRIBUTED})
 
 
