@@ -14,11 +14,10 @@ import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import Change, LiveStore, Op
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
+from turnstile_testing.admission import admission_settings, running_admission
 
 CAP = 7
 ADMITTED = admission_pb2.DECISION_ADMITTED
@@ -26,27 +25,20 @@ ADMITTED = admission_pb2.DECISION_ADMITTED
 
 @pytest.fixture
 async def admission(redis_url: str, redis_prefix: str) -> AsyncIterator[Any]:
-    app = await create_app(
-        AdmissionSettings.model_validate(
-            {
-                "redis_url": redis_url,
-                "redis_prefix": redis_prefix,
-                "port": 0,
-                "metrics_port": 0,
-                "shutdown_grace_s": 0,
-                "log_format": "text",
-                "client_allowlist": ("acme",),
-                "rpc_timeout_s": 30,
-                "rate": {"default_burst": 1000, "cluster_burst": 1000},
-                "concurrency": {"default_limit": 1000},
-                "cap": {"default_cap": CAP},
-            }
-        )
+    settings = admission_settings(
+        redis_url,
+        redis_prefix,
+        client_allowlist=("acme",),
+        rpc_timeout_s=30,
+        rate={"default_burst": 1000, "cluster_burst": 1000},
+        concurrency={"default_limit": 1000},
+        cap={"default_cap": CAP},
     )
-    port = await app.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with (
+        running_admission(settings) as app,
+        grpc.aio.insecure_channel(app.address) as channel,
+    ):
         yield admission_pb2_grpc.AdmissionServiceStub(channel)
-    await app.stop()
 
 
 def cold(sandbox_id: str) -> admission_pb2.AdmitRequest:

@@ -25,8 +25,6 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from turnstile_admission.app import create_app as create_admission
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_contracts import common_pb2, substrate_pb2, substrate_pb2_grpc
 from turnstile_platform.server import GrpcService
 from turnstile_substrate.db import records
@@ -40,6 +38,7 @@ from turnstile_substrate.runtime import (
     CreateKind,
     Runtime,
 )
+from turnstile_testing.admission import admission_settings, running_admission
 from turnstile_testing.kube_emulator import KubeEmulator, KubeletConfig, pod_manifest
 from turnstile_testing.kube_emulator.store import ADDED, DELETED, Event
 from turnstile_testing.processes import free_port
@@ -153,28 +152,17 @@ async def _serving(replica: Replica) -> None:
 @pytest.fixture
 async def admission(redis_url: str, redis_prefix: str) -> AsyncIterator[GrpcService]:
     """The real admission service, its cap off (these tests count runtimes, not the cap)."""
-    app = await create_admission(
-        AdmissionSettings.model_validate(
-            {
-                "host": "127.0.0.1",
-                "port": 0,
-                "metrics_port": 0,
-                "redis_url": redis_url,
-                "redis_prefix": redis_prefix,
-                "client_allowlist": ("acme",),
-                "shutdown_grace_s": 1.0,
-                "log_format": "text",
-                "cap": {"default_cap": 100_000, "mode": "off"},
-                "rate": {"default_burst": 100_000, "cluster_burst": 100_000},
-                "concurrency": {"default_limit": 100_000},
-            }
-        )
+    settings = admission_settings(
+        redis_url,
+        redis_prefix,
+        client_allowlist=("acme",),
+        shutdown_grace_s=1.0,
+        cap={"default_cap": 100_000, "mode": "off"},
+        rate={"default_burst": 100_000, "cluster_burst": 100_000},
+        concurrency={"default_limit": 100_000},
     )
-    await app.start()
-    try:
+    async with running_admission(settings) as app:
         yield app
-    finally:
-        await app.stop()
 
 
 FleetFactory = Callable[..., contextlib.AbstractAsyncContextManager[Fleet]]

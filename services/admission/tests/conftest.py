@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -15,13 +16,13 @@ import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app
 from turnstile_admission.keys import AdmissionKeys
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys import LiveCountKeys
 from turnstile_clientkeys.live_counts import COUNTED, UNSUPPORTED
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.server import GrpcService
+from turnstile_testing.admission import admission_settings, running_admission
 from turnstile_testing.eventually import eventually
 from turnstile_testing.proxies import ReplyHoldingProxy
 from turnstile_testing.redis_topologies import single_server_port
@@ -77,34 +78,20 @@ async def start_admission(
     redis_url: str, redis_prefix: str, live: LiveSets
 ) -> AsyncIterator[Start]:
     """Start the admission service on a free port; settings may be overridden."""
-    running: list[Running] = []
+    async with AsyncExitStack() as stack:
 
-    async def start(**overrides: Any) -> Running:
-        values: dict[str, Any] = {
-            "redis_url": redis_url,
-            "redis_prefix": redis_prefix,
-            "port": 0,
-            "metrics_port": 0,
-            "shutdown_grace_s": 0,
-            "log_format": "text",
-            **overrides,
-        }
-        tracer_provider = values.pop("tracer_provider", None)
-        settings = AdmissionSettings(**values)
-        app = await create_app(settings, tracer_provider=tracer_provider)
-        port = await app.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
-        one = Running(app, stub, channel, settings)
-        running.append(one)
-        return one
+        async def start(**overrides: Any) -> Running:
+            tracer_provider = overrides.pop("tracer_provider", None)
+            settings = admission_settings(redis_url, redis_prefix, **overrides)
+            app = await stack.enter_async_context(
+                running_admission(settings, tracer_provider=tracer_provider)
+            )
+            channel = grpc.aio.insecure_channel(app.address)
+            stack.push_async_callback(channel.close, None)
+            stub: Any = admission_pb2_grpc.AdmissionServiceStub(channel)
+            return Running(app, stub, channel, settings)
 
-    try:
         yield start
-    finally:
-        for one in running:
-            await one.channel.close(None)
-            await one.app.stop()
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ refusal; an ``Activate`` that waited says where it joined and the wait estimated
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,8 +17,6 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from turnstile_admission.app import create_app as create_admission
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.limits import ClusterLimits, LimitsStore
 from turnstile_contracts import (
     admission_pb2,
@@ -32,15 +28,13 @@ from turnstile_contracts import (
 )
 from turnstile_platform.errors import decode
 from turnstile_platform.server import GrpcService
-from turnstile_substrate.app import create_app as create_substrate
-from turnstile_substrate.db.migrate import apply_migrations
-from turnstile_substrate.settings import SubstrateSettings
+from turnstile_testing.admission import admission_settings, running_admission
 from turnstile_testing.eventually import eventually
+from turnstile_testing.substrate import direct_substrate_settings, running_substrate
 
 if TYPE_CHECKING:
     from conftest import Affinity, StartAffinity, StartWorker
 
-IDLE_RUNTIME = f"{sys.executable} -m turnstile_substrate.direct.idle_runtime"
 TENANT = "acme"
 ACME = common_pb2.ActivationClient(client_id=TENANT)
 
@@ -53,29 +47,17 @@ def _wakes(result: str) -> float:
 @pytest.fixture
 async def admission(redis_url: str, redis_prefix: str) -> AsyncIterator[GrpcService]:
     """Real admission; only the cluster bucket (set by each test) ever refuses."""
-    app = await create_admission(
-        AdmissionSettings.model_validate(
-            {
-                "host": "127.0.0.1",
-                "port": 0,
-                "metrics_port": 0,
-                "redis_url": redis_url,
-                "redis_prefix": redis_prefix,
-                "client_allowlist": (TENANT, "other"),
-                "shutdown_grace_s": 0,
-                "log_format": "text",
-                "cap": {"default_cap": 10_000, "mode": "off"},
-                "rate": {"default_burst": 10_000, "cluster_burst": 10_000},
-                "concurrency": {"default_limit": 10_000},
-                "queue": {"tick_interval_s": 0.01},
-            }
-        )
+    settings = admission_settings(
+        redis_url,
+        redis_prefix,
+        client_allowlist=(TENANT, "other"),
+        cap={"default_cap": 10_000, "mode": "off"},
+        rate={"default_burst": 10_000, "cluster_burst": 10_000},
+        concurrency={"default_limit": 10_000},
+        queue={"tick_interval_s": 0.01},
     )
-    await app.start()
-    try:
+    async with running_admission(settings) as app:
         yield app
-    finally:
-        await app.stop()
 
 
 @pytest.fixture
@@ -84,41 +66,17 @@ async def substrate(
 ) -> AsyncIterator[GrpcService]:
     """Real substrate, Direct runtimes, admitting through the real admission; the
     runtimes a test left running are deactivated after it."""
-    await asyncio.to_thread(apply_migrations, database_url)
-    app = await create_substrate(
-        SubstrateSettings.model_validate(
-            {
-                "host": "127.0.0.1",
-                "port": 0,
-                "metrics_port": 0,
-                "database_url": database_url,
-                "admission_addr": admission.address,
-                "redis_url": redis_url,
-                "redis_prefix": redis_prefix,
-                "substrate_kind": "direct",
-                "direct_runtime_command": IDLE_RUNTIME,
-                "direct_runtime_user": str(os.getuid()),
-                "direct_state_dir": tmp_path / "direct",
-                "direct_stop_grace_s": 5.0,
-                "shutdown_grace_s": 1.0,
-                "log_format": "text",
-                # The create keeps little of the wake's deadline, so the queue gets it.
-                "admission_wait_margin_s": 1.0,
-            }
-        )
+    settings = direct_substrate_settings(
+        database_url,
+        redis_url,
+        redis_prefix,
+        admission.address,
+        tmp_path / "direct",
+        # The create keeps little of the wake's deadline, so the queue gets it.
+        admission_wait_margin_s=1.0,
     )
-    await app.start()
-    try:
+    async with running_substrate(settings) as app:
         yield app
-    finally:
-        async with grpc.aio.insecure_channel(app.address) as channel:
-            stub = substrate_pb2_grpc.SubstrateServiceStub(channel)
-            listed = await stub.ListSandboxes(substrate_pb2.ListSandboxesRequest(page_size=100))
-            for sandbox in listed.sandboxes:
-                await stub.Deactivate(
-                    substrate_pb2.DeactivateRequest(sandbox_id=sandbox.sandbox_id)
-                )
-        await app.stop()
 
 
 async def test_a_woken_session_waits_its_turn_on_a_contended_cluster_instead_of_failing(

@@ -5,16 +5,15 @@ taken for the test's, nor the test's for theirs."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from turnstile_admission.app import create_app
-from turnstile_admission.settings import AdmissionSettings
 from turnstile_clientkeys.live_counts import COUNTED, LiveCountKeys
-from turnstile_platform.server import GrpcService
+from turnstile_testing.admission import admission_settings, running_admission
 
 #: Starts the real admission service on real Redis with settings over the test's
 #: defaults; answers its address.
@@ -33,24 +32,11 @@ async def start_admission(
     """The real admission service for the CLI to talk to (its live counts marked
     counted: nothing is unknown), stopped after the test."""
     await redis.set(LiveCountKeys(redis_prefix).state, COUNTED)
-    apps: list[GrpcService] = []
+    async with AsyncExitStack() as apps:
 
-    async def start(**overrides: Any) -> str:
-        values: dict[str, Any] = {
-            "redis_url": redis_url,
-            "redis_prefix": redis_prefix,
-            "port": 0,
-            "metrics_port": 0,
-            "shutdown_grace_s": 0,
-            "log_format": "text",
-            **overrides,
-        }
-        app = await create_app(AdmissionSettings(**values))
-        apps.append(app)
-        return f"127.0.0.1:{await app.start()}"
+        async def start(**overrides: Any) -> str:
+            settings = admission_settings(redis_url, redis_prefix, **overrides)
+            app = await apps.enter_async_context(running_admission(settings))
+            return app.address
 
-    try:
         yield start
-    finally:
-        for app in apps:
-            await app.stop()

@@ -274,9 +274,10 @@ class Output:
             self.console.print(f"[bold black on yellow] WARNING [/] [yellow]{escape(text)}[/]")
 
     def note(self, text: str) -> None:
-        """Progress for people, on stderr so it never mixes with data."""
+        """Progress for people, on stderr so it never mixes with data; one line,
+        however long (the terminal wraps it, a pipe keeps it whole)."""
         if not self.json_mode:
-            self.err.print(f"[dim]{escape(text)}[/]")
+            self.err.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
 
     def failure(self, text: str, *, code: str = "", reason: str = "") -> None:
         """A failure that is not an RPC error (bad config, a certificate problem);

@@ -2,15 +2,16 @@
 say where it stands (SPEC Q1): the call carries a random ``wait_id``, and
 ``GetQueuePosition`` is polled every :data:`POLL_S` until it answers. One line
 on stderr per change ("waiting: position 2 of 5, about 1.2 s"), so stdout holds
-only the final answer and a log of a non-terminal run stays short; nothing in
-``--json`` mode."""
+only the final answer and a log of a non-terminal run stays short; a poll that
+fails is said once, with why and where; nothing in ``--json`` mode."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc.aio
 
@@ -44,6 +45,18 @@ def describe(found: admission_pb2.GetQueuePositionResponse) -> str | None:
     return line
 
 
+def unshown(address: str, why: str) -> str:
+    """The one line said when the position cannot be asked for: why, and the
+    admission address asked."""
+    return f"waiting: position cannot be shown (admission at {address}: {why}); still waiting"
+
+
+def rpc_failure(error: grpc.aio.AioRpcError) -> str:
+    """A failed call's code and details, on one line."""
+    details = " ".join((error.details() or "").split())
+    return f"{error.code().name}: {details}" if details else error.code().name
+
+
 async def watched(
     ctx: Context,
     client: common_pb2.ActivationClient,
@@ -52,24 +65,60 @@ async def watched(
 ) -> T:
     """Run ``call`` (which carries ``wait_id``) and, while it runs, print where it
     waits. A client given as ``inherit`` is resolved by the substrate: there is
-    no client to ask for, so nothing is printed. Polls that fail are skipped (the
-    position is a courtesy; the call's own answer is what counts)."""
+    no client to ask for, so nothing is printed.
+
+    The position is a courtesy; the call's own answer is what counts. The polls
+    run beside the call and are cancelled the moment it answers, so a slow or
+    failing admission never delays nor fails it."""
     task = asyncio.ensure_future(call)
     if ctx.out.json_mode or client.WhichOneof("client") == "inherit":
         return await task
     request = admission_pb2.GetQueuePositionRequest(client=client, wait_id=wait_id)
+    poller = asyncio.ensure_future(_poll(ctx, request, task))
+    try:
+        return await task
+    finally:
+        poller.cancel()
+        await asyncio.gather(poller, return_exceptions=True)
+
+
+async def _poll(
+    ctx: Context, request: admission_pb2.GetQueuePositionRequest, call: asyncio.Future[Any]
+) -> None:
+    """Ask for the position every :data:`POLL_S` until cancelled; one line per change.
+
+    The first poll that fails is said, once, on one line (:func:`unshown`: the gRPC
+    code and details, and the address asked): ``activate`` reaches admission only
+    through the substrate, so with a wrong ``--admission`` address its own call
+    succeeds while every poll fails, and a person would see no position and no
+    reason. Polling then goes on quietly rather than stopping: a failure may pass (a
+    poll's deadline under load, an admission replica restarting), and positions
+    are shown again once a poll answers. One poll is in flight at a time, and a
+    channel that cannot connect fails the next ones at once, in reconnect backoff."""
+    address = ctx.targets.admission
     last: str | None = None
-    async with ctx.admission() as stub:
+    said = False
+
+    def say_once(why: str) -> None:
+        nonlocal said
+        if not said and not call.done():
+            ctx.out.note(unshown(address, why))
+            said = True
+
+    async with contextlib.AsyncExitStack() as opened:
+        try:
+            stub = await opened.enter_async_context(ctx.admission())
+        except Exception as error:  # no channel (its TLS files): the call goes on without
+            say_once(str(error))
+            return
         while True:
-            done, _ = await asyncio.wait({task}, timeout=POLL_S)
-            if done:
-                break
+            await asyncio.sleep(POLL_S)
             try:
                 found = await stub.GetQueuePosition(request, timeout=_POLL_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as error:
+                say_once(rpc_failure(error))
                 continue
             line = describe(found)
-            if line is not None and line != last and not task.done():
+            if line is not None and line != last and not call.done():
                 ctx.out.note(line)
                 last = line
-    return await task
