@@ -3,13 +3,15 @@
 1. two clients activate sandboxes in two tiers;
 2. one hits its in-flight cap (concurrency);
 3. one is refused by the rate limiter, waits the hint it was given, and gets in;
-4. sessions are placed in two tiers, and stick to their sandbox;
-5. a worker is killed: its session is "pending" during the grace period (the
+4. a contended cluster bucket: globex floods it with waiting calls, acme's few
+   calls wait their fair turn and are served within a refill or two (SPEC Q1);
+5. sessions are placed in two tiers, and stick to their sandbox;
+6. a worker is killed: its session is "pending" during the grace period (the
    wake affinity sends on the client's behalf is refused: it is out of tokens);
-6. the session falls back to another sandbox of its tier, with a workspace reset;
-7. acme, with a tenant's own certificate, tries globex's sandbox: refused with the
+7. the session falls back to another sandbox of its tier, with a workspace reset;
+8. acme, with a tenant's own certificate, tries globex's sandbox: refused with the
    answer a sandbox that does not exist gets, and globex's record is untouched;
-8. ``turnstilectl why`` on the sandbox the rate limiter refused in step 3: the
+9. ``turnstilectl why`` on the sandbox the rate limiter refused in step 3: the
    decision log says what refused it, in words, with the trace id (SPEC Q3).
 
 Each step runs under a root span of its own, so its trace id (printed) finds
@@ -72,7 +74,17 @@ from turnstile_platform.redis_client import create_redis
 
 T = TypeVar("T")
 
-STEPS = 8
+STEPS = 9
+#: Step 4 (the fair queue): the cluster bucket's rate while globex floods it, the
+#: flood's calls always waiting, acme's calls, the wait budget each call has, and
+#: how long the flood runs before acme's first call.
+FAIR_RATE = 8.0
+FLOOD_LOOPS = 12
+LIGHT_CALLS = 3
+FAIR_WAIT_S = 10.0
+FLOOD_HEAD_START_S = 1.0
+#: The limits document of the cluster bucket (``turnstilectl limits set --cluster``).
+CLUSTER_FIELD = "cluster"
 
 
 class DemoError(Exception):
@@ -217,6 +229,7 @@ class Story:
         container = await self.activations()
         await self.in_flight_cap()
         await self.rate_refusal()
+        await self.fair_turn()
         microvm_session = await self.two_tiers(container)
         killed = await self.kill_worker(microvm_session)
         await self.fallback(microvm_session, killed)
@@ -301,10 +314,132 @@ class Story:
                     return
             raise DemoError("no activation was rate limited")
 
+    async def fair_turn(self) -> None:
+        """Step 4: the cluster bucket at ``FAIR_RATE`` a second, globex's
+        ``FLOOD_LOOPS`` calls waiting in the fair queue all the time, and acme's
+        ``LIGHT_CALLS`` calls, one after another, served at their fair share."""
+        async with self.step(
+            4,
+            f"{self.globex} floods a contended cluster, {self.acme} still gets its turn",
+            f"The cluster bucket now refills {FAIR_RATE:g} tokens a second, one at a time. "
+            f"{self.globex} keeps {FLOOD_LOOPS} calls waiting for it (a wait budget each: they "
+            f"join the fair queue instead of being refused); {self.acme} asks {LIGHT_CALLS} "
+            "times, one after another. The queue serves the two clients' waiters in turn, so "
+            f"{self.acme} waits about a refill at its half share, not behind the whole flood.",
+        ):
+            saved = await self._limit_docs(CLUSTER_FIELD, self.acme, self.globex)
+            try:
+                await self._fair_turn()
+            finally:
+                await self._restore_limits(saved)
+            self.say("the cluster bucket and both clients' limits are as they were")
+
+    async def _fair_turn(self) -> None:
+        roomy: dict[str, float] = {
+            "cap": 10_000,
+            "concurrency": 10_000,
+            "rate": 1_000,
+            "burst": 1_000,
+        }
+        for client_id in (self.acme, self.globex):
+            await self.set_limits(client_id, roomy)
+        cluster = {"rate": FAIR_RATE, "burst": 1}
+        self.shell(f"turnstilectl limits set --cluster '{json.dumps(cluster)}'")
+        await self._limits(lambda store: store.put(CLUSTER_FIELD, cluster))
+        flooding = asyncio.Event()
+        flood_waits: list[float] = []
+        async with self.ctx.admission() as stub:
+
+            async def flood(loop_number: int) -> None:
+                n = 0
+                while not flooding.is_set():
+                    n += 1
+                    sandbox_id = self.sandbox(f"flood-{loop_number}-{n}")
+                    answer = await self._admit_waiting(stub, sandbox_id, self.globex)
+                    if answer.HasField("waited"):
+                        flood_waits.append(answer.waited.ToMilliseconds() / 1000)
+
+            self.shell(
+                f"# {FLOOD_LOOPS}× in a loop: turnstilectl admit flood-N --client {self.globex} "
+                f"--kind warm --wait {FAIR_WAIT_S:g}s"
+            )
+            loops = [asyncio.create_task(flood(n)) for n in range(FLOOD_LOOPS)]
+            try:
+                await asyncio.sleep(FLOOD_HEAD_START_S)  # the flood fills the queue first
+                light_waits = []
+                for n in range(1, LIGHT_CALLS + 1):
+                    sandbox_id = self.sandbox(f"acme-fair-{n}")
+                    self.shell(
+                        f"turnstilectl admit {sandbox_id} --client {self.acme} --kind warm "
+                        f"--wait {FAIR_WAIT_S:g}s"
+                    )
+                    answer = await self._admit_waiting(stub, sandbox_id, self.acme)
+                    if answer.decision != admission_pb2.DECISION_ADMITTED:
+                        raise DemoError(f"{sandbox_id} was not admitted: {answer.message}")
+                    waited = answer.waited.ToMilliseconds() / 1000
+                    light_waits.append(waited)
+                    self.console.print(
+                        f"[bold green]✓ admitted[/] {escape(_fair_line(sandbox_id, answer))}"
+                    )
+            finally:
+                flooding.set()
+                await asyncio.gather(*loops, return_exceptions=True)
+        if not flood_waits:
+            raise DemoError(f"none of {self.globex}'s calls waited: the bucket was not contended")
+        flood_waits.sort()
+        self.say(
+            f"{self.acme} waited {', '.join(f'{w:.2f} s' for w in light_waits)}; "
+            f"{self.globex}'s {len(flood_waits)} admissions meanwhile waited "
+            f"{flood_waits[len(flood_waits) // 2]:.2f} s at the median (its calls queue behind "
+            "each other, FIFO within a client)"
+        )
+
+    async def _admit_waiting(
+        self, stub: Any, sandbox_id: str, client_id: str
+    ) -> admission_pb2.AdmitResponse:
+        """One warm claim that may wait ``FAIR_WAIT_S`` in the fair queue; an admitted
+        one is committed and its sandbox released at once (the token stays spent, as a
+        real activation's would: nothing else is left behind)."""
+        request = admission_pb2.AdmitRequest(
+            sandbox_id=sandbox_id,
+            client=common_pb2.ActivationClient(client_id=client_id),
+            kind=common_pb2.ACTIVATION_KIND_WARM_CLAIM,
+        )
+        request.wait_budget.FromSeconds(int(FAIR_WAIT_S))
+        answer: admission_pb2.AdmitResponse = await stub.Admit(
+            request, timeout=FAIR_WAIT_S + self.ctx.timeout_s
+        )
+        if answer.decision == admission_pb2.DECISION_ADMITTED:
+            await stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=answer.hold_id))
+            await stub.ReleaseSandbox(admission_pb2.ReleaseSandboxRequest(sandbox_id=sandbox_id))
+        return answer
+
+    async def _limit_docs(self, *fields_or_keys: str) -> dict[str, dict[str, Any] | None]:
+        """The stored documents of the cluster (``CLUSTER_FIELD``) or of keys, to put back."""
+        fields = [f if f == CLUSTER_FIELD else LimitsStore.field_of(f) for f in fields_or_keys]
+        docs: dict[str, dict[str, Any] | None] = {}
+
+        async def read(store: LimitsStore) -> None:
+            for name in fields:
+                docs[name] = await store.get(name)
+
+        await self._limits(read)
+        return docs
+
+    async def _restore_limits(self, docs: dict[str, dict[str, Any] | None]) -> None:
+        async def restore(store: LimitsStore) -> None:
+            for name, doc in docs.items():
+                if doc is None:
+                    await store.delete(name)
+                else:
+                    await store.put(name, doc)
+
+        await self._limits(restore)
+
     async def why_refused(self) -> None:
         sandbox_id = self.refused_sandbox
         async with self.step(
-            8,
+            9,
             f"Why was {sandbox_id} refused?",
             "Every decision is in the decision log, written by admission's decision script in "
             "the same step as the decision, with the substrate's side beside it; "
@@ -337,7 +472,7 @@ class Story:
     async def two_tiers(self, container_box: str) -> tuple[str, str]:
         chat_a, chat_b = self.sandbox("chat-a"), self.sandbox("chat-b")
         async with self.step(
-            4,
+            5,
             "Sessions are placed in two tiers, and stay",
             "A session belongs to its client: its first turn goes to the least-loaded of that "
             "client's sandboxes in its tier (never another client's); later turns go back to "
@@ -363,7 +498,7 @@ class Story:
     async def kill_worker(self, session: tuple[str, str]) -> str:
         chat_b, sandbox_id = session
         async with self.step(
-            5,
+            6,
             f"The worker of {sandbox_id} is killed",
             f"First {self.globex} spends its last activation token, so that the wake affinity "
             "sends on its behalf (Activate with client=inherit) is refused. Then the worker "
@@ -393,7 +528,7 @@ class Story:
     async def fallback(self, session: tuple[str, str], killed: str) -> None:
         chat_b, _ = session
         async with self.step(
-            6,
+            7,
             f"{chat_b} waits out the grace, then falls back",
             "Each turn is answered 'pending' until the grace period ends; the wake was "
             "refused, so the sandbox does not come back. The session then moves to the "
@@ -423,7 +558,7 @@ class Story:
     async def cross_tenant(self) -> None:
         theirs, missing = self.sandbox("globex-2"), self.sandbox("globex-9")
         async with self.step(
-            7,
+            8,
             f"{self.acme} cannot touch {self.globex}'s sandboxes",
             f"Now as a tenant: a certificate of {self.acme}'s own "
             f"(spiffe://turnstile.local/client/{self.acme}), which may act for {self.acme} "
@@ -588,6 +723,18 @@ async def _cleanup(story: Story) -> None:
     for key in (story.acme, story.globex):
         with contextlib.suppress(Exception):
             await story.clear_limits(key)
+
+
+def _fair_line(sandbox_id: str, answer: admission_pb2.AdmitResponse) -> str:
+    """How long an admitted call waited in the fair queue, and where it joined."""
+    line = f"{sandbox_id} for {answer.key.key}"
+    if not answer.HasField("waited"):
+        return f"{line} at once (a token was free, no one waiting)"
+    line += f" after {answer.waited.ToMilliseconds() / 1000:.2f} s in the fair queue"
+    joined = f"joined at position {answer.queue_position} of its key's waiters"
+    if answer.HasField("estimated_wait"):
+        joined += f", estimated {answer.estimated_wait.ToMilliseconds() / 1000:.2f} s"
+    return f"{line} ({joined})"
 
 
 def _flush(provider: TracerProvider) -> None:
