@@ -362,13 +362,14 @@ end
 -- there at the node's recent grant rate (fair_wait_ms); the soonest, as the first
 -- node to free a slot grants it. -1 when no candidate's pace is known.
 local function slot_wait_ms(base, q, wid, info, shares, now)
-  local best = -1
-  local weight = key_queueing(base .. 'limits', info.k, shares, info.l or '')
+  local best, weight = -1, nil
   for _, node in ipairs(info.n) do
     local gap = pace_gap_ms(q, 'n:' .. node, now)
     local sc = node_scope(base, node)
     local rank = gap and redis.call('ZRANK', queue_of(sc, info.l or '', info.k), wid)
     if rank then
+      -- The key's weight is read once, and only when some candidate has a pace.
+      weight = weight or key_queueing(base .. 'limits', info.k, shares, info.l or '')
       local ms = fair_wait_ms(base .. 'limits', sc, info.l or '', info.k, weight, rank + 1, 1,
                               1000 / gap, shares)
       if best < 0 or ms < best then best = ms end

@@ -1,5 +1,6 @@
 """The fair queue (SPEC Q1): an Admit with a wait budget that only the cluster
-bucket, or only node slots, refuse waits its turn here instead of being refused.
+bucket, or only node slots, refuse (or, asked to, only its client's own limits)
+waits its turn here instead of being refused.
 
 The queue lives in Redis, in admission's slot (``_queue.lua`` lists its keys), so
 it is one queue across every replica. Grants happen inside ``tick.lua``: each

@@ -110,7 +110,8 @@ _REASONS = {
 _WHY = {
     "queue": "activations are waiting in the fair queue: the cluster bucket is theirs",
     "cluster bucket": "the cluster bucket is down to the reserve kept for activations",
-    "node slots": "no candidate node would keep its spare slots for cold creates",
+    "node slots": "no candidate node would keep its spare slots for cold creates "
+    "(or its slots have activations waiting)",
 }
 
 
