@@ -452,3 +452,34 @@ async def test_every_replica_reports_the_queues_fairness_of_the_last_minute(
     )
     assert value is not None
     assert value >= 0.95  # both keys served in turn
+
+
+async def test_a_burst_of_one_keys_waiters_stops_at_its_share_of_the_queue(
+    start_admission: Any, redis: aioredis.Redis
+) -> None:
+    """Ten calls of one key at once, the key allowed 3 waiters: 3 wait, 7 are refused
+    at once saying why; another key still joins behind them."""
+    running = await start_admission(**{**settings(), "queue": {"max_key_waiters": 3}})
+    prefix = running.settings.redis_prefix
+    limits = LimitsStore(redis, prefix)
+    await limits.set_cluster(ClusterLimits(rate=0.001, burst=1))
+    assert (await running.stub.Admit(warm("sb-first", "heavy"))).decision == ADMITTED
+
+    async def admit(sandbox_id: str, client: str) -> Any:
+        return await running.stub.Admit(warm(sandbox_id, client, 20), timeout=30)
+
+    tasks = [asyncio.create_task(admit(f"sb-{n}", "heavy")) for n in range(10)]
+    # The bucket is shut: only a refusal answers a heavy call now.
+    await eventually(lambda: sum(t.done() for t in tasks) >= 7, what="7 heavy answers")
+    assert await waiters(redis, prefix) == 3
+    light = asyncio.create_task(admit("sb-light", "l1"))
+    await eventually(partial(_at_least, redis, prefix, 4), what="the light waiter")
+    refused = [t for t in tasks if t.done()]
+    assert len(refused) == 7
+    for task in refused:
+        answer = task.result()
+        assert answer.decision == REFUSED
+        assert "the fair queue was full for its key (3 of its calls waiting" in answer.message
+    await limits.set_cluster(ClusterLimits(rate=RATE, burst=1))
+    answers = await asyncio.gather(*tasks, light)
+    assert sum(a.decision == ADMITTED for a in answers) == 4  # 3 heavy, 1 light

@@ -226,6 +226,28 @@ async def test_the_queue_refuses_past_max_waiters(
     assert full.waiters == 2
 
 
+async def test_one_key_may_fill_only_its_share_of_the_queue(
+    redis: aioredis.Redis, redis_prefix: str, live: Any
+) -> None:
+    """A tenant's flood stops at ``max_key_waiters`` in the queue it joins; another
+    key still joins, and the flooding key's refusal changes nothing."""
+    settings = AdmissionSettings(
+        redis_prefix=redis_prefix, queue=QueueSettings(max_waiters=10, max_key_waiters=2)
+    )
+    store = AdmissionStore(redis, settings)
+    assert (await store.enqueue("w1", "heavy", "r1", 10_000, TTL)).queued
+    assert (await store.enqueue("w2", "heavy", "r1", 10_000, TTL)).queued
+    info_before = await redis.hgetall(f"{redis_prefix}{{adm}}:q:info")
+    full = await store.enqueue("w3", "heavy", "r1", 10_000, TTL)
+    assert (full.queued, full.key_full, full.waiters) == (False, True, 2)
+    assert await redis.hgetall(f"{redis_prefix}{{adm}}:q:info") == info_before
+    light = await store.enqueue("w4", "light", "r1", 10_000, TTL)
+    assert (light.queued, light.position) == (True, 1)
+    # Each queue has its own share: the key may still wait for a node's slots.
+    slot = await store.enqueue("w5", "heavy", "r1", 10_000, TTL, [("n1", 1)])
+    assert slot.queued
+
+
 async def set_level(redis: aioredis.Redis, prefix: str, key: str, level: str) -> None:
     await LimitsStore(redis, prefix).set_key(key, Limits(level=level))
 

@@ -233,11 +233,7 @@ class Admitter:
             estimate = joined.estimated_wait_ms / 1000
         message = decision.message
         if not decision.admitted:
-            message += (
-                f"; the fair queue was full ({joined.waiters} waiting)"
-                if joined is not None and not joined.queued
-                else f"; waited {waited:.3f}s in the fair queue"
-            )
+            message += _unqueued(joined) or f"; waited {waited:.3f}s in the fair queue"
         return decision._replace(
             waited_s=waited,
             queue_position=joined.position if joined is not None else 0,
@@ -722,6 +718,19 @@ def _only_cluster_bucket(decision: Decision, verdict: Verdict) -> bool:
     return bool(refusing) and all(
         v.policy is PolicyName.RATE and v.detail == _CLUSTER_BUCKET for v in refusing
     )
+
+
+def _unqueued(joined: Queued | None) -> str:
+    """Why a call that asked to wait never joined the fair queue ("": it joined, or
+    Redis could not be asked)."""
+    if joined is None or joined.queued:
+        return ""
+    if joined.key_full:
+        return (
+            f"; the fair queue was full for its key ({joined.waiters} of its calls waiting, "
+            "the most one key may)"
+        )
+    return f"; the fair queue was full ({joined.waiters} waiting)"
 
 
 def _would_queue(decision: Decision) -> bool:

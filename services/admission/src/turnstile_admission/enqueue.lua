@@ -12,13 +12,15 @@
 --       level shares (JSON object level -> share), default level,
 --       claim_ttl_ms, own limits (JSON {cap, conc, rate}: the limits the call
 --       enforces; empty: not a per-client waiter), the limits' defaults (JSON,
---       as admit.lua takes them), n, then n pairs (candidate node, its slots):
+--       as admit.lua takes them), max waiters of one key in one queue,
+--       n, then n pairs (candidate node, its slots):
 --       n > 0 waits for a slot on one of those nodes, n = 0 and no own limits
 --       for the cluster bucket.
 -- Returns: {'queued', position in the key's queue (1 = head), estimated wait ms
 --           (-1 none: no cluster rate, or a slot's or own limits' queue with no
 --           recent pace), waiters in all, level}, or {'full' | 'taken', 0, 0, waiters,
---           level} ('taken': the waiter id is already queued, nothing done).
+--           level} ('taken': the waiter id is already queued, nothing done), or
+--           {'key_full', 0, 0, the key's waiters in that queue, level}.
 local wid, key, owner = ARGV[1], ARGV[2], ARGV[3]
 local budget, max_waiters = tonumber(ARGV[4]), tonumber(ARGV[5])
 local owner_ttl, serving_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -26,12 +28,13 @@ local cost, default_rate, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(A
 local shares, default_level = cjson.decode(ARGV[11]), ARGV[12]
 local claim_ttl = tonumber(ARGV[13])
 local own = ARGV[14] ~= '' and cjson.decode(ARGV[14]) or nil
+local max_key_waiters = tonumber(ARGV[16])
 local nodes, seen = {}, {}
-for j = 1, tonumber(ARGV[16]) do
-  local name = ARGV[15 + 2 * j]
+for j = 1, tonumber(ARGV[17]) do
+  local name = ARGV[16 + 2 * j]
   if not seen[name] then
     seen[name] = true
-    nodes[#nodes + 1] = {name, tonumber(ARGV[16 + 2 * j])}
+    nodes[#nodes + 1] = {name, tonumber(ARGV[17 + 2 * j])}
   end
 end
 local base = base_of(KEYS[1])
@@ -43,6 +46,19 @@ if waiting >= max_waiters then return {'full', 0, 0, waiting, level} end
 -- An id already waiting (a caller's wait_id reused by a call on another replica,
 -- fair_queue.waiter_of): this call must not share that entry or its grant.
 if redis.call('HEXISTS', q.info, wid) == 1 then return {'taken', 0, 0, waiting, level} end
+-- One key's share of the room: at most max_key_waiters in the queue it would join
+-- (for a slot waiter, in its first candidate's), so a flood of one tenant's calls
+-- cannot fill max_waiters for everyone else. One ZCARD.
+local mine
+if own then
+  mine = own_queue_of(base, key)
+elseif #nodes == 0 then
+  mine = queue_of(q, level, key)
+else
+  mine = queue_of(node_scope(base, nodes[1][1]), level, key)
+end
+local key_waiting = redis.call('ZCARD', mine)
+if key_waiting >= max_key_waiters then return {'key_full', 0, 0, key_waiting, level} end
 local seq = redis.call('HINCRBY', q.meta, 'seq', 1)
 local share = tonumber(shares[level]) or 1
 local info = {s = 'w', k = key, l = level, o = owner, t = now}

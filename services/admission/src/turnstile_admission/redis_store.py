@@ -233,17 +233,22 @@ class Queued(NamedTuple):
     """``enqueue.lua``'s answer."""
 
     queued: bool
-    """False: the queue is full (``queue.max_waiters``)."""
+    """False: the queue is full (``queue.max_waiters``), or the key's share of it
+    (``key_full``)."""
     position: int
     """Among the key's waiters, 1 the head."""
     estimated_wait_ms: int
-    """-1: no estimate (the cluster bucket has no rate, or the call waits for a
-    node slot: slots free when sandboxes stop, at no known rate)."""
+    """-1: no estimate (the cluster bucket has no rate, or a node's slots' or the
+    key's own queue has not been granted lately: ``_queue.lua``'s pace)."""
     waiters: int
+    """All the queue's waiters; with ``key_full``, the key's in the queue it
+    would have joined."""
     level: str
     """The priority level it waits in (SPEC Q2)."""
     taken: bool = False
     """Not queued: the waiter id is already waiting (a reused ``wait_id``)."""
+    key_full: bool = False
+    """Not queued: the key has ``queue.max_key_waiters`` waiting there already."""
 
 
 class QueuePosition(NamedTuple):
@@ -699,13 +704,20 @@ class AdmissionStore:
                 if own is not None
                 else "",
                 self._defaults_json,
+                q.max_key_waiters,
                 len(nodes),
                 *(part for pair in nodes for part in pair),
             ],
         )
         outcome = _s(raw[0])
         counts = int(raw[1]), int(raw[2]), int(raw[3])
-        return Queued(outcome == "queued", *counts, _s(raw[4]), taken=outcome == "taken")
+        return Queued(
+            outcome == "queued",
+            *counts,
+            _s(raw[4]),
+            taken=outcome == "taken",
+            key_full=outcome == "key_full",
+        )
 
     async def queued(self, waiters: Sequence[str]) -> list[bool]:
         """Whether each waiter still has its entry in the fair queue (one HMGET,

@@ -48,6 +48,11 @@ class QueueSettings(BaseModel):
     max_waiters: int = Field(default=10_000, ge=1, le=1_000_000)
     """Waiters across the cluster; a call past it is refused at once."""
 
+    max_key_waiters: int = Field(default=1_000, ge=1, le=1_000_000)
+    """Waiters one bounded key may have in each queue it waits in (the cluster
+    bucket's, a node's slots', its own); a call past it is refused at once, so one
+    tenant's flood cannot fill the queue's room (``max_waiters``) for the others."""
+
     max_grants_per_tick: int = Field(default=200, ge=1, le=10_000)
     """Grants one tick makes at most (bounds one script's run)."""
 
