@@ -41,7 +41,7 @@ async def test_demo_tells_the_whole_story_and_prints_a_trace_id_per_step(
         for beat in (
             "1/9",
             "floods a contended cluster",  # the fair queue (SPEC Q1) ...
-            "s in the fair queue (joined at position 1 of its key's waiters",
+            "s in the fair queue; queue position 1 when it joined, estimated",
             "✗ refused",  # the in-flight cap
             "RATE_LIMITED",
             "(first)",

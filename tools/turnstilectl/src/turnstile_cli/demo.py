@@ -58,7 +58,7 @@ from turnstile_cli.commands.decisions import render_why
 from turnstile_cli.commands.substrate import render_activate
 from turnstile_cli.context import ClientTls, Context
 from turnstile_cli.exits import Exit
-from turnstile_cli.output import render_error
+from turnstile_cli.output import queue_rows, render_error
 from turnstile_client import Refused, TurnstileError, decode
 from turnstile_clientkeys import KeySetStore
 from turnstile_clientkeys.limits import LimitsError, LimitsStore
@@ -726,15 +726,12 @@ async def _cleanup(story: Story) -> None:
 
 
 def _fair_line(sandbox_id: str, answer: admission_pb2.AdmitResponse) -> str:
-    """How long an admitted call waited in the fair queue, and where it joined."""
-    line = f"{sandbox_id} for {answer.key.key}"
-    if not answer.HasField("waited"):
-        return f"{line} at once (a token was free, no one waiting)"
-    line += f" after {answer.waited.ToMilliseconds() / 1000:.2f} s in the fair queue"
-    joined = f"joined at position {answer.queue_position} of its key's waiters"
-    if answer.HasField("estimated_wait"):
-        joined += f", estimated {answer.estimated_wait.ToMilliseconds() / 1000:.2f} s"
-    return f"{line} ({joined})"
+    """An admitted call on one line: what ``admit`` shows of the fair queue
+    (:func:`queue_rows`: how long it waited, where it joined and the estimate)."""
+    rows: dict[str, object] = {}
+    queue_rows(rows, answer)
+    said = "; ".join(f"{name} {value}" for name, value in rows.items())
+    return f"{sandbox_id} for {answer.key.key}: {said or 'at once, no one waiting'}"
 
 
 def _flush(provider: TracerProvider) -> None:
