@@ -1,16 +1,19 @@
 """The one server interceptor every service runs: tracing, limits, authorization,
 undecodable requests, rich errors and RPC metrics, in one wrapper per method.
 
-Each call, in order: its server span starts; it takes a slot of its kind from
-:class:`~turnstile_platform.call_limits.CallLimits` or is refused
-``RESOURCE_EXHAUSTED`` (SPEC F6, O6); the
-:class:`~turnstile_platform.authz.authorizer.Authorizer` checks the caller; an
-undecodable request is answered ``INVALID_ARGUMENT``; the handler runs, and a
+Each call, in order: its server span starts; the
+:class:`~turnstile_platform.authz.authorizer.Authorizer` checks that its identity
+may call the method; it takes a seat of its kind from
+:class:`~turnstile_platform.call_limits.CallLimits` for its flow and level
+(:mod:`turnstile_platform.flows`), waiting briefly in its flow's queue or refused
+``RESOURCE_EXHAUSTED`` (SPEC F6, O6, N1); the authorizer checks the clients it acts
+for; an undecodable request is answered ``INVALID_ARGUMENT``; the handler runs, and a
 :class:`RichError` becomes its rich status, a failing dependency ``UNAVAILABLE``
 with the service's retry hint (:func:`~turnstile_platform.errors.dependency_error`,
-the one place that answer is built), anything unexpected a generic ``INTERNAL``;
-then the slot is freed, the RPC counted and timed, the span ended. Health and
-reflection skip the span, the slot and (health) authorization.
+the one place that answer is built), anything unexpected a generic ``INTERNAL``
+(logged with its traceback once a minute per method and error type, the rest
+counted); then the seat is freed, the RPC counted and timed, the span ended. Health
+and reflection skip the span, the seat and (health) authorization.
 
 Why one interceptor: grpc.aio runs every interceptor's ``intercept_service`` on
 every call, each rebuilding the handler (docs/performance.md). Here a method's
@@ -34,14 +37,23 @@ from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
 from turnstile_platform.authz.authorizer import Authorizer
-from turnstile_platform.call_limits import CallKind, CallLimits
+from turnstile_platform.authz.methods import CLIENT_SOURCES
+from turnstile_platform.authz.ownership import current_identity
+from turnstile_platform.call_limits import CallKind, CallLimits, enter_flow
 from turnstile_platform.decoding import Undecodable, checked, refuse, tolerant
 from turnstile_platform.dependencies import DEPENDENCY_ERRORS
 from turnstile_platform.errors import RichError, abort, dependency_error
+from turnstile_platform.fair_share import FlowId, Seat, Seats
+from turnstile_platform.flows import ANONYMOUS
 from turnstile_platform.handlers import Behaviour, MethodName, behaviour_of, rebuilt, yields
+from turnstile_platform.log_throttle import LogThrottle
 from turnstile_platform.tracing import ServerSpan, ServerSpans, traced_service
 
 log = logging.getLogger(__name__)
+
+#: One traceback per (method, error type) a minute; the next line says how many more
+#: (a caller that can make a handler fail must not write a traceback per call).
+ERROR_LOG = LogThrottle(log)
 
 RPCS = Counter(
     "turnstile_grpc_server_handled_total",
@@ -150,8 +162,8 @@ def _coroutine(method: _Method, behaviour: Behaviour, streaming_request: bool) -
         try:
             if method.authorizer is not None or isinstance(request, Undecodable):
                 request = await serving.admitted(request, False)
-            else:
-                serving.take_slot()
+            elif not serving.take_seat_now():
+                await serving.take_seat(ANONYMOUS)
             response = await behaviour(request, context)
         except BaseException as error:
             await serving.failed(error)
@@ -180,14 +192,17 @@ class _Method:
         "_handled",
         "attributes",
         "authorizer",
+        "client_source",
         "counted",
         "kind",
         "limits",
         "name",
         "reflection",
         "retry_after_s",
+        "seats",
         "seconds",
         "spans",
+        "streaming",
     )
 
     def __init__(
@@ -204,10 +219,16 @@ class _Method:
         self.retry_after_s = retry_after_s
         self.counted = not name.service.startswith(_PLATFORM_SERVICES)
         self.kind = CallKind.STREAM if streaming else CallKind.UNARY
-        # A self-admitted stream's handler takes its slot itself (CallLimits).
-        self.limits = (
-            limits if self.counted and not (limits and limits.admits_itself(name.path)) else None
+        self.streaming = streaming
+        self.limits = limits if self.counted else None
+        # A self-admitted stream's handler takes its seat itself (CallLimits), for
+        # the flow found here.
+        self.seats: Seats | None = (
+            limits.seats[self.kind]
+            if limits is not None and self.counted and not limits.admits_itself(name.path)
+            else None
         )
+        self.client_source = CLIENT_SOURCES.get(name.path)
         self.spans = spans if spans is not None and traced_service(name.service) else None
         self.attributes = ServerSpans.attributes(name.service, name.method)
         self.authorizer = None if name.service.startswith("grpc.health.") else authorizer
@@ -228,18 +249,18 @@ class _Method:
 
 class _Serving:
     """One call of a method, around its handler: span and clock on entry
-    (:meth:`enter`); slot, authorization and decoding through :meth:`admitted`;
-    on exit the slot freed, what was raised turned into the status, the RPC
+    (:meth:`enter`); authorization, seat and decoding through :meth:`admitted`;
+    on exit the seat freed, what was raised turned into the status, the RPC
     counted and the span ended (:meth:`succeeded`, :meth:`failed`). Streams use
     it as an async context manager; a unary call's wrapper calls the steps
     itself (:func:`_coroutine`)."""
 
-    __slots__ = ("_context", "_method", "_slot", "_span", "_started")
+    __slots__ = ("_context", "_method", "_seat", "_span", "_started")
 
     def __init__(self, method: _Method, context: Context) -> None:
         self._method = method
         self._context = context
-        self._slot = False
+        self._seat: Seat | None = None
         self._span: ServerSpan | None = None
         self._started = 0.0
 
@@ -254,23 +275,45 @@ class _Serving:
             self._span = method.spans.start(self._context, method.name.path, method.attributes)
         self._started = time.perf_counter()
 
-    def take_slot(self) -> None:
-        """The call's slot of its kind taken, or ``RESOURCE_EXHAUSTED`` raised."""
+    def take_seat_now(self) -> bool:
+        """The anonymous flow's seat taken if it may have one now (or the method
+        takes none); False: :meth:`take_seat` must wait for it or refuse."""
+        seats = self._method.seats
+        if seats is None:
+            return True
+        self._seat = seats.try_take(ANONYMOUS)
+        return self._seat is not None
+
+    async def take_seat(self, flow: FlowId) -> None:
+        """A seat for ``flow`` taken, waiting in its queue if need be, or
+        ``RESOURCE_EXHAUSTED`` raised."""
         method = self._method
-        if method.limits is not None:
-            method.limits.acquire(method.kind, method.name.method)
-            self._slot = True
+        if method.streaming and method.limits is not None:
+            enter_flow(flow)  # for a self-admitted handler's own acquire
+        if method.seats is not None:
+            self._seat = await method.seats.take(flow, method.name.method)
 
     async def admitted(self, request: Any, streaming: bool) -> Any:
-        """The request the handler gets, once the call holds its slot and is
-        authorized (a refusal raises). A request stream is checked message by
-        message as the handler reads it."""
+        """The request the handler gets, once the call is authorized and holds its
+        seat (a refusal raises). A request stream is checked message by message as
+        the handler reads it."""
         method, context = self._method, self._context
-        self.take_slot()
-        if method.authorizer is not None:
-            await method.authorizer.authorize(
-                context, method.name.path, method.reflection, None if streaming else request
-            )
+        authorizer = method.authorizer
+        if authorizer is None:
+            await self.take_seat(ANONYMOUS)
+        else:
+            path = method.name.path
+            decision = await authorizer.check_call(context, path, method.reflection)
+            if decision is not None and method.limits is not None:
+                source = None if streaming or isinstance(request, Undecodable) else request
+                flow = method.limits.classifier.flow(
+                    current_identity(),
+                    decision,
+                    method.client_source if source is not None else None,
+                    source,
+                )
+                await self.take_seat(flow)
+            await authorizer.check_client(context, path, decision, None if streaming else request)
         if streaming:
             return checked(request, context, method.name)
         if isinstance(request, Undecodable):
@@ -289,17 +332,17 @@ class _Serving:
             await self.failed(error)
 
     def succeeded(self) -> None:
-        """The handler returned: the slot freed, the call counted with the code it
+        """The handler returned: the seat freed, the call counted with the code it
         set (OK by default), the span ended."""
-        self._free_slot()
+        self._free_seat()
         self._finish(_code_set(self._context))
 
     async def failed(self, error: BaseException) -> None:
-        """The handler raised ``error``: the slot freed, the status sent for it (an
+        """The handler raised ``error``: the seat freed, the status sent for it (an
         exception raises the ``AbortError`` of that status instead; anything else,
         a cancellation or a stream closed early, goes on as it is: None returned),
         the call counted and the span ended."""
-        self._free_slot()
+        self._free_seat()
         code: object = grpc.StatusCode.OK
         if isinstance(error, DEPENDENCY_ERRORS):
             error = self._refusal(error)
@@ -321,12 +364,13 @@ class _Serving:
         ).inc()
         return refusal
 
-    def _free_slot(self) -> None:
-        if self._slot:
+    def _free_seat(self) -> None:
+        seat = self._seat
+        if seat is not None:
             # Freed before the status goes out: a caller that saw this call end
-            # finds its slot free.
-            method = self._method
-            method.limits.release(method.kind)  # type: ignore[union-attr]  # set with the slot
+            # finds its seat free.
+            self._seat = None
+            self._method.seats.release(seat)  # type: ignore[union-attr]  # set with the seat
 
     def _finish(self, code: object) -> None:
         self._method.count(code, time.perf_counter() - self._started)
@@ -364,6 +408,14 @@ async def _answer(context: Context, name: MethodName, error: Exception) -> None:
         await abort(context, error)
     if isinstance(error, NotImplementedError):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name.method} is not implemented")
-    log.exception("unhandled error", exc_info=error, extra={"rpc": f"{name.service}/{name.method}"})
+    rpc = f"{name.service}/{name.method}"
+    kind = type(error).__qualname__
+    ERROR_LOG.log(
+        logging.ERROR,
+        (rpc, kind),
+        "unhandled error",
+        {"rpc": rpc, "error_type": kind},
+        exc_info=error,
+    )
     trace.get_current_span().record_exception(error)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error")

@@ -53,7 +53,16 @@ class LogThrottle:
         interval (then count it); True if written."""
         return self.log(logging.WARNING, key, message, extra)
 
-    def log(self, level: int, key: Hashable, message: str, extra: Mapping[str, object]) -> bool:
+    def log(
+        self,
+        level: int,
+        key: Hashable,
+        message: str,
+        extra: Mapping[str, object],
+        exc_info: BaseException | None = None,
+    ) -> bool:
+        """Write ``message`` at ``level`` (with ``exc_info``'s traceback) unless
+        ``key`` had a line within the interval (then count it); True if written."""
         now = self._clock()
         with self._lock:
             state = self._state(key, now)
@@ -69,7 +78,7 @@ class LogThrottle:
         fields = {**extra, "suppressed_since_last": suppressed}
         if state is self._overflow:
             fields["throttle_overflow"] = True
-        self.logger.log(level, message, extra=fields)
+        self.logger.log(level, message, extra=fields, exc_info=exc_info)
         return True
 
     def _state(self, key: Hashable, now: float) -> list[float]:

@@ -65,6 +65,66 @@ class DecisionLogSettings(BaseModel):
     expires this long after its last entry."""
 
 
+#: The levels a role may name (:class:`turnstile_platform.fair_share.Level`).
+LevelName = Literal["platform", "tenants", "placements", "workers"]
+
+
+def _default_roles() -> dict[str, LevelName]:
+    return {"/service/gateway": "placements", "/sandbox": "workers"}
+
+
+def _role_patterns(roles: dict[str, LevelName]) -> dict[str, LevelName]:
+    for pattern in roles:
+        bare = pattern.removesuffix("/*")
+        if not pattern.startswith("/") or "*" in bare or len(pattern) > 256:
+            raise ValueError(
+                f"role pattern {pattern!r}: a SPIFFE ID path such as '/service/gateway', "
+                "or a prefix such as '/client/*'"
+            )
+    return roles
+
+
+class FairShareSettings(BaseModel):
+    """How a replica shares its call seats among priority levels and flows (SPEC N1;
+    ``TURNSTILE_FAIR_SHARE__*``; :mod:`turnstile_platform.fair_share`). Each level is
+    assured ``ceil(total × its shares ÷ all shares)`` of ``max_concurrent_rpcs`` (and
+    of ``max_concurrent_streams``) and may borrow what other levels leave idle."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
+
+    platform_shares: int = Field(default=30, ge=1, le=1000)
+    """Shares of the platform level: calls of identities the policy allows every
+    client (the services, operators), and loopback plaintext's one anonymous flow."""
+
+    tenant_shares: int = Field(default=40, ge=1, le=1000)
+    """Shares of the tenants level: calls of identities the policy scopes to their
+    own clients (``self`` or a list)."""
+
+    placement_shares: int = Field(default=20, ge=1, le=1000)
+    """Shares of the placements level: the gateway's calls (``roles``)."""
+
+    worker_shares: int = Field(default=10, ge=1, le=1000)
+    """Shares of the workers level: the sandboxes' relay streams (``roles``)."""
+
+    queue_length: int = Field(default=8, ge=0, le=1000)
+    """Calls of one flow that may wait for a seat at once, past its fair share; one
+    more is refused at once (0: none waits)."""
+
+    queue_wait_s: float = Field(default=1.0, ge=0, le=60)
+    """How long a call waits in its flow's queue for a seat before it is refused
+    (0: none waits). Keep it well below callers' deadlines."""
+
+    roles: Annotated[dict[str, LevelName], AfterValidator(_role_patterns)] = Field(
+        default_factory=_default_roles,
+        max_length=64,
+    )
+    """Identities whose level is not the one their policy grant implies: a SPIFFE ID
+    path (any trust domain) or a path prefix ending ``/*``, to a level (a JSON
+    object). The longest matching pattern wins. Unlisted identities are
+    ``platform`` when the policy allows them every client for the method,
+    ``tenants`` otherwise."""
+
+
 class ServiceSettings(BaseSettings):
     """What every service process needs: where it listens, Redis, peers, limits."""
 
@@ -180,13 +240,20 @@ class ServiceSettings(BaseSettings):
     """Largest gRPC message received or sent."""
 
     max_concurrent_rpcs: int = Field(default=1024, ge=1, le=100_000)
-    """Unary RPCs served at once; more are refused with RESOURCE_EXHAUSTED
-    (``CONCURRENCY_LIMITED``, with a retry hint). Streams have their own limit."""
+    """Unary RPCs served at once: the total the priority levels share
+    (``fair_share``); a flow past its share waits briefly or is refused with
+    RESOURCE_EXHAUSTED (``CONCURRENCY_LIMITED``, with a retry hint). Streams have
+    their own limit."""
 
     max_concurrent_streams: int = Field(default=1024, ge=1, le=100_000)
     """Streaming RPCs (the relay's worker ``Attach``) served at once, counted apart
     from unary ones so long-lived streams never take the slots ``Place`` needs;
-    more are refused with RESOURCE_EXHAUSTED (``CONCURRENCY_LIMITED``)."""
+    shared by the levels like the unary total (``fair_share``)."""
+
+    fair_share: FairShareSettings = FairShareSettings()
+    """How those calls and streams are shared among priority levels and flows
+    (SPEC N1): a flow past its fair share waits briefly in its own queue or is
+    refused, never another flow's call."""
 
     keepalive_time_s: float = Field(default=60.0, ge=1, le=7200)
     """How often the server pings a connection that is otherwise quiet, so a dead
