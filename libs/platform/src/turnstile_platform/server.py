@@ -2,7 +2,9 @@
 
 It wires, in one place: health driven by a component map, server reflection, mutual
 TLS and per-method authorization (SPEC Z1, Z2), keepalive, a maximum connection age
-and message size, the one platform interceptor (:mod:`turnstile_platform.interceptors`)
+and message size, the call limits shared by priority levels and flows
+(:mod:`turnstile_platform.call_limits`, SPEC N1), the one platform interceptor
+(:mod:`turnstile_platform.interceptors`)
 and the event-loop lag monitor (:mod:`turnstile_platform.loop_lag`). Without its
 certificate and policy files an mTLS process refuses to start; ``plaintext`` listens
 only on loopback with no authorization; an optional plaintext ``health_port`` serves
@@ -131,7 +133,9 @@ class GrpcService:
         self.limits = CallLimits(
             unary=settings.max_concurrent_rpcs,
             streams=settings.max_concurrent_streams,
+            retry_after_s=settings.retry_after_s,
             self_admitted=self_admitted_streams,
+            fair_share=settings.fair_share,
         )
         if self.tls_files is not None:
             if settings.authz_policy_file is None:
