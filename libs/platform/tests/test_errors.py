@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
@@ -142,3 +143,34 @@ def test_a_status_echoing_a_10kb_field_stays_small_enough_to_arrive() -> None:
     status = error.to_status()
     assert sum(len(v) for _, v in status.trailing_metadata) < 4096
     assert status.code is grpc.StatusCode.INVALID_ARGUMENT
+
+
+class _Broken(Exception):
+    """An error only this test's handler raises (the log throttle is keyed by type)."""
+
+
+async def test_repeated_unexpected_errors_are_counted_not_each_logged_with_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """100 calls failing alike: one ERROR line with its traceback, the rest counted
+    (the next line of the same method and error type says how many), SPEC O6."""
+
+    async def crash(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        raise _Broken("bad cursor")
+
+    app = GrpcService("probe", settings(), service_names=[])
+    add_probe(app, {"CrashOften": crash})
+    port = await app.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="turnstile_platform.interceptors"):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                for _ in range(100):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await call(channel, "CrashOften")
+                    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    finally:
+        await app.stop()
+    lines = [r for r in caplog.records if r.getMessage().startswith("unhandled error")]
+    assert len(lines) == 1
+    assert lines[0].exc_info is not None
+    assert lines[0].__dict__["error_type"] == "_Broken"
