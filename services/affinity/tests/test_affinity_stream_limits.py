@@ -105,7 +105,13 @@ async def test_silent_streams_hold_no_slot_and_a_real_worker_attaches_past_them(
     await third.write(_hello("third", (await credentials.issue("third")).credential))
     refused = await _closed(third)
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert refused.metadata == {"kind": "stream", "limit": "2", "method": "Attach"}
+    assert {k: refused.metadata[k] for k in ("kind", "limit", "method")} == {
+        "kind": "stream",
+        "limit": "2",
+        "method": "Attach",
+    }
+    # Named for its flow and level (SPEC N1): loopback plaintext's one anonymous flow.
+    assert (refused.metadata["flow"], refused.metadata["level"]) == ("anonymous", "platform")
     assert "third" not in await service.workers()
     # The first newcomer found the waiting room full and pushed one more silent stream
     # out; once it attached there was room again, and three silent streams still wait.
