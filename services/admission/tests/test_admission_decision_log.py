@@ -63,7 +63,7 @@ async def test_admitted_and_refused_are_logged_once_with_their_fields(
         concurrency={"default_limit": 1},
         tracer_provider=TracerProvider(sampler=ParentBased(ALWAYS_OFF)),
     )
-    stream = running.keys.decisions
+    stream = running.keys.decision_stream("acme")
     admitted = await running.stub.Admit(cold("sb-1"), metadata=traced(sampled=False))
     refused = await running.stub.Admit(cold("sb-2"), metadata=traced(sampled=True))
     assert (admitted.decision, refused.decision) == (ADMITTED, REFUSED)
@@ -112,7 +112,7 @@ async def test_shadow_mode_and_unknown_verdicts_are_logged_as_such(
     await live.unsupported()  # the cap cannot decide: it admits with UNKNOWN
     unknown = await running.stub.Admit(cold("sb-3"))
     assert unknown.decision == ADMITTED
-    logged = await entries(redis, running.keys.decisions)
+    logged = await entries(redis, running.keys.decision_stream("acme"))
     assert [e["kind"] for e in logged] == ["admitted", "shadow_refused", "admitted"]
     cap = {v["p"]: v for v in json.loads(logged[2]["verdicts"])}["cap"]
     assert cap["v"] == "unknown"  # the verdict says what the kind does not
@@ -148,7 +148,7 @@ async def test_shadow_limits_are_reported_counted_and_never_refuse(
     cap_after = sample("turnstile_admission_shadow_refusals_total", policy="cap", **labels)
     conc_after = sample("turnstile_admission_shadow_refusals_total", policy="concurrency", **labels)
     assert (cap_after - cap_before, conc_after - conc_before) == (2, 3)
-    logged = await entries(redis, running.keys.decisions)
+    logged = await entries(redis, running.keys.decision_stream("acme"))
     assert [e["kind"] for e in logged] == ["admitted"] + ["shadow_refused"] * 3
     cap = {v["p"]: v for v in json.loads(logged[2]["verdicts"])}["cap"]
     assert cap["s"] == {"v": "over", "l": 2, "c": 2}
@@ -185,10 +185,10 @@ async def test_a_settled_holds_late_script_and_a_dry_run_log_nothing(
     assert late.outcome == "cancelled"
     dry = await store.admit(AdmitArgs("dry", "acme", "sb-1", modes, dry_run=True))
     assert dry.outcome == "admit"
-    assert await redis.xlen(store.keys.decisions) == 0
+    assert await redis.xlen(store.keys.decision_stream("acme")) == 0
     done = await store.admit(AdmitArgs("real", "acme", "sb-1", modes, log=LogContext()))
     assert done.outcome == "admit"
-    assert await redis.xlen(store.keys.decisions) == 1
+    assert await redis.xlen(store.keys.decision_stream("acme")) == 1
 
 
 async def test_the_log_keeps_its_bounds_under_a_300_way_burst(
@@ -204,7 +204,7 @@ async def test_the_log_keeps_its_bounds_under_a_300_way_burst(
     answers = await asyncio.gather(*(running.stub.Admit(cold(f"sb-{i}")) for i in range(300)))
     admitted = sum(a.decision == ADMITTED for a in answers)
     assert 0 < admitted < 300  # both shapes in the burst (the bucket holds 200)
-    stream = running.keys.decisions
+    stream = running.keys.decision_stream("acme")
     assert 120 <= await redis.xlen(stream) < 120 + NODE
     # It expires max age after its last entry, at most one trim period (1 s) later.
     assert 600_000 < await redis.pttl(stream) <= 601_000
@@ -224,7 +224,7 @@ async def test_every_decision_of_a_burst_is_logged_exactly_once(
         rate={"default_burst": 200, "default_rate_per_s": 1},
     )
     answers = await asyncio.gather(*(running.stub.Admit(cold(f"sb-{i}")) for i in range(300)))
-    logged = await entries(redis, running.keys.decisions)
+    logged = await entries(redis, running.keys.decision_stream("acme"))
     assert sorted(e["sandbox"] for e in logged) == sorted(f"sb-{i}" for i in range(300))
     holds = {e["hold"] for e in logged if e["kind"] == "admitted"}
     assert holds == {a.hold_id for a in answers if a.decision == ADMITTED}
@@ -265,7 +265,7 @@ async def test_a_consumer_group_ships_every_entry_once(start_admission: Any, red
     """The export docs/operations.md documents: a group created with MKSTREAM before
     any decision, read with '>', acknowledged; a restarted shipper reads '0' first."""
     running = await start_admission(client_allowlist=("acme",))
-    stream = running.keys.decisions
+    stream = running.keys.decision_stream("acme")
     await redis.xgroup_create(stream, "shipper", id="$", mkstream=True)
     for i in range(3):
         await running.stub.Admit(cold(f"sb-{i}"))
