@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from prometheus_client import REGISTRY
+from redis.exceptions import ResponseError
 
 from turnstile_admission.decision_log import (
     CursorRejectedError,
