@@ -289,7 +289,8 @@ class Shipper:
             try:
                 await self.redis.xgroup_create(stream, "shipper", id="0")
             except ResponseError as error:
-                assert "BUSYGROUP" in str(error)
+                if "BUSYGROUP" not in str(error):  # a group already there is fine
+                    raise
             self.streams.append(stream)
 
     async def read(self, start: str, count: int, ack: bool = True) -> list[tuple[bytes, bytes]]:
@@ -374,7 +375,7 @@ async def test_an_operator_reads_every_stream_merged_newest_first_across_pages(
     assert len(seen) == 10
     order = [tuple(int(p) for p in d.id.split("-")) for d in seen]
     assert order == sorted(order, reverse=True)  # newest first, none twice
-    assert [d.kind for d in seen][0] == "keys_changed"
+    assert seen[0].kind == "keys_changed"
     # A client of the shared key reads its own entries only (filtered by client).
     other = await running.stub.ListDecisions(admission_pb2.ListDecisionsRequest(client_id="x"))
     assert list(other.decisions) == []
