@@ -11,6 +11,7 @@ import pytest
 
 from turnstile_clientkeys.limits import LimitsStore
 from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
+from turnstile_platform.decision_log import key_stream
 
 from .conftest import ADMISSION, SUBSTRATE, Tenants, client
 
@@ -28,7 +29,7 @@ async def test_a_dry_run_activate_answers_what_would_happen_and_changes_nothing(
     await tenants.deactivate("acme", "acme--stopped")
     await tenants.activate("acme", "acme--running", client("acme"))
     before = await tenants.snapshot()
-    log = f"{tenants.redis_prefix}{{adm}}:decisions"
+    log = key_stream(tenants.redis_prefix, "acme")  # acme's stream of the log (SPEC N3)
     logged = await tenants.redis.xlen(log)
     expected = {
         "acme--new": substrate_pb2.OUTCOME_CREATED,
@@ -68,7 +69,7 @@ async def test_a_dry_run_is_refused_as_the_activation_would_be_and_changes_nothi
     await tenants.activate("acme", "acme--mine", client("acme"))
     await LimitsStore(tenants.redis, tenants.redis_prefix).put("key:acme", {"concurrency": 0})
     before = await tenants.snapshot()
-    log = f"{tenants.redis_prefix}{{adm}}:decisions"
+    log = key_stream(tenants.redis_prefix, "acme")  # acme's stream of the log (SPEC N3)
     logged = await tenants.redis.xlen(log)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await tenants.call("acme", SUBSTRATE, "Activate", dry("acme--second", "acme"))

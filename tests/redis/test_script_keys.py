@@ -38,6 +38,7 @@ from turnstile_clientkeys.live_counts import COUNTED
 from turnstile_clientkeys.live_store import Change, LiveStore, Op
 from turnstile_clientkeys.live_store import script_text as live_publish_script
 from turnstile_platform.decision_log import DecisionLogWriter
+from turnstile_platform.decision_log import script_text as decision_log_script
 from turnstile_platform.redis_client import read_script
 from turnstile_platform.sandbox_credentials import (
     CredentialIssuer,
@@ -85,6 +86,8 @@ SCRIPTS: dict[str, str] = {
     **{f"affinity/{n}": affinity_script(n) for n in AFFINITY_SCRIPTS},
     "clientkeys/live_publish": live_publish_script(),
     **{f"platform/{n}": read_script("turnstile_platform", f"{n}.lua") for n in PLATFORM},
+    # Run with the shared append prepended (turnstile_platform.decision_log).
+    "platform/decision_append": decision_log_script("decision_append.lua"),
 }
 
 #: The kinds of key (the name after the hash tag, to its first ':') each script may
@@ -99,11 +102,15 @@ _PRUNE = {"leases", "presence", "load"}
 #: its limits and live count (SPEC Q1).
 _QUEUE = {"q", "qn", "fairness"}
 _GRANTS = _QUEUE | {"slots", "limits", "inflight", "pending", "bucket", "live", "live-state"}
+#: The decision log's sandbox streams, their sets and its index (``decisions:...``)
+#: are built from the declared key's stream name and base (``_decision_stream.lua``);
+#: decision_append.lua names each entry's stream in its arguments (SPEC N3).
+_LOG = {"decisions"}
 DERIVED: dict[str, set[str]] = {
-    "admission/admit": _QUEUE,
+    "admission/admit": _QUEUE | _LOG,
     "admission/enqueue": _GRANTS,
     "admission/tick": _GRANTS,
-    "admission/claim": _GRANTS,
+    "admission/claim": _GRANTS | _LOG,
     "admission/leave": _GRANTS,
     "admission/reserve_warm": _QUEUE,
     "admission/fairness": _QUEUE,
@@ -121,6 +128,7 @@ DERIVED: dict[str, set[str]] = {
     "affinity/heartbeat": _PRUNE,
     "affinity/detach": {"load"},
     "affinity/workers": _PRUNE,
+    "platform/decision_append": _LOG,
 }
 
 
@@ -323,6 +331,8 @@ async def _decision_log_calls(client: aioredis.Redis, prefix: str) -> None:
     entries are written by ``admit.lua``, run above)."""
     writer = DecisionLogWriter(client, prefix, DecisionLogSettings(), "substrate")
     writer.append("created", sandbox_id="sb-1", client="acme")
+    writer.append("created", sandbox_id="sb-1", client="acme", key="acme")
+    writer.append("reaped")
     await writer.close()
 
 

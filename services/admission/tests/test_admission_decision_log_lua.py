@@ -1,6 +1,7 @@
 """``_decision_log.lua``, the decision log's append (SPEC Q3), run alone against
-real Redis: its bounds by length and by age, its expiry, its kinds and its
-verdicts document."""
+real Redis with the platform's ``_decision_stream.lua`` it calls: a stream's
+bounds by length and by age, its expiry, its kinds and its verdicts document
+(the sandbox streams and the index: ``libs/platform/tests/test_decision_stream_lua.py``)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ NODE = 100
 
 def script(body: str) -> str:
     parts = [
-        read_script("turnstile_admission", name) for name in ("_common.lua", "_decision_log.lua")
+        read_script("turnstile_admission", "_common.lua"),
+        read_script("turnstile_platform", "_decision_stream.lua"),
+        read_script("turnstile_admission", "_decision_log.lua"),
     ]
     return "\n".join([*parts, body])
 
 
+# No sandbox streams: bounds {max entries, max age, 0 per sandbox, 1 sandbox}.
 APPEND = script(
-    "log_decision(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), {'kind', ARGV[3]})\nreturn 1"
+    "log_decision(KEYS[1], {tonumber(ARGV[1]), tonumber(ARGV[2]), 0, 1}, '', {'kind', ARGV[3]})"
+    "\nreturn 1"
 )
 
 

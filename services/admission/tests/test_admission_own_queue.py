@@ -166,7 +166,7 @@ async def test_bucket_waiters_are_admitted_as_the_clients_bucket_refills_never_p
     for n, t in enumerate(sorted(done)):
         assert n + 1 <= 1 + rate * (t + 0.05), (n, t)
     # Each call logged once, with its final decision (SPEC Q3).
-    entries: Any = await redis.xrange(running.keys.decisions)
+    entries: Any = await redis.xrange(running.keys.decision_stream("acme"))
     assert sorted(f[b"sandbox"].decode() for _, f in entries) == [f"sb-{n}" for n in range(8)]
     assert await eventually(queue.empty)
 

@@ -320,17 +320,19 @@ async def test_a_granted_waiter_is_logged_once_when_admitted(
     task = asyncio.ensure_future(running.stub.Admit(warm("sb-waits", "acme", 20), timeout=30))
     await eventually(partial(_at_least, redis, prefix, 1), what="the waiter queued")
     # Its refusal on joining was not logged: only the first call's admission is.
-    assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
+    assert await _sandboxes(redis, running.keys.decision_stream("acme")) == [
+        ("sb-first", "admitted")
+    ]
     await limits.set_cluster(ClusterLimits(rate=20, burst=1))
     answer = await task
     assert answer.decision == ADMITTED, answer.message
     assert answer.HasField("waited")
-    assert await _sandboxes(redis, running.keys.decisions) == [
+    assert await _sandboxes(redis, running.keys.decision_stream("acme")) == [
         ("sb-first", "admitted"),
         ("sb-waits", "admitted"),
     ]
     # The entry says how long it waited; the call that did not wait has no wait.
-    waits = await _waits(redis, running.keys.decisions)
+    waits = await _waits(redis, running.keys.decision_stream("acme"))
     assert waits["sb-first"] is None
     assert waits["sb-waits"] is not None
     assert 0 < waits["sb-waits"] <= answer.waited.ToMilliseconds() + 1
@@ -347,13 +349,13 @@ async def test_a_waiter_whose_budget_ends_is_logged_once_refused(
     answer = await running.stub.Admit(warm("sb-waits", "acme", 0.3), timeout=10)
     assert answer.decision == REFUSED
     assert answer.HasField("waited")
-    assert await _sandboxes(redis, running.keys.decisions) == [
+    assert await _sandboxes(redis, running.keys.decision_stream("acme")) == [
         ("sb-first", "admitted"),
         ("sb-waits", "refused"),
     ]
     assert await waiters(redis, prefix) == 0
     # Its final decision came when the 0.3 s budget ended, and says so.
-    waited = (await _waits(redis, running.keys.decisions))["sb-waits"]
+    waited = (await _waits(redis, running.keys.decision_stream("acme")))["sb-waits"]
     assert waited is not None
     assert 290 <= waited <= answer.waited.ToMilliseconds() + 1
 
@@ -376,7 +378,9 @@ async def test_a_dry_run_with_a_wait_budget_is_decided_at_once_and_never_queued_
     assert answer.estimated_wait.ToMilliseconds() == 1_000_000
     assert "would have waited in the fair queue at position 1" in answer.message
     assert await waiters(redis, prefix) == 0
-    assert await _sandboxes(redis, running.keys.decisions) == [("sb-first", "admitted")]
+    assert await _sandboxes(redis, running.keys.decision_stream("acme")) == [
+        ("sb-first", "admitted")
+    ]
 
 
 async def test_in_shadow_mode_a_call_is_admitted_at_once_and_told_where_it_would_have_waited(

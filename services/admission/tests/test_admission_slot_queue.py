@@ -94,7 +94,7 @@ async def test_fifo_within_a_client(start_admission: Any, queue: QueueProbe) -> 
     assert await eventually(queue.empty)
     # Each call is logged once, with its final decision: the refusals it waited
     # out are not (SPEC Q3).
-    entries: Any = await queue.redis.xrange(running.keys.decisions)
+    entries: Any = await queue.redis.xrange(running.keys.decision_stream("acme"))
     logged = [(f[b"sandbox"].decode(), f[b"kind"].decode()) for _, f in entries]
     assert logged == [("sb-first", "admitted"), *((f"sb-{n}", "admitted") for n in range(6))]
 

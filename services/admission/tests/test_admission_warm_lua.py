@@ -44,7 +44,7 @@ async def store(redis: aioredis.Redis, redis_prefix: str, live: LiveSets) -> Adm
 
 async def dump(client: aioredis.Redis, prefix: str) -> dict[bytes, Any]:
     keys = sorted([k async for k in client.scan_iter(match=f"{prefix}*")])
-    return {k: await client.dump(k) for k in keys if not k.endswith(b"{adm}:decisions")}
+    return {k: await client.dump(k) for k in keys if b"{adm}:decisions" not in k}
 
 
 async def cluster_tokens(store: AdmissionStore) -> float:

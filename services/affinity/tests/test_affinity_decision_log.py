@@ -1,11 +1,13 @@
 """Affinity's side of the decision log (SPEC Q3): each Place's outcome, or why it
-was refused, appended under the call's trace id, off the call's path."""
+was refused, appended under the call's trace id, off the call's path, to the
+stream of the client's key (SPEC N3: affinity knows no key set, so a client whose
+own key admission never logged is the shared key's)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from turnstile_platform.decision_log import decisions_key
+from turnstile_platform.decision_log import key_stream
 from turnstile_platform.errors import RichError
 from turnstile_testing.eventually import eventually
 
@@ -24,7 +26,7 @@ async def test_each_place_is_logged_with_its_outcome_or_refusal(
     assert isinstance(refused, RichError)
 
     async def three() -> list[dict[str, str]] | None:
-        raw = await redis.xrange(decisions_key(redis_prefix))
+        raw = await redis.xrange(key_stream(redis_prefix, "shared"))
         found = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
         return found if len(found) == 3 else None
 
@@ -38,3 +40,4 @@ async def test_each_place_is_logged_with_its_outcome_or_refusal(
     assert other["kind"] == expected[refused.reason]
     assert other["detail"].startswith("session chat: ")
     assert other["sandbox"] == "a1"
+    assert {e["client"] for e in (first, hit, other)} == {"acme"}  # conftest's TENANT

@@ -1,34 +1,29 @@
 #!lua
--- decision_append.lua: append a batch of entries to the decision log (SPEC Q3) for
--- the services that do not decide admission: the substrate's Activate and
--- affinity's Place (turnstile_platform.decision_log). Admission's own decisions
--- are appended by its decision script (admission's _decision_log.lua), with the
--- same bounds.
+-- decision_append.lua: append a batch of entries to the decision log (SPEC Q3, N3)
+-- for what admission's decision scripts do not log: the substrate's Activate,
+-- affinity's Place (turnstile_platform.decision_log.DecisionLogWriter) and the
+-- platform's own audit entries (append_platform_entry). Prepended with
+-- _decision_stream.lua, whose log_append keeps each stream's bounds.
 --
--- KEYS: 1 the decision log (<prefix>{adm}:decisions).
--- ARGV: max entries (0: off), max age in ms, F (fields per entry), then the
---       entries, each F field names and values (2F values).
--- Bounded by length (XADD MAXLEN ~) and by age (XTRIM MINID ~ Redis TIME - max
--- age: entry ids are Redis TIME), once per batch. The stream expires one trim
--- period (a second, or a tenth of max age when shorter) past max age after its
--- last entry, as admission's appends set it: admission trims by age only once its
--- TTL falls below max age (_decision_log.lua), so a shorter expiry set here would
--- make its next decision trim again.
--- Returns the number of entries appended.
+-- KEYS: 1 the log's index (<prefix>{adm}:decisions:streams), 2 the platform's
+--       stream; every other stream is named per entry, in the same slot.
+-- ARGV: max entries (0: off), max age in ms, entries per sandbox stream (0:
+--       none), sandboxes kept per key, F (fields per entry), then the entries,
+--       each: its stream, the stream to use instead when that one does not exist
+--       ('' none: a client id whose own key admission has not logged is the
+--       shared key's), its sandbox id (''), then F field names and values.
+-- Returns the appended entries' ids, in order.
 
-local max_entries, max_age, f = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if max_entries <= 0 then return 0 end
-local n = 0
-local at = 4
-while at + 2 * f - 1 <= #ARGV do
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', max_entries, '*', unpack(ARGV, at, at + 2 * f - 1))
-  at = at + 2 * f
-  n = n + 1
+local bounds = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
+local f = tonumber(ARGV[5])
+if bounds[1] <= 0 then return {} end
+local ids = {}
+local at = 6
+while at + 2 + 2 * f <= #ARGV do
+  local stream, instead, sandbox = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+  if instead ~= '' and redis.call('EXISTS', stream) == 0 then stream = instead end
+  ids[#ids + 1] = log_append(stream, KEYS[1], sandbox, bounds,
+                             {unpack(ARGV, at + 3, at + 2 + 2 * f)})
+  at = at + 3 + 2 * f
 end
-if n > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('XTRIM', KEYS[1], 'MINID', '~', math.max(0, now - max_age))
-  redis.call('PEXPIRE', KEYS[1], max_age + math.min(1000, math.floor(max_age / 10)))
-end
-return n
+return ids

@@ -51,18 +51,36 @@ ServerSpiffeId = Annotated[str, AfterValidator(_server_spiffe_id)]
 
 
 class DecisionLogSettings(BaseModel):
-    """The decision log's bounds (SPEC Q3), the same in every service that writes it
-    (``TURNSTILE_DECISION_LOG__*``; :mod:`turnstile_platform.decision_log`)."""
+    """The decision log's bounds (SPEC Q3, N3), the same in every service that writes
+    it (``TURNSTILE_DECISION_LOG__*``; :mod:`turnstile_platform.decision_log`). Each
+    bounded key's stream, and the platform's, is bounded on its own: a client's
+    flood trims only its own history."""
 
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True, extra="forbid")
 
-    max_entries: int = Field(default=100_000, ge=0, le=10_000_000)
-    """Entries kept at most (trimmed approximately: within one stream node, 100
-    entries by default); 0 turns the log off."""
+    max_entries: int = Field(default=20_000, ge=0, le=10_000_000)
+    """Entries kept at most per stream: per bounded key, and the platform's
+    (trimmed approximately: within one stream node, 100 entries by default); 0
+    turns the log off. Redis memory is about 460 bytes an entry per stream."""
 
     max_age_s: float = Field(default=7 * 86400.0, gt=0, le=90 * 86400.0)
-    """Entries older than this are trimmed (approximately, as above); the stream
+    """Entries older than this are trimmed (approximately, as above); a stream
     expires this long after its last entry."""
+
+    sandbox_max_entries: int = Field(default=100, ge=0, le=10_000)
+    """Entries kept per sandbox in its key's sandbox stream, which serves a read
+    filtered by sandbox without scanning the key's other entries; 0: no sandbox
+    streams (such reads scan the key's stream, within the read's scan bound)."""
+
+    max_sandboxes: int = Field(default=1_000, ge=1, le=100_000)
+    """Sandbox streams kept per bounded key; past it the least recently logged
+    sandbox's stream is deleted (its entries stay in the key's stream)."""
+
+    read_legacy: bool = True
+    """Reads also merge the single stream the log was before SPEC N3
+    (``<prefix>{adm}:decisions``), filtered and scan-bounded as it was, while an
+    upgrade's old entries age out; it expires on its own ``max_age_s`` after its
+    last write. Turn off once it is gone."""
 
 
 #: The levels a role may name (:class:`turnstile_platform.fair_share.Level`).

@@ -1,27 +1,18 @@
 -- _decision_log.lua: the decision log's append, prepended to the decision script
 -- (admit.lua) after _common.lua (SPEC Q3). Not a script itself.
 --
--- The log is a stream in admission's hash slot (<prefix>{adm}:decisions, declared
--- in the script's KEYS), appended by the script that decides, just before it
+-- The log is a stream per bounded key in admission's hash slot
+-- (<prefix>{adm}:decisions:k:<key>, declared in the script's KEYS; its sandbox
+-- streams and the log's index are built from it and from base_of(KEYS[1]), in
+-- the same slot: _decision_stream.lua), appended by the script that decides, just before it
 -- returns: a decision that happened is logged exactly once, in the same atomic
 -- step as what it took; a script that takes nothing for a settled hold (its
 -- caller gave up) or a dry run returns before it and logs nothing.
 --
--- Bounded twice: by length on every append (XADD MAXLEN ~ max_entries) and by
--- age (XTRIM MINID ~ now - max_age) at least once per trim period (LOG_TRIM_MS,
--- a tenth of max_age when that is shorter). Every append is paid for by the
--- decision it logs, so the age trim and the expiry's refresh run only when the
--- stream's TTL says a period has passed: one PTTL per append instead of TIME,
--- XTRIM and PEXPIRE (docs/admission.md, "The decision log's cost").
--- Entry ids are Redis TIME (XADD '*'), so age is measured on Redis TIME too,
--- never on the test clock: the entry's own 'at' field carries the decision's
--- clock. '~' trims whole stream nodes only (stream-node-max-entries, 100 by
--- default), so the stream may exceed the length bound by less than one node and
--- the age bound by less than one node plus one trim period. The stream expires
--- between max_age and max_age + one period after its last entry: a log nobody
--- writes to goes on its own, never before its entries are max_age old. The
--- substrate's and affinity's batches (decision_append.lua) set the same expiry,
--- so their writes do not make the next decision trim again.
+-- The bounds, the expiry and the trim period are _decision_stream.lua's (shared
+-- with the substrate's and affinity's appends): every append is paid for by the
+-- decision it logs, so the age trim runs once per period, found by one PTTL
+-- (docs/admission.md, "The decision log's cost").
 -- max_entries 0 turns the log off: nothing is written.
 
 local LOG_POLICIES = {'node_slots', 'concurrency', 'cap', 'rate'}
@@ -70,19 +61,9 @@ local function verdicts_json(results, modes, shadow)
   return cjson.encode(out)
 end
 
--- The age trim's period in ms (the head comment): at most a second.
-local LOG_TRIM_MS = 1000
-
--- Append one decision (fields: a flat list of name, value) and keep the bounds.
-local function log_decision(stream, max_entries, max_age_ms, fields)
-  if max_entries <= 0 then return end
-  redis.call('XADD', stream, 'MAXLEN', '~', max_entries, '*', unpack(fields))
-  -- The expiry is set one period past max_age, so it drops below max_age once a
-  -- period has passed since the last trim (or was never set: -1).
-  if redis.call('PTTL', stream) < max_age_ms then
-    local t = redis.call('TIME')
-    local redis_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('XTRIM', stream, 'MINID', '~', math.max(0, redis_now - max_age_ms))
-    redis.call('PEXPIRE', stream, max_age_ms + math.min(LOG_TRIM_MS, math.floor(max_age_ms / 10)))
-  end
+-- Append one decision (fields: a flat list of name, value) to its key's stream
+-- (bounds: max entries, max age in ms, per-sandbox entries, sandboxes kept), with
+-- the stream's bounds and the sandbox's stream (_decision_stream.lua).
+local function log_decision(stream, bounds, sandbox, fields)
+  log_append(stream, base_of(KEYS[1]) .. 'decisions:streams', sandbox, bounds, fields)
 end

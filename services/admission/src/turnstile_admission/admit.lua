@@ -7,14 +7,15 @@
 -- KEYS: 1 limits hash, 2 pending:<key>, 3 bucket:<key>, 4 cluster bucket,
 --       5 inflight:<key>, 6 hold:<id>, 7 node registry,
 --       8 live:<key>, 9 live-state marker, 10 settled:<id> (the hold's tombstone),
---       11 the decision log (a stream, _decision_log.lua),
+--       11 the key's decision-log stream (_decision_log.lua),
 --       12 shadow-bucket:<key> (the key's shadow rate limit's bucket, SPEC Q4),
 --       13.. slots:<node>, one per candidate node, in ARGV's order.
 -- ARGV: hold_id, key, sandbox_id,
 --       modes of cap, rate, concurrency, slots (0 not evaluated, 1 shadow, 2 enforce),
 --       default cap, rate, burst, concurrency, cluster rate, cluster burst,
 --       cost, hold_ttl_ms, pending_ttl_ms,
---       the log's max entries (0: off) and max age in ms,
+--       the log's max entries (0: off), max age in ms, entries per sandbox
+--       stream (0: none) and sandboxes kept per key (_decision_stream.lua),
 --       dry_run (1: decide and take nothing, log nothing: SPEC Q4),
 --       for the log: trace id, sampled (1/0), caller identity, client, bounded
 --       key's kind, key-set version, activation kind, the wait in the fair
@@ -50,7 +51,7 @@ local cap_mode, rate_mode, conc_mode, slot_mode = num(), num(), num(), num()
 local d = {cap = num(), rate = num(), burst = num(), concurrency = num(),
            cluster_rate = num(), cluster_burst = num()}
 local cost, hold_ttl, pending_ttl = num(), num(), num()
-local log_max, log_age = num(), num()
+local log_bounds = {num(), num(), num(), num()}
 local dry = num() == 1
 local trace_id, sampled, identity, client = str(), str(), str(), str()
 local key_kind, key_version, activation, waited = str(), str(), str(), str()
@@ -286,7 +287,7 @@ local function logged(outcome, expires, node)
     fields[#fields + 1] = 'wait'
     fields[#fields + 1] = waited
   end
-  log_decision(KEYS[11], log_max, log_age, fields)
+  log_decision(KEYS[11], log_bounds, sandbox, fields)
   return answer(outcome, expires, node)
 end
 

@@ -53,7 +53,7 @@ from turnstile_admission.redis_store import (
 )
 from turnstile_admission.settings import AdmissionSettings
 from turnstile_admission.warm_reservations import WarmReservations
-from turnstile_clientkeys import BoundedKey, Client, KeyKind, Resolver
+from turnstile_clientkeys import NATIVE, UNATTRIBUTED, BoundedKey, Client, KeyKind, Resolver
 from turnstile_platform.dependencies import DependencyOverloaded, DependencyUnavailable
 
 log = logging.getLogger(__name__)
@@ -634,8 +634,17 @@ class Admitter:
         return await self.store.release(sandbox_id)
 
     async def decisions(self, query: Query) -> Page:
-        """A page of the decision log (SPEC Q3), newest first."""
-        return await decision_log.read(self.store.redis, self.store.keys.decisions, query)
+        """A page of the decision log (SPEC Q3, N3), newest first: a client's from its
+        bounded key's stream alone, every client's (an operator's) merged from the
+        streams the log's index lists."""
+        prefix, log = self.store.keys.prefix, self.settings.decision_log
+        if query.client:
+            key = self.resolver.resolve(_log_client(query.client))
+            sources = decision_log.client_sources(prefix, log, query, key)
+        else:
+            streams = await self.store.decision_streams(decision_log.MAX_STREAMS)
+            sources = decision_log.all_sources(prefix, log, query, streams)
+        return await decision_log.read(self.store.redis, sources, query)
 
     async def queue_position(self, client: Client, wait_id: str) -> QueuePosition:
         """Where ``client``'s call carrying ``wait_id`` stands in the fair queue."""
@@ -690,6 +699,15 @@ _CLIENT_BUCKET = "client bucket"
 #: A slots refusal's details when the script counted the nodes full (not a fail
 #: mode's): none, or the free slots kept for the nodes' waiters.
 _SLOTS_FULL = frozenset({"", "waiters first"})
+
+
+def _log_client(client_id: str) -> Client:
+    """The client a ListDecisions ``client_id`` names (a reserved key's name, or an id)."""
+    if client_id == NATIVE:
+        return Client.native()
+    if client_id == UNATTRIBUTED:
+        return Client.unattributed()
+    return Client.of(client_id)
 
 
 def _queueable(decision: Decision, per_client: bool = False) -> str:

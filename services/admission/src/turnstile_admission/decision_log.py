@@ -1,12 +1,16 @@
-"""The decision log as data (SPEC Q3): its entries typed, read back in bounded pages.
+"""The decision log as data (SPEC Q3, N3): its entries typed, read back in bounded pages.
 
-The log is one Redis stream in admission's hash slot (``AdmissionKeys.decisions``).
-``admit.lua`` appends each decision itself (``_decision_log.lua``), so an entry
-exists exactly when its decision did; the substrate and affinity append their
-side of the same calls (``turnstile_clientkeys.decision_log``) with the same
-fields where they apply. This module parses entries into :class:`LoggedDecision`
-and reads them newest first with XREVRANGE and a COUNT: a read never scans more
-than :data:`MAX_SCANNED` entries, whatever its filters.
+The log is one Redis stream per bounded key beside the platform's, in admission's
+hash slot (``turnstile_platform.decision_log``). ``admit.lua`` appends each
+decision to its key's stream itself (``_decision_log.lua``), so an entry exists
+exactly when its decision did; the substrate and affinity append their side of
+the same calls (``turnstile_platform.decision_log``) with the same fields where
+they apply. This module parses entries into :class:`LoggedDecision` and reads
+them newest first with XREVRANGE and a COUNT from the :class:`Source` streams a
+query needs: one client's read is its key's stream (or its sandbox stream)
+alone, so it costs what it returns; an operator's read of every client merges
+the streams the log's index lists. Whatever its sources and filters, a read
+never scans more than :data:`MAX_SCANNED` entries.
 """
 
 from __future__ import annotations
@@ -17,13 +21,29 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import redis.asyncio as aioredis
+from prometheus_client import Counter
+from redis.exceptions import ResponseError
 
 from turnstile_admission.policies import Mode, PolicyName, Verdict
+from turnstile_clientkeys import BoundedKey, KeyKind
+from turnstile_platform import decision_log as log_keys
+from turnstile_platform.settings import DecisionLogSettings
 
 #: The most entries one read scans (XREVRANGE pages of :data:`_BATCH`), matching
 #: or not: a filtered read of a long log returns what it found and a cursor.
 MAX_SCANNED = 5_000
 _BATCH = 500
+#: The most streams an operator's read of every client merges (the log's index
+#: lists one per bounded key, bounded by the key set, and the platform's).
+MAX_STREAMS = 1_000
+
+ENTRIES_READ = Counter(
+    "turnstile_admission_decision_log_entries_read_total",
+    "Decision-log entries ListDecisions read from Redis, matching or not, by the kind of "
+    "stream: key (a bounded key's), sandbox (a key's sandbox stream), platform, legacy "
+    "(the single stream before SPEC N3). A client's read reads its own stream alone.",
+    ["stream"],
+)
 
 #: The script's words for a verdict (``_decision_log.lua``) as verdicts.
 _VERDICTS = {
@@ -217,37 +237,154 @@ class Page(NamedTuple):
     decisions: Sequence[LoggedDecision]
     next_before: str
     """Where the next (older) page starts; empty when the log has no more."""
+    scanned: int = 0
+    """Entries read from Redis for this page, matching or not."""
 
 
-def _matches(entry: LoggedDecision, query: Query) -> bool:
-    if query.client and entry.client != query.client:
+@dataclass(frozen=True)
+class Source:
+    """One stream a read takes entries from, and the filters its entries need
+    (a key's stream holds that key's entries alone: no client filter)."""
+
+    stream: str
+    kind: str
+    """``key``, ``sandbox``, ``platform`` or ``legacy`` (:data:`ENTRIES_READ`)."""
+    client: str = ""
+    sandbox_id: str = ""
+
+
+class CursorRejectedError(ValueError):
+    """Redis refused a cursor the validation let through; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _matches(entry: LoggedDecision, source: Source) -> bool:
+    if source.client and entry.client != source.client:
         return False
-    return not (query.sandbox_id and entry.sandbox_id != query.sandbox_id)
+    return not (source.sandbox_id and entry.sandbox_id != source.sandbox_id)
 
 
-async def read(client: aioredis.Redis | aioredis.RedisCluster, stream: str, query: Query) -> Page:
-    """Entries of ``stream`` matching ``query``, newest first, at most
-    ``query.limit``; scans at most :data:`MAX_SCANNED` entries (then answers with
-    what it found and a cursor to go on from)."""
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return _int(ms), _int(seq)
+
+
+def _cursor_field(query: Query) -> str:
+    return "before" if query.before else "after"
+
+
+async def _read_one(
+    client: aioredis.Redis | aioredis.RedisCluster, source: Source, query: Query, budget: int
+) -> tuple[list[LoggedDecision], str, int]:
+    """Entries of one source matching its filters, newest first, at most
+    ``query.limit``, scanning at most ``budget``: (entries, where this source's
+    unread part starts or "" when it has none, entries scanned)."""
     high = f"({query.before}" if query.before else "+"
     low = f"({query.after}" if query.after else (f"{query.since_ms}" if query.since_ms else "-")
     if query.after and query.since_ms and _int(query.after.split("-", 1)[0]) < query.since_ms:
         low = f"{query.since_ms}"
+    filtered = bool(source.client or source.sandbox_id)
     found: list[LoggedDecision] = []
     scanned = 0
-    while scanned < MAX_SCANNED:
-        batch = await client.xrevrange(stream, max=high, min=low, count=_BATCH)
-        if not batch:
-            return Page(found, "")
+    while scanned < budget:
+        count = min(_BATCH, budget - scanned, _BATCH if filtered else query.limit - len(found))
+        try:
+            batch = await client.xrevrange(source.stream, max=high, min=low, count=count) or []
+        except ResponseError as error:
+            raise CursorRejectedError(_cursor_field(query), str(error)) from error
         for entry_id, fields in batch:
             scanned += 1
             entry = parse_entry(entry_id or "", fields or {})
-            if _matches(entry, query):
+            if _matches(entry, source):
                 found.append(entry)
                 if len(found) >= query.limit:
-                    return Page(found, entry.id)
-        last = _text(batch[-1][0] or "")
-        if len(batch) < _BATCH:
-            return Page(found, "")
-        high = f"({last}"
-    return Page(found, high[1:])
+                    return found, entry.id, scanned
+        if len(batch) < count:
+            return found, "", scanned
+        high = f"({_text(batch[-1][0] or '')}"
+    return found, high[1:] if high != "+" else "", scanned
+
+
+async def read(
+    client: aioredis.Redis | aioredis.RedisCluster,
+    sources: Sequence[Source],
+    query: Query,
+    max_scanned: int = MAX_SCANNED,
+) -> Page:
+    """Entries of ``sources`` matching ``query``, newest first, at most
+    ``query.limit`` (more only to keep entries of one id together); scans at most
+    ``max_scanned`` entries in all (then answers with what it found and a cursor
+    to go on from).
+
+    Several sources are merged by id: each is read within its share of the
+    scan bound, and only entries at or after the latest point where a source
+    stopped short are certain to be complete, so the page ends there and its
+    cursor names that point (the last entry returned, or the last one read)."""
+    if not sources:
+        return Page((), "")
+    budget = max(1, max_scanned // len(sources))
+    found: list[LoggedDecision] = []
+    stops: list[tuple[int, int]] = []
+    cursors: dict[tuple[int, int], str] = {}
+    scanned = 0
+    for source in sources:
+        entries, stop, n = await _read_one(client, source, query, budget)
+        ENTRIES_READ.labels(source.kind).inc(n)
+        scanned += n
+        found += entries
+        if stop:
+            stops.append(_order(stop))
+            cursors[stops[-1]] = stop
+    found.sort(key=lambda e: _order(e.id), reverse=True)
+    boundary = max(stops, default=None)
+    if boundary is not None:
+        found = [e for e in found if _order(e.id) >= boundary]
+    if len(found) > query.limit:
+        cut = query.limit
+        last = _order(found[cut - 1].id)
+        while cut < len(found) and _order(found[cut].id) == last:
+            cut += 1
+        return Page(found[:cut], found[cut - 1].id, scanned)
+    return Page(found, cursors[boundary] if boundary is not None else "", scanned)
+
+
+def client_sources(
+    prefix: str, settings: DecisionLogSettings, query: Query, key: BoundedKey
+) -> list[Source]:
+    """What one client's read takes entries from: its bounded key's stream, or with
+    a sandbox filter that sandbox's stream of the key, alone (the shared key's
+    stream holds every client without a key of its own, so it is filtered by
+    client); and the single stream before SPEC N3 while it is read."""
+    stream = log_keys.key_stream(prefix, key.key)
+    client = query.client if key.kind is KeyKind.SHARED else ""
+    sources = [_of_stream(stream, "key", settings, query, client)]
+    return sources + _legacy(prefix, settings, query)
+
+
+def all_sources(
+    prefix: str, settings: DecisionLogSettings, query: Query, streams: Sequence[str]
+) -> list[Source]:
+    """What an operator's read of every client merges: each stream the log's index
+    lists (every key's and the platform's), and the legacy stream while read."""
+    platform = log_keys.platform_stream(prefix)
+    sources = [
+        _of_stream(s, "platform" if s == platform else "key", settings, query, "") for s in streams
+    ]
+    return sources + _legacy(prefix, settings, query)
+
+
+def _of_stream(
+    stream: str, kind: str, settings: DecisionLogSettings, query: Query, client: str
+) -> Source:
+    if query.sandbox_id and kind == "key" and settings.sandbox_max_entries > 0:
+        return Source(log_keys.sandbox_stream(stream, query.sandbox_id), "sandbox", client)
+    return Source(stream, kind, client, query.sandbox_id)
+
+
+def _legacy(prefix: str, settings: DecisionLogSettings, query: Query) -> list[Source]:
+    if not settings.read_legacy:
+        return []
+    return [Source(log_keys.decisions_key(prefix), "legacy", query.client, query.sandbox_id)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from turnstile_clientkeys import LiveCountKeys
+from turnstile_platform import decision_log
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,24 @@ class AdmissionKeys:
 
     @property
     def decisions(self) -> str:
-        """Stream: the decision log (SPEC Q3), one entry per decision, bounded by
-        length and age (``_decision_log.lua``)."""
-        return f"{self.base}decisions"
+        """Stream: the decision log before SPEC N3, one stream for every key; read
+        (not written) while an upgrade's entries age out."""
+        return decision_log.decisions_key(self.prefix)
+
+    def decision_stream(self, key: str) -> str:
+        """Stream: one bounded key's decision log (SPEC Q3, N3), one entry per
+        decision, bounded by length and age (``_decision_stream.lua``)."""
+        return decision_log.key_stream(self.prefix, key)
+
+    @property
+    def platform_decisions(self) -> str:
+        """Stream: the platform's decision log (no client's; audit entries)."""
+        return decision_log.platform_stream(self.prefix)
+
+    @property
+    def decision_streams(self) -> str:
+        """Sorted set: the decision log's streams (``decision_log.streams_index``)."""
+        return decision_log.streams_index(self.prefix)
 
     def shadow_bucket(self, key: str) -> str:
         """Hash like :meth:`bucket`: the key's shadow rate limit's bucket (SPEC Q4)."""

@@ -19,6 +19,7 @@ from redis.commands.core import AsyncScript
 from turnstile_admission.keys import AdmissionKeys
 from turnstile_admission.policies import PolicyName, RawResult
 from turnstile_admission.settings import AdmissionSettings
+from turnstile_platform.decision_log import bounds as log_bounds
 from turnstile_platform.redis_client import read_script
 
 _PACKAGE = "turnstile_admission"
@@ -81,6 +82,10 @@ def script_text(name: str, test_clock: bool = False) -> str:
         *INCLUDES.get(name, ()),
     ]
     texts = [read_script(_PACKAGE, part) for part in parts]
+    if "_decision_log.lua" in parts:
+        # Each stream's append and bounds, shared with the platform's appends.
+        at = parts.index("_decision_log.lua")
+        texts.insert(at, read_script("turnstile_platform", "_decision_stream.lua"))
     if name in GRANTING_SCRIPTS:
         texts += [
             "local function queue_helpers()",
@@ -434,11 +439,9 @@ class AdmissionStore:
                 s.rate.cost,
                 round(s.hold_ttl_s * 1000),
                 round(s.pending_ttl_s * 1000),
-                s.decision_log.max_entries,
-                round(s.decision_log.max_age_s * 1000),
+                *log_bounds(s.decision_log),
             )
         )
-        self._decisions = k.decisions.encode()
         # Every activation's Admit is followed by a CommitHold or a CancelHold:
         # their fixed keys and arguments are built once too.
         limits, cluster_bucket, nodes, _ = self._fixed_keys
@@ -453,7 +456,7 @@ class AdmissionStore:
         self._cancel_args = (*self._bucket_defaults, self._tombstone_ttl_ms)
 
     def _keys_of(self, key: str) -> tuple[bytes, ...]:
-        """``key``'s pending, bucket, in-flight, live and shadow-bucket keys."""
+        """``key``'s pending, bucket, in-flight, live, shadow-bucket and decision-log keys."""
         keys = self._per_key.get(key)
         if keys is None:
             k = self.keys
@@ -463,6 +466,7 @@ class AdmissionStore:
                 k.inflight(key),
                 k.live(key),
                 k.shadow_bucket(key),
+                k.decision_stream(key),
             )
             keys = self._per_key[key] = tuple(name.encode() for name in names)
         return keys
@@ -480,7 +484,7 @@ class AdmissionStore:
         that do not change between decisions already encoded; the slot benchmark
         replays them)."""
         limits, cluster_bucket, nodes, live_state = self._fixed_keys
-        pending, bucket, inflight, live, shadow_bucket = self._keys_of(args.key)
+        pending, bucket, inflight, live, shadow_bucket, decisions = self._keys_of(args.key)
         keys: list[bytes | str] = [
             limits,
             pending,
@@ -492,7 +496,7 @@ class AdmissionStore:
             live,
             live_state,
             self._settled_prefix + args.hold_id,
-            self._decisions,
+            decisions,
             shadow_bucket,
             *(self._slots_key(name) for name, _ in args.nodes),
             *self._clock_keys,
@@ -634,6 +638,12 @@ class AdmissionStore:
             keys=[k.sandbox(sandbox_id), *self._clock_keys], args=[sandbox_id]
         )
         return bool(done)
+
+    async def decision_streams(self, limit: int) -> list[str]:
+        """The decision log's streams its index lists, most recently trimmed first,
+        at most ``limit`` (SPEC N3: one per bounded key, and the platform's)."""
+        names = await self.redis.zrange(self.keys.decision_streams, 0, limit - 1, desc=True)
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
     async def usage(self, key: str) -> UsageAnswer:
         k = self.keys

@@ -9,13 +9,14 @@ import grpc.aio
 
 from turnstile_admission import validation
 from turnstile_admission.admitter import Admitter, new_hold_id
-from turnstile_admission.decision_log import LoggedDecision
+from turnstile_admission.decision_log import CursorRejectedError, LoggedDecision
 from turnstile_admission.responses import MODES, POLICIES, VERDICTS, AdmitResponses
 from turnstile_admission.warm_reservations import refusal
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.authz.ownership import current_identity, current_scope
+from turnstile_platform.errors import bad_field
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -52,7 +53,11 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         # only for an identity allowed any client), and the read keeps that
         # client's entries alone: a tenant reads its own decisions (SPEC O1).
         query = validation.decisions_query(request, self._page_limit)
-        page = await self._admitter.decisions(query)
+        try:
+            page = await self._admitter.decisions(query)
+        except CursorRejectedError as error:
+            # The validation refuses every cursor Redis would; this is its backstop.
+            raise bad_field(error.field, f"Redis refused it as a cursor: {error}") from None
         return admission_pb2.ListDecisionsResponse(
             decisions=[_logged(d) for d in page.decisions], next_before=page.next_before
         )

@@ -158,6 +158,27 @@ _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _RESERVED_CLIENTS = frozenset({"native", "unattributed"})
 
 
+#: A stream id's parts are unsigned 64-bit numbers (Redis refuses larger ones).
+_ID_MAX = 2**64 - 1
+
+
+def _cursor_problem(name: str, value: str) -> str:
+    """Why ``value`` cannot be a ``before``/``after`` cursor ("" when it can): every
+    id Redis would refuse in an exclusive range is refused here, before Redis."""
+    if not value:
+        return ""
+    if not _ENTRY_ID.fullmatch(value):
+        return "must be an entry id (<ms>-<seq>) from an earlier answer"
+    ms, seq = (int(part) for part in value.split("-"))
+    if ms > _ID_MAX or seq > _ID_MAX:
+        return "must be an entry id (<ms>-<seq>) from an earlier answer: a part is too large"
+    if name == "before" and ms == seq == 0:
+        return "must be after 0-0: nothing is older"
+    if name == "after" and ms == seq == _ID_MAX:
+        return "must be before the largest id: nothing is newer"
+    return ""
+
+
 def decisions_query(request: admission_pb2.ListDecisionsRequest, page_limit: int) -> Query:
     """A ListDecisions request as a :class:`~turnstile_admission.decision_log.Query`."""
     client_id = request.client_id
@@ -170,9 +191,9 @@ def decisions_query(request: admission_pb2.ListDecisionsRequest, page_limit: int
     if request.limit < 0:
         raise bad_field("limit", "must not be negative")
     for name in ("before", "after"):
-        value = getattr(request, name)
-        if value and not _ENTRY_ID.fullmatch(value):
-            raise bad_field(name, "must be an entry id (<ms>-<seq>) from an earlier answer")
+        problem = _cursor_problem(name, getattr(request, name))
+        if problem:
+            raise bad_field(name, problem)
     since_ms = 0
     if request.HasField("since"):
         since_ms = request.since.ToMilliseconds()
