@@ -113,6 +113,22 @@ async def test_a_sandbox_seen_gone_makes_room_under_the_cap(
     assert await redis.zrange(store.keys.pending("acme"), 0, -1) == [b"sb-new"]
 
 
+async def test_a_cap_waiter_is_not_granted_past_pending_when_the_substrate_cannot_count(
+    store: AdmissionStore, redis: aioredis.Redis, live: LiveSets
+) -> None:
+    """No live count (Direct's default) leaves pending as the cap's lower bound: a
+    waiter is granted when a pending entry goes, not at once."""
+    await limit(redis, store, Limits(cap=1))
+    await live.unsupported()
+    first = await store.admit(admit("h1"))
+    assert first.outcome == "admit"
+    assert (await store.admit(admit("h2"))).outcome == "refuse"
+    await wait(store, "w0", CAP)
+    assert (await store.tick("r1")).granted == ()
+    assert (await store.cancel("h1")).cancelled  # its pending entry goes with the hold
+    assert (await store.tick("r1")).granted == ("w0",)
+
+
 async def test_a_waiter_is_granted_only_when_every_limit_it_enforces_has_room(
     store: AdmissionStore, redis: aioredis.Redis
 ) -> None:

@@ -34,9 +34,8 @@ local function own_room(base, key, own, now, conf)
     local state = redis.call('GET', base .. 'live-state')
     local live = 0
     if state == 'counted' then live = redis.call('SCARD', base .. 'live:' .. key) end
-    -- An unsupported count never refuses (SPEC S4); an unavailable one counts 0.
-    if state ~= 'unsupported' and live + redis.call('ZCOUNT', base .. 'pending:' .. key,
-        unexpired, '+inf') >= lim.cap then
+    -- An unsupported or unavailable count counts 0: pending alone is a lower bound.
+    if live + redis.call('ZCOUNT', base .. 'pending:' .. key, unexpired, '+inf') >= lim.cap then
       return false
     end
   end

@@ -308,8 +308,8 @@ class AdmissionClient:
 
         It asks nothing when Admit's cap verdict says the cap cannot refuse:
         not enforced (off, shadow) or unknown (the live count is unsupported, as
-        on Direct: admission then admits, SPEC S4). After a PASS, a usage without
-        a live count means the count is *unavailable* (timed out, failed, not
+        on Direct, with pending below the cap: admission admits, SPEC S4). After a
+        PASS, a usage without a live count means the count is *unavailable* (timed out, failed, not
         current): zero is its lower bound, so the gate decides on the pending set
         alone, the same rule Admit applies, rather than letting the pod through.
         If admission cannot be reached it fails closed (UNAVAILABLE): no pod is
