@@ -22,6 +22,7 @@ from turnstile_clientkeys import Client, to_proto
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.errors import QuotaViolation, RichError, decode, reason_name, retry_later
 from turnstile_platform.peers import Peer
+from turnstile_platform.shared_limits import CLUSTER_BUCKET, NODE_SLOTS, SHARED_LIMIT
 from turnstile_substrate.runtime import CapGate, CreateKind
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
         "limit": str(response.limit),
         "current": str(response.current),
     }
+    shared = _shared_limit(policy, verdict)
+    if shared:
+        metadata[SHARED_LIMIT] = shared
     summary = response.message or f"refused by the {policy_name} policy"
     if verdict is not None and verdict.verdict == admission_pb2.VERDICT_UNKNOWN:
         return retry_later(
@@ -144,6 +148,18 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
             ),
         ),
     )
+
+
+def _shared_limit(
+    policy: admission_pb2.Policy.ValueType, verdict: admission_pb2.PolicyVerdict | None
+) -> str:
+    """The shared limit that refused (SPEC N5: hidden from scoped callers by the
+    handler, ``shared_limits.for_caller``), or "" for the key's own."""
+    if policy == admission_pb2.POLICY_NODE_SLOTS:
+        return NODE_SLOTS
+    if policy == admission_pb2.POLICY_RATE and verdict is not None:
+        return CLUSTER_BUCKET if verdict.detail == CLUSTER_BUCKET else ""
+    return ""
 
 
 class AdmissionClient:
