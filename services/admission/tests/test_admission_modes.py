@@ -116,6 +116,8 @@ async def test_cap_refuses_at_the_cap_on_pending_alone_when_the_substrate_cannot
     cap = verdict(third, admission_pb2.POLICY_CAP)
     assert cap.verdict == admission_pb2.VERDICT_REFUSE
     assert "pending alone" in cap.detail
+    # A cap frees when a sandbox stops: the refusal says so, not only a time.
+    assert third.message.endswith("; frees when one of its 2 live or pending sandboxes stops")
     # An activation already pending is not counted against itself.
     assert (await running.stub.Admit(request("sb-2"))).decision == ADMITTED
 

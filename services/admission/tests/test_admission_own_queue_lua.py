@@ -215,6 +215,18 @@ async def test_a_lease_waiters_estimate_follows_its_keys_recent_grant_pace(
     assert queued.estimated_wait_ms == 2_000
 
 
+async def test_a_cap_waiters_estimate_is_unknown_with_a_full_bucket_and_no_pace(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """A full bucket says nothing of when a sandbox stops: a waiter held by its cap
+    has no estimate until the key's grants give a pace (not "0 s")."""
+    await limit(redis, store, Limits(cap=1, rate=10, burst=5))
+    assert (await store.admit(admit("h0"))).outcome == "admit"
+    queued = await store.enqueue("w0", "acme", "r1", 60_000, TTL, own=ALL)
+    assert queued.estimated_wait_ms == -1
+    assert (await store.queue_position("w0")).estimated_wait_ms == -1
+
+
 async def test_room_freed_between_ticks_goes_to_the_waiters_not_to_a_call_from_outside(
     store: AdmissionStore, redis: aioredis.Redis
 ) -> None:

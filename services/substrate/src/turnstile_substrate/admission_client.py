@@ -360,7 +360,8 @@ class AdmissionClient:
                 code=grpc.StatusCode.RESOURCE_EXHAUSTED,
                 message=(
                     f"cap of {usage.cap} reached for key {usage.key.key!r} "
-                    f"({live_text} + {usage.pending} pending, this activation included)"
+                    f"({live_text} + {usage.pending} pending, this activation included); "
+                    "frees when one of its sandboxes stops"
                 ),
                 reason=reason_name(common_pb2.ERROR_REASON_CAP_EXCEEDED),
                 metadata={
