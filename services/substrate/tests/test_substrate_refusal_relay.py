@@ -49,3 +49,13 @@ def test_the_keys_own_limits_are_not_marked() -> None:
     cap = refusal_error(refused(admission_pb2.POLICY_CAP, "", 2, 2), 5.0)
     assert SHARED_LIMIT not in own_bucket.metadata
     assert SHARED_LIMIT not in cap.metadata
+
+
+def test_a_fail_closed_shared_policy_is_not_told_as_contention() -> None:
+    """Node slots failing closed (their store unreachable) counted nothing: the
+    refusal stays UNAVAILABLE with its own words, not "the cluster is contended"."""
+    response = refused(admission_pb2.POLICY_NODE_SLOTS, "POLICY_BACKEND_UNAVAILABLE", 0, 0)
+    response.verdicts[0].verdict = admission_pb2.VERDICT_UNKNOWN
+    error = refusal_error(response, 5.0)
+    assert error.reason == "POLICY_BACKEND_UNAVAILABLE"
+    assert SHARED_LIMIT not in error.metadata

@@ -182,3 +182,16 @@ async def test_why_shows_one_key_set_version_per_decision(
     out = capsys.readouterr().out
     shown = re.findall(r"key set v(\d+)", out)
     assert shown == [str(version)] * len(logged), out
+
+
+def test_why_tells_a_tenant_its_refusal_by_a_shared_limit_without_numbers() -> None:
+    """What a scoped reader gets of a shared limit's verdict (no limit, no count)
+    reads as contention, not as "0 of 0"."""
+    entry = admission_pb2.LoggedDecision(service="admission", kind="refused")
+    entry.key.key = "acme"
+    entry.verdicts.add(
+        policy=admission_pb2.POLICY_NODE_SLOTS,
+        verdict=admission_pb2.VERDICT_REFUSE,
+        detail="the cluster is contended",
+    )
+    assert decisions.explain(entry) == "refused for key acme: the cluster is contended"

@@ -154,11 +154,14 @@ def _shared_limit(
     policy: admission_pb2.Policy.ValueType, verdict: admission_pb2.PolicyVerdict | None
 ) -> str:
     """The shared limit that refused (SPEC N5: hidden from scoped callers by the
-    handler, ``shared_limits.for_caller``), or "" for the key's own."""
+    handler, ``shared_limits.for_caller``), or "" for the key's own, or for a
+    fail-closed policy that could not count (UNKNOWN: no number to hide)."""
+    if verdict is None or verdict.verdict != admission_pb2.VERDICT_REFUSE:
+        return ""
     if policy == admission_pb2.POLICY_NODE_SLOTS:
         return NODE_SLOTS
-    if policy == admission_pb2.POLICY_RATE and verdict is not None:
-        return CLUSTER_BUCKET if verdict.detail == CLUSTER_BUCKET else ""
+    if policy == admission_pb2.POLICY_RATE and verdict.detail == CLUSTER_BUCKET:
+        return CLUSTER_BUCKET
     return ""
 
 

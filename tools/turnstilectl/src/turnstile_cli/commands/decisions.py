@@ -24,6 +24,7 @@ from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import proto_dict, when
 from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_platform.shared_limits import CONTENDED
 
 #: Page size of ``decisions`` and ``why`` reads, and of each ``--follow`` poll.
 PAGE = 100
@@ -91,6 +92,9 @@ def explain(d: admission_pb2.LoggedDecision) -> str:
         refused = next((v for v in d.verdicts if v.verdict == admission_pb2.VERDICT_REFUSE), None)
         if refused is None:
             text = f"refused for key {key}"
+        elif refused.detail == CONTENDED:
+            # A shared limit, as a tenant reads it: no numbers (SPEC N5).
+            text = f"refused for key {key}: {CONTENDED}"
         else:
             detail = f" ({refused.detail})" if refused.detail else ""
             text = (
