@@ -58,7 +58,7 @@ methods = [
   "{SUBSTRATE}/Activate", "{SUBSTRATE}/Deactivate", "{SUBSTRATE}/GetSandbox",
   "{SUBSTRATE}/ListSandboxes",
   "{ADMISSION}/Admit", "{ADMISSION}/GetUsage", "{ADMISSION}/ReleaseSandbox",
-  "{ADMISSION}/GetQueuePosition",
+  "{ADMISSION}/GetQueuePosition", "{ADMISSION}/ListDecisions",
 ]
 clients = "self"
 """

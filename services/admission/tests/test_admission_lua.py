@@ -143,15 +143,31 @@ async def test_admit_without_a_current_count_decides_on_the_pending_set_alone(
     assert "pending alone" in cap.detail
 
 
-async def test_admit_with_an_unsupported_count_is_unknown_and_admits(
+async def test_admit_with_an_unsupported_count_is_unknown_below_the_cap(
     store: AdmissionStore, live: LiveSets
 ) -> None:
     await live.unsupported()
-    for n in range(4):
+    for n in range(2):
         answer = await store.admit(args(f"h{n}", f"sb-{n}", CAP_ONLY))
         assert answer.outcome == "admit"
         assert answer.results[PolicyName.CAP].code == 3
     assert answer.live.unsupported
+
+
+async def test_admit_with_an_unsupported_count_refuses_when_pending_alone_reaches_the_cap(
+    store: AdmissionStore, live: LiveSets
+) -> None:
+    """Pending entries are sandboxes admitted and not yet gone: a lower bound of the
+    live count even when the substrate cannot count, so at the cap they refuse."""
+    await live.unsupported()
+    for n in range(2):
+        assert (await store.admit(args(f"h{n}", f"sb-{n}", CAP_ONLY))).outcome == "admit"
+    third = await store.admit(args("h2", "sb-2", CAP_ONLY))
+    cap = third.results[PolicyName.CAP]
+    assert (third.outcome, cap.code, cap.limit, cap.current) == ("refuse", 2, 2, 2)
+    assert "pending alone" in cap.detail
+    # The sandbox's own pending entry is not counted against it.
+    assert (await store.admit(args("h3", "sb-1", CAP_ONLY))).outcome == "admit"
 
 
 async def test_admit_takes_the_first_candidate_with_a_free_slot(store: AdmissionStore) -> None:

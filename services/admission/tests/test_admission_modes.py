@@ -81,7 +81,7 @@ async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_cannot_coun
     start_admission: Any, live: Any
 ) -> None:
     await live.unsupported()  # the Direct substrate's declaration (SPEC S4)
-    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 0})
+    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 2})
     labels = {"policy": "cap", "key": "acme"}
     unsupported = sample("turnstile_admission_fail_open_total", backend="unsupported", **labels)
     outage = sample("turnstile_admission_fail_open_total", backend="redis", **labels)
@@ -94,6 +94,32 @@ async def test_cap_admits_with_an_unknown_verdict_when_the_substrate_cannot_coun
     after = sample("turnstile_admission_fail_open_total", backend="unsupported", **labels)
     assert after == unsupported + 1
     assert sample("turnstile_admission_fail_open_total", backend="redis", **labels) == outage
+
+
+async def test_cap_refuses_at_the_cap_on_pending_alone_when_the_substrate_cannot_count(
+    start_admission: Any, live: Any
+) -> None:
+    """The Direct substrate's default (no live count) with 2 admitted, still-pending
+    sandboxes and a cap of 2: the third is refused, not admitted as UNKNOWN by the
+    fail-open default. Pending alone is a lower bound of the live count (SPEC P1)."""
+    await live.unsupported()
+    running = await start_admission(client_allowlist=("acme",), cap={"default_cap": 2})
+    first = [await running.stub.Admit(request(f"sb-{n}")) for n in (1, 2)]
+    assert [a.decision for a in first] == [ADMITTED, ADMITTED]
+    for answer in first:
+        await running.stub.CommitHold(admission_pb2.CommitHoldRequest(hold_id=answer.hold_id))
+
+    third = await running.stub.Admit(request("sb-3"))
+
+    assert third.decision == admission_pb2.DECISION_REFUSED
+    assert (third.refused_by, third.limit, third.current) == (admission_pb2.POLICY_CAP, 2, 2)
+    cap = verdict(third, admission_pb2.POLICY_CAP)
+    assert cap.verdict == admission_pb2.VERDICT_REFUSE
+    assert "pending alone" in cap.detail
+    # A cap frees when a sandbox stops: the refusal says so, not only a time.
+    assert third.message.endswith("; frees when one of its 2 live or pending sandboxes stops")
+    # An activation already pending is not counted against itself.
+    assert (await running.stub.Admit(request("sb-2"))).decision == ADMITTED
 
 
 async def test_an_unavailable_live_count_is_a_lower_bound_the_pending_set_alone_refuses(

@@ -113,6 +113,22 @@ async def test_a_sandbox_seen_gone_makes_room_under_the_cap(
     assert await redis.zrange(store.keys.pending("acme"), 0, -1) == [b"sb-new"]
 
 
+async def test_a_cap_waiter_is_not_granted_past_pending_when_the_substrate_cannot_count(
+    store: AdmissionStore, redis: aioredis.Redis, live: LiveSets
+) -> None:
+    """No live count (Direct's default) leaves pending as the cap's lower bound: a
+    waiter is granted when a pending entry goes, not at once."""
+    await limit(redis, store, Limits(cap=1))
+    await live.unsupported()
+    first = await store.admit(admit("h1"))
+    assert first.outcome == "admit"
+    assert (await store.admit(admit("h2"))).outcome == "refuse"
+    await wait(store, "w0", CAP)
+    assert (await store.tick("r1")).granted == ()
+    assert (await store.cancel("h1")).cancelled  # its pending entry goes with the hold
+    assert (await store.tick("r1")).granted == ("w0",)
+
+
 async def test_a_waiter_is_granted_only_when_every_limit_it_enforces_has_room(
     store: AdmissionStore, redis: aioredis.Redis
 ) -> None:
@@ -197,6 +213,18 @@ async def test_a_lease_waiters_estimate_follows_its_keys_recent_grant_pace(
     assert (await store.queue_position("w2")).estimated_wait_ms == 1_000
     queued = await store.enqueue("w3", "acme", "r1", 60_000, TTL, own=CONCURRENCY)
     assert queued.estimated_wait_ms == 2_000
+
+
+async def test_a_cap_waiters_estimate_is_unknown_with_a_full_bucket_and_no_pace(
+    store: AdmissionStore, redis: aioredis.Redis
+) -> None:
+    """A full bucket says nothing of when a sandbox stops: a waiter held by its cap
+    has no estimate until the key's grants give a pace (not "0 s")."""
+    await limit(redis, store, Limits(cap=1, rate=10, burst=5))
+    assert (await store.admit(admit("h0"))).outcome == "admit"
+    queued = await store.enqueue("w0", "acme", "r1", 60_000, TTL, own=ALL)
+    assert queued.estimated_wait_ms == -1
+    assert (await store.queue_position("w0")).estimated_wait_ms == -1
 
 
 async def test_room_freed_between_ticks_goes_to_the_waiters_not_to_a_call_from_outside(

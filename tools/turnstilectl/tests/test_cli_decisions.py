@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc.aio
@@ -16,6 +18,8 @@ from turnstile_cli.cli import run
 from turnstile_cli.commands import decisions
 from turnstile_cli.commands.decisions import duration_s, newer_than
 from turnstile_contracts import admission_pb2, admission_pb2_grpc
+from turnstile_testing.eventually import eventually
+from turnstile_testing.substrate import direct_substrate_settings, running_substrate
 
 if TYPE_CHECKING:
     from conftest import StartAdmission
@@ -144,3 +148,51 @@ def test_why_says_how_long_a_decision_waited_in_the_fair_queue() -> None:
     assert decisions.explain(entry) == (
         "admitted as key acme; after waiting 1.250s in the fair queue"
     )
+
+
+async def test_why_shows_one_key_set_version_per_decision(
+    start_admission: StartAdmission,
+    database_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An Activate is logged by admission (with the key set version it resolved the
+    key with) and by the substrate (with none): both lines of the decision show
+    admission's version, never a made-up v0 beside it."""
+    admission = await start_admission(client_allowlist=("acme",))
+    settings = direct_substrate_settings(
+        database_url, redis_url, redis_prefix, admission, tmp_path / "direct"
+    )
+    async with running_substrate(settings) as app:
+        flags = [f"--admission={admission}", f"--substrate={app.address}", "--color", "never"]
+        activate = [*flags, "activate", "sb-1", "--client", "acme"]
+        assert await asyncio.to_thread(run, activate) == 0
+        capsys.readouterr()
+
+        async def both_logged() -> list[dict[str, Any]]:
+            await asyncio.to_thread(run, [*flags, "why", "sb-1", "--json"])
+            logged = json.loads(capsys.readouterr().out)["decisions"]
+            return logged if {d["service"] for d in logged} >= {"admission", "substrate"} else []
+
+        logged = await eventually(both_logged, what="both services' entries of the activation")
+        version = next(d["key"]["key_set_version"] for d in logged if d["service"] == "admission")
+        assert int(version) > 0
+        assert await asyncio.to_thread(run, [*flags, "why", "sb-1"]) == 0
+    out = capsys.readouterr().out
+    shown = re.findall(r"key set v(\d+)", out)
+    assert shown == [str(version)] * len(logged), out
+
+
+def test_why_tells_a_tenant_its_refusal_by_a_shared_limit_without_numbers() -> None:
+    """What a scoped reader gets of a shared limit's verdict (no limit, no count)
+    reads as contention, not as "0 of 0"."""
+    entry = admission_pb2.LoggedDecision(service="admission", kind="refused")
+    entry.key.key = "acme"
+    entry.verdicts.add(
+        policy=admission_pb2.POLICY_NODE_SLOTS,
+        verdict=admission_pb2.VERDICT_REFUSE,
+        detail="the cluster is contended",
+    )
+    assert decisions.explain(entry) == "refused for key acme: the cluster is contended"

@@ -178,3 +178,55 @@ async def test_activate_wait_answers_alike_at_any_admission_address_and_says_onc
     assert rows["charged to"] == "acme"
     assert rows["waited"].endswith("s in admission's fair queue")
     assert rows["queue position"] == "1 when it joined, estimated 1000.000s"
+
+
+async def test_activate_waiting_on_its_cap_says_the_wait_is_unknown_not_zero(
+    start_admission: StartAdmission,
+    database_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A cap frees when a sandbox stops: with no pace of the key's grants known,
+    the estimate is unknown (not "about 0.0 s", what the full bucket alone said)."""
+    admission = await start_admission(
+        client_allowlist=("acme",), cap={"default_cap": 1}, queue={"tick_interval_s": 0.01}
+    )
+    settings = direct_substrate_settings(
+        database_url, redis_url, redis_prefix, admission, tmp_path / "direct"
+    )
+    async with running_substrate(settings) as app:
+
+        def call(*argv: str) -> int:
+            addresses = [f"--admission={admission}", f"--substrate={app.address}"]
+            return run([*addresses, "--color", "never", *argv])
+
+        assert await asyncio.to_thread(call, "activate", "sb-0", "--client", "acme") == 0
+        capsys.readouterr()
+        # Refused at once, it says what frees the cap rather than a time to retry.
+        assert await asyncio.to_thread(call, "activate", "sb-2", "--client", "acme") == 3
+        refused = " ".join(capsys.readouterr().err.split())
+        assert "frees when one of its 1 live or pending sandboxes stops" in refused, refused
+        assert "→ frees when one of the key's sandboxes stops; check again in 5 s" in refused
+        assert "retry in" not in refused
+        waiting = asyncio.ensure_future(
+            asyncio.to_thread(
+                call, "activate", "sb-1", "--client", "acme", "--wait", "30s", "--queue-per-client"
+            )
+        )
+        err = ""
+
+        async def told() -> bool:
+            nonlocal err
+            err += capsys.readouterr().err
+            return "waiting: position" in err
+
+        await eventually(told, what="the CLI says where the call waits")
+        assert "waiting: position 1 of 1, wait unknown" in err, err
+        assert "about" not in err
+        assert await asyncio.to_thread(call, "deactivate", "sb-0") == 0  # the cap frees
+        assert await waiting == 0
+    captured = capsys.readouterr()
+    assert "✓ sandbox sb-1: created" in captured.out
+    assert "estimated wait unknown" in captured.out

@@ -34,9 +34,8 @@ local function own_room(base, key, own, now, conf)
     local state = redis.call('GET', base .. 'live-state')
     local live = 0
     if state == 'counted' then live = redis.call('SCARD', base .. 'live:' .. key) end
-    -- An unsupported count never refuses (SPEC S4); an unavailable one counts 0.
-    if state ~= 'unsupported' and live + redis.call('ZCOUNT', base .. 'pending:' .. key,
-        unexpired, '+inf') >= lim.cap then
+    -- An unsupported or unavailable count counts 0: pending alone is a lower bound.
+    if live + redis.call('ZCOUNT', base .. 'pending:' .. key, unexpired, '+inf') >= lim.cap then
       return false
     end
   end
@@ -106,7 +105,9 @@ end
 -- A per-client waiter's estimate: its place at its key's recent grant pace
 -- (_queue.lua's note_pace: a cap or a lease frees when a sandbox goes, at no
 -- known rate) and, when it enforces its key's bucket, no sooner than the bucket
--- refills the cost of every waiter up to it. -1 when neither is known.
+-- refills the cost of every waiter up to it. -1 when neither is known, or when
+-- its cap or concurrency has no room and no pace is known (the bucket alone would
+-- say "now" for a wait on a sandbox stopping).
 local function own_wait_ms(base, q, wid, info, now)
   local rank = redis.call('ZRANK', own_queue_of(base, info.k), wid)
   if not rank then return -1 end
@@ -116,6 +117,13 @@ local function own_wait_ms(base, q, wid, info, now)
   if info.own.rate then
     local raw = redis.call('HMGET', q.ownq, 'defaults', 'cost')
     local defaults, cost = decode(raw[1]), tonumber(raw[2])
+    -- The bucket's refill times the wait only when nothing else holds it: a cap or
+    -- a lease without room frees when a sandbox goes, at no known pace.
+    if defaults and cost and not gap and (info.own.cap or info.own.conc)
+        and not own_room(base, info.k, {cap = info.own.cap, conc = info.own.conc}, now,
+                         {defaults = defaults}) then
+      return -1
+    end
     if defaults and cost then
       local lim = limits(base .. 'limits', info.k, defaults)
       if lim.rate > 0 then

@@ -190,7 +190,11 @@ if cap_mode > 0 then
   else
     live = -2
   end
-  if live == -1 then
+  if live == -1 and pending >= lim.cap then
+    -- Unsupported (SPEC S4), but pending alone is a lower bound that reaches the cap.
+    cap = {judge(cap_mode, true), lim.cap, pending, -1,
+           'live count unsupported: pending alone reaches the cap'}
+  elseif live == -1 then
     -- Unsupported (SPEC S4): this substrate cannot count; the cap cannot decide.
     cap = {3, lim.cap, pending, -1, 'live count unsupported'}
   elseif live == -2 then

@@ -790,7 +790,12 @@ def _message(admitted: bool, key: BoundedKey, verdicts: Sequence[PolicyVerdict])
         return f"admitted for key {key.key}{note}"
     refused = next(v for v in verdicts if v.verdict is Verdict.REFUSE)
     detail = f" ({refused.detail})" if refused.detail else ""
-    return (
+    text = (
         f"refused by {refused.policy.value} for key {key.key}: "
         f"{refused.current} of {refused.limit}{detail}"
     )
+    if refused.policy is PolicyName.CAP and _own(refused):
+        # A cap frees when a sandbox stops, not after a time: its RetryInfo is only
+        # how soon asking again is worth it.
+        text += f"; frees when one of its {refused.current} live or pending sandboxes stops"
+    return text

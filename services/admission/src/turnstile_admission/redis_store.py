@@ -171,7 +171,8 @@ class LiveCount:
     """A key's live sandboxes as a script read them from the leader's live set.
 
     Two unknowns, never to be confused: ``unsupported`` (the substrate cannot
-    count at all, as Direct: the cap answers UNKNOWN and admits, SPEC S4) and
+    count at all, as Direct: the cap answers UNKNOWN and admits, SPEC S4, unless
+    the pending set alone reaches the cap) and
     *unavailable* (no leader, or a leader behind: the ``live-state`` marker is
     missing): a lower bound of zero, so the cap still refuses on the pending set
     alone (SPEC P1).

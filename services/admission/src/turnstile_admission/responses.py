@@ -21,6 +21,7 @@ from turnstile_admission.decision import Decision
 from turnstile_admission.policies import Mode, PolicyName, Verdict
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2
+from turnstile_platform.shared_limits import CLUSTER_BUCKET, CONTENDED, contended
 
 POLICIES = {
     PolicyName.CAP: admission_pb2.POLICY_CAP,
@@ -154,3 +155,47 @@ def _template(decision: Decision) -> _Template:
     if not admitted and refused is not None:
         message.refused_by = POLICIES[refused.policy]
     return _Template(message, tuple(measured))
+
+
+_SHOWN_VERDICTS = (admission_pb2.VERDICT_REFUSE, admission_pb2.VERDICT_SHADOW_REFUSE)
+
+
+def hide_shared(verdict: admission_pb2.PolicyVerdict) -> bool:
+    """Clear what ``verdict`` says of a shared limit (SPEC N5): the node slots'
+    held and total, the cluster bucket's level and capacity (a rate verdict the
+    cluster bucket gave). True when it was a shared limit's verdict."""
+    if verdict.verdict == admission_pb2.VERDICT_SKIPPED:
+        return False
+    slots = verdict.policy == admission_pb2.POLICY_NODE_SLOTS
+    if not slots and not (
+        verdict.policy == admission_pb2.POLICY_RATE and verdict.detail == CLUSTER_BUCKET
+    ):
+        return False
+    verdict.ClearField("limit")
+    verdict.ClearField("current")
+    if verdict.verdict in _SHOWN_VERDICTS:
+        verdict.detail = CONTENDED
+    elif slots and verdict.detail in ("", "waiters first"):
+        verdict.ClearField("detail")
+    return True
+
+
+def hide_shared_in_answer(response: admission_pb2.AdmitResponse) -> None:
+    """``response`` as a scoped caller reads it (SPEC N5): the shared limits'
+    verdicts without their numbers and, when one of them refused, the refusal's
+    limit, current value and words replaced by "the cluster is contended, retry in
+    …". The caller's own limits keep every number."""
+    refusing = None
+    for verdict in response.verdicts:
+        shared = hide_shared(verdict)
+        if shared and response.refused_by == verdict.policy:
+            refusing = verdict
+    if refusing is None or response.decision == admission_pb2.DECISION_ADMITTED:
+        return
+    response.ClearField("limit")
+    response.ClearField("current")
+    retry = (
+        response.retry_after.ToMilliseconds() / 1000 if response.HasField("retry_after") else None
+    )
+    words = contended(retry)
+    response.message = f"dry run: {words} (nothing was taken)" if response.dry_run else words

@@ -10,11 +10,19 @@ import grpc.aio
 from turnstile_admission import validation
 from turnstile_admission.admitter import Admitter, new_hold_id
 from turnstile_admission.decision_log import CursorRejectedError, LoggedDecision
-from turnstile_admission.responses import MODES, POLICIES, VERDICTS, AdmitResponses
+from turnstile_admission.responses import (
+    MODES,
+    POLICIES,
+    VERDICTS,
+    AdmitResponses,
+    hide_shared,
+    hide_shared_in_answer,
+)
 from turnstile_admission.warm_reservations import refusal
 from turnstile_clientkeys import BoundedKey
 from turnstile_clientkeys.contract import KEY_KINDS
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
+from turnstile_platform import shared_limits
 from turnstile_platform.authz.ownership import current_identity, current_scope
 from turnstile_platform.errors import bad_field
 
@@ -44,7 +52,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             if identity:
                 admit = admit._replace(identity=identity)
         decision = await self._admitter.admit(admit)
-        return self._responses.response(decision)
+        response = self._responses.response(decision)
+        if shared_limits.hidden():
+            hide_shared_in_answer(response)
+        return response
 
     async def ListDecisions(  # noqa: N802
         self, request: admission_pb2.ListDecisionsRequest, context: Context
@@ -58,8 +69,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         except CursorRejectedError as error:
             # The validation refuses every cursor Redis would; this is its backstop.
             raise bad_field(error.field, f"Redis refused it as a cursor: {error}") from None
+        hide = shared_limits.hidden()
         return admission_pb2.ListDecisionsResponse(
-            decisions=[_logged(d) for d in page.decisions], next_before=page.next_before
+            decisions=[_logged(d, hide_shared_limits=hide) for d in page.decisions],
+            next_before=page.next_before,
         )
 
     async def CommitHold(  # noqa: N802
@@ -167,7 +180,9 @@ _QUEUE_STATES = {
 _KEY_KINDS = {kind.value: value for kind, value in KEY_KINDS.items()}
 
 
-def _logged(entry: LoggedDecision) -> admission_pb2.LoggedDecision:
+def _logged(entry: LoggedDecision, *, hide_shared_limits: bool) -> admission_pb2.LoggedDecision:
+    """An entry as the caller reads it; ``hide_shared_limits``: a scoped caller's,
+    which reads no shared limit's numbers, nor a service's words about them (SPEC N5)."""
     out = admission_pb2.LoggedDecision(
         id=entry.id,
         service=entry.service,
@@ -180,7 +195,9 @@ def _logged(entry: LoggedDecision) -> admission_pb2.LoggedDecision:
         activation_kind=_ACTIVATIONS.get(entry.activation, common_pb2.ACTIVATION_KIND_UNSPECIFIED),
         hold_id=entry.hold_id,
         node=entry.node,
-        detail=entry.detail,
+        detail=shared_limits.detail_for_caller(entry.detail)
+        if hide_shared_limits
+        else entry.detail,
     )
     out.at.FromMilliseconds(entry.at_ms)
     if entry.key:
@@ -192,7 +209,7 @@ def _logged(entry: LoggedDecision) -> admission_pb2.LoggedDecision:
     if entry.waited_ms is not None:
         out.waited.FromMilliseconds(entry.waited_ms)
     for v in entry.verdicts:
-        out.verdicts.add(
+        added = out.verdicts.add(
             policy=POLICIES[v.policy],
             mode=MODES[v.mode],
             verdict=VERDICTS[v.verdict],
@@ -200,6 +217,8 @@ def _logged(entry: LoggedDecision) -> admission_pb2.LoggedDecision:
             current=v.current,
             detail=v.detail,
         )
+        if hide_shared_limits:
+            hide_shared(added)
     for s in entry.shadow:
         out.shadow_verdicts.add(
             policy=POLICIES[s.policy],

@@ -51,6 +51,7 @@ from turnstile_platform.dependencies import (
 )
 from turnstile_platform.errors import RichError, retry_later
 from turnstile_platform.metric_children import Children
+from turnstile_platform.shared_limits import SHARED_LIMIT, log_detail
 from turnstile_substrate.admission_client import AdmissionClient, Admitted
 from turnstile_substrate.db import records
 from turnstile_substrate.db.claims import Claim, ClaimLostError
@@ -186,6 +187,9 @@ def decision_words(
             words += f" {runtime.name}" + (f" on node {runtime.node}" if runtime.node else "")
         return activation.outcome.value, words
     if result in ADMISSION_REASONS:
+        if failure is not None and SHARED_LIMIT in failure.metadata:
+            # Marked, so a scoped reader gets only "the cluster is contended" (SPEC N5).
+            return "refused_by_admission", log_detail(failure.message)
         return "refused_by_admission", failure.message if failure else result
     if result == "runtime_failed":
         return "runtime_failed", "the runtime could not be started; the hold was cancelled"

@@ -22,6 +22,7 @@ from turnstile_clientkeys import Client, to_proto
 from turnstile_contracts import admission_pb2, admission_pb2_grpc, common_pb2
 from turnstile_platform.errors import QuotaViolation, RichError, decode, reason_name, retry_later
 from turnstile_platform.peers import Peer
+from turnstile_platform.shared_limits import CLUSTER_BUCKET, NODE_SLOTS, SHARED_LIMIT
 from turnstile_substrate.runtime import CapGate, CreateKind
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
         "limit": str(response.limit),
         "current": str(response.current),
     }
+    shared = _shared_limit(policy, verdict)
+    if shared:
+        metadata[SHARED_LIMIT] = shared
     summary = response.message or f"refused by the {policy_name} policy"
     if verdict is not None and verdict.verdict == admission_pb2.VERDICT_UNKNOWN:
         return retry_later(
@@ -144,6 +148,21 @@ def refusal_error(response: admission_pb2.AdmitResponse, default_retry_s: float)
             ),
         ),
     )
+
+
+def _shared_limit(
+    policy: admission_pb2.Policy.ValueType, verdict: admission_pb2.PolicyVerdict | None
+) -> str:
+    """The shared limit that refused (SPEC N5: hidden from scoped callers by the
+    handler, ``shared_limits.for_caller``), or "" for the key's own, or for a
+    fail-closed policy that could not count (UNKNOWN: no number to hide)."""
+    if verdict is None or verdict.verdict != admission_pb2.VERDICT_REFUSE:
+        return ""
+    if policy == admission_pb2.POLICY_NODE_SLOTS:
+        return NODE_SLOTS
+    if policy == admission_pb2.POLICY_RATE and verdict.detail == CLUSTER_BUCKET:
+        return CLUSTER_BUCKET
+    return ""
 
 
 class AdmissionClient:
@@ -308,8 +327,8 @@ class AdmissionClient:
 
         It asks nothing when Admit's cap verdict says the cap cannot refuse:
         not enforced (off, shadow) or unknown (the live count is unsupported, as
-        on Direct: admission then admits, SPEC S4). After a PASS, a usage without
-        a live count means the count is *unavailable* (timed out, failed, not
+        on Direct, with pending below the cap: admission admits, SPEC S4). After a
+        PASS, a usage without a live count means the count is *unavailable* (timed out, failed, not
         current): zero is its lower bound, so the gate decides on the pending set
         alone, the same rule Admit applies, rather than letting the pod through.
         If admission cannot be reached it fails closed (UNAVAILABLE): no pod is
@@ -344,7 +363,8 @@ class AdmissionClient:
                 code=grpc.StatusCode.RESOURCE_EXHAUSTED,
                 message=(
                     f"cap of {usage.cap} reached for key {usage.key.key!r} "
-                    f"({live_text} + {usage.pending} pending, this activation included)"
+                    f"({live_text} + {usage.pending} pending, this activation included); "
+                    "frees when one of its sandboxes stops"
                 ),
                 reason=reason_name(common_pb2.ERROR_REASON_CAP_EXCEEDED),
                 metadata={

@@ -8,7 +8,9 @@ import grpc.aio
 
 from turnstile_clientkeys import Resolver
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
+from turnstile_platform import shared_limits
 from turnstile_platform.authz.ownership import current_identity, current_scope
+from turnstile_platform.errors import RichError
 from turnstile_platform.tiers import TierConfig
 from turnstile_substrate import contract
 from turnstile_substrate.activation import Activator
@@ -42,17 +44,21 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
     ) -> substrate_pb2.ActivateResponse:
         sandbox_id, client, tier = contract.activate_request(request, self._tiers)
         wait_s = contract.wait_budget(request, context.time_remaining(), self._create_margin_s)
-        activation = await self._activator.activate(
-            sandbox_id,
-            client,
-            tier,
-            current_scope(),
-            wait_s,
-            queue_per_client=request.queue_per_client,
-            dry_run=request.dry_run,
-            identity=current_identity(),
-            wait_id=contract.wait_id(request.wait_id),
-        )
+        try:
+            activation = await self._activator.activate(
+                sandbox_id,
+                client,
+                tier,
+                current_scope(),
+                wait_s,
+                queue_per_client=request.queue_per_client,
+                dry_run=request.dry_run,
+                identity=current_identity(),
+                wait_id=contract.wait_id(request.wait_id),
+            )
+        except RichError as error:
+            # A shared limit's refusal, without its numbers for a scoped caller (SPEC N5).
+            raise shared_limits.for_caller(error) from None
         return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 
     async def Deactivate(  # noqa: N802 - gRPC method names

@@ -200,7 +200,7 @@ def queue_rows(
     if response.HasField("waited"):
         rows["waited"] = f"{response.waited.ToMilliseconds() / 1000:.3f}s in {queue}"
     if response.queue_position:
-        estimate = ""
+        estimate = ", estimated wait unknown"
         if response.HasField("estimated_wait"):
             estimate = f", estimated {response.estimated_wait.ToMilliseconds() / 1000:.3f}s"
         rows["queue position"] = f"{response.queue_position} when it joined{estimate}"
@@ -386,6 +386,12 @@ def render_error(error: TurnstileError, *, action: str) -> Table:
     table.add_row(headline)
     if rows:
         table.add_row(kv_table(rows))
-    if error.retry_after_s is not None:
+    if error.retry_after_s is not None and error.reason == "CAP_EXCEEDED":
+        # A cap frees when a sandbox stops, not after a time.
+        again = retry_text(error.retry_after_s).removeprefix("retry ")
+        table.add_row(
+            f"[bold]→ frees when one of the key's sandboxes stops; check again {again}[/]"
+        )
+    elif error.retry_after_s is not None:
         table.add_row(f"[bold]→ {retry_text(error.retry_after_s)}[/]")
     return table

@@ -35,7 +35,9 @@ class CapSettings(PolicySettings):
     """Live + pending sandboxes a key may have, unless its limits say otherwise."""
 
     retry_after_s: float = Field(default=5.0, gt=0, le=3600)
-    """Retry hint of a cap refusal: a slot frees only when a sandbox stops."""
+    """``RetryInfo`` of a cap refusal: how soon asking again is worth it, not when it
+    frees (a cap frees only when a sandbox stops, which the refusal's message says).
+    Kept so that clients that back off by ``RetryInfo`` poll at a sane pace."""
 
 
 class CapPolicy(Policy):

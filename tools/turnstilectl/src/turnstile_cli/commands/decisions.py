@@ -24,6 +24,7 @@ from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import proto_dict, when
 from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_platform.shared_limits import CONTENDED
 
 #: Page size of ``decisions`` and ``why`` reads, and of each ``--follow`` poll.
 PAGE = 100
@@ -91,6 +92,9 @@ def explain(d: admission_pb2.LoggedDecision) -> str:
         refused = next((v for v in d.verdicts if v.verdict == admission_pb2.VERDICT_REFUSE), None)
         if refused is None:
             text = f"refused for key {key}"
+        elif refused.detail == CONTENDED:
+            # A shared limit, as a tenant reads it: no numbers (SPEC N5).
+            text = f"refused for key {key}: {CONTENDED}"
         else:
             detail = f" ({refused.detail})" if refused.detail else ""
             text = (
@@ -226,6 +230,7 @@ def render_why(
         )
         return
     console.print(f"sandbox [bold]{escape(sandbox_id)}[/]: its last activations, newest first")
+    versions = key_set_versions(entries)
     for d in entries:
         activation = (
             common_pb2.ActivationKind.Name(d.activation_kind)
@@ -242,9 +247,31 @@ def render_why(
         console.print(head)
         console.print(f"    {escape(explain(d))}", soft_wrap=True)
         who = d.identity or "(no caller identity: plaintext)"
+        version = versions.get(d.id)
         console.print(
             f"    [dim]trace {d.trace_id or '-'}"
             f"{'' if d.sampled or not d.trace_id else ' (not sampled)'}, caller {escape(who)}, "
-            f"client {escape(d.client or '-')}, key set v{d.key.key_set_version}[/]",
+            f"client {escape(d.client or '-')}"
+            f"{'' if version is None else f', key set v{version}'}[/]",
             soft_wrap=True,
         )
+
+
+def key_set_versions(entries: Sequence[admission_pb2.LoggedDecision]) -> dict[str, int]:
+    """The key set version to show beside each entry, by entry id: one per decision.
+
+    Admission records the version it resolved the key with; the substrate's and
+    affinity's entries record none (0 on the wire), so each shows the version of
+    admission's entry under the same trace, or none at all rather than a made-up v0."""
+    by_trace = {
+        d.trace_id: d.key.key_set_version
+        for d in entries
+        if d.service == "admission" and d.trace_id and d.HasField("key")
+    }
+    shown: dict[str, int] = {}
+    for d in entries:
+        if d.service == "admission" or d.key.key_set_version:
+            shown[d.id] = d.key.key_set_version
+        elif d.trace_id in by_trace:
+            shown[d.id] = by_trace[d.trace_id]
+    return shown

@@ -1,7 +1,8 @@
 """While ``admit --wait`` or ``activate --wait`` waits in admission's fair queue,
 say where it stands (SPEC Q1): the call carries a random ``wait_id``, and
 ``GetQueuePosition`` is polled every :data:`POLL_S` until it answers. One line
-on stderr per change ("waiting: position 2 of 5, about 1.2 s"), so stdout holds
+on stderr per change ("waiting: position 2 of 5, about 1.2 s", or "wait unknown"
+when admission knows no pace), so stdout holds
 only the final answer and a log of a non-terminal run stays short; a poll that
 fails is said once, with why and where; nothing in ``--json`` mode."""
 
@@ -42,6 +43,9 @@ def describe(found: admission_pb2.GetQueuePositionResponse) -> str | None:
     line = f"waiting: position {found.position} of {found.key_waiters}"
     if found.HasField("estimated_wait"):
         line += f", about {found.estimated_wait.ToMilliseconds() / 1000:.1f} s"
+    else:
+        # Unset: no pace is known (a cap or lease frees when a sandbox stops).
+        line += ", wait unknown"
     return line
 
 
