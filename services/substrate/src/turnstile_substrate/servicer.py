@@ -52,6 +52,7 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
             dry_run=request.dry_run,
             identity=current_identity(),
             wait_id=contract.wait_id(request.wait_id),
+            remaining_s=context.time_remaining(),
         )
         return contract.activate_response(activation, self._substrate.name, sandbox_id, tier)
 
@@ -59,7 +60,12 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.DeactivateRequest, context: Context
     ) -> substrate_pb2.DeactivateResponse:
         sandbox_id = contract.sandbox_id(request.sandbox_id)
-        stopped = await self._activator.deactivate(sandbox_id, current_scope())
+        stopped = await self._activator.deactivate(
+            sandbox_id,
+            current_scope(),
+            identity=current_identity(),
+            remaining_s=context.time_remaining(),
+        )
         return substrate_pb2.DeactivateResponse(stopped=stopped)
 
     async def CountLiveSandboxes(  # noqa: N802 - gRPC method names
