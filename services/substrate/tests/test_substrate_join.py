@@ -245,3 +245,25 @@ async def test_calls_waiting_for_a_sandboxs_lock_are_bounded_per_flow(
     assert getattr(await leader, "outcome", None) == substrate_pb2.OUTCOME_CREATED
     assert (await waiter).stopped
     assert harness.processes() == {}
+
+
+async def test_an_inherit_activate_such_as_a_wake_joins_its_records_clients_activation(
+    harness: Harness,
+) -> None:
+    await harness.activate("sb-1", "acme")
+    await harness.stub.Deactivate(substrate_pb2.DeactivateRequest(sandbox_id="sb-1"))
+    harness.admission.admits.clear()
+    release = asyncio.Event()
+    hold_admission_until(harness, release)
+    leader = await leader_in_admission(harness, "sb-1")
+    wake = asyncio.ensure_future(
+        outcome(asyncio.ensure_future(harness.activate("sb-1", harness.inherit())))
+    )
+    await until_waiting("join", 1)
+    release.set()
+
+    led, woken = await leader, await wake
+
+    assert getattr(led, "outcome", led) == substrate_pb2.OUTCOME_RESTORED
+    assert getattr(woken, "outcome", woken) == substrate_pb2.OUTCOME_ALREADY_RUNNING
+    assert len(harness.admission.admits) == 1

@@ -140,11 +140,20 @@ class Activation:
 
 @dataclass(frozen=True)
 class Waiting:
-    """How a call may wait on another's work on its sandbox (SPEC N2): the flow it
-    counts against and for how long at most."""
+    """How a call may wait on another's work on its sandbox (SPEC N2): who calls
+    (its flow is that and the client it charges) and for how long at most."""
 
-    flow: str
+    identity: str
     limit_s: float
+    #: The client the call charges, once known (an ``inherit`` is its record's).
+    charged: Client | None = None
+
+    @property
+    def flow(self) -> str:
+        return flow_of(self.identity, self.charged)
+
+    def charging(self, charged: Client) -> Waiting:
+        return dataclasses.replace(self, charged=charged)
 
 
 @dataclass(frozen=True)
@@ -343,7 +352,7 @@ class Activator:
                     client,
                     tier,
                     scope,
-                    Waiting(flow_of(identity, client), self._wait_limit(remaining_s)),
+                    Waiting(identity, self._wait_limit(remaining_s)),
                     wait_s,
                     queue_per_client,
                     wait_id,
@@ -431,9 +440,20 @@ class Activator:
         if flight is not None:
             return await self._join(flight, client, tier, scope, waiting)
         owner = record.activating_client_id if record is not None else None
-        with self._flights.lead(sandbox_id, client, tier, owner) as flight:
+        charged = charged_client(client, record)
+        asked_tier = record.tier if record is not None else tier
+        with self._flights.lead(
+            sandbox_id, charged, asked_tier, owner, record is not None
+        ) as flight:
             activation = await self._lead(
-                sandbox_id, client, tier, scope, waiting, wait_s, queue_per_client, wait_id
+                sandbox_id,
+                client,
+                tier,
+                scope,
+                waiting.charging(charged),
+                wait_s,
+                queue_per_client,
+                wait_id,
             )
             flight.result = activation
             return activation
@@ -449,14 +469,19 @@ class Activator:
         """Answer from ``flight``'s outcome: its runtime as ALREADY_RUNNING (this call
         made and charged nothing), or the refusal or failure it ended with. The
         caller's ownership is checked first, exactly as a leader's is, and again
-        against the runtime and record the activation answered with."""
+        against the runtime and record the activation answered with. Only a call
+        charging the same client for the same tier joins (an ``inherit``, such as a
+        gateway's wake, joins its record's client's activation)."""
         sandbox_id = flight.sandbox_id
         inherit = client.form is ClientForm.INHERIT
         if scope is not None and not scope.owns(sandbox_id, flight.recorded, recorded_only=inherit):
             raise scope.refusal(sandbox_id)
-        if not flight.accepts(client, tier):
+        # What admission would decide on: the client charged (an ``inherit``: the
+        # record's) and the tier (an existing sandbox's: its record's).
+        charged = client if not inherit else Client.from_record(flight.recorded)
+        if not flight.accepts(charged, flight.tier if flight.restoring else tier):
             raise WaitRefusedError(sandbox_id, WaitKind.JOIN, "other_request")
-        with self._waits.wait(waiting.flow, sandbox_id, WaitKind.JOIN):
+        with self._waits.wait(waiting.charging(charged).flow, sandbox_id, WaitKind.JOIN):
             try:
                 led = await flight.answer(waiting.limit_s)
             except RichError as error:
@@ -653,7 +678,7 @@ class Activator:
         ``scope`` must own the sandbox, checked under that lock. Waiting for the lock
         counts against the caller's flow (SPEC N2), as an Activate's does.
         """
-        waiting = Waiting(flow_of(identity, None), self._wait_limit(remaining_s))
+        waiting = Waiting(identity, self._wait_limit(remaining_s))
 
         async def run() -> bool:
             async with self._locked(sandbox_id, waiting) as claim:

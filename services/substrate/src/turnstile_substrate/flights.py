@@ -112,18 +112,21 @@ class Flight(Generic[T]):
     done, its answer (a result, or the exception its leader's call ended with)."""
 
     sandbox_id: str
+    #: The client it charges and the tier it asks for (an existing sandbox: its own).
     client: Client
     tier: str
     #: The sandbox's owner as the leader read it before leading (None: no record, or
     #: one naming no client): what a joiner's ownership is checked against.
     recorded: str | None = None
+    #: Whether the sandbox has a record (its tier is then the record's, whatever asked).
+    restoring: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: T | None = None
     error: BaseException | None = None
 
     def accepts(self, client: Client, tier: str) -> bool:
-        """Whether a request may share this activation's answer: one that asks for
-        the same client and tier (a different one would be decided differently)."""
+        """Whether a request may share this activation's answer: one that charges the
+        same client for the same tier (another would be decided differently)."""
         return (self.client, self.tier) == (client, tier)
 
     async def answer(self, timeout_s: float) -> T:
@@ -155,14 +158,19 @@ class Flights(Generic[T]):
 
     @contextmanager
     def lead(
-        self, sandbox_id: str, client: Client, tier: str, recorded: str | None
+        self,
+        sandbox_id: str,
+        client: Client,
+        tier: str,
+        recorded: str | None,
+        restoring: bool = False,
     ) -> Iterator[Flight[T]]:
         """Register the calling activation as ``sandbox_id``'s flight for the block.
         The block sets ``result``; an exception leaving it is the joiners' answer,
         except a cancellation (the leader's caller left), which they are told of as
         ``leader_gone`` rather than being cancelled themselves."""
         assert sandbox_id not in self._flights, "one flight per sandbox"
-        flight: Flight[T] = Flight(sandbox_id, client, tier, recorded)
+        flight: Flight[T] = Flight(sandbox_id, client, tier, recorded, restoring)
         self._flights[sandbox_id] = flight
         try:
             yield flight
