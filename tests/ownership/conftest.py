@@ -188,7 +188,14 @@ def runtime_ids(state_dir: Path) -> set[str]:
 
 
 @pytest.fixture
+def substrate_overrides() -> dict[str, Any]:
+    """Settings of the substrate a test module changes (by overriding this fixture)."""
+    return {}
+
+
+@pytest.fixture
 async def tenants(
+    substrate_overrides: dict[str, Any],
     pki: Pki,
     redis_url: str,
     redis_prefix: str,
@@ -235,6 +242,7 @@ async def tenants(
         "health_check_interval_s": 0.2,
         "log_format": "text",
         **pki.server_settings("service/substrate", policy=POLICY),
+        **substrate_overrides,
     }
     substrate = await create_substrate(SubstrateSettings(**substrate_values))
     await substrate.start()

@@ -54,8 +54,10 @@ async def test_a_hundred_concurrent_activations_under_a_cap_of_ten_leave_exactly
 
 
 async def test_concurrent_activations_of_one_sandbox_create_one_runtime(
-    harness: Harness,
+    migrated_url: str, start_service: StartService
 ) -> None:
+    # Room for all 19 to join the first (SPEC N2; test_substrate_join has the bound).
+    harness = await start_service(migrated_url, activation_waiters_per_flow=32)
     results = await asyncio.gather(*(harness.activate("sb-1", "acme") for _ in range(20)))
 
     outcomes = sorted(substrate_pb2.Outcome.Name(r.outcome) for r in results)

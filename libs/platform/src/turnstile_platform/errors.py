@@ -147,6 +147,23 @@ def retry_later(
     )
 
 
+def conflict(
+    reason: common_pb2.ErrorReason.ValueType,
+    message: str,
+    retry_after_s: float | None,
+    **metadata: str,
+) -> RichError:
+    """``ABORTED``: the call met another in progress on the same object and did
+    nothing; a retry (after ``retry_after_s``) may succeed, once that one ends."""
+    return RichError(
+        code=grpc.StatusCode.ABORTED,
+        message=message,
+        reason=reason_name(reason),
+        metadata=metadata,
+        retry_after_s=retry_after_s,
+    )
+
+
 def dependency_error(
     error: DependencyUnavailable | DependencyOverloaded, retry_after_s: float
 ) -> RichError:

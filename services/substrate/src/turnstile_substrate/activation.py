@@ -27,6 +27,7 @@ same value (``record_value`` of the charged client), so they always agree.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -49,7 +50,7 @@ from turnstile_platform.dependencies import (
     DependencyOverloaded,
     DependencyUnavailable,
 )
-from turnstile_platform.errors import RichError, retry_later
+from turnstile_platform.errors import RichError, conflict, retry_later
 from turnstile_platform.metric_children import Children
 from turnstile_platform.shared_limits import SHARED_LIMIT, log_detail
 from turnstile_substrate.admission_client import AdmissionClient, Admitted
@@ -57,6 +58,14 @@ from turnstile_substrate.db import records
 from turnstile_substrate.db.claims import Claim, ClaimLostError
 from turnstile_substrate.db.pool import Connection
 from turnstile_substrate.db.records import SandboxRecord
+from turnstile_substrate.flights import (
+    Flight,
+    Flights,
+    FlowWaits,
+    WaitKind,
+    WaitRefusedError,
+    flow_of,
+)
 from turnstile_substrate.locks import KeyedLocks, LockTimeoutError, SandboxClaims
 from turnstile_substrate.runtime import CreateKind, Plan, Runtime, RuntimeSpec, Substrate
 from turnstile_substrate.settings import SubstrateSettings
@@ -131,6 +140,24 @@ class Activation:
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """How a call may wait on another's work on its sandbox (SPEC N2): who calls
+    (its flow is that and the client it charges) and for how long at most."""
+
+    identity: str
+    limit_s: float
+    #: The client the call charges, once known (an ``inherit`` is its record's).
+    charged: Client | None = None
+
+    @property
+    def flow(self) -> str:
+        return flow_of(self.identity, self.charged)
+
+    def charging(self, charged: Client) -> Waiting:
+        return dataclasses.replace(self, charged=charged)
+
+
+@dataclass(frozen=True)
 class SandboxView:
     """A sandbox as GetSandbox shows it: its record and its runtime, if it runs."""
 
@@ -144,6 +171,28 @@ def activation_in_progress(sandbox_id: str, retry_after_s: float) -> RichError:
         f"another activation of sandbox {sandbox_id!r} is still in progress; retry",
         retry_after_s,
         sandbox_id=sandbox_id,
+    )
+
+
+def wait_refused(error: WaitRefusedError, retry_after_s: float) -> RichError:
+    """A call that may not (or no longer) wait on another's work on the sandbox
+    (SPEC N2): ``ABORTED``, nothing done, retry after the hint."""
+    words = {
+        "flow_full": f"too many calls of this caller ({error.limit}) already wait on"
+        " activations in progress here",
+        "timed_out": "it did not end within this call's wait",
+        "leader_gone": "the activation this call joined ended without an answer",
+        "other_request": "it was asked for another client or tier",
+    }
+    metadata = {"sandbox_id": error.sandbox_id, "why": error.why, "wait": error.kind.value}
+    if error.limit:
+        metadata["limit"] = str(error.limit)
+    return conflict(
+        common_pb2.ERROR_REASON_SANDBOX_PENDING,
+        f"another call on sandbox {error.sandbox_id!r} is in progress and this one"
+        f" cannot wait for it: {words.get(error.why, error.why)}; retry",
+        retry_after_s,
+        **metadata,
     )
 
 
@@ -249,7 +298,11 @@ class Activator:
         self._decisions = decisions
         self._pool = pool
         self._admission = admission
-        self._locks = KeyedLocks()
+        #: Calls waiting on another's work on a sandbox, bounded per flow (SPEC N2).
+        self._waits = FlowWaits(settings.activation_waiters_per_flow)
+        self._locks = KeyedLocks(self._waits)
+        #: The activations in progress here, which later Activates of the sandbox join.
+        self._flights: Flights[Activation] = Flights()
         self._claims = SandboxClaims(
             pool,
             ttl_s=settings.activation_claim_ttl_s,
@@ -275,6 +328,7 @@ class Activator:
         dry_run: bool = False,
         identity: str = "",
         wait_id: str = "",
+        remaining_s: float | None = None,
     ) -> Activation:
         """Make the sandbox's runtime exist, charged to ``client`` (see module doc).
 
@@ -284,7 +338,11 @@ class Activator:
         keep the call in its fair queue (SPEC Q1; 0: answer at once), for its
         client's own limits too with ``queue_per_client``; ``wait_id`` names the
         wait for the caller's GetQueuePosition, passed down to Admit. A dry run
-        (SPEC Q4) never waits: admission decides it at once, queueing nothing."""
+        (SPEC Q4) never waits: admission decides it at once, queueing nothing.
+
+        While another Activate of the sandbox runs here, this one joins it (SPEC N2:
+        see :mod:`turnstile_substrate.flights`); a wait on another call's work lasts
+        at most ``activation_lock_timeout_s`` and the call's ``remaining_s``."""
         if dry_run:
             return await self._guard(self._dry_run(sandbox_id, client, tier, scope))
         started = time.perf_counter()
@@ -293,7 +351,16 @@ class Activator:
         failure: RichError | None = None
         try:
             activation = await self._guard(
-                self._activate(sandbox_id, client, tier, scope, wait_s, queue_per_client, wait_id)
+                self._activate(
+                    sandbox_id,
+                    client,
+                    tier,
+                    scope,
+                    Waiting(identity, self._wait_limit(remaining_s)),
+                    wait_s,
+                    queue_per_client,
+                    wait_id,
+                )
             )
             result = activation.outcome.value
             return activation
@@ -345,12 +412,17 @@ class Activator:
         client: Client,
         tier: str,
         scope: CallerScope | None,
+        waiting: Waiting,
         wait_s: float = 0.0,
         queue_per_client: bool = False,
         wait_id: str = "",
     ) -> Activation:
         inherit = client.form is ClientForm.INHERIT
+        flight = self._flights.get(sandbox_id)
+        if flight is not None:
+            return await self._join(flight, client, tier, scope, waiting)
         runtime = await self.substrate.find_running(sandbox_id)
+        record: SandboxRecord | None = None
         if runtime is not None:
             try:
                 record = await self._read(sandbox_id)
@@ -363,7 +435,78 @@ class Activator:
             check_owner(scope, sandbox_id, record, runtime, recorded_only=inherit)
             if records_runtime(record, runtime):
                 return Activation(record, runtime, Outcome.ALREADY_RUNNING)
-        async with self._locked(sandbox_id) as claim:
+        else:
+            # Checked before leading, so a caller that does not own the sandbox never
+            # holds a flight that its owner's calls would have to join.
+            record = await self._read(sandbox_id)
+            check_owner(scope, sandbox_id, record, None, recorded_only=inherit)
+        flight = self._flights.get(sandbox_id)  # another call may lead since the reads
+        if flight is not None:
+            return await self._join(flight, client, tier, scope, waiting)
+        owner = record.activating_client_id if record is not None else None
+        charged = charged_client(client, record)
+        asked_tier = record.tier if record is not None else tier
+        with self._flights.lead(
+            sandbox_id, charged, asked_tier, owner, record is not None
+        ) as flight:
+            activation = await self._lead(
+                sandbox_id,
+                client,
+                tier,
+                scope,
+                waiting.charging(charged),
+                wait_s,
+                queue_per_client,
+                wait_id,
+            )
+            flight.result = activation
+            return activation
+
+    async def _join(
+        self,
+        flight: Flight[Activation],
+        client: Client,
+        tier: str,
+        scope: CallerScope | None,
+        waiting: Waiting,
+    ) -> Activation:
+        """Answer from ``flight``'s outcome: its runtime as ALREADY_RUNNING (this call
+        made and charged nothing), or the refusal or failure it ended with. The
+        caller's ownership is checked first, exactly as a leader's is, and again
+        against the runtime and record the activation answered with. Only a call
+        charging the same client for the same tier joins (an ``inherit``, such as a
+        gateway's wake, joins its record's client's activation)."""
+        sandbox_id = flight.sandbox_id
+        inherit = client.form is ClientForm.INHERIT
+        if scope is not None and not scope.owns(sandbox_id, flight.recorded, recorded_only=inherit):
+            raise scope.refusal(sandbox_id)
+        # What admission would decide on: the client charged (an ``inherit``: the
+        # record's) and the tier (an existing sandbox's: its record's).
+        charged = client if not inherit else Client.from_record(flight.recorded)
+        if not flight.accepts(charged, flight.tier if flight.restoring else tier):
+            raise WaitRefusedError(sandbox_id, WaitKind.JOIN, "other_request")
+        with self._waits.wait(waiting.charging(charged).flow, sandbox_id, WaitKind.JOIN):
+            try:
+                led = await flight.answer(waiting.limit_s)
+            except RichError as error:
+                raise dataclasses.replace(error) from None  # one error object per call
+        check_owner(scope, sandbox_id, led.record, led.runtime, recorded_only=inherit)
+        return Activation(led.record, led.runtime, Outcome.ALREADY_RUNNING)
+
+    async def _lead(
+        self,
+        sandbox_id: str,
+        client: Client,
+        tier: str,
+        scope: CallerScope | None,
+        waiting: Waiting,
+        wait_s: float,
+        queue_per_client: bool,
+        wait_id: str,
+    ) -> Activation:
+        """The activation itself, under the sandbox's lock and claim."""
+        inherit = client.form is ClientForm.INHERIT
+        async with self._locked(sandbox_id, waiting) as claim:
             record, generation = await self._db(lambda conn: _read_for_activation(conn, sandbox_id))
             runtime = await self.substrate.find_running(sandbox_id)
             check_owner(scope, sandbox_id, record, runtime, recorded_only=inherit)
@@ -524,16 +667,25 @@ class Activator:
 
     # -- Deactivate ----------------------------------------------------------
 
-    async def deactivate(self, sandbox_id: str, scope: CallerScope | None = None) -> bool:
+    async def deactivate(
+        self,
+        sandbox_id: str,
+        scope: CallerScope | None = None,
+        *,
+        identity: str = "",
+        remaining_s: float | None = None,
+    ) -> bool:
         """Stop the runtime, end its execution, free its admission slot. Idempotent.
 
         The admission release runs under the sandbox lock, so it cannot free the
         slot of an activation of the same sandbox that starts right after. A
-        ``scope`` must own the sandbox, checked under that lock.
+        ``scope`` must own the sandbox, checked under that lock. Waiting for the lock
+        counts against the caller's flow (SPEC N2), as an Activate's does.
         """
+        waiting = Waiting(identity, self._wait_limit(remaining_s))
 
         async def run() -> bool:
-            async with self._locked(sandbox_id) as claim:
+            async with self._locked(sandbox_id, waiting) as claim:
                 if scope is not None:
                     record = await self._read(sandbox_id)
                     check_owner(scope, sandbox_id, record, None, recorded_only=True)
@@ -583,13 +735,20 @@ class Activator:
         async with self._pool.acquire(timeout=self._db_timeout_s) as conn:
             return await statements(conn)
 
+    def _wait_limit(self, remaining_s: float | None) -> float:
+        """How long a call may wait on another's work: ``activation_lock_timeout_s``,
+        or less if its deadline is nearer."""
+        if remaining_s is None:
+            return self._lock_timeout_s
+        return max(0.0, min(self._lock_timeout_s, remaining_s))
+
     @asynccontextmanager
-    async def _locked(self, sandbox_id: str) -> AsyncIterator[Claim]:
-        """The sandbox's in-process lock, then its activation claim, both within
-        ``activation_lock_timeout_s``."""
+    async def _locked(self, sandbox_id: str, waiting: Waiting) -> AsyncIterator[Claim]:
+        """The sandbox's in-process lock (a wait for it counted against the caller's
+        flow), then its activation claim, both within ``waiting.limit_s``."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._lock_timeout_s
-        async with self._locks.hold(sandbox_id, self._lock_timeout_s):
+        deadline = loop.time() + waiting.limit_s
+        async with self._locks.hold(sandbox_id, waiting.limit_s, waiting.flow):
             remaining = max(0.0, deadline - loop.time())
             async with self._claims.hold(sandbox_id, remaining) as claim:
                 yield claim
@@ -601,6 +760,8 @@ class Activator:
             return await work
         except RichError:
             raise
+        except WaitRefusedError as error:
+            raise wait_refused(error, self._retry_after_s) from None
         except LockTimeoutError as error:
             raise activation_in_progress(str(error), self._retry_after_s) from error
         except ClaimLostError as error:

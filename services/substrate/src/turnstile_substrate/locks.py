@@ -21,13 +21,14 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 
 import asyncpg
 
 from turnstile_platform.background import BackgroundTasks, run_to_end
 from turnstile_substrate.db import claims
 from turnstile_substrate.db.claims import Claim
+from turnstile_substrate.flights import FlowWaits, WaitKind
 
 log = logging.getLogger(__name__)
 
@@ -37,34 +38,45 @@ class LockTimeoutError(Exception):
 
 
 class KeyedLocks:
-    """asyncio locks by key, dropped when no one holds or waits for them."""
+    """asyncio locks by key, dropped when no one holds or waits for them. A call
+    that has to wait for one counts against its flow's waits (SPEC N2): past the
+    flow's bound it is refused at once (:class:`WaitRefusedError`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, waits: FlowWaits | None = None) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._waits = waits if waits is not None else FlowWaits(per_flow=1024)
 
     def __len__(self) -> int:
         return len(self._locks)
 
     @asynccontextmanager
-    async def hold(self, key: str, timeout_s: float) -> AsyncIterator[None]:
+    async def hold(self, key: str, timeout_s: float, flow: str = "") -> AsyncIterator[None]:
+        """Hold ``key``'s lock for the block, waiting at most ``timeout_s`` for it (then
+        :class:`LockTimeoutError`); a wait is counted against ``flow`` while it lasts."""
         lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
+        waiting = self._waits.wait(flow, key, WaitKind.LOCK) if lock.locked() else nullcontext()
+        with waiting:  # a refused call leaves no trace
+            self._locks[key] = (lock, users + 1)
             try:
                 async with asyncio.timeout(timeout_s):
                     await lock.acquire()
-            except TimeoutError as error:
-                raise LockTimeoutError(key) from error
-            try:
-                yield
-            finally:
-                lock.release()
+            except BaseException as error:
+                self._drop(key)
+                if isinstance(error, TimeoutError):
+                    raise LockTimeoutError(key) from error
+                raise
+        try:
+            yield
         finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+            lock.release()
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        lock, users = self._locks[key]
+        if users == 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
 
 
 class SandboxClaims:

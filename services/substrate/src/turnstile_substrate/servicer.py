@@ -55,6 +55,7 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
                 dry_run=request.dry_run,
                 identity=current_identity(),
                 wait_id=contract.wait_id(request.wait_id),
+                remaining_s=context.time_remaining(),
             )
         except RichError as error:
             # A shared limit's refusal, without its numbers for a scoped caller (SPEC N5).
@@ -65,7 +66,12 @@ class SubstrateServicer(substrate_pb2_grpc.SubstrateServiceServicer):
         self, request: substrate_pb2.DeactivateRequest, context: Context
     ) -> substrate_pb2.DeactivateResponse:
         sandbox_id = contract.sandbox_id(request.sandbox_id)
-        stopped = await self._activator.deactivate(sandbox_id, current_scope())
+        stopped = await self._activator.deactivate(
+            sandbox_id,
+            current_scope(),
+            identity=current_identity(),
+            remaining_s=context.time_remaining(),
+        )
         return substrate_pb2.DeactivateResponse(stopped=stopped)
 
     async def CountLiveSandboxes(  # noqa: N802 - gRPC method names

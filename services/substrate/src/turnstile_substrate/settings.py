@@ -70,7 +70,16 @@ class SubstrateSettings(TieredSettings):
 
     activation_lock_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """How long an Activate or Deactivate waits for another one of the same sandbox
-    (on any replica) to finish before answering UNAVAILABLE."""
+    (on any replica) to finish before answering (``UNAVAILABLE``, or ``ABORTED`` for
+    an Activate that joined one here: SPEC N2), and never past the call's deadline."""
+
+    activation_waiters_per_flow: int = Field(default=8, ge=0, le=1024)
+    """How many calls of one flow (the caller's identity and the client it acts for)
+    may wait on another call's work on this replica's sandboxes at a time: Activates
+    joining an activation in progress, and calls waiting for a sandbox's lock. The
+    next is refused at once (``ABORTED``, ``SANDBOX_PENDING``, retry hint), so a
+    flood of one sandbox holds at most this many of the replica's call slots (SPEC
+    N2). 0: no call waits; every concurrent Activate of a sandbox is refused."""
 
     activation_claim_ttl_s: float = Field(default=10.0, ge=0.2, le=600)
     """How long an activation's claim on its sandbox lasts unless renewed (every third
