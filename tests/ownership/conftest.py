@@ -37,6 +37,7 @@ from turnstile_testing.pki import Identity, Pki
 IDLE_RUNTIME = f"{sys.executable} -m turnstile_substrate.direct.idle_runtime"
 TD = "spiffe://turnstile.test"
 ADMISSION = "turnstile.admission.v1.AdmissionService"
+ADMIN = "turnstile.admission.v1.AdminService"
 SUBSTRATE = "turnstile.substrate.v1.SubstrateService"
 
 POLICY = f"""
@@ -134,6 +135,10 @@ class Tenants:
             "CommitHold": admission_pb2.CommitHoldResponse,
             "CancelHold": admission_pb2.CancelHoldResponse,
             "ListDecisions": admission_pb2.ListDecisionsResponse,
+            **{
+                m.name: getattr(admission_pb2, m.output_type.name)
+                for m in admission_pb2.DESCRIPTOR.services_by_name["AdminService"].methods
+            },
         }
         rpc = channel.unary_unary(
             f"/{service}/{method}",

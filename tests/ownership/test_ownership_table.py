@@ -18,7 +18,7 @@ import pytest
 from turnstile_contracts import admission_pb2, common_pb2, substrate_pb2
 from turnstile_platform.errors import decode
 
-from .conftest import ADMISSION, INHERIT, SUBSTRATE, TD, Tenants, client, rows
+from .conftest import ADMIN, ADMISSION, INHERIT, SUBSTRATE, TD, Tenants, client, rows
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,7 +122,46 @@ CLIENT_CALLS: dict[str, tuple[str, str, Any]] = {
         "GetQueuePosition",
         admission_pb2.GetQueuePositionRequest(client=INHERIT, wait_id="w-1"),
     ),
+    # The admin API (SPEC M1) is the platform's: acme may neither raise its own
+    # level and weight nor cut globex's cap, nor read or change the key set.
+    "PatchLimits acme level platform, weight 50": (
+        ADMIN,
+        "PatchLimits",
+        admission_pb2.PatchLimitsRequest(
+            target=admission_pb2.LimitsTarget(client=client("acme")),
+            limits=admission_pb2.Limits(weight=50, level=admission_pb2.PRIORITY_LEVEL_PLATFORM),
+        ),
+    ),
+    "SetLimits globex cap 0": (
+        ADMIN,
+        "SetLimits",
+        admission_pb2.SetLimitsRequest(
+            target=admission_pb2.LimitsTarget(client=client("globex")),
+            limits=admission_pb2.Limits(cap=0),
+        ),
+    ),
+    "DeleteLimits globex": (
+        ADMIN,
+        "DeleteLimits",
+        admission_pb2.DeleteLimitsRequest(
+            target=admission_pb2.LimitsTarget(client=client("globex"))
+        ),
+    ),
+    "GetLimits every key": (ADMIN, "GetLimits", admission_pb2.GetLimitsRequest()),
+    "GetKeySet": (ADMIN, "GetKeySet", admission_pb2.GetKeySetRequest(client_ids=["globex"])),
+    "UpdateKeySet remove globex": (
+        ADMIN,
+        "UpdateKeySet",
+        admission_pb2.UpdateKeySetRequest(remove=["globex"]),
+    ),
 }
+
+
+def test_the_client_calls_cover_every_admin_method() -> None:
+    admin = admission_pb2.DESCRIPTOR.services_by_name["AdminService"]
+    assert {m.name for m in admin.methods} <= {
+        method for service, method, _ in CLIENT_CALLS.values() if service == ADMIN
+    }
 
 
 async def _world(tenants: Tenants) -> None:

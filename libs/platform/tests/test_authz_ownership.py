@@ -110,6 +110,24 @@ async def test_reads_act_for_the_recorded_client_and_hide_whose_it_is() -> None:
             assert got == f"identity may not act for sandbox {sandbox!r}"
 
 
+async def test_every_admin_method_is_the_platforms_and_needs_any_client() -> None:
+    """Limits and the key set apply to every client (SPEC M1): a scope naming the
+    very client a request names is not enough."""
+    admin = admission_pb2.DESCRIPTOR.services_by_name["AdminService"]
+    own = admission_pb2.LimitsTarget(client=common_pb2.ActivationClient(client_id="acme"))
+    owners = Owners()
+    for method in admin.methods:
+        source = CLIENT_SOURCES[f"/{admin.full_name}/{method.name}"]
+        request = getattr(admission_pb2, method.input_type.name)()
+        if "target" in method.input_type.fields_by_name:
+            request.target.CopyFrom(own)
+        assert await refusal(source, request, ACME, owners) == (
+            "only an identity allowed any client may call this"
+        )
+        assert await refusal(source, request, ANY, owners) is None
+    assert owners.calls == []
+
+
 class _Policy:
     policy = ALLOW_ALL
 

@@ -309,3 +309,100 @@ async def test_the_shipped_policies_show_a_tenant_its_own_waits_only(
             assert not found.HasField("waited")
         finally:
             call.cancel()
+
+
+ADMIN = "turnstile.admission.v1.AdminService"
+_ACME = admission_pb2.LimitsTarget(client=_client("acme"))
+_GLOBEX = admission_pb2.LimitsTarget(client=_client("globex"))
+#: What a tenant once did through the CLI (its own level and weight, another's cap), and
+#: every other admin method once.
+ADMIN_CALLS: dict[str, Invoke] = {
+    "GetLimits": unary(f"/{ADMIN}/GetLimits", admission_pb2.GetLimitsRequest()),
+    "SetLimits": unary(
+        f"/{ADMIN}/SetLimits",
+        admission_pb2.SetLimitsRequest(target=_GLOBEX, limits=admission_pb2.Limits(cap=0)),
+    ),
+    "PatchLimits": unary(
+        f"/{ADMIN}/PatchLimits",
+        admission_pb2.PatchLimitsRequest(
+            target=_ACME,
+            limits=admission_pb2.Limits(weight=50, level=admission_pb2.PRIORITY_LEVEL_PLATFORM),
+        ),
+    ),
+    "DeleteLimits": unary(
+        f"/{ADMIN}/DeleteLimits", admission_pb2.DeleteLimitsRequest(target=_ACME)
+    ),
+    "GetKeySet": unary(f"/{ADMIN}/GetKeySet", admission_pb2.GetKeySetRequest()),
+    "UpdateKeySet": unary(
+        f"/{ADMIN}/UpdateKeySet", admission_pb2.UpdateKeySetRequest(remove=["globex"])
+    ),
+}
+
+
+def test_the_admin_table_covers_every_method() -> None:
+    descriptor = admission_pb2.DESCRIPTOR.services_by_name["AdminService"]
+    assert set(ADMIN_CALLS) == {m.name for m in descriptor.methods}
+
+
+@pytest.mark.parametrize("method", sorted(ADMIN_CALLS))
+@pytest.mark.parametrize("policy_file", SHIPPED_POLICIES)
+async def test_the_shipped_policies_let_only_operators_call_the_admin_api(
+    policy_file: str, method: str, start_admission: Any, tmp_path: Path, redis: aioredis.Redis
+) -> None:
+    """Limits and the key set are the platform's (SPEC M1): a tenant, the substrate,
+    the gateway, affinity and a sandbox are refused and change nothing."""
+    shipped = Pki(tmp_path / "pki", trust_domain="turnstile.local")
+    admission = await start_admission(
+        client_allowlist=("acme", "globex"),
+        **shipped.server_settings("service/admission", policy=(REPO / policy_file).read_text()),
+    )
+    address = admission.app.address
+    prefix = admission.settings.redis_prefix
+    invoke = ADMIN_CALLS[method]
+    for other in (
+        "client/acme",
+        "service/substrate",
+        "service/gateway",
+        "service/affinity",
+        "sandbox",
+    ):
+        async with shipped.identity(other).channel(address) as channel:
+            before = await redis_snapshot(redis, prefix)
+            code, reason, metadata = await refusal(channel, invoke)
+            assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"), other
+            assert metadata["method"] == f"{ADMIN}/{method}"
+            assert await redis_snapshot(redis, prefix) == before
+    async with shipped.identity("operator/ops").channel(address) as operator:
+        assert await outcome(operator, invoke) == grpc.StatusCode.OK
+
+
+async def test_a_policy_granting_a_tenant_the_admin_api_still_refuses_it(
+    start_admission: Any, pki: Pki, redis: aioredis.Redis
+) -> None:
+    """Every admin method acts for every client: a ``self`` or listed scope is not
+    enough, whatever the rule grants, so a misgranted tenant cannot set its own
+    level or another's cap."""
+    policy = f"""
+self = "{TD}/client/{{client}}"
+
+[[allow]]
+identities = ["{TD}/client/*"]
+methods = ["{ADMIN}/*"]
+clients = "self"
+
+[[allow]]
+identities = ["{TD}/client/lister"]
+methods = ["{ADMIN}/*"]
+clients = ["acme", "globex"]
+"""
+    admission = await start_admission(
+        client_allowlist=("acme",), **pki.server_settings("service/admission", policy=policy)
+    )
+    prefix = admission.settings.redis_prefix
+    before = await redis_snapshot(redis, prefix)
+    for who in ("client/acme", "client/lister"):
+        async with pki.identity(who).channel(admission.app.address) as channel:
+            for method, invoke in ADMIN_CALLS.items():
+                code, _, _ = await refusal(channel, invoke)
+                assert code == grpc.StatusCode.PERMISSION_DENIED, (who, method)
+    assert await redis_snapshot(redis, prefix) == before

@@ -46,7 +46,7 @@ def _complete(script: Path, *words: str) -> list[str]:
     [
         (("act",), ["activate"]),
         (("keys", "al"), ["allow"]),
-        (("keys", "allow", "--redis-p"), ["--redis-prefix"]),
+        (("limits", "get", "--clu"), ["--cluster"]),
         (("admit", "sb-1", "--kind", "w"), ["warm"]),
         (("-o", "y"), ["yaml"]),
         (("hold", "c"), ["commit", "cancel"]),

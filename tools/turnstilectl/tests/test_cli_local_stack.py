@@ -76,7 +76,8 @@ async def test_commands_reach_the_mtls_stack_from_any_directory_with_nothing_set
         assert {health[s]["address"] for s in health if s != "trace_id"} == set(stack.addresses)
         assert {health[s]["health"] for s in health if s != "trace_id"} == {"SERVING"}
 
-        # limits go to the stack's own Redis and prefix, found the same way.
+        # limits reach the stack's admission (its admin API, with the stack's operator
+        # certificate), found the same way, and land in its Redis prefix.
         limited = await asyncio.to_thread(
             _cli, ["limits", "set", "--default", '{"cap": 7}'], cwd=elsewhere, env=env
         )

@@ -186,7 +186,7 @@ async def test_the_demo_changes_nothing_against_a_stack_it_cannot_talk_to(
     """Plaintext against the mTLS stack: it says why before touching the key set."""
     monkeypatch.setenv("TURNSTILE_PLAINTEXT", "true")
     addresses = [f"--{s}={admission_server}" for s in ("admission", "substrate", "affinity")]
-    argv = [*addresses, "demo", "--redis-url", redis_url, "--redis-prefix", redis_prefix]
+    argv = [*addresses, "demo"]
     code = await asyncio.to_thread(run, argv)
     err = " ".join(capsys.readouterr().err.split())
     assert code == Exit.TRANSPORT

@@ -43,14 +43,19 @@ def parse_client(
         raise InvalidClientError(f"{field}.{form.value}", f"not accepted here; use one of: {names}")
     if form is not ClientForm.CLIENT_ID:
         return Client(form)
-    client_id = message.client_id
-    path = f"{field}.client_id"
+    return Client.of(parse_client_id(message.client_id, field=f"{field}.client_id"))
+
+
+def parse_client_id(client_id: str, *, field: str) -> str:
+    """``client_id`` if a caller may send it as a client id (the rule of
+    :func:`parse_client`'s ``client_id`` form), else :class:`InvalidClientError`
+    naming ``field``: for fields that carry a bare id (the key set's allowlist)."""
     problem = client_id_problem(client_id)
     if problem is not None:
-        raise InvalidClientError(path, problem)
+        raise InvalidClientError(field, problem)
     if client_id in RESERVED_IDS:
-        raise InvalidClientError(path, f"{client_id!r} is reserved; use the matching client form")
-    return Client.of(client_id)
+        raise InvalidClientError(field, f"{client_id!r} is reserved; use the matching client form")
+    return client_id
 
 
 def to_proto(client: Client) -> common_pb2.ActivationClient:

@@ -10,18 +10,22 @@ settings.
 
 They live beside the key set, in this library, because both admission and
 ``turnstilectl limits`` read and change them and neither may import the other.
-Changes go through :class:`LimitsStore`, which validates them; the script also
-ignores a malformed value rather than fail a decision.
+Changes go through admission's AdminService (SPEC M1), which validates them
+here (:meth:`Limits.parse`, each error naming its field) and writes them with
+:meth:`LimitsStore.change`; the script also ignores a malformed value rather
+than fail a decision.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from turnstile_clientkeys.labels import is_label_value
 
@@ -30,8 +34,25 @@ from turnstile_clientkeys.labels import is_label_value
 LEVELS = ("platform", "interactive", "batch")
 
 
+#: The largest value of any limit: what admission's settings allow for their defaults.
+MAX_LIMIT = 1_000_000
+
+#: How often :meth:`LimitsStore.change` retries a transaction another writer raced.
+CHANGE_ATTEMPTS = 64
+
+
 class LimitsError(ValueError):
-    """A limits change that cannot be stored."""
+    """A limits change that cannot be stored; ``field`` names the limit at fault
+    (``shadow.cap``; empty: the document as a whole)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.description = message
+
+
+class LimitsConflictError(RuntimeError):
+    """Other writers changed the limits hash :data:`CHANGE_ATTEMPTS` times in a row."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +86,8 @@ class Limits:
             names.add("shadow")
         unknown = set(doc) - names
         if unknown:
-            raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}")
+            first = sorted(unknown)[0]
+            raise LimitsError(f"unknown limits: {', '.join(sorted(unknown))}", first)
         shadow = None
         if doc.get("shadow") is not None:
             try:
@@ -73,25 +95,22 @@ class Limits:
                 if shadow.weight is not None or shadow.level is not None:
                     # It shadows the enforced limits (SPEC Q4), not the fair
                     # queue's weight or level (SPEC Q1, Q2).
-                    raise LimitsError("no weight or level")
+                    raise LimitsError(
+                        "no weight or level", "weight" if shadow.weight is not None else "level"
+                    )
             except LimitsError as error:
-                raise LimitsError(f"shadow: {error}") from error
-        limits = cls(
+                raise LimitsError(
+                    f"shadow: {error}", f"shadow.{error.field}" if error.field else "shadow"
+                ) from error
+        return cls(
             cap=_integer(doc, "cap"),
-            rate=_number(doc, "rate"),
-            burst=_number(doc, "burst"),
+            rate=_number(doc, "rate", above_zero=True),
+            burst=_number(doc, "burst", minimum=1),
             concurrency=_integer(doc, "concurrency"),
-            weight=_number(doc, "weight"),
+            weight=_number(doc, "weight", above_zero=True),
             level=_level(doc),
             shadow=shadow,
         )
-        if limits.weight is not None and limits.weight <= 0:
-            raise LimitsError("weight must be greater than 0")
-        if limits.rate is not None and limits.rate <= 0:
-            raise LimitsError("rate must be greater than 0")
-        if limits.burst is not None and limits.burst < 1:
-            raise LimitsError("burst must be at least 1")
-        return limits
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,10 +135,9 @@ class ClusterLimits:
     @classmethod
     def parse(cls, doc: Any) -> ClusterLimits:
         limits = Limits.parse(doc, shadow_allowed=False)
-        if limits.cap is not None or limits.concurrency is not None:
-            raise LimitsError("the cluster has only rate and burst")
-        if limits.weight is not None or limits.level is not None:
-            raise LimitsError("the cluster has only rate and burst")
+        for name in ("cap", "concurrency", "weight", "level"):
+            if getattr(limits, name) is not None:
+                raise LimitsError("the cluster has only rate and burst", name)
         return cls(rate=limits.rate, burst=limits.burst)
 
 
@@ -145,14 +163,23 @@ def merge_patch(current: dict[str, Any], patch: Any) -> dict[str, Any]:
     return merged
 
 
-def _number(doc: dict[str, Any], name: str) -> float | None:
+def _number(
+    doc: dict[str, Any], name: str, *, minimum: float = 0, above_zero: bool = False
+) -> float | None:
     value = doc.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise LimitsError(f"{name} must be a finite number")
-    if value < 0:
-        raise LimitsError(f"{name} must not be negative")
+        raise LimitsError(f"{name} must be a finite number", name)
+    if above_zero and value <= 0:
+        raise LimitsError(f"{name} must be greater than 0", name)
+    if value < minimum:
+        raise LimitsError(
+            f"{name} must be at least {minimum:g}" if minimum else f"{name} must not be negative",
+            name,
+        )
+    if value > MAX_LIMIT:
+        raise LimitsError(f"{name} must be at most {MAX_LIMIT}", name)
     return float(value)
 
 
@@ -161,7 +188,7 @@ def _level(doc: dict[str, Any]) -> str | None:
     if value is None:
         return None
     if value not in LEVELS:
-        raise LimitsError(f"level must be one of {', '.join(LEVELS)}")
+        raise LimitsError(f"level must be one of {', '.join(LEVELS)}", "level")
     return str(value)
 
 
@@ -170,7 +197,7 @@ def _integer(doc: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if not value.is_integer():
-        raise LimitsError(f"{name} must be a whole number")
+        raise LimitsError(f"{name} must be a whole number", name)
     return int(value)
 
 
@@ -201,6 +228,36 @@ class LimitsStore:
         stored = (ClusterLimits if field == CLUSTER else Limits).parse(doc).as_dict()
         await self._redis.hset(self.hash, field, json.dumps(stored))
         return stored
+
+    async def change(
+        self, field: str, apply: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Replace ``field``'s document with ``apply(current)`` (None: delete it) in
+        one optimistic transaction; the documents before and after.
+
+        ``apply`` validates (raising :class:`LimitsError` changes nothing) and may
+        run more than once: a writer that raced this one makes it start again, at
+        most :data:`CHANGE_ATTEMPTS` times (then :class:`LimitsConflictError`). So two
+        concurrent patches of one document never lose each other's fields."""
+        for _ in range(CHANGE_ATTEMPTS):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(self.hash)
+                    raw = await pipe.hget(self.hash, field)
+                    before = None if raw is None else dict(json.loads(raw))
+                    after = apply(before)
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    if after is None:
+                        pipe.hdel(self.hash, field)
+                    else:
+                        pipe.hset(self.hash, field, json.dumps(after, sort_keys=True))
+                    await pipe.execute()
+                except WatchError:
+                    continue
+            return before, after
+        raise LimitsConflictError(
+            f"{field}: changed by other writers {CHANGE_ATTEMPTS} times in a row"
+        )
 
     async def delete(self, field: str) -> bool:
         return bool(await self._redis.hdel(self.hash, field))

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 
 _LISTEN_TICK_S = 0.25
 
+#: How often :meth:`KeySetStore.update` retries a transaction another writer raced.
+CHANGE_ATTEMPTS = 64
+
+
+class KeySetConflictError(RuntimeError):
+    """Other writers changed the key set :data:`CHANGE_ATTEMPTS` times in a row."""
+
 
 class KeySetStore:
     """Reads and changes the key set under ``{prefix}{keyset}``.
@@ -73,12 +80,25 @@ class KeySetStore:
         remove: tuple[str, ...] = (),
         flags: Mapping[str, bool] | None = None,
     ) -> KeySet:
-        """Apply a change atomically (optimistic transaction) and announce it.
+        """Apply a change atomically and announce it (:meth:`update`); the new key set."""
+        _, updated = await self.update(allow=allow, remove=remove, flags=flags)
+        return updated
+
+    async def update(
+        self,
+        *,
+        allow: tuple[str, ...] = (),
+        remove: tuple[str, ...] = (),
+        flags: Mapping[str, bool] | None = None,
+    ) -> tuple[KeySet, KeySet]:
+        """Apply a change atomically (optimistic transaction) and announce it; the key
+        set before and after. A writer that raced this one makes it start again, at
+        most :data:`CHANGE_ATTEMPTS` times (then :class:`KeySetConflictError`).
 
         The announcement follows the transaction rather than riding in it: a
         cluster client refuses PUBLISH inside a pipeline, and a message lost to a
         crash between the two is what the watchers' version check is for."""
-        while True:
+        for _ in range(CHANGE_ATTEMPTS):
             async with self._redis.pipeline(transaction=True) as pipe:
                 try:
                     await pipe.watch(self.doc_key)
@@ -93,7 +113,8 @@ class KeySetStore:
                     continue
             await self._redis.publish(self.channel, updated.version)
             log.info("key set changed", extra={"version": updated.version})
-            return updated
+            return current, updated
+        raise KeySetConflictError(f"the key set changed {CHANGE_ATTEMPTS} times in a row meanwhile")
 
 
 class KeySetWatcher:

@@ -38,11 +38,14 @@ from turnstile_platform.background import BackgroundTasks
 from turnstile_platform.channels import create_channel
 
 ADMISSION = admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
+#: Admission's admin API (SPEC M1), on admission's address.
+ADMIN = admission_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 SUBSTRATE = substrate_pb2.DESCRIPTOR.services_by_name["SubstrateService"].full_name
 AFFINITY = affinity_pb2.DESCRIPTOR.services_by_name["AffinityService"].full_name
 
 IDEMPOTENT = {
     ADMISSION: ("CommitHold", "CancelHold", "ReleaseSandbox", "GetUsage"),
+    ADMIN: ("GetLimits", "GetKeySet"),
     SUBSTRATE: ("Deactivate", "CountLiveSandboxes", "GetSandbox", "ListSandboxes"),
     AFFINITY: ("ReleaseLease", "GetSession", "ListWorkers", "Prepare"),
 }
@@ -201,6 +204,28 @@ def admission(
         provider,
         timeout_s,
         server_id or settings.admission_spiffe_id,
+        client_spans,
+    )
+
+
+def admin(
+    settings: PeerSettings,
+    provider: trace.TracerProvider | None = None,
+    *,
+    target: str | None = None,
+    timeout_s: float | None = None,
+    client_spans: bool = True,
+) -> Peer[admission_pb2_grpc.AdminServiceAsyncStub]:
+    """A peer of admission's admin API (SPEC M1) at ``target`` (default: admission's
+    address), whose certificate must hold ``admission_spiffe_id``."""
+    return _peer(
+        admission_pb2_grpc.AdminServiceStub,
+        target or settings.admission_addr,
+        ADMIN,
+        settings,
+        provider,
+        timeout_s,
+        settings.admission_spiffe_id,
         client_spans,
     )
 

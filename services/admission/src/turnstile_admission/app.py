@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from turnstile_admission.admin import Admin
+from turnstile_admission.admin_servicer import AdminServicer
 from turnstile_admission.admitter import Admitter
+from turnstile_admission.audit import AuditLog
 from turnstile_admission.metrics import forget_departed_keys
 from turnstile_admission.redis_store import AdmissionStore
 from turnstile_admission.servicer import AdmissionServicer
@@ -30,7 +33,10 @@ async def create_app(
     """
     provider = tracer_provider or tracing.create_tracer_provider(SERVICE_NAME)
     app = GrpcService(
-        SERVICE_NAME, settings, service_names=[peers.ADMISSION], tracer_provider=provider
+        SERVICE_NAME,
+        settings,
+        service_names=[peers.ADMISSION, peers.ADMIN],
+        tracer_provider=provider,
     )
     redis = redis_from_settings(settings)
     app.add_cleanup(redis.aclose)
@@ -53,6 +59,11 @@ async def create_app(
         admitter.queue.watch_fairness()
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(admitter), app.server
+    )
+    # The admin API (SPEC M1): the one writer of the limits and the key set.
+    audit = AuditLog(redis, settings.redis_prefix, settings.decision_log)
+    admission_pb2_grpc.add_AdminServiceServicer_to_server(
+        AdminServicer(Admin(redis, settings.redis_prefix, resolver, audit)), app.server
     )
     metrics = MetricsEndpoint(settings.host, settings.metrics_port)
     app.add_cleanup(metrics.close)

@@ -74,6 +74,16 @@ class LoggedShadow(NamedTuple):
     current: int
 
 
+class LoggedChange(NamedTuple):
+    """What an AdminService call changed (``limits_changed``, ``keys_changed``; SPEC M1)."""
+
+    target: str
+    verb: str
+    previous: str
+    """The document before, as JSON (empty: none was stored)."""
+    current: str
+
+
 @dataclass(frozen=True)
 class LoggedDecision:
     """One entry of the decision log."""
@@ -99,6 +109,8 @@ class LoggedDecision:
     detail: str = ""
     waited_ms: int | None = None
     """How long the call had waited in the fair queue (None: it did not wait)."""
+    change: LoggedChange | None = None
+    """Set on the admin API's entries (``turnstile_admission.audit``)."""
     extra: Mapping[str, str] = field(default_factory=dict)
     """Fields this version does not know (a newer writer's)."""
 
@@ -127,6 +139,10 @@ _KNOWN = frozenset(
         "node",
         "detail",
         "wait",
+        "target",
+        "verb",
+        "previous",
+        "current",
     }
 )
 
@@ -215,6 +231,13 @@ def parse_entry(entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]
         node=f.get("node", ""),
         detail=f.get("detail", ""),
         waited_ms=_int(f["wait"]) if "wait" in f else None,
+        change=(
+            LoggedChange(
+                f["target"], f.get("verb", ""), f.get("previous", ""), f.get("current", "")
+            )
+            if "target" in f
+            else None
+        ),
         extra={k: v for k, v in f.items() if k not in _KNOWN},
     )
 

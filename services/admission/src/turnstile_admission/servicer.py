@@ -208,6 +208,9 @@ def _logged(entry: LoggedDecision, *, hide_shared_limits: bool) -> admission_pb2
         out.hold_expires_at.FromMilliseconds(entry.hold_expires_ms)
     if entry.waited_ms is not None:
         out.waited.FromMilliseconds(entry.waited_ms)
+    if entry.change is not None:
+        out.change.target, out.change.verb = entry.change.target, entry.change.verb
+        out.change.previous, out.change.current = entry.change.previous, entry.change.current
     for v in entry.verdicts:
         added = out.verdicts.add(
             policy=POLICIES[v.policy],

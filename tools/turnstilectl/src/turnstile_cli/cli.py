@@ -30,7 +30,7 @@ __all__ = ["build_parser", "run"]
 
 #: Commands that make no RPC and so start no trace (``up`` runs the stack; the
 #: demo starts one trace per step itself).
-UNTRACED = frozenset({"up", "demo", "tiers", "keys"})
+UNTRACED = frozenset({"up", "demo", "tiers"})
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -353,6 +353,18 @@ class Context:
             await peer.close()
 
     @asynccontextmanager
+    async def admin(self) -> AsyncIterator[admission_pb2_grpc.AdminServiceAsyncStub]:
+        """Admission's admin API (limits, the key set: SPEC M1), called with this
+        CLI's certificate: only an operator's is allowed."""
+        from turnstile_platform import peers
+
+        peer = peers.admin(self.settings(), self.tracer_provider, client_spans=self.client_spans)
+        try:
+            yield peer.stub
+        finally:
+            await peer.close()
+
+    @asynccontextmanager
     async def substrate(self) -> AsyncIterator[substrate_pb2_grpc.SubstrateServiceAsyncStub]:
         from turnstile_platform import peers
 

@@ -16,9 +16,9 @@
 
 Each step runs under a root span of its own, so its trace id (printed) finds
 the whole path in Jaeger when ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at it.
-Limits are set as ``turnstilectl limits`` sets them
-(:class:`turnstile_clientkeys.limits.LimitsStore`) and the key set through
-:class:`turnstile_clientkeys.KeySetStore`, on the stack's Redis. Client ids carry a
+Limits and the key set are changed as ``turnstilectl limits`` and ``keys`` change
+them, through admission's admin API (SPEC M1) with the CLI's (operator's)
+certificate, so each change is in the decision log. Client ids carry a
 per-run suffix, so the story can be told again on the same stack; the run's
 allowlist entries and limits are removed at the end, its sandboxes are left
 running to look at.
@@ -52,6 +52,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
+from turnstile_cli import admin_api
 from turnstile_cli.commands.admission import render_admit
 from turnstile_cli.commands.affinity import render_place, reset_warning
 from turnstile_cli.commands.decisions import render_why
@@ -60,8 +61,6 @@ from turnstile_cli.context import ClientTls, Context
 from turnstile_cli.exits import Exit
 from turnstile_cli.output import queue_rows, render_error
 from turnstile_client import Refused, TurnstileError, decode
-from turnstile_clientkeys import KeySetStore
-from turnstile_clientkeys.limits import LimitsError, LimitsStore
 from turnstile_contracts import (
     admission_pb2,
     affinity_pb2,
@@ -70,7 +69,6 @@ from turnstile_contracts import (
 )
 from turnstile_platform import tracing
 from turnstile_platform.pki import CertificateAuthority
-from turnstile_platform.redis_client import create_redis
 
 T = TypeVar("T")
 
@@ -96,8 +94,6 @@ class Story:
     ctx: Context
     console: Console
     tracer: trace.Tracer
-    redis_url: str
-    redis_prefix: str
     max_wait_s: float
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:4])
     traces: list[dict[str, str]] = field(default_factory=list)
@@ -182,27 +178,29 @@ class Story:
     async def set_limits(self, key: str, limits: dict[str, float]) -> None:
         text = json.dumps(limits)
         self.shell(f"turnstilectl limits set {key} '{text}'")
-        await self._limits(lambda store: store.put(LimitsStore.field_of(key), limits))
+        await self._put(admin_api.target(key), limits)
 
     async def clear_limits(self, key: str) -> None:
-        await self._limits(lambda store: store.delete(LimitsStore.field_of(key)))
+        await self._put(admin_api.target(key), None)
 
-    async def _limits(self, change: Callable[[LimitsStore], Awaitable[object]]) -> None:
-        redis = create_redis(self.redis_url, timeout_s=5.0)
-        try:
-            await change(LimitsStore(redis, self.redis_prefix))
-        except LimitsError as error:
-            raise DemoError(f"limits: {error}") from error
-        finally:
-            await redis.aclose()
+    async def _put(self, where: Any, document: dict[str, Any] | None) -> None:
+        """Store ``document`` as ``where``'s limits (None: delete them)."""
+        async with self.ctx.admin() as admin:
+            if document is None:
+                await admin.DeleteLimits(admission_pb2.DeleteLimitsRequest(target=where))
+                return
+            try:
+                message, _ = admin_api.to_message(document)
+            except admin_api.DocumentError as error:
+                raise DemoError(f"limits: {error}") from error
+            await admin.SetLimits(admission_pb2.SetLimitsRequest(target=where, limits=message))
 
     async def keys(self, *, allow: tuple[str, ...] = (), remove: tuple[str, ...] = ()) -> int:
-        redis = create_redis(self.redis_url, timeout_s=5.0)
-        try:
-            keyset = await KeySetStore(redis, self.redis_prefix).change(allow=allow, remove=remove)
-        finally:
-            await redis.aclose()
-        return keyset.version
+        async with self.ctx.admin() as admin:
+            changed = await admin.UpdateKeySet(
+                admission_pb2.UpdateKeySetRequest(allow=allow, remove=remove)
+            )
+        return int(changed.key_set.version)
 
     async def wait_for_worker(self, sandbox_id: str, *, present: bool = True) -> None:
         """Until the sandbox's worker is attached to the relay (or, ``present=False``, gone)."""
@@ -345,7 +343,7 @@ class Story:
             await self.set_limits(client_id, roomy)
         cluster = {"rate": FAIR_RATE, "burst": 1}
         self.shell(f"turnstilectl limits set --cluster '{json.dumps(cluster)}'")
-        await self._limits(lambda store: store.put(CLUSTER_FIELD, cluster))
+        await self._put(admin_api.target(None, cluster=True), cluster)
         flooding = asyncio.Event()
         flood_waits: list[float] = []
         async with self.ctx.admission() as stub:
@@ -414,27 +412,22 @@ class Story:
             await stub.ReleaseSandbox(admission_pb2.ReleaseSandboxRequest(sandbox_id=sandbox_id))
         return answer
 
-    async def _limit_docs(self, *fields_or_keys: str) -> dict[str, dict[str, Any] | None]:
+    async def _limit_docs(self, *keys: str) -> dict[str, tuple[Any, dict[str, Any] | None]]:
         """The stored documents of the cluster (``CLUSTER_FIELD``) or of keys, to put back."""
-        fields = [f if f == CLUSTER_FIELD else LimitsStore.field_of(f) for f in fields_or_keys]
-        docs: dict[str, dict[str, Any] | None] = {}
-
-        async def read(store: LimitsStore) -> None:
-            for name in fields:
-                docs[name] = await store.get(name)
-
-        await self._limits(read)
+        docs: dict[str, tuple[Any, dict[str, Any] | None]] = {}
+        async with self.ctx.admin() as admin:
+            for key in keys:
+                where = admin_api.target(
+                    None if key == CLUSTER_FIELD else key, cluster=key == CLUSTER_FIELD
+                )
+                got = await admin.GetLimits(admission_pb2.GetLimitsRequest(target=where))
+                found = [admin_api.to_document(d.limits) for d in got.documents]
+                docs[key] = (where, found[0] if found else None)
         return docs
 
-    async def _restore_limits(self, docs: dict[str, dict[str, Any] | None]) -> None:
-        async def restore(store: LimitsStore) -> None:
-            for name, doc in docs.items():
-                if doc is None:
-                    await store.delete(name)
-                else:
-                    await store.put(name, doc)
-
-        await self._limits(restore)
+    async def _restore_limits(self, docs: dict[str, tuple[Any, dict[str, Any] | None]]) -> None:
+        for where, doc in docs.values():
+            await self._put(where, doc)
 
     async def why_refused(self) -> None:
         sandbox_id = self.refused_sandbox
@@ -673,7 +666,6 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
     unready = await _reachable(ctx)
     if unready != Exit.OK:
         return unready
-    redis_url, redis_prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
     provider = tracing.create_tracer_provider("turnstilectl-demo")
     story = Story(
         ctx=Context(
@@ -686,8 +678,6 @@ async def _demo(args: argparse.Namespace, ctx: Context) -> int:
         ),
         console=ctx.out.console if not ctx.out.json_mode else Console(quiet=True),
         tracer=provider.get_tracer("turnstile_cli.demo"),
-        redis_url=redis_url,
-        redis_prefix=redis_prefix,
         max_wait_s=args.max_wait,
     )
     code: int = Exit.OK

@@ -414,13 +414,8 @@ def _keys(sub: Subparsers) -> None:
         sub,
         "keys",
         "turnstile_cli.commands.keys:_keys",
-        help="show or change the key set (allowlist + flags)",
-    )
-    keys.add_argument(
-        "--redis-url", help="Redis holding the key set (default: $TURNSTILE_REDIS_URL or local)"
-    )
-    keys.add_argument(
-        "--redis-prefix", help="the deployment's key prefix (default: $TURNSTILE_REDIS_PREFIX)"
+        service="admission",
+        help="show or change the key set (allowlist + flags), through admission's admin API",
     )
     verbs = keys.add_subparsers(dest="verb", metavar="VERB", required=True)
     show = verbs.add_parser("show", help="the key set; with ids, what each resolves to")
@@ -434,10 +429,12 @@ def _keys(sub: Subparsers) -> None:
 
 
 LIMITS_DESCRIPTION = """\
-Per-key limits in Redis, read by admission's decision script itself: a change
-applies to the next decision on every replica. A document names any of cap,
-rate, burst, concurrency (the cluster's: rate, burst); what it leaves out falls
-back to the stored default, then to admission's settings.
+Per-key limits, through admission's admin API (operators only; every change is
+validated and recorded in the decision log). admit.lua reads them itself: a
+change applies to the next decision on every replica. A document names any of
+cap, rate, burst, concurrency, weight, level (platform, interactive, batch) and
+shadow (the cluster's: rate, burst); what it leaves out falls back to the stored
+default, then to admission's settings.
 
   turnstilectl limits get                         every stored document
   turnstilectl limits get acme                    one key's (or --default, --cluster)
@@ -452,15 +449,10 @@ def _limits(sub: Subparsers) -> None:
         sub,
         "limits",
         "turnstile_cli.commands.limits:_limits",
-        help="show or change per-key limits (cap, rate, burst, concurrency)",
+        service="admission",
+        help="show or change per-key limits (cap, rate, burst, concurrency, weight, level)",
         description=LIMITS_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    limits.add_argument(
-        "--redis-url", help="Redis holding the limits (default: $TURNSTILE_REDIS_URL or local)"
-    )
-    limits.add_argument(
-        "--redis-prefix", help="the deployment's key prefix (default: $TURNSTILE_REDIS_PREFIX)"
     )
     verbs = limits.add_subparsers(dest="verb", metavar="VERB", required=True)
     helps = {
@@ -472,7 +464,13 @@ def _limits(sub: Subparsers) -> None:
     for verb, text in helps.items():
         parser = verbs.add_parser(verb, help=text)
         which = parser.add_mutually_exclusive_group(required=verb != "get")
-        which.add_argument("key", nargs="?", help="a bounded key (an allowlisted client id)")
+        # Not dest "key": that is the common --key (the TLS private key).
+        which.add_argument(
+            "limits_key",
+            nargs="?",
+            metavar="KEY",
+            help="a bounded key (an allowlisted client id, shared, native)",
+        )
         which.add_argument("--default", action="store_true", help="every key's defaults")
         which.add_argument("--cluster", action="store_true", help="the cluster bucket")
         if verb in ("set", "patch"):
@@ -615,10 +613,6 @@ def _demo(sub: Subparsers) -> None:
         "turnstile_cli.demo:_demo",
         help="tell a short story against the running local stack (turnstilectl up)",
         description=DEMO_DESCRIPTION,
-    )
-    demo.add_argument("--redis-url", help="the stack's Redis (default: $TURNSTILE_REDIS_URL)")
-    demo.add_argument(
-        "--redis-prefix", help="the stack's prefix (default: $TURNSTILE_REDIS_PREFIX)"
     )
     demo.add_argument(
         "--max-wait",

@@ -26,6 +26,9 @@ lies in that client's namespace (:mod:`turnstile_platform.authz.ownership`, SPEC
 ``Prepare``                     (SPEC O2, W2)
 ``ReleaseLease``,               the request's ``client_id``; empty (whoever the lease was placed
 ``ListWorkers``                 for, every client's sandboxes) needs ``any``
+``AdminService`` (admission),   the platform's: limits and the key set apply to every client,
+every method                    so only an identity allowed ``any`` may call them (SPEC M1),
+                                whatever a policy grants a scoped one
 ==============================  ===============================================================
 
 Every other method (holds, warm-pool reservations, the relay, counting) acts for no
@@ -78,7 +81,13 @@ class FromActivationClient:
     sandbox_id: Callable[[Any], str] | None
 
 
-ClientSource = FromRequest | FromSandbox | FromActivationClient
+@dataclass(frozen=True)
+class PlatformWide:
+    """The call changes or reads what applies to every client (the admin API): it
+    acts for all of them, so only an identity allowed ``any`` client may make it."""
+
+
+ClientSource = FromRequest | FromSandbox | FromActivationClient | PlatformWide
 
 INHERIT = object()
 
@@ -120,6 +129,10 @@ CLIENT_SOURCES: dict[str, ClientSource] = {
     _name(_ADMISSION, "AdmissionService", "ListDecisions"): FromRequest(
         lambda r: r.client_id or None
     ),
+    **{
+        _name(_ADMISSION, "AdminService", method.name): PlatformWide()
+        for method in _ADMISSION.services_by_name["AdminService"].methods
+    },
     _name(_SUBSTRATE, "SubstrateService", "Activate"): FromActivationClient(
         lambda r: r.client, lambda r: r.sandbox_id
     ),
@@ -154,6 +167,8 @@ async def refusal(
     An explicit-client call on an id in the caller's own namespace needs no owner
     lookup here: the handler checks the record it reads (``ownership.current_scope``)."""
     allows = decision.allows_client
+    if isinstance(source, PlatformWide):
+        return None if decision.any_client else "only an identity allowed any client may call this"
     if isinstance(source, FromRequest):
         client = source.client(request)
         return None if allows(client) else client_why(client)

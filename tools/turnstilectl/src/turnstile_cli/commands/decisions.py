@@ -37,6 +37,8 @@ KIND_STYLES = {
     "shadow_refused": "yellow",
     "refused_by_admission": "bold red",
     "runtime_failed": "bold red",
+    "limits_changed": "magenta",
+    "keys_changed": "magenta",
 }
 
 #: A policy's limit and current value in words (``{c}`` current, ``{l}`` limit).
@@ -75,6 +77,12 @@ def explain(d: admission_pb2.LoggedDecision) -> str:
     """What decided ``d``, in plain words."""
     if d.service != "admission":
         return d.detail or d.kind.replace("_", " ")
+    if d.HasField("change"):  # the admin API's audit entry (SPEC M1)
+        c = d.change
+        return (
+            f"{c.verb} {c.target} by {d.identity or 'an unauthenticated caller'}: "
+            f"{c.previous or 'none'} → {c.current or 'none'}"
+        )
     key = d.key.key or "?"
     shadow = [
         f"a shadow {policy_name(s.policy)} limit would have refused "

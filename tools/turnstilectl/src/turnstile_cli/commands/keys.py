@@ -1,10 +1,11 @@
 """``keys``: the key set (allowlist + flags) every replica resolves client ids with.
 
-Changes go through :class:`turnstile_clientkeys.KeySetStore` on Redis: one
-optimistic transaction bumps the version and announces it, and every replica
-of every service installs it within about a second (SPEC C2). There is no admin
-RPC for it: the key set's source of truth is Redis, and this is its one writer
-besides the services' first-start bootstrap.
+Through admission's admin API (SPEC M1) with the caller's certificate: ``show``
+is ``GetKeySet``, ``allow``/``remove``/``flags NAME=on|off`` one ``UpdateKeySet``
+(a new version every replica of every service installs within about a second,
+SPEC C2). Admission authorizes it (operators only), checks each id (an invalid
+one, or one that would never get a key of its own, is ``INVALID_ARGUMENT``:
+exit 2, nothing changed) and records the change in the decision log.
 """
 
 from __future__ import annotations
@@ -15,113 +16,98 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from turnstile_cli.admin_api import as_operator, keyset_dict
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
-from turnstile_clientkeys import (
-    RESERVED_IDS,
-    KeySet,
-    KeySetError,
-    KeySetStore,
-    Resolver,
-    client_id_problem,
-    is_label_value,
-)
-from turnstile_clientkeys.keyset import KNOWN_FLAGS
-from turnstile_platform.redis_client import create_redis
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
 
+class _BadFlagError(ValueError):
+    pass
+
+
 async def _keys(args: argparse.Namespace, ctx: Context) -> int:
-    url, prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
     try:
-        changes = _changes(args)
-    except KeySetError as error:
+        change = _change(args)
+    except _BadFlagError as error:
         ctx.out.failure(str(error))
         return Exit.USAGE
-    redis = create_redis(url, timeout_s=min(ctx.timeout_s, 5.0))
-    try:
-        store = KeySetStore(redis, prefix)
-        if changes is None:
-            keyset = await store.load()
-        else:
-            keyset = await store.change(**changes)
-    finally:
-        await redis.aclose()
-    for client_id in getattr(args, "client_id", []):
-        if args.verb == "allow" and (client_id in RESERVED_IDS or not is_label_value(client_id)):
-            ctx.out.warning(
-                f"{client_id!r} is allowlisted but resolves to the shared key: "
-                + (
-                    "it is a reserved id"
-                    if client_id in RESERVED_IDS
-                    else "it is not a Kubernetes label value"
-                )
-            )
-    payload = keyset_dict(keyset)
+    return await as_operator(ctx, "keys", _call(args, ctx, change))
+
+
+async def _call(args: argparse.Namespace, ctx: Context, change: Any) -> int:
+    from turnstile_contracts import admission_pb2
+
     resolved: dict[str, Any] = {}
-    if args.verb == "show" and args.client_id:
-        resolver = Resolver(keyset)
-        for client_id in args.client_id:
-            key = resolver.resolve_id(client_id)
-            resolved[client_id] = {"key": key.key, "kind": key.kind.value}
-        payload["resolved"] = resolved
-    ctx.out.emit(payload, lambda c: _render(c, args.verb, keyset, resolved))
-    return Exit.OK
+    async with ctx.admin() as admin:
+        if change is None:
+            ids = list(args.client_id) if args.verb == "show" else []
+            shown = await admin.GetKeySet(admission_pb2.GetKeySetRequest(client_ids=ids))
+            keyset = shown.key_set
+            for item in shown.resolved:
+                kind = admission_kind(item.key.kind)
+                resolved[item.client_id] = {"key": item.key.key, "kind": kind}
+        else:
+            keyset = (await admin.UpdateKeySet(change)).key_set
+        payload = keyset_dict(keyset)
+        if args.verb == "show" and args.client_id:
+            payload["resolved"] = resolved
+        ctx.out.emit(payload, lambda c: _render(c, args.verb, payload, resolved, changed=change))
+        return Exit.OK
 
 
-def _changes(args: argparse.Namespace) -> dict[str, Any] | None:
+def admission_kind(kind: int) -> str:
+    from turnstile_contracts import common_pb2
+
+    return common_pb2.KeyKind.Name(kind).removeprefix("KEY_KIND_").lower()  # type: ignore[arg-type]
+
+
+def _change(args: argparse.Namespace) -> Any:
+    """The ``UpdateKeySetRequest`` of a changing verb (None: a read)."""
+    from turnstile_contracts import admission_pb2
+
     if args.verb == "allow":
-        for client_id in args.client_id:
-            problem = client_id_problem(client_id)
-            if problem is not None:
-                raise KeySetError(f"client id {client_id!r} {problem}")
-        return {"allow": tuple(args.client_id)}
+        return admission_pb2.UpdateKeySetRequest(allow=args.client_id)
     if args.verb == "remove":
-        return {"remove": tuple(args.client_id)}
+        return admission_pb2.UpdateKeySetRequest(remove=args.client_id)
     if args.verb == "flags" and args.assignment:
         flags: dict[str, bool] = {}
         for assignment in args.assignment:
             name, _, value = assignment.partition("=")
-            if name not in KNOWN_FLAGS:
-                known = ", ".join(sorted(KNOWN_FLAGS))
-                raise KeySetError(f"unknown flag {name!r}; known: {known}")
             if value.lower() in _TRUE:
                 flags[name] = True
             elif value.lower() in _FALSE:
                 flags[name] = False
             else:
-                raise KeySetError(f"{assignment!r}: give NAME=on or NAME=off")
-        return {"flags": flags}
+                raise _BadFlagError(f"{assignment!r}: give NAME=on or NAME=off")
+        return admission_pb2.UpdateKeySetRequest(flags=flags)
     return None
 
 
-def keyset_dict(keyset: KeySet) -> dict[str, Any]:
-    return {
-        "version": keyset.version,
-        "allowlist": sorted(keyset.allowlist),
-        "flags": {name: keyset.flag(name) for name in sorted({*KNOWN_FLAGS, *keyset.flags})},
-    }
-
-
-def _render(console: Console, verb: str, keyset: KeySet, resolved: dict[str, Any]) -> None:
-    if verb in ("allow", "remove") or (verb == "flags" and keyset.version):
-        console.print(f"[green]✓[/] key set is now version [bold]{keyset.version}[/]")
+def _render(
+    console: Console,
+    verb: str,
+    keyset: dict[str, Any],
+    resolved: dict[str, Any],
+    *,
+    changed: Any,
+) -> None:
+    if changed is not None:
+        console.print(f"[green]✓[/] key set is now version [bold]{keyset['version']}[/]")
     else:
-        console.print(f"key set version [bold]{keyset.version}[/]")
+        console.print(f"key set version [bold]{keyset['version']}[/]")
     if verb != "flags":
         table = Table(title="allowlist (own buckets)", title_justify="left")
         table.add_column("client id")
-        table.add_column("own key?")
-        for client_id in sorted(keyset.allowlist):
-            own = is_label_value(client_id) and client_id not in RESERVED_IDS
-            table.add_row(client_id, "[green]yes[/]" if own else "[yellow]no: shared[/]")
+        for client_id in keyset["allowlist"]:
+            table.add_row(client_id)
         console.print(table)
     flags = Table(title="flags", title_justify="left")
     flags.add_column("flag")
     flags.add_column("value")
-    for name, value in keyset_dict(keyset)["flags"].items():
+    for name, value in keyset["flags"].items():
         flags.add_row(name, "[green]on[/]" if value else "[red]off[/]")
     console.print(flags)
     if resolved:

@@ -1,11 +1,13 @@
-"""``limits``: per-key limits in Redis, read by admission's decision script.
+"""``limits``: per-key limits, through admission's admin API (SPEC M1).
 
-Changes go through :class:`turnstile_clientkeys.limits.LimitsStore`, which
-validates each document, straight to Redis (like ``keys``: the limits' source of
-truth is Redis, and ``admit.lua`` reads them on every decision, so there is
-nothing to reload). A key's limits only apply to clients that resolve to it:
-setting them for an id that is not allowlisted (its clients share the shared
-key) is allowed, and warned about.
+Every verb is one ``AdminService`` call with the caller's certificate: admission
+authorizes it (operators only), validates the document (``INVALID_ARGUMENT``
+naming the field, exit 2, nothing changed), makes the change atomically and
+records it in the decision log with the caller's identity and the documents
+before and after (``turnstilectl decisions``). ``admit.lua`` reads the documents
+on every decision, so there is nothing to reload. A key's limits only apply to
+clients that resolve to it: setting them for an id that is not allowlisted is
+allowed, and the server's warning is shown.
 """
 
 from __future__ import annotations
@@ -17,47 +19,54 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from turnstile_cli.admin_api import (
+    DocumentError,
+    as_operator,
+    target,
+    to_document,
+    to_message,
+)
 from turnstile_cli.context import Context
 from turnstile_cli.exits import Exit
-from turnstile_clientkeys import RESERVED_IDS, KeySetStore, Resolver
-from turnstile_clientkeys.limits import CLUSTER, DEFAULT, LimitsError, LimitsStore, merge_patch
-from turnstile_platform.redis_client import create_redis
+
+#: Columns of ``limits get`` (every field a document may hold).
+COLUMNS = ("cap", "rate", "burst", "concurrency", "weight", "level", "shadow")
 
 
 async def _limits(args: argparse.Namespace, ctx: Context) -> int:
-    url, prefix = ctx.redis_target(args.redis_url, args.redis_prefix)
-    redis = create_redis(url, timeout_s=min(ctx.timeout_s, 5.0))
     try:
-        store = LimitsStore(redis, prefix)
-        try:
-            field = _field(args)
-            document = _document(args)
-        except LimitsError as error:
-            ctx.out.failure(str(error))
-            return Exit.USAGE
+        where = target(args.limits_key, default=args.default, cluster=args.cluster)
+        document = _document(args)
+    except DocumentError as error:
+        ctx.out.failure(str(error))
+        return Exit.USAGE
+    return await as_operator(ctx, "limits", _call(args, ctx, where, document))
+
+
+async def _call(args: argparse.Namespace, ctx: Context, where: Any, document: Any) -> int:
+    from turnstile_contracts import admission_pb2
+
+    async with ctx.admin() as admin:
         if args.verb == "get":
-            return await _get(ctx, store, field)
-        assert field is not None  # argparse requires one for every verb but get
-        warning = None
-        if args.key and args.verb != "delete":
-            warning = await _not_in_effect(KeySetStore(redis, prefix), args.key)
-            if warning:
-                ctx.out.warning(warning)
-        try:
-            return await _change(ctx, store, args.verb, field, document, warning)
-        except LimitsError as error:
-            ctx.out.failure(f"{_name(field)}: {error}; nothing changed")
-            return Exit.USAGE
-    finally:
-        await redis.aclose()
-
-
-def _field(args: argparse.Namespace) -> str | None:
-    if args.default:
-        return DEFAULT
-    if args.cluster:
-        return CLUSTER
-    return LimitsStore.field_of(args.key) if args.key else None
+            request = admission_pb2.GetLimitsRequest()
+            if where is not None:
+                request.target.CopyFrom(where)
+            got = await admin.GetLimits(request)
+            return _get(ctx, args.limits_key, got, one=where is not None)
+        if args.verb == "delete":
+            deleted = await admin.DeleteLimits(admission_pb2.DeleteLimitsRequest(target=where))
+            return _deleted(ctx, _name(args), deleted)
+        message, paths = document
+        if args.verb == "set":
+            set_response = await admin.SetLimits(
+                admission_pb2.SetLimitsRequest(target=where, limits=message)
+            )
+            change = set_response.change
+        else:
+            patch_request = admission_pb2.PatchLimitsRequest(target=where, limits=message)
+            patch_request.update_mask.paths.extend(paths)
+            change = (await admin.PatchLimits(patch_request)).change
+        return _changed(ctx, args.verb, _name(args), change)
 
 
 def _document(args: argparse.Namespace) -> Any:
@@ -65,55 +74,67 @@ def _document(args: argparse.Namespace) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        parsed = json.loads(text)
     except json.JSONDecodeError as error:
-        raise LimitsError(f"the document is not JSON: {error.msg} (column {error.colno})") from None
+        raise DocumentError(
+            f"the document is not JSON: {error.msg} (column {error.colno})"
+        ) from None
+    return to_message(parsed)
 
 
-async def _get(ctx: Context, store: LimitsStore, field: str | None) -> int:
-    if field is None:
-        shown = await store.show()
-        ctx.out.emit(shown, lambda console: _render_all(console, shown))
+def _name(args: argparse.Namespace) -> str:
+    """The stored field name (as ``limits get`` lists it)."""
+    if args.default:
+        return "default"
+    if args.cluster:
+        return "cluster"
+    return f"key:{args.limits_key}"
+
+
+def _shown(field: str) -> str:
+    return field.removeprefix("key:") if field.startswith("key:") else f"the {field}"
+
+
+def _get(ctx: Context, key: str | None, got: Any, *, one: bool) -> int:
+    documents = {d.name: to_document(d.limits) for d in got.documents}
+    if not one:
+        ctx.out.emit(documents, lambda console: _render_all(console, documents))
         return Exit.OK
-    doc = await store.get(field)
+    ((field, doc),) = documents.items() if documents else ((None, None),)
+    name = field or ("default" if key is None else f"key:{key}")
     ctx.out.emit(
         {"field": field, "limits": doc},
         lambda console: console.print(
-            f"{_name(field)}: "
+            f"{_shown(name)}: "
             + (json.dumps(doc, sort_keys=True) if doc is not None else "none stored (defaults)")
         ),
     )
     return Exit.OK if doc is not None else Exit.ERROR
 
 
-async def _change(
-    ctx: Context,
-    store: LimitsStore,
-    verb: str,
-    field: str,
-    document: Any,
-    warning: str | None = None,
-) -> int:
-    before = await store.get(field)
-    if verb == "delete":
-        removed = await store.delete(field)
-        ctx.out.emit(
-            {"field": field, "deleted": removed, "was": before},
-            lambda console: console.print(
-                f"[green]✓[/] deleted {_name(field)}'s limits (was {json.dumps(before)}): "
-                "the defaults apply"
-                if removed
-                else f"{_name(field)} had no limits stored: nothing deleted"
-            ),
-        )
-        return Exit.OK if removed else Exit.ERROR
-    if verb == "patch":
-        document = merge_patch(before or {}, document)
-    stored = await store.put(field, document)
+def _deleted(ctx: Context, field: str, response: Any) -> int:
+    before = to_document(response.change.previous) if response.change.HasField("previous") else None
+    ctx.out.emit(
+        {"field": field, "deleted": response.deleted, "was": before},
+        lambda console: console.print(
+            f"[green]✓[/] deleted {_shown(field)}'s limits (was {json.dumps(before)}): "
+            "the defaults apply"
+            if response.deleted
+            else f"{_shown(field)} had no limits stored: nothing deleted"
+        ),
+    )
+    return Exit.OK if response.deleted else Exit.ERROR
+
+
+def _changed(ctx: Context, verb: str, field: str, change: Any) -> int:
+    before = to_document(change.previous) if change.HasField("previous") else None
+    stored = to_document(change.limits)
     replaced = verb == "set" and before is not None and before != stored
+    if change.warning:
+        ctx.out.warning(change.warning)
 
     def told(console: Console) -> None:
-        console.print(f"[green]✓[/] {_name(field)}: {json.dumps(stored, sort_keys=True)}")
+        console.print(f"[green]✓[/] {_shown(field)}: {json.dumps(stored, sort_keys=True)}")
         if replaced:
             console.print(
                 f"  replaced the whole document {json.dumps(before, sort_keys=True)}; "
@@ -122,28 +143,10 @@ async def _change(
             )
 
     payload: dict[str, Any] = {"field": field, "limits": stored, "was": before}
-    if warning:
-        payload["warning"] = warning
+    if change.warning:
+        payload["warning"] = change.warning
     ctx.out.emit(payload, told)
     return Exit.OK
-
-
-async def _not_in_effect(keys: KeySetStore, key: str) -> str | None:
-    """Why ``key``'s limits apply to no client (None: some resolve to it): a key's
-    limits apply only to the clients that resolve to it."""
-    if key in RESERVED_IDS:
-        return None
-    keyset = await keys.load()
-    if Resolver(keyset).resolve_id(key).key == key:
-        return None
-    return (
-        f"{key!r} is not allowlisted (key set v{keyset.version}): its clients use the "
-        f"shared key, so these limits are not in effect until `turnstilectl keys allow {key}`"
-    )
-
-
-def _name(field: str) -> str:
-    return field.removeprefix("key:") if field.startswith("key:") else f"the {field}"
 
 
 def _render_all(console: Console, shown: dict[str, Any]) -> None:
@@ -151,9 +154,15 @@ def _render_all(console: Console, shown: dict[str, Any]) -> None:
         console.print("no limits stored: every key has admission's default settings")
         return
     table = Table(title="stored limits", title_justify="left")
-    for column in ("for", "cap", "rate", "burst", "concurrency"):
+    table.add_column("for")
+    for column in COLUMNS:
         table.add_column(column)
     for field, doc in shown.items():
-        cells = [str(doc.get(name, "-")) for name in ("cap", "rate", "burst", "concurrency")]
-        table.add_row(_name(field), *cells)
+        cells = [
+            json.dumps(doc[name], sort_keys=True)
+            if name == "shadow" and name in doc
+            else str(doc.get(name, "-"))
+            for name in COLUMNS
+        ]
+        table.add_row(_shown(field), *cells)
     console.print(table)

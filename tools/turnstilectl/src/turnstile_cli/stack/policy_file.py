@@ -34,6 +34,7 @@ EARLIER_DEFAULTS = frozenset(
         "97c3e3e18ca6b204f17dc7f137d947ee6aacff6a48bb41e3c71c2120f371bcbf",
         "9c7e1d7c7a20d3aebda7f3fddf3bcd71cf7c94c133de4bc58c98c2074f669069",
         "de85ae7c0fc89129eec80a71fe453f252252e889c7c466efa6cf1cd55a37fa57",
+        "f57f9ec3015fef0fe5d30ad926e2eeca1a8cb2e97c3ea2679fea74566343c5b9",
     }
 )
 

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -164,6 +165,28 @@ QUEUE_STATE_GRANTED: QueueState.ValueType  # 2
 QUEUE_STATE_NOT_FOUND: QueueState.ValueType  # 3
 """Not in the queue: not yet joined, already answered, or another client's."""
 Global___QueueState: _TypeAlias = QueueState  # noqa: Y015
+
+class _PriorityLevel:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PriorityLevelEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PriorityLevel.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRIORITY_LEVEL_UNSPECIFIED: _PriorityLevel.ValueType  # 0
+    """Not set: the next level's (the stored default's, else `interactive`)."""
+    PRIORITY_LEVEL_PLATFORM: _PriorityLevel.ValueType  # 1
+    PRIORITY_LEVEL_INTERACTIVE: _PriorityLevel.ValueType  # 2
+    PRIORITY_LEVEL_BATCH: _PriorityLevel.ValueType  # 3
+
+class PriorityLevel(_PriorityLevel, metaclass=_PriorityLevelEnumTypeWrapper):
+    """PriorityLevel is a key's level in the fair queue (SPEC Q2)."""
+
+PRIORITY_LEVEL_UNSPECIFIED: PriorityLevel.ValueType  # 0
+"""Not set: the next level's (the stored default's, else `interactive`)."""
+PRIORITY_LEVEL_PLATFORM: PriorityLevel.ValueType  # 1
+PRIORITY_LEVEL_INTERACTIVE: PriorityLevel.ValueType  # 2
+PRIORITY_LEVEL_BATCH: PriorityLevel.ValueType  # 3
+Global___PriorityLevel: _TypeAlias = PriorityLevel  # noqa: Y015
 
 @_typing.final
 class AdmitRequest(_message.Message):
@@ -909,6 +932,7 @@ class LoggedDecision(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     WAITED_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The entry's stream id (`<ms>-<seq>`): its order in the log."""
     service: _builtins.str
@@ -956,6 +980,12 @@ class LoggedDecision(_message.Message):
         (admission, SPEC Q1); unset when it did not wait.
         """
 
+    @_builtins.property
+    def change(self) -> Global___AdminChange:
+        """Set on `limits_changed` and `keys_changed` entries: what the AdminService
+        call changed (the caller is `identity`).
+        """
+
     def __init__(
         self,
         *,
@@ -977,11 +1007,718 @@ class LoggedDecision(_message.Message):
         node: _builtins.str = ...,
         detail: _builtins.str = ...,
         waited: _duration_pb2.Duration | None = ...,
+        change: Global___AdminChange | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "hold_expires_at", b"hold_expires_at", "key", b"key", "waited", b"waited"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "change", b"change", "hold_expires_at", b"hold_expires_at", "key", b"key", "waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_kind", b"activation_kind", "at", b"at", "client", b"client", "detail", b"detail", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "id", b"id", "identity", b"identity", "key", b"key", "kind", b"kind", "node", b"node", "sampled", b"sampled", "sandbox_id", b"sandbox_id", "service", b"service", "shadow_verdicts", b"shadow_verdicts", "trace_id", b"trace_id", "verdicts", b"verdicts", "waited", b"waited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_kind", b"activation_kind", "at", b"at", "change", b"change", "client", b"client", "detail", b"detail", "hold_expires_at", b"hold_expires_at", "hold_id", b"hold_id", "id", b"id", "identity", b"identity", "key", b"key", "kind", b"kind", "node", b"node", "sampled", b"sampled", "sandbox_id", b"sandbox_id", "service", b"service", "shadow_verdicts", b"shadow_verdicts", "trace_id", b"trace_id", "verdicts", b"verdicts", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoggedDecision: _TypeAlias = LoggedDecision  # noqa: Y015
+
+@_typing.final
+class AdminChange(_message.Message):
+    """AdminChange is what one AdminService call changed, as the decision log holds it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    VERB_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    target: _builtins.str
+    """What changed: `default`, `cluster` or `key:<bounded key>` (limits), or
+    `keyset`.
+    """
+    verb: _builtins.str
+    """The call: `set`, `patch`, `delete` (limits) or `update` (the key set)."""
+    previous: _builtins.str
+    """The document before and after the change, as JSON; empty: none stored."""
+    current: _builtins.str
+    def __init__(
+        self,
+        *,
+        target: _builtins.str = ...,
+        verb: _builtins.str = ...,
+        previous: _builtins.str = ...,
+        current: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "previous", b"previous", "target", b"target", "verb", b"verb"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdminChange: _TypeAlias = AdminChange  # noqa: Y015
+
+@_typing.final
+class Limits(_message.Message):
+    """Limits is one limits document: a key's own, the stored default of every key,
+    or the cluster bucket's (rate and burst only). An unset field inherits from
+    the next level.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAP_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    LEVEL_FIELD_NUMBER: _builtins.int
+    SHADOW_FIELD_NUMBER: _builtins.int
+    cap: _builtins.int
+    """Live plus pending sandboxes (SPEC P1): 0 to 1000000."""
+    rate: _builtins.float
+    """Tokens per second of the bucket (SPEC P2): above 0, at most 1000000."""
+    burst: _builtins.float
+    """Capacity of the bucket: 1 to 1000000."""
+    concurrency: _builtins.int
+    """Activations in flight (SPEC P3): 0 to 1000000."""
+    weight: _builtins.float
+    """The key's weight in the fair queue (SPEC Q1): above 0, at most 1000000."""
+    level: Global___PriorityLevel.ValueType
+    """The key's priority level in the fair queue (SPEC Q2)."""
+    @_builtins.property
+    def shadow(self) -> Global___ShadowLimits:
+        """Limits under test beside the enforced ones (SPEC Q4): reported, never
+        refusing. Unset: none.
+        """
+
+    def __init__(
+        self,
+        *,
+        cap: _builtins.int | None = ...,
+        rate: _builtins.float | None = ...,
+        burst: _builtins.float | None = ...,
+        concurrency: _builtins.int | None = ...,
+        weight: _builtins.float | None = ...,
+        level: Global___PriorityLevel.ValueType = ...,
+        shadow: Global___ShadowLimits | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_burst", b"_burst", "_cap", b"_cap", "_concurrency", b"_concurrency", "_rate", b"_rate", "_weight", b"_weight", "burst", b"burst", "cap", b"cap", "concurrency", b"concurrency", "rate", b"rate", "shadow", b"shadow", "weight", b"weight"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_burst", b"_burst", "_cap", b"_cap", "_concurrency", b"_concurrency", "_rate", b"_rate", "_weight", b"_weight", "burst", b"burst", "cap", b"cap", "concurrency", b"concurrency", "level", b"level", "rate", b"rate", "shadow", b"shadow", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__burst: _TypeAlias = _typing.Literal["burst"]  # noqa: Y015
+    _WhichOneofArgType__burst: _TypeAlias = _typing.Literal["_burst", b"_burst"]  # noqa: Y015
+    _WhichOneofReturnType__cap: _TypeAlias = _typing.Literal["cap"]  # noqa: Y015
+    _WhichOneofArgType__cap: _TypeAlias = _typing.Literal["_cap", b"_cap"]  # noqa: Y015
+    _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
+    _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__rate: _TypeAlias = _typing.Literal["rate"]  # noqa: Y015
+    _WhichOneofArgType__rate: _TypeAlias = _typing.Literal["_rate", b"_rate"]  # noqa: Y015
+    _WhichOneofReturnType__weight: _TypeAlias = _typing.Literal["weight"]  # noqa: Y015
+    _WhichOneofArgType__weight: _TypeAlias = _typing.Literal["_weight", b"_weight"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__burst) -> _WhichOneofReturnType__burst | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cap) -> _WhichOneofReturnType__cap | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rate) -> _WhichOneofReturnType__rate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight) -> _WhichOneofReturnType__weight | None: ...
+
+Global___Limits: _TypeAlias = Limits  # noqa: Y015
+
+@_typing.final
+class ShadowLimits(_message.Message):
+    """ShadowLimits are the limits a key's decisions also compare with, without
+    refusing (SPEC Q4); the same bounds as Limits.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAP_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    cap: _builtins.int
+    rate: _builtins.float
+    burst: _builtins.float
+    concurrency: _builtins.int
+    def __init__(
+        self,
+        *,
+        cap: _builtins.int | None = ...,
+        rate: _builtins.float | None = ...,
+        burst: _builtins.float | None = ...,
+        concurrency: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_burst", b"_burst", "_cap", b"_cap", "_concurrency", b"_concurrency", "_rate", b"_rate", "burst", b"burst", "cap", b"cap", "concurrency", b"concurrency", "rate", b"rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_burst", b"_burst", "_cap", b"_cap", "_concurrency", b"_concurrency", "_rate", b"_rate", "burst", b"burst", "cap", b"cap", "concurrency", b"concurrency", "rate", b"rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__burst: _TypeAlias = _typing.Literal["burst"]  # noqa: Y015
+    _WhichOneofArgType__burst: _TypeAlias = _typing.Literal["_burst", b"_burst"]  # noqa: Y015
+    _WhichOneofReturnType__cap: _TypeAlias = _typing.Literal["cap"]  # noqa: Y015
+    _WhichOneofArgType__cap: _TypeAlias = _typing.Literal["_cap", b"_cap"]  # noqa: Y015
+    _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
+    _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__rate: _TypeAlias = _typing.Literal["rate"]  # noqa: Y015
+    _WhichOneofArgType__rate: _TypeAlias = _typing.Literal["_rate", b"_rate"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__burst) -> _WhichOneofReturnType__burst | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cap) -> _WhichOneofReturnType__cap | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rate) -> _WhichOneofReturnType__rate | None: ...
+
+Global___ShadowLimits: _TypeAlias = ShadowLimits  # noqa: Y015
+
+@_typing.final
+class LimitsTarget(_message.Message):
+    """LimitsTarget names one limits document."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Defaults(_message.Message):
+        """The defaults of every key."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        def __init__(
+            self,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class Cluster(_message.Message):
+        """The cluster bucket."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        def __init__(
+            self,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class Shared(_message.Message):
+        """The shared key (every client without a key of its own)."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        def __init__(
+            self,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CLIENT_FIELD_NUMBER: _builtins.int
+    SHARED_FIELD_NUMBER: _builtins.int
+    DEFAULTS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def client(self) -> _common_pb2.ActivationClient:
+        """A bounded key's own document, named by its client: a client id (its own
+        key once allowlisted; it must be a valid label value), `native` or
+        `unattributed`. `inherit` is INVALID_ARGUMENT.
+        """
+
+    @_builtins.property
+    def shared(self) -> Global___LimitsTarget.Shared: ...
+    @_builtins.property
+    def defaults(self) -> Global___LimitsTarget.Defaults: ...
+    @_builtins.property
+    def cluster(self) -> Global___LimitsTarget.Cluster: ...
+    def __init__(
+        self,
+        *,
+        client: _common_pb2.ActivationClient | None = ...,
+        shared: Global___LimitsTarget.Shared | None = ...,
+        defaults: Global___LimitsTarget.Defaults | None = ...,
+        cluster: Global___LimitsTarget.Cluster | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "cluster", b"cluster", "defaults", b"defaults", "shared", b"shared", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "cluster", b"cluster", "defaults", b"defaults", "shared", b"shared", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["client", "shared", "defaults", "cluster"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___LimitsTarget: _TypeAlias = LimitsTarget  # noqa: Y015
+
+@_typing.final
+class LimitsDocument(_message.Message):
+    """LimitsDocument is one stored document."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Its field in the limits hash: `default`, `cluster` or `key:<bounded key>`."""
+    @_builtins.property
+    def target(self) -> Global___LimitsTarget: ...
+    @_builtins.property
+    def limits(self) -> Global___Limits: ...
+    def __init__(
+        self,
+        *,
+        target: Global___LimitsTarget | None = ...,
+        name: _builtins.str = ...,
+        limits: Global___Limits | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "name", b"name", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitsDocument: _TypeAlias = LimitsDocument  # noqa: Y015
+
+@_typing.final
+class LimitsChange(_message.Message):
+    """LimitsChange is what a SetLimits, PatchLimits or DeleteLimits did."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    WARNING_FIELD_NUMBER: _builtins.int
+    warning: _builtins.str
+    """Set when the document applies to no client now (a key that is not
+    allowlisted: its clients use the shared key). The change is made.
+    """
+    @_builtins.property
+    def previous(self) -> Global___Limits:
+        """The document before; unset: none was stored."""
+
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """The document now; unset: none is stored."""
+
+    def __init__(
+        self,
+        *,
+        previous: Global___Limits | None = ...,
+        limits: Global___Limits | None = ...,
+        warning: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "previous", b"previous"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "previous", b"previous", "warning", b"warning"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitsChange: _TypeAlias = LimitsChange  # noqa: Y015
+
+@_typing.final
+class GetLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___LimitsTarget:
+        """The document to read; unset: every stored one."""
+
+    def __init__(
+        self,
+        *,
+        target: Global___LimitsTarget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLimitsRequest: _TypeAlias = GetLimitsRequest  # noqa: Y015
+
+@_typing.final
+class GetLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def documents(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitsDocument]:
+        """The stored documents (by name); none when the target has none stored."""
+
+    def __init__(
+        self,
+        *,
+        documents: _abc.Iterable[Global___LimitsDocument] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["documents", b"documents"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLimitsResponse: _TypeAlias = GetLimitsResponse  # noqa: Y015
+
+@_typing.final
+class SetLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___LimitsTarget: ...
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """The whole new document."""
+
+    def __init__(
+        self,
+        *,
+        target: Global___LimitsTarget | None = ...,
+        limits: Global___Limits | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetLimitsRequest: _TypeAlias = SetLimitsRequest  # noqa: Y015
+
+@_typing.final
+class SetLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___LimitsChange: ...
+    def __init__(
+        self,
+        *,
+        change: Global___LimitsChange | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetLimitsResponse: _TypeAlias = SetLimitsResponse  # noqa: Y015
+
+@_typing.final
+class PatchLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___LimitsTarget: ...
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """The fields to set."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """The fields to change (`cap`, `rate`, `burst`, `concurrency`, `weight`,
+        `level`, `shadow`): each takes its value in `limits`, or is removed (it
+        inherits again) when unset there. Empty: the fields set in `limits`.
+        """
+
+    def __init__(
+        self,
+        *,
+        target: Global___LimitsTarget | None = ...,
+        limits: Global___Limits | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "target", b"target", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "target", b"target", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PatchLimitsRequest: _TypeAlias = PatchLimitsRequest  # noqa: Y015
+
+@_typing.final
+class PatchLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def change(self) -> Global___LimitsChange: ...
+    def __init__(
+        self,
+        *,
+        change: Global___LimitsChange | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PatchLimitsResponse: _TypeAlias = PatchLimitsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___LimitsTarget: ...
+    def __init__(
+        self,
+        *,
+        target: Global___LimitsTarget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteLimitsRequest: _TypeAlias = DeleteLimitsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """False when the target had no document stored (nothing changed, nothing logged)."""
+    @_builtins.property
+    def change(self) -> Global___LimitsChange: ...
+    def __init__(
+        self,
+        *,
+        change: Global___LimitsChange | None = ...,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteLimitsResponse: _TypeAlias = DeleteLimitsResponse  # noqa: Y015
+
+@_typing.final
+class KeySet(_message.Message):
+    """KeySet is the allowlist and flags at one version (SPEC C2)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FlagsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bool
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    ALLOWLIST_FIELD_NUMBER: _builtins.int
+    FLAGS_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """Increases by one on every change."""
+    @_builtins.property
+    def allowlist(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Client ids with a bucket of their own, sorted."""
+
+    @_builtins.property
+    def flags(self) -> _containers.ScalarMap[_builtins.str, _builtins.bool]:
+        """Every known flag with its value (`own_keys`: false sends every client id
+        to the shared key).
+        """
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        allowlist: _abc.Iterable[_builtins.str] | None = ...,
+        flags: _abc.Mapping[_builtins.str, _builtins.bool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowlist", b"allowlist", "flags", b"flags", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeySet: _TypeAlias = KeySet  # noqa: Y015
+
+@_typing.final
+class GetKeySetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def client_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Client ids to resolve against the key set: at most 100."""
+
+    def __init__(
+        self,
+        *,
+        client_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_ids", b"client_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetKeySetRequest: _TypeAlias = GetKeySetRequest  # noqa: Y015
+
+@_typing.final
+class GetKeySetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_SET_FIELD_NUMBER: _builtins.int
+    RESOLVED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key_set(self) -> Global___KeySet: ...
+    @_builtins.property
+    def resolved(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResolvedClient]:
+        """What each requested client id resolves to, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        key_set: Global___KeySet | None = ...,
+        resolved: _abc.Iterable[Global___ResolvedClient] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key_set", b"key_set"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_set", b"key_set", "resolved", b"resolved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetKeySetResponse: _TypeAlias = GetKeySetResponse  # noqa: Y015
+
+@_typing.final
+class ResolvedClient(_message.Message):
+    """ResolvedClient is the bounded key one client id is charged under."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    @_builtins.property
+    def key(self) -> _common_pb2.BoundedKey: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        key: _common_pb2.BoundedKey | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolvedClient: _TypeAlias = ResolvedClient  # noqa: Y015
+
+@_typing.final
+class UpdateKeySetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FlagsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bool
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ALLOW_FIELD_NUMBER: _builtins.int
+    REMOVE_FIELD_NUMBER: _builtins.int
+    FLAGS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Client ids to give a key of their own: valid client ids that are label
+        values and not reserved; at most 1000.
+        """
+
+    @_builtins.property
+    def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Client ids to send back to the shared key; at most 1000."""
+
+    @_builtins.property
+    def flags(self) -> _containers.ScalarMap[_builtins.str, _builtins.bool]:
+        """Flags to set (known flags only)."""
+
+    def __init__(
+        self,
+        *,
+        allow: _abc.Iterable[_builtins.str] | None = ...,
+        remove: _abc.Iterable[_builtins.str] | None = ...,
+        flags: _abc.Mapping[_builtins.str, _builtins.bool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow", b"allow", "flags", b"flags", "remove", b"remove"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateKeySetRequest: _TypeAlias = UpdateKeySetRequest  # noqa: Y015
+
+@_typing.final
+class UpdateKeySetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    KEY_SET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def previous(self) -> Global___KeySet:
+        """The key set before and after the change (a new version)."""
+
+    @_builtins.property
+    def key_set(self) -> Global___KeySet: ...
+    def __init__(
+        self,
+        *,
+        previous: Global___KeySet | None = ...,
+        key_set: Global___KeySet | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key_set", b"key_set", "previous", b"previous"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_set", b"key_set", "previous", b"previous"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateKeySetResponse: _TypeAlias = UpdateKeySetResponse  # noqa: Y015

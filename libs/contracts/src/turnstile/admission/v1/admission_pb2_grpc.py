@@ -437,3 +437,323 @@ class AdmissionService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AdminServiceStub:
+    """AdminService changes what admission decides with (SPEC M1): the limits
+    documents the decision script reads and the key set every service resolves
+    client ids with. Nothing else writes them. Every change is validated (bad
+    input is INVALID_ARGUMENT with BadRequest naming the field, and changes
+    nothing) and audited in the decision log as a `limits_changed` or
+    `keys_changed` entry with the caller's identity and the document before and
+    after. Operators only: every method needs an identity the authorization
+    policy allows any client.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetLimits = channel.unary_unary(
+                '/turnstile.admission.v1.AdminService/GetLimits',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetLimitsRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetLimitsResponse.FromString,
+                _registered_method=True)
+        self.SetLimits = channel.unary_unary(
+                '/turnstile.admission.v1.AdminService/SetLimits',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.SetLimitsRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.SetLimitsResponse.FromString,
+                _registered_method=True)
+        self.PatchLimits = channel.unary_unary(
+                '/turnstile.admission.v1.AdminService/PatchLimits',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.PatchLimitsRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.PatchLimitsResponse.FromString,
+                _registered_method=True)
+        self.DeleteLimits = channel.unary_unary(
+                '/turnstile.admission.v1.AdminService/DeleteLimits',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.DeleteLimitsRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.DeleteLimitsResponse.FromString,
+                _registered_method=True)
+        self.GetKeySet = channel.unary_unary(
+                '/turnstile.admission.v1.AdminService/GetKeySet',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetKeySetRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetKeySetResponse.FromString,
+                _registered_method=True)
+        self.UpdateKeySet = channel.unary_unary(
+                '/turnstile.admission.v1.AdminService/UpdateKeySet',
+                request_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.UpdateKeySetRequest.SerializeToString,
+                response_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.UpdateKeySetResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServiceServicer:
+    """AdminService changes what admission decides with (SPEC M1): the limits
+    documents the decision script reads and the key set every service resolves
+    client ids with. Nothing else writes them. Every change is validated (bad
+    input is INVALID_ARGUMENT with BadRequest naming the field, and changes
+    nothing) and audited in the decision log as a `limits_changed` or
+    `keys_changed` entry with the caller's identity and the document before and
+    after. Operators only: every method needs an identity the authorization
+    policy allows any client.
+    """
+
+    def GetLimits(self, request, context):
+        """GetLimits reads the stored limits documents: one target's, or every one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLimits(self, request, context):
+        """SetLimits replaces a target's whole document: fields it leaves out fall
+        back to the next level (key, stored default, admission's settings).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PatchLimits(self, request, context):
+        """PatchLimits changes some fields of a target's document and keeps the rest,
+        atomically: concurrent patches of different fields keep each other's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteLimits(self, request, context):
+        """DeleteLimits removes a target's document: the next level applies.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetKeySet(self, request, context):
+        """GetKeySet reads the key set; with client ids, what each resolves to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateKeySet(self, request, context):
+        """UpdateKeySet allows and removes client ids and sets flags, as one new
+        version that every replica of every service installs within about a second.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLimits,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetLimitsRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetLimitsResponse.SerializeToString,
+            ),
+            'SetLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimits,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.SetLimitsRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.SetLimitsResponse.SerializeToString,
+            ),
+            'PatchLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.PatchLimits,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.PatchLimitsRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.PatchLimitsResponse.SerializeToString,
+            ),
+            'DeleteLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteLimits,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.DeleteLimitsRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.DeleteLimitsResponse.SerializeToString,
+            ),
+            'GetKeySet': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetKeySet,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetKeySetRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.GetKeySetResponse.SerializeToString,
+            ),
+            'UpdateKeySet': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateKeySet,
+                    request_deserializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.UpdateKeySetRequest.FromString,
+                    response_serializer=turnstile_dot_admission_dot_v1_dot_admission__pb2.UpdateKeySetResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'turnstile.admission.v1.AdminService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('turnstile.admission.v1.AdminService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class AdminService:
+    """AdminService changes what admission decides with (SPEC M1): the limits
+    documents the decision script reads and the key set every service resolves
+    client ids with. Nothing else writes them. Every change is validated (bad
+    input is INVALID_ARGUMENT with BadRequest naming the field, and changes
+    nothing) and audited in the decision log as a `limits_changed` or
+    `keys_changed` entry with the caller's identity and the document before and
+    after. Operators only: every method needs an identity the authorization
+    policy allows any client.
+    """
+
+    @staticmethod
+    def GetLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdminService/GetLimits',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.GetLimitsRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.GetLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdminService/SetLimits',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.SetLimitsRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.SetLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PatchLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdminService/PatchLimits',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.PatchLimitsRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.PatchLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdminService/DeleteLimits',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.DeleteLimitsRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.DeleteLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetKeySet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdminService/GetKeySet',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.GetKeySetRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.GetKeySetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateKeySet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnstile.admission.v1.AdminService/UpdateKeySet',
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.UpdateKeySetRequest.SerializeToString,
+            turnstile_dot_admission_dot_v1_dot_admission__pb2.UpdateKeySetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

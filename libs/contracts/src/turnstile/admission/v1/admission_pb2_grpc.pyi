@@ -230,3 +230,136 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class AdminServiceStub:
+    """AdminService changes what admission decides with (SPEC M1): the limits
+    documents the decision script reads and the key set every service resolves
+    client ids with. Nothing else writes them. Every change is validated (bad
+    input is INVALID_ARGUMENT with BadRequest naming the field, and changes
+    nothing) and audited in the decision log as a `limits_changed` or
+    `keys_changed` entry with the caller's identity and the document before and
+    after. Operators only: every method needs an identity the authorization
+    policy allows any client.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> AdminServiceAsyncStub: ...
+    GetLimits: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetLimitsRequest, _admission_pb2.GetLimitsResponse]
+    """GetLimits reads the stored limits documents: one target's, or every one."""
+    SetLimits: _grpc.UnaryUnaryMultiCallable[_admission_pb2.SetLimitsRequest, _admission_pb2.SetLimitsResponse]
+    """SetLimits replaces a target's whole document: fields it leaves out fall
+    back to the next level (key, stored default, admission's settings).
+    """
+    PatchLimits: _grpc.UnaryUnaryMultiCallable[_admission_pb2.PatchLimitsRequest, _admission_pb2.PatchLimitsResponse]
+    """PatchLimits changes some fields of a target's document and keeps the rest,
+    atomically: concurrent patches of different fields keep each other's.
+    """
+    DeleteLimits: _grpc.UnaryUnaryMultiCallable[_admission_pb2.DeleteLimitsRequest, _admission_pb2.DeleteLimitsResponse]
+    """DeleteLimits removes a target's document: the next level applies."""
+    GetKeySet: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetKeySetRequest, _admission_pb2.GetKeySetResponse]
+    """GetKeySet reads the key set; with client ids, what each resolves to."""
+    UpdateKeySet: _grpc.UnaryUnaryMultiCallable[_admission_pb2.UpdateKeySetRequest, _admission_pb2.UpdateKeySetResponse]
+    """UpdateKeySet allows and removes client ids and sets flags, as one new
+    version that every replica of every service installs within about a second.
+    """
+
+@_typing.type_check_only
+class AdminServiceAsyncStub(AdminServiceStub):
+    """AdminService changes what admission decides with (SPEC M1): the limits
+    documents the decision script reads and the key set every service resolves
+    client ids with. Nothing else writes them. Every change is validated (bad
+    input is INVALID_ARGUMENT with BadRequest naming the field, and changes
+    nothing) and audited in the decision log as a `limits_changed` or
+    `keys_changed` entry with the caller's identity and the document before and
+    after. Operators only: every method needs an identity the authorization
+    policy allows any client.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    GetLimits: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetLimitsRequest, _admission_pb2.GetLimitsResponse]  # type: ignore[assignment]
+    """GetLimits reads the stored limits documents: one target's, or every one."""
+    SetLimits: _aio.UnaryUnaryMultiCallable[_admission_pb2.SetLimitsRequest, _admission_pb2.SetLimitsResponse]  # type: ignore[assignment]
+    """SetLimits replaces a target's whole document: fields it leaves out fall
+    back to the next level (key, stored default, admission's settings).
+    """
+    PatchLimits: _aio.UnaryUnaryMultiCallable[_admission_pb2.PatchLimitsRequest, _admission_pb2.PatchLimitsResponse]  # type: ignore[assignment]
+    """PatchLimits changes some fields of a target's document and keeps the rest,
+    atomically: concurrent patches of different fields keep each other's.
+    """
+    DeleteLimits: _aio.UnaryUnaryMultiCallable[_admission_pb2.DeleteLimitsRequest, _admission_pb2.DeleteLimitsResponse]  # type: ignore[assignment]
+    """DeleteLimits removes a target's document: the next level applies."""
+    GetKeySet: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetKeySetRequest, _admission_pb2.GetKeySetResponse]  # type: ignore[assignment]
+    """GetKeySet reads the key set; with client ids, what each resolves to."""
+    UpdateKeySet: _aio.UnaryUnaryMultiCallable[_admission_pb2.UpdateKeySetRequest, _admission_pb2.UpdateKeySetResponse]  # type: ignore[assignment]
+    """UpdateKeySet allows and removes client ids and sets flags, as one new
+    version that every replica of every service installs within about a second.
+    """
+
+class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
+    """AdminService changes what admission decides with (SPEC M1): the limits
+    documents the decision script reads and the key set every service resolves
+    client ids with. Nothing else writes them. Every change is validated (bad
+    input is INVALID_ARGUMENT with BadRequest naming the field, and changes
+    nothing) and audited in the decision log as a `limits_changed` or
+    `keys_changed` entry with the caller's identity and the document before and
+    after. Operators only: every method needs an identity the authorization
+    policy allows any client.
+    """
+
+    @_abc_1.abstractmethod
+    def GetLimits(
+        self,
+        request: _admission_pb2.GetLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.GetLimitsResponse, _abc.Awaitable[_admission_pb2.GetLimitsResponse]]:
+        """GetLimits reads the stored limits documents: one target's, or every one."""
+
+    @_abc_1.abstractmethod
+    def SetLimits(
+        self,
+        request: _admission_pb2.SetLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.SetLimitsResponse, _abc.Awaitable[_admission_pb2.SetLimitsResponse]]:
+        """SetLimits replaces a target's whole document: fields it leaves out fall
+        back to the next level (key, stored default, admission's settings).
+        """
+
+    @_abc_1.abstractmethod
+    def PatchLimits(
+        self,
+        request: _admission_pb2.PatchLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.PatchLimitsResponse, _abc.Awaitable[_admission_pb2.PatchLimitsResponse]]:
+        """PatchLimits changes some fields of a target's document and keeps the rest,
+        atomically: concurrent patches of different fields keep each other's.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteLimits(
+        self,
+        request: _admission_pb2.DeleteLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.DeleteLimitsResponse, _abc.Awaitable[_admission_pb2.DeleteLimitsResponse]]:
+        """DeleteLimits removes a target's document: the next level applies."""
+
+    @_abc_1.abstractmethod
+    def GetKeySet(
+        self,
+        request: _admission_pb2.GetKeySetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.GetKeySetResponse, _abc.Awaitable[_admission_pb2.GetKeySetResponse]]:
+        """GetKeySet reads the key set; with client ids, what each resolves to."""
+
+    @_abc_1.abstractmethod
+    def UpdateKeySet(
+        self,
+        request: _admission_pb2.UpdateKeySetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.UpdateKeySetResponse, _abc.Awaitable[_admission_pb2.UpdateKeySetResponse]]:
+        """UpdateKeySet allows and removes client ids and sets flags, as one new
+        version that every replica of every service installs within about a second.
+        """
+
+def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
