@@ -302,6 +302,8 @@ async def test_place_and_get_session_need_a_client_id(affinity: StartAffinity) -
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (raised.value.details() or "").startswith("client_id:")
         assert why in (raised.value.details() or "")
+        # A caller reads what to send, not the project's requirement ids.
+        assert "SPEC" not in (raised.value.details() or "")
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await service.stub.GetSession(
                 affinity_pb2.GetSessionRequest(session_id="s", client_id=bad)

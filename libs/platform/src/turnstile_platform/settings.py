@@ -50,6 +50,13 @@ def _server_spiffe_id(value: str) -> str:
 ServerSpiffeId = Annotated[str, AfterValidator(_server_spiffe_id)]
 
 
+class SettingsError(ValueError):
+    """Settings a service cannot start with (a value, or two that contradict each
+    other, or one the process's own user rules out); the message names the setting
+    and says what to set. :func:`~turnstile_platform.runner.run_service` turns it
+    into one log line and exit status 2, like a missing certificate."""
+
+
 class DecisionLogSettings(BaseModel):
     """The decision log's bounds (SPEC Q3, N3), the same in every service that writes
     it (``TURNSTILE_DECISION_LOG__*``; :mod:`turnstile_platform.decision_log`). Each

@@ -57,7 +57,9 @@ def client_id(value: str, field: str = "client_id") -> str:
     if value in _clients:
         return value
     if not value:
-        raise bad_field(field, "required: the client the session belongs to (SPEC O2)")
+        raise bad_field(
+            field, "required: the client the session belongs to (only its sandboxes serve it)"
+        )
     if value in _NOT_OWNERS:
         raise bad_field(field, f"{value!r} is reserved and owns no session")
     if not is_label_value(value):

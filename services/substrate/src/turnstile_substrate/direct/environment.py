@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
+from turnstile_platform.settings import SettingsError
+
 #: Names passed from the substrate's environment when set there (plus ``LC_*``).
 BASE_ALLOWLIST = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM"})
 
@@ -45,7 +47,7 @@ def parse_names(value: str) -> frozenset[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
     for name in names:
         if not NAME.fullmatch(name):
-            raise ValueError(
+            raise SettingsError(
                 f"TURNSTILE_DIRECT_RUNTIME_ENV_ALLOW: {name!r} is not an environment variable name"
             )
     return frozenset(names)

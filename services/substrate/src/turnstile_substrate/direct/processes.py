@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 _POLL_INTERVAL_S = 0.02
 
@@ -85,13 +89,20 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session and process group.
 
-    Blocking (fork/exec): call it from a thread. Output goes to ``log_path``
+    Blocking (vfork/exec): call it from a thread. Output goes to ``log_path``
     (opened here, by the substrate: created 0600). With ``user``/``group`` the
-    process runs as them, with no supplementary groups (subprocess changes them
-    in the child after ``cwd``, before exec).
+    process runs as them, with no supplementary groups, by way of
+    :mod:`.become` (:func:`spawn_as`), so nothing of gRPC runs between the
+    substrate's fork and the command's exec.
     """
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log:
+        if user is not None:
+            if group is None:
+                raise ValueError("a runtime run as a uid needs its gid too")
+            return spawn_as(argv, env=env, cwd=cwd, user=user, group=group, output=log)
+        # No uid change and no preexec_fn: CPython starts it with vfork(), which runs
+        # no fork handler (gRPC's abort in a forked child of a threaded process).
         return subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -101,10 +112,83 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            user=user,
-            group=group,
-            extra_groups=[] if user is not None else None,
         )
+
+
+def spawn_as(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    user: int,
+    group: int,
+    output: IO[bytes] | int,
+    new_session: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as ``user``/``group`` (no supplementary groups) without a
+    ``fork()`` of this process: :mod:`.become`, started with vfork() as root in an
+    empty environment, drops to the ids and execs the command (blocking).
+
+    ``subprocess.Popen(user=…)`` forks (CPython's vfork() is only for a child that
+    changes no ids), and in a fork of the substrate's threaded gRPC process gRPC's
+    fork handlers can abort the child before its exec. Errors are the ones Popen
+    raises: a command not found, or a failed uid change, is an ``OSError`` here,
+    never a runtime that exits at once.
+    """
+    executable = _resolve(argv[0], env)
+    helper = [sys.executable, "-I", "-S", str(_BECOME)]
+    payload = json.dumps(dict(env)).encode()
+    env_r, env_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    try:
+        try:
+            child = subprocess.Popen(
+                [*helper, str(env_r), str(ready_w), str(user), str(group), executable, *argv],
+                env={},
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=new_session,
+                close_fds=True,
+                pass_fds=(env_r, ready_w),
+            )
+        finally:
+            os.close(env_r)
+            os.close(ready_w)
+        # A helper that failed before reading closes the pipe: its report says why.
+        with contextlib.suppress(BrokenPipeError), open(env_w, "wb", closefd=False) as sink:
+            sink.write(payload)
+        os.close(env_w)
+        env_w = -1  # the helper reads EOF: the environment is whole
+        with open(ready_r, "rb", closefd=False) as ready:
+            report = ready.read()  # EOF at the command's exec
+    finally:
+        if env_w >= 0:
+            os.close(env_w)
+        os.close(ready_r)
+    if report:
+        child.wait()
+        number, _, message = report.decode(errors="replace").partition(":")
+        if number.isdigit() and int(number):
+            raise OSError(int(number), message, argv[0])
+        raise OSError(f"starting {argv[0]} as uid {user} failed: {message}")
+    return child
+
+
+#: The uid-changing step of :func:`spawn_as`, run by path (it imports only the stdlib).
+_BECOME = Path(__file__).with_name("become.py")
+
+
+def _resolve(command: str, env: Mapping[str, str]) -> str:
+    """The file ``command`` names, looked up on the environment's ``PATH`` as
+    Popen does; ``FileNotFoundError`` when there is none."""
+    if os.path.dirname(command):
+        return command
+    found = shutil.which(command, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+    return found
 
 
 def _uids(pid: str) -> set[int] | None:
@@ -200,19 +284,16 @@ def kill_as(uid: int, gid: int, *, rounds: int = 2) -> None:
         kill_user(uid)
         return
     for _ in range(rounds):
-        subprocess.run(
+        helper = spawn_as(
             [_KILL, "-9", "-1"],
+            env={},
+            cwd=Path("/"),
             user=uid,
             group=gid,
-            extra_groups=[],
-            env={},
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-            timeout=30,
+            output=subprocess.DEVNULL,
+            new_session=False,
         )
+        helper.wait(timeout=30)
 
 
 def _pidfd(pid: int) -> int | None:

@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from turnstile_platform.settings import SettingsError
+
 _RANGE = re.compile(r"(\d+)-(\d+)")
 
 #: The largest uid Linux hands out ((uid_t)-1 means "unchanged").
@@ -44,10 +46,12 @@ def parse_range(value: str) -> range:
     """``first-last`` (inclusive) as a range; ValueError naming the setting otherwise."""
     match = _RANGE.fullmatch(value.strip())
     if match is None:
-        raise ValueError("TURNSTILE_DIRECT_RUNTIME_UIDS must be 'first-last', e.g. 200000-200999")
+        raise SettingsError(
+            "TURNSTILE_DIRECT_RUNTIME_UIDS must be 'first-last', e.g. 200000-200999"
+        )
     first, last = int(match[1]), int(match[2])
     if not 0 < first <= last <= _MAX_UID:
-        raise ValueError(
+        raise SettingsError(
             "TURNSTILE_DIRECT_RUNTIME_UIDS must be 'first-last' with 0 < first <= last "
             f"<= {_MAX_UID} (never root)"
         )
@@ -61,7 +65,7 @@ def parse_user(value: str) -> Identity:
     if value.isdigit():
         uid = int(value)
         if uid > _MAX_UID:
-            raise ValueError(f"TURNSTILE_DIRECT_RUNTIME_USER: uid {uid} is out of range")
+            raise SettingsError(f"TURNSTILE_DIRECT_RUNTIME_USER: uid {uid} is out of range")
         try:
             return Identity(uid, pwd.getpwuid(uid).pw_gid)
         except KeyError:
@@ -69,7 +73,9 @@ def parse_user(value: str) -> Identity:
     try:
         entry = pwd.getpwnam(value)
     except KeyError:
-        raise ValueError(f"TURNSTILE_DIRECT_RUNTIME_USER: no user {value!r} on this host") from None
+        raise SettingsError(
+            f"TURNSTILE_DIRECT_RUNTIME_USER: no user {value!r} on this host"
+        ) from None
     return Identity(entry.pw_uid, entry.pw_gid)
 
 
@@ -100,23 +106,27 @@ class RuntimeUsers:
     def from_settings(cls, user: str, uids: str, clear: Callable[[int, int], None]) -> RuntimeUsers:
         """The mode the two settings name, checked against who this process is."""
         if user.strip() and uids.strip():
-            raise ValueError(
+            raise SettingsError(
                 "set one of TURNSTILE_DIRECT_RUNTIME_USER and TURNSTILE_DIRECT_RUNTIME_UIDS"
             )
         own = os.geteuid()
         if uids.strip():
             if own != 0:
-                raise ValueError("TURNSTILE_DIRECT_RUNTIME_UIDS needs the substrate to run as root")
+                raise SettingsError(
+                    "TURNSTILE_DIRECT_RUNTIME_UIDS needs the substrate to run as root"
+                )
             return cls(uids=parse_range(uids), clear=clear)
         if user.strip():
             identity = parse_user(user)
             if identity.uid == own:
                 return cls()
             if own != 0:
-                raise ValueError("TURNSTILE_DIRECT_RUNTIME_USER needs the substrate to run as root")
+                raise SettingsError(
+                    "TURNSTILE_DIRECT_RUNTIME_USER needs the substrate to run as root"
+                )
             return cls(shared=identity)
         if own == 0:
-            raise ValueError(
+            raise SettingsError(
                 "the Direct substrate runs as root: set TURNSTILE_DIRECT_RUNTIME_UIDS (a uid "
                 "per runtime) or TURNSTILE_DIRECT_RUNTIME_USER, so runtimes do not run as root "
                 "(TURNSTILE_DIRECT_RUNTIME_USER=root only if you mean it)"

@@ -49,6 +49,7 @@ from turnstile_platform.sandbox_credentials import (
     PresenceClaims,
     write_private_file,
 )
+from turnstile_platform.settings import SettingsError
 from turnstile_substrate.direct import processes
 from turnstile_substrate.direct.environment import (
     base_environment,
@@ -127,7 +128,7 @@ def _worker_tls_sources(settings: SubstrateSettings) -> tuple[Path, Path, Path] 
         return None
     cert, key = settings.direct_worker_tls_cert_file, settings.direct_worker_tls_key_file
     if cert is None or key is None or settings.tls_ca_file is None:
-        raise ValueError(
+        raise SettingsError(
             "the Direct substrate with mTLS needs TURNSTILE_DIRECT_WORKER_TLS_CERT_FILE and "
             "TURNSTILE_DIRECT_WORKER_TLS_KEY_FILE (the sandbox-class certificate its "
             "runtimes attach with)"
@@ -183,7 +184,7 @@ class DirectSubstrate:
         its bounded key when the substrate counts its runtimes (required then)."""
         self.command = shlex.split(settings.direct_runtime_command)
         if not self.command:
-            raise ValueError("TURNSTILE_DIRECT_RUNTIME_COMMAND must not be empty")
+            raise SettingsError("TURNSTILE_DIRECT_RUNTIME_COMMAND must not be empty")
         self.state_dir = settings.direct_state_dir.absolute()
         self.stop_grace_s = settings.direct_stop_grace_s
         self._env_allow = parse_names(settings.direct_runtime_env_allow)
