@@ -600,6 +600,13 @@ def _stack(sub: Subparsers) -> None:
         "deploy/prometheus's rules (default 9090, or a free port when that is taken; 0: none)",
     )
     up.add_argument(
+        "--reset",
+        action="store_true",
+        help="instead of starting: drop this checkout's own database, delete its Redis "
+        "prefix's keys and its sandboxes' directories (certificates kept), after a prompt",
+    )
+    up.add_argument("-y", "--yes", action="store_true", help="--reset without asking")
+    up.add_argument(
         "--prometheus-scrape-interval",
         type=float,
         default=5.0,
