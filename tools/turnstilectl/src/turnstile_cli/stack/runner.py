@@ -124,9 +124,24 @@ class Stack:
         self.runtime_user_env: dict[str, str] = {}
         #: The guard process and its pipe (:mod:`.guard`), once the stack is described.
         self.guard: tuple[subprocess.Popen[bytes], int] | None = None
+        #: What the stack said since its stop began (None until then): the summary
+        #: :meth:`tell_stop` repeats on the terminal.
+        self.stop_lines: list[str] | None = None
 
     def say(self, text: str) -> None:
         self.printer.line("stack", text)
+        if self.stop_lines is not None:
+            self.stop_lines.append(text)
+
+    def tell_stop(self) -> None:
+        """After a stop whose output lost its reader (``| tee`` killed by the same
+        Ctrl-C), repeat what the stop said on the terminal, with where the rest is."""
+        if not self.output.reader_lost or not self.stop_lines:
+            return
+        self.output.tell_terminal(
+            [f"turnstile stack: {line}" for line in self.stop_lines]
+            + [f"turnstile stack: (everything the stop printed is in {self.output.log})"]
+        )
 
     async def run(self) -> int:
         """Start, serve until a signal or a service dies, stop. Returns the exit code."""
@@ -147,7 +162,9 @@ class Stack:
             if not procs.become_subreaper():
                 self.say("could not become a subreaper: orphaned runtimes may survive a crash")
             if not await self.start(stop):
+                self.stop_lines = []
                 await self.stop()
+                self.tell_stop()
                 return 1
             self.describe()  # from here a killed runner leaves a list of what to stop
             # ... and its guard stops what is on it, should the runner be killed.
@@ -159,9 +176,11 @@ class Stack:
             self.describe()
             self.banner()
             died = await self.wait_for_stop_or_death(stop)
+            self.stop_lines = []
             if died is not None:
                 self.say(f"{died} exited unexpectedly (exit {self.running[died].proc.returncode})")
             await self.stop()
+            self.tell_stop()
             return 1 if died is not None else 0
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
