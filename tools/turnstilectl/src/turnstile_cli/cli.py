@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "run"]
 
 #: Commands that make no RPC and so start no trace (``up`` runs the stack; the
-#: demo starts one trace per step itself).
-UNTRACED = frozenset({"up", "demo", "tiers", "keys"})
+#: demo starts one trace per step itself; ``traces`` reads the stack's span log).
+UNTRACED = frozenset({"up", "demo", "tiers", "keys", "traces"})
 
 
 def run(argv: list[str] | None = None) -> int:

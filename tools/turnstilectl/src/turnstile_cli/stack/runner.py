@@ -29,7 +29,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, cast
 
@@ -62,6 +62,7 @@ from turnstile_cli.stack.preflight import (
 )
 from turnstile_cli.stack.runtime_user import runtime_user_env
 from turnstile_cli.stack.terminal import DetachingOutput
+from turnstile_cli.stack.trace_sink import TraceSink
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
@@ -124,6 +125,8 @@ class Stack:
         self.runtime_user_env: dict[str, str] = {}
         #: The guard process and its pipe (:mod:`.guard`), once the stack is described.
         self.guard: tuple[subprocess.Popen[bytes], int] | None = None
+        #: Where the services' spans go (:mod:`.trace_sink`), chosen at preflight.
+        self.traces: TraceSink | None = None
         #: What the stack said since its stop began (None until then): the summary
         #: :meth:`tell_stop` repeats on the terminal.
         self.stop_lines: list[str] | None = None
@@ -270,6 +273,18 @@ class Stack:
             self.say(f"created database {redacted(self.config.database_url)}")
         self.say("applying migrations")
         await migrate(self.config, self.printer)
+        await self.start_traces()
+
+    async def start_traces(self) -> None:
+        """Choose where the services' spans go (:mod:`.trace_sink`), start it, and
+        give the services its endpoint."""
+        self.traces = await TraceSink.start(
+            state.path_for(self.config.state_dir).with_name("traces")
+        )
+        for note in self.traces.notes:
+            self.say(note)
+        extra = {**self.config.extra_env, **self.traces.environment()}
+        self.config = replace(self.config, extra_env=extra)
 
     async def start(self, stop: asyncio.Event) -> bool:
         for spec in self.config.services():
@@ -374,9 +389,6 @@ class Stack:
             table.add_row(name, r.spec.address, metrics, str(r.proc.pid))
         self.console.print(table)
         tiers = parse_tiers(config.tiers, config.default_tier)
-        otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT"
-        )
         rows = {
             "Redis": f"{redacted(config.redis_url)} (prefix {config.redis_prefix})",
             "PostgreSQL": redacted(config.database_url),
@@ -388,9 +400,7 @@ class Stack:
             ),
             "runtimes": f"{config.state_dir.absolute()} (each sandbox's log: <id>/runtime.log)",
             "Prometheus": self.prometheus_note,
-            "traces": f"OTLP → {otlp}"
-            if otlp
-            else "not exported (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. Jaeger's :4317)",
+            "traces": self.traces.summary() if self.traces is not None else "not exported",
             "try": "turnstilectl demo · turnstilectl status · turnstilectl --help",
         }
         grid = Table.grid(padding=(0, 2))
@@ -432,6 +442,8 @@ class Stack:
         pids = [r.proc.pid for r in self.running.values()]
         if self.prometheus is not None and self.prometheus.proc is not None:
             pids.append(self.prometheus.proc.pid)
+        if self.traces is not None and self.traces.pid is not None:
+            pids.append(self.traces.pid)
         transport: dict[str, object] = (
             {"mode": "plaintext"}
             if config.tls_dir is None
@@ -461,6 +473,7 @@ class Stack:
             "database": redacted(config.database_url),
             "metrics_ports": dict(zip(SERVICE_NAMES, config.metrics_ports, strict=True)),
             "prometheus": self.prometheus.url if self.prometheus is not None else None,
+            "traces": self.traces.description() if self.traces is not None else None,
         }
 
     async def stop_leftovers(self) -> None:
@@ -516,6 +529,8 @@ class Stack:
         await self.terminate([n for n in self.running if n != "affinity"])
         if self.prometheus is not None:  # before the sweep, which would count it a leftover
             await self.prometheus.stop()
+        if self.traces is not None:  # after the services: their last spans are in
+            await self.traces.stop()
         await self.sweep()
         # Last: until everything is stopped, the next ``up`` can still find it here.
         with contextlib.suppress(OSError):
