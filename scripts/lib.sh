@@ -6,7 +6,12 @@ RUN_DIR="$ROOT/.run"
 REDIS_URL="${TURNSTILE_REDIS_URL:-redis://127.0.0.1:6379/0}"
 DATABASE_URL="${TURNSTILE_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# On stderr; should its reader be gone (`./scripts/up | tee log` and Ctrl-C, which kills
+# tee too), on the terminal instead, where the person who pressed Ctrl-C looks.
+say() {
+  printf '\033[1m==> %s\033[0m\n' "$*" >&2 2>/dev/null \
+    || { printf '==> %s\n' "$*" >/dev/tty; } 2>/dev/null || true
+}
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else

@@ -112,6 +112,35 @@ async def test_ctrl_c_through_tee_stops_everything_and_tells_the_stop_in_a_log(
         assert not (tmp_path / "stack.json").exists()
 
 
+async def test_ctrl_c_through_tee_in_a_terminal_tells_the_stop_on_the_terminal(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """``turnstilectl up 2>&1 | tee log`` in a terminal, and Ctrl-C: tee dies with
+    the same SIGINT, yet the person at the terminal sees how the stop went, not
+    just ``^C`` and a prompt (and stop.log still has all of it)."""
+    with run_stack(
+        tmp_path,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        tee_in_terminal=True,
+    ) as stack:
+        await stack.wait_serving()
+        await _activate(stack, "sb-stack-tty")
+        tree = _tree(stack)
+        shown = len(stack.output())
+
+        await asyncio.to_thread(stack.ctrl_c_in_terminal)
+
+        assert await _wait_gone(tree) == []
+        after_ctrl_c = stack.output()[shown:]
+        assert "turnstile stack: stopping 1 sandbox runtime(s)" in after_ctrl_c
+        assert "turnstile stack: stopped" in after_ctrl_c
+        assert "stop.log" in after_ctrl_c
+        assert "stopped" in (tmp_path / "stop.log").read_text()
+        assert not (tmp_path / "stack.json").exists()
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

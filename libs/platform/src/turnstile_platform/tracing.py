@@ -25,6 +25,7 @@ with no exporter) asks for propagation alone (:func:`client_interceptors`'s
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
@@ -47,9 +48,35 @@ def exporter_configured() -> bool:
     """Whether the ``OTEL_*`` environment asks for OTLP export."""
     if os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
         return False
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return bool(exporter_endpoint())
+
+
+#: The longest one export of a short-lived process may take (a command line that
+#: exports its spans as it exits): one attempt, no retry. A collector on the same
+#: network answers in milliseconds; a missing one must not hold the command up.
+SHORT_LIVED_EXPORT_TIMEOUT_S = 0.15
+
+_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+
+
+class ExportFailures(logging.Filter):
+    """Keeps the OTLP exporter's failure records off stderr and counts them, so a
+    short-lived process can say once that its traces went nowhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            self.count += 1
+        return False
+
+
+def exporter_endpoint() -> str:
+    """Where the ``OTEL_*`` environment sends traces ("" when nowhere)."""
+    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", ""
     )
 
 
@@ -58,12 +85,19 @@ def create_tracer_provider(
     *,
     processors: Sequence[SpanProcessor] = (),
     sampler: Sampler | None = None,
+    short_lived: bool = False,
 ) -> TracerProvider:
     """A tracer provider for ``service_name``.
 
     Adds a batching OTLP/gRPC exporter when the environment configures one, plus
     any ``processors`` given (tests pass an in-memory one). The sampler defaults
     to parent-based always-on unless ``OTEL_TRACES_SAMPLER`` says otherwise.
+
+    ``short_lived``: the process flushes its spans as it exits (``turnstilectl``).
+    Its exporter gives up after :data:`SHORT_LIVED_EXPORT_TIMEOUT_S` instead of the
+    default 10 s of retries (the SDK's flush ignores its own timeout, so only the
+    exporter's bounds it), and the exporter's warnings are held back: see
+    :func:`quiet_export_failures`.
     """
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service_name)})
     if sampler is None and not os.environ.get("OTEL_TRACES_SAMPLER"):
@@ -72,10 +106,24 @@ def create_tracer_provider(
     if exporter_configured():
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        exporter = (
+            OTLPSpanExporter(timeout=SHORT_LIVED_EXPORT_TIMEOUT_S)
+            if short_lived
+            else OTLPSpanExporter()
+        )
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     for processor in processors:
         provider.add_span_processor(processor)
     return provider
+
+
+def quiet_export_failures() -> ExportFailures:
+    """Hold the OTLP exporter's failure lines back (a retry warning and an error
+    per attempt, with the gRPC details) and count them instead: a command line's
+    user gets one line of its own, not the exporter's."""
+    failures = ExportFailures()
+    logging.getLogger(_EXPORTER_LOGGER).addFilter(failures)
+    return failures
 
 
 def _traced() -> Callable[[Any], bool]:

@@ -150,6 +150,13 @@ class RunningStack:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(timeout=timeout_s)
 
+    def ctrl_c_in_terminal(self, timeout_s: float = 60.0) -> int:
+        """Ctrl-C in the terminal of ``up 2>&1 | tee`` (``tee_in_terminal``): SIGINT
+        to the terminal's foreground process group, the shell, the runner and
+        ``tee`` alike. Returns the shell's exit code once the pipeline is over."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+        return self.proc.wait(timeout=timeout_s)
+
     def close_terminal(self) -> None:
         """Close the terminal window the runner runs in (``through_terminal``): the
         kernel hangs up its controlling terminal, sending it SIGHUP, and every
@@ -223,6 +230,7 @@ def run_stack(
     pick_ports: bool = False,
     through_terminal: bool = False,
     under_script: bool = False,
+    tee_in_terminal: bool = False,
 ) -> Iterator[RunningStack]:
     """Run ``turnstilectl up`` on free gRPC ports; metrics endpoints and the local
     Prometheus stay off unless ports are given for them. ``through_tee`` pipes
@@ -235,7 +243,12 @@ def run_stack(
     controlling one) whose screen goes to the log: :meth:`RunningStack.close_terminal`
     closes it as a person closes the window. ``under_script`` starts it as
     ``./scripts/up`` does, in the background of a shell that waits for it and names
-    itself in ``TURNSTILE_STOP_WITH_PARENT``: ``proc`` is then that shell."""
+    itself in ``TURNSTILE_STOP_WITH_PARENT``: ``proc`` is then that shell.
+    ``tee_in_terminal`` is a person's ``turnstilectl up 2>&1 | tee tee.log`` in a
+    terminal (a pseudo-terminal whose screen goes to the log): one shell runs the
+    pipeline as the terminal's session, so a Ctrl-C
+    (:meth:`RunningStack.ctrl_c_in_terminal`) reaches every process in it and
+    ``tee`` dies with the runner's output's only reader; ``proc`` is that shell."""
     ports = UNKNOWN_PORTS if pick_ports else (free_port(), free_port(), free_port())
     log = tmp_path / "stack.log"
     env = {
@@ -262,16 +275,18 @@ def run_stack(
         if through_tee
         else None
     )
-    terminal = _Terminal(log) if through_terminal else None
+    terminal = _Terminal(log) if through_terminal or tee_in_terminal else None
     with log.open("ab") as out:
         if terminal is not None:
             output: Any = terminal.slave
         else:
             output = out if tee is None else tee.stdin
         script = ["bash", "-c", 'TURNSTILE_STOP_WITH_PARENT=$$ "$@" & wait', "up"]
+        if tee_in_terminal:
+            script = ["bash", "-c", '"$@" 2>&1 | tee "$0"', str(tmp_path / "tee.log")]
         proc = subprocess.Popen(
             [
-                *(script if under_script else []),
+                *(script if under_script or tee_in_terminal else []),
                 sys.executable,
                 "-m",
                 "turnstile_cli",

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "run"]
 
 #: Commands that make no RPC and so start no trace (``up`` runs the stack; the
-#: demo starts one trace per step itself).
-UNTRACED = frozenset({"up", "demo", "tiers"})
+#: demo starts one trace per step itself; ``traces`` reads the stack's span log).
+UNTRACED = frozenset({"up", "demo", "tiers", "traces"})
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -102,9 +102,11 @@ async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:
 
     from turnstile_platform import tracing
 
-    provider = tracing.create_tracer_provider("turnstilectl")
+    exported = tracing.exporter_configured()
+    failures = tracing.quiet_export_failures() if exported else None
+    provider = tracing.create_tracer_provider("turnstilectl", short_lived=True)
     ctx.tracer_provider = provider
-    ctx.client_spans = tracing.exporter_configured()
+    ctx.client_spans = exported
     tracer = provider.get_tracer("turnstile_cli")
     try:
         with tracer.start_as_current_span(f"turnstilectl {args.action}") as span:
@@ -117,9 +119,18 @@ async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:
                 span.set_status(trace.StatusCode.ERROR, f"exit {code}")
             return code
     finally:
-        if tracing.exporter_configured():
-            await asyncio.to_thread(provider.force_flush, 5000)
+        # Bounded by the exporter's own timeout (short_lived): a collector that is
+        # not there costs one refused connection, not the SDK's 10 s of retries.
+        if exported:
+            await asyncio.to_thread(provider.force_flush)
         provider.shutdown()
+        if failures is not None and failures.count:
+            print(
+                f"turnstilectl: the command's trace was not exported (no OTLP collector "
+                f"answered at {tracing.exporter_endpoint()} within "
+                f"{tracing.SHORT_LIVED_EXPORT_TIMEOUT_S:g} s)",
+                file=sys.stderr,
+            )
 
 
 async def _handle(args: argparse.Namespace, ctx: Context) -> int:

@@ -750,7 +750,7 @@ def _summary(console: Console, story: Story, failure: str | None) -> None:
             + (
                 " (open http://localhost:16686/trace/<id> in Jaeger):"
                 if exported
-                else " (not exported: set OTEL_EXPORTER_OTLP_ENDPOINT for the stack and the demo):"
+                else " (the services' spans of each: turnstilectl traces --trace-id <id>):"
             )
         )
         for entry in story.traces:

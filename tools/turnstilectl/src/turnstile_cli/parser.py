@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         _limits,
         _tiers,
         _status,
+        _traces,
         _stack,
         _demo,
         _completion,
@@ -503,6 +504,23 @@ def _status(sub: Subparsers) -> None:
     add_watch(status)
 
 
+def _traces(sub: Subparsers) -> None:
+    traces = command(
+        sub,
+        "traces",
+        "turnstile_cli.commands.traces:_traces",
+        help="the local stack's last traces, as trees (span, service, duration, status)",
+        description="The last traces the local stack's own OTLP receiver got (./scripts/up runs "
+        "one when no jaeger binary is on PATH and OTEL_EXPORTER_OTLP_ENDPOINT is unset), "
+        "newest first, each span under its parent.",
+    )
+    traces.add_argument(
+        "-n", "--limit", type=non_negative, default=5, help="how many (default 5; 0: all)"
+    )
+    traces.add_argument("--service", help="only traces with a span of this service")
+    traces.add_argument("--trace-id", help="only this trace (the id --trace prints)")
+
+
 def _stack(sub: Subparsers) -> None:
     up = command(
         sub,
@@ -597,6 +615,13 @@ def _stack(sub: Subparsers) -> None:
         help="when Prometheus is installed, run one here scraping the stack with "
         "deploy/prometheus's rules (default 9090, or a free port when that is taken; 0: none)",
     )
+    up.add_argument(
+        "--reset",
+        action="store_true",
+        help="instead of starting: drop this checkout's own database, delete its Redis "
+        "prefix's keys and its sandboxes' directories (certificates kept), after a prompt",
+    )
+    up.add_argument("-y", "--yes", action="store_true", help="--reset without asking")
     up.add_argument(
         "--prometheus-scrape-interval",
         type=float,

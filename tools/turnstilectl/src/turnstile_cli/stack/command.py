@@ -44,6 +44,13 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
 
 
 async def _up(args: argparse.Namespace, ctx: Context) -> int:
+    if args.reset:
+        from turnstile_cli.stack import reset
+
+        return await reset.run(args, ctx.out)
+    if args.yes:
+        ctx.out.failure("--yes goes with --reset")
+        return Exit.USAGE
     config = config_from_args(args)
     stack = Stack(
         config,

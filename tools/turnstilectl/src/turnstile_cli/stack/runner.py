@@ -29,7 +29,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, cast
 
@@ -62,6 +62,7 @@ from turnstile_cli.stack.preflight import (
 )
 from turnstile_cli.stack.runtime_user import runtime_user_env
 from turnstile_cli.stack.terminal import DetachingOutput
+from turnstile_cli.stack.trace_sink import TraceSink
 from turnstile_contracts import substrate_pb2, substrate_pb2_grpc
 from turnstile_platform import peers
 from turnstile_platform.health_check import wait_serving
@@ -124,9 +125,26 @@ class Stack:
         self.runtime_user_env: dict[str, str] = {}
         #: The guard process and its pipe (:mod:`.guard`), once the stack is described.
         self.guard: tuple[subprocess.Popen[bytes], int] | None = None
+        #: Where the services' spans go (:mod:`.trace_sink`), chosen at preflight.
+        self.traces: TraceSink | None = None
+        #: What the stack said since its stop began (None until then): the summary
+        #: :meth:`tell_stop` repeats on the terminal.
+        self.stop_lines: list[str] | None = None
 
     def say(self, text: str) -> None:
         self.printer.line("stack", text)
+        if self.stop_lines is not None:
+            self.stop_lines.append(text)
+
+    def tell_stop(self) -> None:
+        """After a stop whose output lost its reader (``| tee`` killed by the same
+        Ctrl-C), repeat what the stop said on the terminal, with where the rest is."""
+        if not self.output.reader_lost or not self.stop_lines:
+            return
+        self.output.tell_terminal(
+            [f"turnstile stack: {line}" for line in self.stop_lines]
+            + [f"turnstile stack: (everything the stop printed is in {self.output.log})"]
+        )
 
     async def run(self) -> int:
         """Start, serve until a signal or a service dies, stop. Returns the exit code."""
@@ -147,7 +165,9 @@ class Stack:
             if not procs.become_subreaper():
                 self.say("could not become a subreaper: orphaned runtimes may survive a crash")
             if not await self.start(stop):
+                self.stop_lines = []
                 await self.stop()
+                self.tell_stop()
                 return 1
             self.describe()  # from here a killed runner leaves a list of what to stop
             # ... and its guard stops what is on it, should the runner be killed.
@@ -159,9 +179,11 @@ class Stack:
             self.describe()
             self.banner()
             died = await self.wait_for_stop_or_death(stop)
+            self.stop_lines = []
             if died is not None:
                 self.say(f"{died} exited unexpectedly (exit {self.running[died].proc.returncode})")
             await self.stop()
+            self.tell_stop()
             return 1 if died is not None else 0
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -251,6 +273,18 @@ class Stack:
             self.say(f"created database {redacted(self.config.database_url)}")
         self.say("applying migrations")
         await migrate(self.config, self.printer)
+        await self.start_traces()
+
+    async def start_traces(self) -> None:
+        """Choose where the services' spans go (:mod:`.trace_sink`), start it, and
+        give the services its endpoint."""
+        self.traces = await TraceSink.start(
+            state.path_for(self.config.state_dir).with_name("traces")
+        )
+        for note in self.traces.notes:
+            self.say(note)
+        extra = {**self.config.extra_env, **self.traces.environment()}
+        self.config = replace(self.config, extra_env=extra)
 
     async def start(self, stop: asyncio.Event) -> bool:
         for spec in self.config.services():
@@ -355,9 +389,6 @@ class Stack:
             table.add_row(name, r.spec.address, metrics, str(r.proc.pid))
         self.console.print(table)
         tiers = parse_tiers(config.tiers, config.default_tier)
-        otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT"
-        )
         rows = {
             "Redis": f"{redacted(config.redis_url)} (prefix {config.redis_prefix})",
             "PostgreSQL": redacted(config.database_url),
@@ -369,9 +400,7 @@ class Stack:
             ),
             "runtimes": f"{config.state_dir.absolute()} (each sandbox's log: <id>/runtime.log)",
             "Prometheus": self.prometheus_note,
-            "traces": f"OTLP → {otlp}"
-            if otlp
-            else "not exported (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. Jaeger's :4317)",
+            "traces": self.traces.summary() if self.traces is not None else "not exported",
             "try": "turnstilectl demo · turnstilectl status · turnstilectl --help",
         }
         grid = Table.grid(padding=(0, 2))
@@ -413,6 +442,8 @@ class Stack:
         pids = [r.proc.pid for r in self.running.values()]
         if self.prometheus is not None and self.prometheus.proc is not None:
             pids.append(self.prometheus.proc.pid)
+        if self.traces is not None and self.traces.pid is not None:
+            pids.append(self.traces.pid)
         transport: dict[str, object] = (
             {"mode": "plaintext"}
             if config.tls_dir is None
@@ -442,6 +473,7 @@ class Stack:
             "database": redacted(config.database_url),
             "metrics_ports": dict(zip(SERVICE_NAMES, config.metrics_ports, strict=True)),
             "prometheus": self.prometheus.url if self.prometheus is not None else None,
+            "traces": self.traces.description() if self.traces is not None else None,
         }
 
     async def stop_leftovers(self) -> None:
@@ -497,6 +529,8 @@ class Stack:
         await self.terminate([n for n in self.running if n != "affinity"])
         if self.prometheus is not None:  # before the sweep, which would count it a leftover
             await self.prometheus.stop()
+        if self.traces is not None:  # after the services: their last spans are in
+            await self.traces.stop()
         await self.sweep()
         # Last: until everything is stopped, the next ``up`` can still find it here.
         with contextlib.suppress(OSError):

@@ -13,6 +13,11 @@ runtimes run as (they run untrusted code). The stack picks for it:
   (a development stack on your own machine, said out loud, not a silent default);
 - ``TURNSTILE_DIRECT_RUNTIME_UIDS`` or ``TURNSTILE_DIRECT_RUNTIME_USER`` set in
   your environment: yours wins, unchecked.
+
+When it falls back to root, the note says how to fix it (:func:`fix`): move a
+checkout other users cannot reach, or rebuild the workspace on an interpreter they
+can run — one found on this machine (Debian's ``python3``), else uv's managed
+Python installed to a readable place (``UV_PYTHON_INSTALL_DIR``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,66 @@ def probe(uid: int, timeout_s: float = 60.0) -> str | None:
     return None
 
 
+#: Interpreters looked for when the workspace's is root's alone (a pyenv under /root).
+INTERPRETERS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+#: The workspace's Python (pyproject's requires-python).
+MIN_PYTHON = (3, 11)
+
+#: Where the note suggests installing uv's managed Python, readable by every user.
+READABLE_PYTHON_DIR = "/opt/uv-python"
+
+
+def runnable_interpreter(uid: int, candidates: tuple[str, ...] = INTERPRETERS) -> str | None:
+    """The first of ``candidates`` a process of ``uid`` can run, new enough for the
+    workspace, or None."""
+    check = f"import sys; sys.exit(sys.version_info[:2] < {MIN_PYTHON!r})"
+    for candidate in candidates:
+        if not os.access(candidate, os.X_OK):
+            continue
+        try:
+            done = subprocess.run(
+                [candidate, "-c", check],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin"},
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+def fix(state_dir: Path, uid: int) -> str:
+    """How to let runtimes of ``uid`` run: what to move, or which interpreter to
+    rebuild the workspace on (once: uv recreates ``.venv`` for another interpreter)."""
+    for what, path in (("the state directory", state_dir), ("the workspace", Path(sys.prefix))):
+        hidden = unreachable_parent(path)
+        if hidden is not None:
+            return (
+                f"{what} is under {hidden}, which other users cannot search: use a checkout "
+                "(or --state-dir) outside it, e.g. under /srv or /opt"
+            )
+    found = runnable_interpreter(uid)
+    if found is not None:
+        return (
+            f"rebuild the workspace on {found}, which other users can run: "
+            f"UV_PYTHON={found} ./scripts/up"
+        )
+    return (
+        f"install uv's managed Python where other users can run it, then rebuild the "
+        f"workspace on it: UV_PYTHON_INSTALL_DIR={READABLE_PYTHON_DIR} uv python install 3.11 && "
+        f'UV_PYTHON="$(UV_PYTHON_INSTALL_DIR={READABLE_PYTHON_DIR} uv python find '
+        '--managed-python 3.11)" ./scripts/up'
+    )
+
+
 def runtime_user_env(
     state_dir: Path, environ: Mapping[str, str] = os.environ
 ) -> tuple[dict[str, str], str | None]:
@@ -82,6 +147,6 @@ def runtime_user_env(
             f"sandbox runtimes run as uids {RUNTIME_UIDS}, one each"
         )
     return {"TURNSTILE_DIRECT_RUNTIME_USER": "root"}, (
-        f"sandbox runtimes run as ROOT: {reason} (set TURNSTILE_DIRECT_RUNTIME_UIDS or "
-        "TURNSTILE_DIRECT_RUNTIME_USER to choose; docs/security.md)"
+        f"sandbox runtimes run as ROOT: {reason}. To run each as a uid of its own, "
+        f"{fix(state_dir, first)} (docs/substrate.md#the-local-stack-as-root)"
     )

@@ -9,6 +9,12 @@ runtime and its Prometheus running. So a write that finds its reader gone moves
 the runner's standard output and error onto a log file (``dup2``: every later
 line, tracebacks included, goes there) and is written again there; the stop goes
 on, and what it says is in that file.
+
+The person who pressed Ctrl-C still looks at the terminal, though: ``tee`` died,
+the terminal did not. So once the stop is over, a runner whose reader went away
+writes the stop's own lines to its controlling terminal too (``/dev/tty``, when it
+has one: :meth:`DetachingOutput.tell_terminal`), where they land before the
+shell's prompt. Not after SIGHUP: that terminal is gone.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from typing import IO, Any
 #: A write that fails with one of these has lost its reader: the pipe's far end
 #: (EPIPE) or the terminal (EIO).
 _GONE = (errno.EPIPE, errno.EIO)
+
+#: Why the output moved when a write found its reader gone.
+READER_GONE = "the output's reader went away"
 
 
 def detach_to(log: Path) -> bool:
@@ -55,6 +64,28 @@ class DetachingOutput:
         #: Why the output was moved to the log, once it was ("" until then).
         self.detached = ""
 
+    @property
+    def reader_lost(self) -> bool:
+        """Whether a write found the reader gone (not a hang-up told in advance)."""
+        return self.detached == READER_GONE
+
+    def tell_terminal(self, lines: list[str]) -> bool:
+        """Write ``lines`` to the controlling terminal, if there is one and it takes
+        them; False otherwise (no terminal, or it is gone too)."""
+        text = "".join(f"{line}\n" for line in lines).encode(errors="replace")
+        try:
+            fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no controlling terminal
+            return False
+        try:
+            while text:
+                text = text[os.write(fd, text) :]
+        except OSError:  # EIO: hung up; EAGAIN: a terminal nobody drains
+            return False
+        finally:
+            os.close(fd)
+        return True
+
     def detach(self, why: str) -> None:
         """Move the output to the log now (SIGHUP: nobody reads the terminal)."""
         if not self.detached and detach_to(self.log):
@@ -78,7 +109,7 @@ class DetachingOutput:
     def _lost(self, error: OSError) -> None:
         if error.errno not in _GONE or self.detached:
             raise error
-        self.detach("the output's reader went away")
+        self.detach(READER_GONE)
         if not self.detached:
             raise error
 
