@@ -27,6 +27,7 @@ from turnstile_platform.authz.methods import (
     ClientSource,
     FromActivationClient,
     FromRequest,
+    PlatformWide,
     activation_client,
 )
 from turnstile_platform.authz.ownership import ECHO_CHARS, namespace_of
@@ -97,6 +98,8 @@ def client_hint(source: ClientSource, request: Any) -> str | None:
         if named is not INHERIT:
             return named if isinstance(named, str) else None
         return namespace_of(source.sandbox_id(request)) if source.sandbox_id is not None else None
+    if isinstance(source, PlatformWide):
+        return None  # acts for no one client: the caller's identity alone is its flow
     return namespace_of(source.sandbox_id(request))
 
 
