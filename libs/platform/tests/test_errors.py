@@ -145,7 +145,7 @@ def test_a_status_echoing_a_10kb_field_stays_small_enough_to_arrive() -> None:
     assert status.code is grpc.StatusCode.INVALID_ARGUMENT
 
 
-class _Broken(Exception):
+class _BrokenError(Exception):
     """An error only this test's handler raises (the log throttle is keyed by type)."""
 
 
@@ -156,7 +156,7 @@ async def test_repeated_unexpected_errors_are_counted_not_each_logged_with_a_tra
     (the next line of the same method and error type says how many), SPEC O6."""
 
     async def crash(_: bytes, __: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        raise _Broken("bad cursor")
+        raise _BrokenError("bad cursor")
 
     app = GrpcService("probe", settings(), service_names=[])
     add_probe(app, {"CrashOften": crash})
@@ -173,4 +173,4 @@ async def test_repeated_unexpected_errors_are_counted_not_each_logged_with_a_tra
     lines = [r for r in caplog.records if r.getMessage().startswith("unhandled error")]
     assert len(lines) == 1
     assert lines[0].exc_info is not None
-    assert lines[0].__dict__["error_type"] == "_Broken"
+    assert lines[0].__dict__["error_type"] == "_BrokenError"
