@@ -114,3 +114,19 @@ def test_the_dashboard_uses_only_recording_rules_that_exist() -> None:
         for name in re.findall(r"turnstile:[a-z0-9_:]+", target["expr"])
     }
     assert used <= recorded, used - recorded
+
+
+def test_the_dashboard_shows_each_fair_share_level_in_flight_waiting_and_refused() -> None:
+    """SPEC N1: an operator sees per level what is seated, waiting and refused."""
+    exprs = " ".join(
+        target["expr"]
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+        for target in panel["targets"]
+    )
+    for metric in (
+        "turnstile_fair_share_in_flight",
+        "turnstile_fair_share_assured_seats",
+        "turnstile_fair_share_waiting",
+        "turnstile_fair_share_refused_total",
+    ):
+        assert re.search(rf"by \([^)]*\blevel\b[^)]*\) \(\w*\(?{metric}", exprs), metric
