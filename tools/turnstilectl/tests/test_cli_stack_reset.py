@@ -60,6 +60,8 @@ async def checkouts(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[Check
         await redis.set(f"{checkout.prefix}limits:acme", "{}")
         await redis.hset(f"{checkout.prefix}keyset", "acme", "1")
         (checkout.state_dir / "sb-1").mkdir(parents=True)
+        (checkout.root / ".run" / "traces").mkdir()
+        (checkout.root / ".run" / "traces" / "spans.jsonl").write_text("{}\n")
         (checkout.root / ".run" / "tls").mkdir()
         (checkout.root / ".run" / "tls" / "ca.crt").write_text("kept")
     try:
@@ -126,6 +128,8 @@ async def test_reset_with_yes_clears_only_this_checkouts_database_prefix_and_san
         assert await _keys(redis, one.prefix) == set()
         assert not (one.state_dir / "sb-1").exists()
         assert (one.root / ".run" / "tls" / "ca.crt").read_text() == "kept"
+        assert not (one.root / ".run" / "traces" / "spans.jsonl").exists()
+        assert (two.root / ".run" / "traces" / "spans.jsonl").exists()
         await _assert_untouched(two, redis)
     finally:
         await redis.aclose()

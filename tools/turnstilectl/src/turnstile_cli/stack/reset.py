@@ -4,12 +4,12 @@ What a checkout's stack keeps between runs is its own by construction
 (:mod:`.config`): the database ``turnstile_<checkout id>`` on the local server,
 the Redis keys under ``turnstile:<checkout id>:`` (limits, the key set, counts,
 queues, sessions) and the Direct substrate's state directory (each sandbox's
-workspace and log). A reset drops that database, deletes those keys and empties
-that directory, and nothing else: another checkout's database and prefix are
-never named, and a database or prefix given explicitly (a flag, a
-``TURNSTILE_*`` variable) is refused rather than dropped, since it may be
-anybody's. The certificates and the sandbox-credential keys are kept (a reset
-forgets state, not identities).
+workspace and log). A reset drops that database, deletes those keys, empties
+that directory and the span log beside it (``traces/``), and nothing else:
+another checkout's database and prefix are never named, and a database or prefix
+given explicitly (a flag, a ``TURNSTILE_*`` variable) is refused rather than
+dropped, since it may be anybody's. The certificates and the sandbox-credential
+keys are kept (a reset forgets state, not identities).
 
 It asks first, on a terminal; without one it needs ``--yes``, and it refuses
 while a stack runs on this checkout.
@@ -31,6 +31,7 @@ from turnstile_cli.exits import Exit
 from turnstile_cli.output import Output
 from turnstile_cli.stack import procs, state
 from turnstile_cli.stack.config import checkout_database_url, checkout_prefix
+from turnstile_cli.stack.otlp_receiver import FILE_NAME, PREVIOUS_NAME
 from turnstile_cli.stack.preflight import redacted
 from turnstile_platform.redis_client import create_redis
 
@@ -57,6 +58,11 @@ class Reset:
     redis_url: str
     redis_prefix: str
     state_dir: Path
+
+    @property
+    def traces_dir(self) -> Path:
+        """The stack's span log (:mod:`.otlp_receiver`): traces of sandboxes now gone."""
+        return state.path_for(self.state_dir).with_name("traces")
 
     @property
     def database(self) -> str:
@@ -191,6 +197,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         f"  Redis {redacted(reset.redis_url)}: delete the {len(keys)} key(s) under "
         f"{reset.redis_prefix} (limits, key set, counts, queues)",
         f"  {reset.state_dir}: {len(sandboxes)} sandbox director(y/ies) (workspaces and logs)",
+        f"  {reset.traces_dir}: the span log turnstilectl traces reads",
         "Kept: other checkouts' databases and prefixes, the certificates and the "
         "sandbox-credential keys.",
     ]
@@ -200,6 +207,8 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     await _delete_keys(reset, keys)
     if exists:
         await _drop_database(reset)
+    for name in (FILE_NAME, PREVIOUS_NAME):
+        (reset.traces_dir / name).unlink(missing_ok=True)
     for directory in sandboxes:
         shutil.rmtree(directory, ignore_errors=True)
     out.note(
