@@ -79,9 +79,10 @@ def test_allowing_an_invalid_client_id_is_a_usage_error_not_a_traceback(
     capsys: pytest.CaptureFixture[str], redis_url: str, redis_prefix: str, client_id: str
 ) -> None:
     argv = ["keys", "--redis-url", redis_url, "--redis-prefix", redis_prefix]
-    code = run([*argv, "allow", client_id])
+    with pytest.raises(SystemExit) as exited:
+        run([*argv, "allow", client_id])
     captured = capsys.readouterr()
-    assert code == 2
+    assert exited.value.code == 2
     assert "client id" in captured.err
     assert "Traceback" not in captured.err
     assert captured.out == ""

@@ -83,7 +83,6 @@ async def test_delete_falls_back_and_a_second_delete_says_nothing_was_there(
         (("patch", "acme", "[1]"), "JSON object"),
         (("set", "acme", "{cap: 1}"), "not JSON"),
         (("set", "--cluster", '{"cap": 1}'), "only rate and burst"),
-        (("set", "Not A Key!", '{"cap": 1}'), "is not a bounded key"),
     ],
 )
 async def test_a_bad_document_is_refused_and_changes_nothing(

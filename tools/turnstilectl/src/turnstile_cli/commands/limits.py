@@ -35,9 +35,9 @@ async def _limits(args: argparse.Namespace, ctx: Context) -> int:
         except LimitsError as error:
             ctx.out.failure(str(error))
             return Exit.USAGE
-        if args.verb == "get":
+        if args.verb == "show":
             return await _get(ctx, store, field)
-        assert field is not None  # argparse requires one for every verb but get
+        assert field is not None  # argparse requires one for every verb but show
         warning = None
         if args.key and args.verb != "delete":
             warning = await _not_in_effect(KeySetStore(redis, prefix), args.key)
