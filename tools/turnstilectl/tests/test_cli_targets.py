@@ -192,3 +192,28 @@ async def test_two_checkouts_stacks_each_acts_on_its_own_and_a_stopped_one_says_
     gone = await asyncio.to_thread(_cli, ["status", "--stack", str(one)], cwd=elsewhere, env=env)
     assert gone.returncode == 4
     assert f"no stack running for {one}; start it with ./scripts/up" in gone.stderr
+
+
+def test_tiers_never_reads_another_checkouts_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's copy names another checkout's running stack: ``tiers`` run
+    outside it does not take that stack's tiers for its own."""
+    from turnstile_cli.cli import run
+
+    state.publish(
+        {
+            "pid": os.getpid(),
+            "runner": state.process_record(os.getpid()),
+            "state_dir": str(tmp_path / "other" / ".run" / "direct"),
+            "tiers": "gpu",
+            "default_tier": "gpu",
+        }
+    )
+    for variable in ("TURNSTILE_TIERS", "TURNSTILE_DEFAULT_TIER", "TURNSTILE_STACK_FILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.chdir(tmp_path)
+    run(["tiers", "--json"])
+    answer = json.loads(capsys.readouterr().out)
+    assert "gpu" not in json.dumps(answer)
+    assert "no running local stack" in answer["source"]
