@@ -189,7 +189,7 @@ TENANT_TRIES = [
     ("limits", "patch", "acme", '{"level": "platform", "weight": 50}'),
     ("limits", "set", "globex", '{"cap": 0}'),
     ("limits", "delete", "--default"),
-    ("limits", "get"),
+    ("limits", "show"),
     ("keys", "allow", "acme-2"),
     ("keys", "remove", "acme"),
     ("keys", "flags", "own_keys=off"),

@@ -1,7 +1,7 @@
-"""The CLI finds the running local stack from any directory (its per-user
-``stack.json``): addresses, plaintext or mTLS with its certificate, Redis URL
-and prefix, with nothing set by hand; and the stack's Redis prefix is its
-checkout's own, and so are its database and (when not given) its ports."""
+"""The CLI finds its checkout's running stack (``.run/stack.json``): addresses,
+plaintext or mTLS with its certificate, Redis URL and prefix, with nothing set by
+hand; and the stack's Redis prefix is its checkout's own, and so are its database
+and (when not given) its ports. Choosing between checkouts: test_cli_targets.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from turnstile_cli.cli import run
 from turnstile_cli.context import Context, LocalStack, Targets
@@ -26,7 +25,7 @@ from turnstile_cli.stack import state
 from turnstile_cli.stack.command import config_from_args
 from turnstile_cli.stack.config import StackConfig, checkout_prefix
 from turnstile_cli.stack.preflight import PreflightError, check_ports, settle_ports
-from turnstile_clientkeys.limits import LimitsStore
+from turnstile_cli.target import running_stacks
 from turnstile_platform.server import GrpcService
 from turnstile_testing.probe import settings
 from turnstile_testing.processes import free_port
@@ -48,44 +47,6 @@ def _cli(argv: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.Compl
         text=True,
         timeout=60,
     )
-
-
-async def test_commands_reach_the_mtls_stack_from_any_directory_with_nothing_set(
-    tmp_path: Path,
-    redis_url: str,
-    redis_prefix: str,
-    database_url: str,
-    redis: aioredis.Redis,
-) -> None:
-    elsewhere = tmp_path / "home" / "docs"
-    elsewhere.mkdir(parents=True)
-    with run_stack(
-        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
-    ) as stack:
-        await stack.wait_serving()
-        assert stack.state_home is not None
-        described = json.loads((stack.state_home / "turnstile" / "stack.json").read_text())
-        assert described["transport"]["mode"] == "mtls"
-        assert described["transport"]["cert"] == str((tmp_path / "tls" / "cli.crt").absolute())
-        assert described["redis_prefix"] == redis_prefix
-        env = _bare_env(stack.state_home)
-
-        status = await asyncio.to_thread(_cli, ["--json", "status"], cwd=elsewhere, env=env)
-        assert status.returncode == 0, status.stderr
-        health = json.loads(status.stdout)
-        assert {health[s]["address"] for s in health if s != "trace_id"} == set(stack.addresses)
-        assert {health[s]["health"] for s in health if s != "trace_id"} == {"SERVING"}
-
-        # limits reach the stack's admission (its admin API, with the stack's operator
-        # certificate), found the same way, and land in its Redis prefix.
-        limited = await asyncio.to_thread(
-            _cli, ["limits", "set", "--default", '{"cap": 7}'], cwd=elsewhere, env=env
-        )
-        assert limited.returncode == 0, limited.stderr
-        assert await LimitsStore(redis, redis_prefix).get("default") == {"cap": 7}
-
-        assert await asyncio.to_thread(stack.interrupt) == 0
-    assert not (stack.state_home / "turnstile" / "stack.json").exists()
 
 
 @pytest.fixture
@@ -127,7 +88,7 @@ async def test_a_plaintext_stack_is_talked_to_in_plaintext_without_being_told(
     (tmp_path / ".run" / "tls").mkdir(parents=True)
     (tmp_path / ".run" / "tls" / "cli.crt").write_text("stale")
     _describe(
-        state.user_file(),
+        tmp_path / ".run" / "stack.json",
         address=plaintext_server,
         transport={"mode": "plaintext"},
         pid=os.getpid(),
@@ -145,7 +106,7 @@ def test_flags_and_variables_still_win_over_the_stack_file(
         state.user_file(), address="127.0.0.1:1", transport={"mode": "plaintext"}, pid=os.getpid()
     )
     monkeypatch.setenv("TURNSTILE_REDIS_PREFIX", "mine:")
-    stack = LocalStack.find()
+    stack = LocalStack.read(state.user_file())
     assert stack is not None
     assert stack.plaintext
     monkeypatch.delenv("TURNSTILE_ADMISSION_ADDR", raising=False)
@@ -190,7 +151,8 @@ def test_a_stack_file_whose_runner_is_gone_describes_nothing(
     monkeypatch.delenv("TURNSTILE_STACK_FILE", raising=False)
     assert state.find_running() is None
     assert state.find() is None  # nor do ``tiers`` take a dead stack's tiers from it
-    assert LocalStack.find() is None
+    assert LocalStack.read(path) is None
+    assert running_stacks() == []
 
 
 def test_each_checkout_has_its_own_redis_prefix(tmp_path: Path) -> None:
@@ -288,9 +250,10 @@ async def test_a_stack_given_no_ports_moves_off_a_taken_default_and_says_where(
         holder.listen()
     except OSError:  # another process holds it already: as good for this test
         holder.close()
+    (tmp_path / ".run").mkdir()
     try:
         with run_stack(
-            tmp_path,
+            tmp_path / ".run",  # the checkout tmp_path's own stack
             redis_url=redis_url,
             redis_prefix=redis_prefix,
             database_url=database_url,
@@ -299,8 +262,9 @@ async def test_a_stack_given_no_ports_moves_off_a_taken_default_and_says_where(
             await stack.wait_serving()
             assert stack.ports[0] != 50051
             assert f"admission port 50051 is taken: using {stack.ports[0]}" in stack.output()
+            assert stack.state_home is not None
             status = await asyncio.to_thread(
-                _cli, ["status", "--json"], cwd=tmp_path, env=_bare_env(tmp_path / "xdg-state")
+                _cli, ["status", "--json"], cwd=tmp_path, env=_bare_env(stack.state_home)
             )
             assert status.returncode == 0, status.stdout + status.stderr
             assert json.loads(status.stdout)["admission"] == {
@@ -317,13 +281,13 @@ async def test_a_real_plaintext_stack_after_an_mtls_start_needs_no_setting(
 ) -> None:
     """``./scripts/up --plaintext`` after a TLS start: the old certificates lie in
     ``.run/tls`` of the checkout, no TURNSTILE_PLAINTEXT is set, and ``status``
-    from the checkout and from elsewhere talks plaintext to it."""
+    from the checkout and from elsewhere (``--stack``) talks plaintext to it."""
     checkout = tmp_path / "checkout"
     (checkout / ".run" / "tls").mkdir(parents=True)
     for name in ("cli.crt", "cli.key", "ca.crt"):
         (checkout / ".run" / "tls" / name).write_text("left by an mTLS start")
     with run_stack(
-        tmp_path,
+        checkout / ".run",
         redis_url=redis_url,
         redis_prefix=redis_prefix,
         database_url=database_url,
@@ -332,8 +296,9 @@ async def test_a_real_plaintext_stack_after_an_mtls_start_needs_no_setting(
         await stack.wait_serving()
         assert stack.state_home is not None
         env = _bare_env(stack.state_home)
-        for where in (checkout, tmp_path):
-            status = await asyncio.to_thread(_cli, ["--json", "status"], cwd=where, env=env)
+        # In the checkout, and from elsewhere naming it.
+        for where, named in ((checkout, []), (tmp_path, ["--stack", str(checkout)])):
+            status = await asyncio.to_thread(_cli, ["--json", "status", *named], cwd=where, env=env)
             assert status.returncode == 0, status.stderr
             health = json.loads(status.stdout)
             assert health["admission"]["health"] == "SERVING"

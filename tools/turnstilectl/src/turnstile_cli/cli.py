@@ -5,7 +5,10 @@ module, and grpc, protobuf, rich or Redis with it, is imported after parsing.
 That keeps ``--help`` and usage errors instant and a command's start-up to what
 it uses (``tools/turnstilectl/bench/cli_startup.py`` measures both).
 
-One rule for every command: usage errors exit 2 with the message on stderr,
+Every command but ``up``, ``completion`` and ``tiers`` acts on a target chosen
+explicitly (:mod:`turnstile_cli.target`, SPEC M2) and names it on stderr first
+(``-q`` keeps it quiet). One rule for every command: usage errors exit 2 with one
+line and a hint on stderr (JSON on stdout under ``--json``),
 refusals 3, retryable failures 4, certificate problems 5
 (:mod:`turnstile_cli.exits`). Every command is one trace: a root span around
 the whole command, so its RPCs (``place --release`` makes two) are children of
@@ -33,12 +36,20 @@ __all__ = ["build_parser", "run"]
 UNTRACED = frozenset({"up", "demo", "tiers", "traces"})
 
 
+#: Commands that act on no stack (``up`` is one; ``tiers`` checks a configuration).
+NO_TARGET = frozenset({"up", "completion", "tiers"})
+
+#: Commands that act on Redis: a Redis prefix given names what they change.
+REDIS_COMMANDS = frozenset({"keys", "limits"})
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code."""
+    from turnstile_cli.parser import parse
+
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not 0 < args.timeout <= 120:
-        parser.error("--timeout must be between 0 and 120 seconds")  # exits 2 on stderr
+    args = parse(parser, argv)
     if args.action == "completion":  # no RPC, no output machinery: a script on stdout
         from turnstile_cli.completion import script
 
@@ -51,14 +62,32 @@ def run(argv: list[str] | None = None) -> int:
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import asyncio
 
-    from turnstile_cli.context import ClientTls, Context, LocalStack, Targets
+    from turnstile_cli.context import ClientTls, Context, Targets
     from turnstile_cli.output import Output
+    from turnstile_cli.target import Target, TargetError, resolve
 
     color = {"always": True, "never": False}.get(args.color)
     if color is None and os.environ.get("NO_COLOR"):
         color = False
     out = Output(output=args.output or ("json" if args.json else None), color=color)
-    stack = LocalStack.find()
+    target: Target | None = None
+    if args.action not in NO_TARGET:
+        redis_explicit = args.action in REDIS_COMMANDS and bool(
+            getattr(args, "redis_prefix", None) or os.environ.get("TURNSTILE_REDIS_PREFIX")
+        )
+        try:
+            target = resolve(args, redis_explicit=redis_explicit)
+        except TargetError as error:
+            out.failure(
+                str(error),
+                code="UNAVAILABLE" if error.exit_code == Exit.RETRYABLE else "INVALID_ARGUMENT",
+                reason=error.reason,
+                extra={"stacks": [_listed(s) for s in error.stacks]} if error.stacks else None,
+            )
+            return error.exit_code
+        if not args.quiet and args.action != "status":  # status leads with it itself
+            out.target(target.describe())
+    stack = target.stack if target is not None else None
     targets = Targets.resolve(args.admission, args.substrate, args.affinity, stack=stack)
     if getattr(args, "service", None) and getattr(args, "target", None):
         from dataclasses import replace
@@ -67,7 +96,9 @@ def run(argv: list[str] | None = None) -> int:
     tls = ClientTls.resolve(
         args.cert, args.key, args.ca, stack=stack if targets.reach(stack) else None
     )
-    ctx = Context(out=out, targets=targets, timeout_s=args.timeout, tls=tls, stack=stack)
+    ctx = Context(
+        out=out, targets=targets, timeout_s=args.timeout, tls=tls, stack=stack, target=target
+    )
     watch = getattr(args, "watch", None)
     try:
         return asyncio.run(_watch(args, ctx, watch) if watch else _dispatch(args, ctx))
@@ -75,22 +106,50 @@ def run(argv: list[str] | None = None) -> int:
         return Exit.OK if watch else 130  # Ctrl-C is how a watch ends
 
 
+def _listed(stack: object) -> dict[str, object]:
+    from turnstile_cli.context import LocalStack
+
+    assert isinstance(stack, LocalStack)
+    return {
+        "checkout": str(stack.checkout) if stack.checkout else None,
+        "stack_file": str(stack.path),
+        "addresses": stack.addresses,
+    }
+
+
 async def _watch(args: argparse.Namespace, ctx: Context, every_s: float) -> int:
-    """Run the command again every ``every_s`` until Ctrl-C, as ``watch`` does: a
-    person sees the screen redrawn under a header, a script one JSON object a
-    line. A failed round is shown and the next one runs all the same."""
+    """Run the command again every ``every_s`` until Ctrl-C or SIGTERM, as
+    ``watch`` does: a person sees the screen redrawn under a header, a script one
+    JSON object a line. A failed round is shown and the next one runs all the
+    same. SIGTERM ends it at once, between rounds or in one (exit 0, as Ctrl-C)."""
     import asyncio
+    import signal
     import time
 
-    while True:
-        if not ctx.out.json_mode:
-            ctx.out.console.clear()
-            ctx.out.console.print(
-                f"[dim]every {every_s:g} s: turnstilectl {args.action} · "
-                f"{time.strftime('%H:%M:%S')} · Ctrl-C stops[/]"
-            )
-        await _dispatch(args, ctx)
-        await asyncio.sleep(every_s)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopped.set)
+    stop = asyncio.ensure_future(stopped.wait())
+    try:
+        while not stopped.is_set():
+            if not ctx.out.json_mode:
+                ctx.out.console.clear()
+                ctx.out.console.print(
+                    f"[dim]every {every_s:g} s: turnstilectl {args.action} · "
+                    f"{time.strftime('%H:%M:%S')} · Ctrl-C stops[/]"
+                )
+            round_ = asyncio.ensure_future(_dispatch(args, ctx))
+            await asyncio.wait({round_, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not round_.done():
+                round_.cancel()
+                await asyncio.gather(round_, return_exceptions=True)
+                break
+            round_.result()
+            await asyncio.wait({stop}, timeout=every_s)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        stop.cancel()
+    return Exit.OK
 
 
 async def _dispatch(args: argparse.Namespace, ctx: Context) -> int:

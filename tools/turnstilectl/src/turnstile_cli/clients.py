@@ -1,8 +1,11 @@
-"""The ``--client`` / ``--inherit`` / ``--native`` / ``--unattributed`` options.
+"""The ``--client`` / ``--inherit`` / ``--native`` / ``--unattributed`` options,
+and the one parser of every client id the command line takes.
 
-The CLI sends what the user typed; the service validates it (one place, the
-shared resolver's contract) and an invalid id comes back as INVALID_ARGUMENT
-naming the field.
+:func:`client_id` is the ``type`` of every argument that names a client (``--client``
+of every command, ``keys allow``, ``limits`` keys): the services' own parser
+(:func:`turnstile_clientkeys.contract.parse_client`), and a label value, since an
+id that is not one can never have its own key nor be recorded (SPEC C3, A2): it
+is a typo, told at once with the rule (exit 2), not charged to the shared key.
 """
 
 from __future__ import annotations
@@ -16,13 +19,60 @@ if TYPE_CHECKING:  # the parser imports this module; protobuf only when a comman
 
 FORMS = ("client", "inherit", "native", "unattributed")
 
+#: The rule :func:`client_id` applies, in the words its refusals use.
+CLIENT_ID_RULE = (
+    "a client id is 1 to 63 letters, digits, '-', '_' or '.', beginning and ending "
+    "with a letter or digit (a Kubernetes label value), and not a reserved id "
+    "(native, shared, unattributed)"
+)
+
+
+def client_id(text: str) -> str:
+    """``text`` as a client id, or :class:`argparse.ArgumentTypeError` saying why
+    and the rule. Imported by argparse's call, so only a command given an id pays
+    for the contracts' import."""
+    from turnstile_clientkeys import is_label_value
+    from turnstile_clientkeys.contract import InvalidClientError, parse_client
+    from turnstile_clientkeys.resolver import ClientForm
+    from turnstile_contracts import common_pb2
+
+    try:
+        parse_client(
+            common_pb2.ActivationClient(client_id=text),
+            allowed={ClientForm.CLIENT_ID},
+            field="client",
+        )
+    except InvalidClientError as error:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a client id ({error.description}); {CLIENT_ID_RULE}"
+        ) from None
+    if not is_label_value(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a client id (not a label value); {CLIENT_ID_RULE}"
+        )
+    return text
+
+
+def client_filter(text: str) -> str:
+    """A ``--client`` filter (``sandboxes``, ``workers``): empty for none, else a
+    client id (:func:`client_id`)."""
+    return text if text == "" else client_id(text)
+
+
+def bounded_key(text: str) -> str:
+    """A bounded key of ``limits``: a client id (:func:`client_id`) or a reserved
+    key (``shared``, ``native``, ``unattributed``), which have limits too."""
+    from turnstile_clientkeys import RESERVED_IDS
+
+    return text if text in RESERVED_IDS else client_id(text)
+
 
 def add_client_options(
     parser: argparse.ArgumentParser, *, forms: Collection[str], required: bool = True
 ) -> None:
     group = parser.add_mutually_exclusive_group(required=required)
     if "client" in forms:
-        group.add_argument("--client", metavar="ID", help="charge this client id")
+        group.add_argument("--client", metavar="ID", type=client_id, help="charge this client id")
     if "inherit" in forms:
         group.add_argument(
             "--inherit",

@@ -36,9 +36,12 @@ class _Level:
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The commands (or verbs) ``--help`` lists: a hidden alias (``limits get``,
+    declared without help) is accepted but never offered."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
+            listed = {choice.dest for choice in action._choices_actions}
+            return {name: sub for name, sub in action.choices.items() if name in listed}
     return {}
 
 

@@ -2,10 +2,10 @@
 
 Addresses come from, in order: ``--target`` (the one service a command talks
 to), ``--admission``/``--substrate``/``--affinity``, the ``TURNSTILE_*_ADDR``
-variables the services themselves read, the running local stack's description
-(:mod:`turnstile_cli.stack.state`, found from any directory), and the local
-stack's default ports. Against a cluster, port-forward the three services and
-point these at the forwards.
+variables the services themselves read, and the description of the stack the
+command targets (:mod:`turnstile_cli.target`: the one named by ``--stack``, or
+this checkout's; never another checkout's unasked). Against a cluster,
+port-forward the three services and point these at the forwards.
 
 Each service must present the SPIFFE ID the CLI expects of it (SPEC O5):
 ``TURNSTILE_ADMISSION_SPIFFE_ID`` / ``_SUBSTRATE_`` / ``_AFFINITY_``, by default the
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # a command imports the contracts and channels it uses, when 
     from opentelemetry import trace
 
     from turnstile_cli.output import Output
+    from turnstile_cli.target import Target
     from turnstile_client import TurnstileClient
     from turnstile_contracts import admission_pb2_grpc, affinity_pb2_grpc, substrate_pb2_grpc
 
@@ -70,15 +71,34 @@ class LocalStack:
     redis_url: str | None = None
     redis_prefix: str | None = None
 
+    #: The runner's pid (it names the stack among the running ones).
+    pid: int | None = None
+    #: The checkout it belongs to (None: a state directory outside any ``.run/``).
+    checkout: Path | None = None
+
     @classmethod
-    def find(cls) -> LocalStack | None:
-        """The running local stack, or None (none runs, or its file is unreadable)."""
+    def read(cls, path: Path) -> LocalStack | None:
+        """The stack ``path`` describes, or None: no file, an unreadable one, or one
+        whose runner is gone (a stack killed outright leaves its file behind, and
+        its addresses and certificates then describe nothing)."""
         from turnstile_cli.stack import state
 
-        found = state.find_running()
-        if found is None:
+        data = state.read(path)
+        if data is None:
             return None
-        path, data = found
+        runner = state.recorded_runner(data)
+        if runner is None:
+            return None
+        from turnstile_cli.stack import procs
+
+        if not procs.alive(runner):
+            return None
+        return cls.of(path, data)
+
+    @classmethod
+    def of(cls, path: Path, data: dict[str, object]) -> LocalStack | None:
+        """A description's reach (None: written by an older ``up``, no transport)."""
+        from turnstile_cli.target import checkout_of
 
         def text(value: object) -> str | None:
             return value if isinstance(value, str) and value else None
@@ -93,6 +113,7 @@ class LocalStack:
             value = text(transport.get(name))
             return Path(value) if value else None
 
+        pid = data.get("pid")
         return cls(
             path=path,
             addresses={k: v for k, v in addresses.items() if isinstance(v, str)},
@@ -107,6 +128,8 @@ class LocalStack:
             ),
             redis_url=text(data.get("redis_url")),
             redis_prefix=text(data.get("redis_prefix")),
+            pid=pid if isinstance(pid, int) else None,
+            checkout=checkout_of(path, data),
         )
 
     @property
@@ -207,16 +230,14 @@ class Targets:
 
 
 def _checkout_prefix() -> str | None:
-    """The prefix ``turnstilectl up`` gives the checkout this command runs in (the
-    nearest directory holding ``.run/``), for a change made while its stack is
-    down: ``keys allow`` before ``./scripts/up`` lands where that stack reads."""
+    """The prefix ``turnstilectl up`` gives the checkout this command runs in, for
+    a change made while its stack is down: ``keys allow --redis-prefix …`` before
+    ``./scripts/up`` lands where that stack reads."""
     from turnstile_cli.stack.config import checkout_prefix
+    from turnstile_cli.target import checkout_here
 
-    here = Path.cwd()
-    for directory in (here, *here.parents):
-        if (directory / ".run").is_dir():
-            return checkout_prefix(directory / ".run" / "direct")
-    return None
+    found = checkout_here()
+    return checkout_prefix(found[0] / ".run" / "direct") if found is not None else None
 
 
 def _loopback(address: str) -> bool:
@@ -249,8 +270,10 @@ class Context:
     timeout_s: float = DEFAULT_TIMEOUT_S
     tracer_provider: trace.TracerProvider | None = None
     tls: ClientTls = field(default_factory=ClientTls)
-    #: The running local stack, if any (its ``stack.json`` names it).
+    #: The running stack the command targets, if any (its ``stack.json`` names it).
     stack: LocalStack | None = None
+    #: What the command acts on and how it was chosen (None: a command of no stack).
+    target: Target | None = None
     #: Whether calls record client spans: only when they are exported somewhere;
     #: otherwise each call only carries the command's trace context (the servers'
     #: spans still join it), which spares every command the instrumentation's import.
@@ -258,9 +281,9 @@ class Context:
 
     def redis_target(self, url: str | None, prefix: str | None) -> tuple[str, str]:
         """The Redis URL and key prefix of ``keys``, ``limits`` and ``demo``: the
-        flag, else ``TURNSTILE_REDIS_URL`` / ``_PREFIX``, else the running local
-        stack's (found from any directory, whatever the targets), else (the
-        prefix) the one ``up`` gives this checkout, else the services' defaults."""
+        flag, else ``TURNSTILE_REDIS_URL`` / ``_PREFIX``, else the target stack's
+        (:mod:`turnstile_cli.target`), else (the prefix) the one ``up`` gives this
+        checkout, else the services' defaults."""
         from turnstile_platform.settings import ServiceSettings
 
         defaults = ServiceSettings()

@@ -245,13 +245,16 @@ class Output:
         if self.format == "wide":
             self.console.width = WIDE_WIDTH
 
-    def emit(self, payload: Mapping[str, Any], human: Renderer) -> None:
+    def emit(
+        self, payload: Mapping[str, Any], human: Renderer, *, listed: list[str] | None = None
+    ) -> None:
+        """``listed``: what ``-o name`` prints, when the payload's ids are not it."""
         if self.json_mode:
-            self.print_json(payload)
+            self.print_json(payload, listed=listed)
         else:
             human(self.console)
 
-    def print_json(self, payload: Mapping[str, Any]) -> None:
+    def print_json(self, payload: Mapping[str, Any], *, listed: list[str] | None = None) -> None:
         """The payload in the machine format asked for (JSON unless ``-o``)."""
         if self.trace_id is not None and "trace_id" not in payload:
             payload = {**payload, "trace_id": self.trace_id}
@@ -259,7 +262,8 @@ class Output:
             error = payload.get("error")
             if isinstance(error, Mapping):
                 self.err.print(f"[bold red]error:[/] {escape(str(error.get('message')))}")
-            text = "".join(f"{name}\n" for name in names(payload))
+            shown = listed if listed is not None else names(payload)
+            text = "".join(f"{name}\n" for name in shown)
         elif self.format == "yaml":
             plain = json.loads(json.dumps(payload, default=str))
             text = to_yaml(plain)
@@ -279,11 +283,25 @@ class Output:
         if not self.json_mode:
             self.err.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
 
-    def failure(self, text: str, *, code: str = "", reason: str = "") -> None:
+    def target(self, text: str) -> None:
+        """The one dim line on stderr naming what the command acts on (SPEC M2),
+        in every output mode: stdout keeps only the answer."""
+        self.err.print(f"[dim]target: {escape(text)}[/]", soft_wrap=True)
+
+    def failure(
+        self,
+        text: str,
+        *,
+        code: str = "",
+        reason: str = "",
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         """A failure that is not an RPC error (bad config, a certificate problem);
-        on stderr for people, so stdout holds only a command's answer."""
+        on stderr for people, so stdout holds only a command's answer. ``extra``:
+        more fields of the JSON error (the stacks a missing target could be)."""
         if self.json_mode:
-            self.print_json({"error": {"code": code, "reason": reason, "message": text}})
+            error = {"code": code, "reason": reason, "message": text, **(extra or {})}
+            self.print_json({"error": error})
         else:
             # One line, however long: the terminal wraps it, a pipe keeps it whole.
             self.err.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)

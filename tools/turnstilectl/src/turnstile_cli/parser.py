@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import NoReturn
 
-from turnstile_cli.clients import add_client_options
-from turnstile_cli.commands.base import Subparsers, command, common_options
+from turnstile_cli.clients import add_client_options, bounded_key, client_filter, client_id
+from turnstile_cli.commands.base import Subparsers, command, common_options, verb
 from turnstile_cli.stack.defaults import LOCAL_GRACE_S, LOCAL_TIERS
 
 EPILOG = """\
@@ -35,26 +35,141 @@ DEMO_DESCRIPTION = (
 )
 
 
+class CommandLineError(Exception):
+    """A command line that cannot be parsed: ``message`` in one line, ``prog`` the
+    (sub)command it is about (its ``--help`` is the hint)."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with "did you mean" for a mistyped command or choice (every
-    subcommand's parser is one too: argparse makes them of the parent's class)."""
+    subcommand's parser is one too: argparse makes them of the parent's class),
+    and errors raised for :func:`parse` to tell in one line."""
 
     def error(self, message: str) -> NoReturn:
         found = _INVALID_CHOICE.search(message)
         if found is not None:
-            import difflib
-
             typed, choices = found.group(1), _CHOICE.findall(found.group(2))
-            close = difflib.get_close_matches(typed, choices, n=3, cutoff=0.6)
+            close = _close(typed, choices)
             if close:
                 # "… invalid choice: 'activte'" without the long list, and the guess.
                 message = message[: found.end(1) + 1]
                 message += " — did you mean " + " or ".join(repr(c) for c in close) + "?"
-        super().error(message)
+        raise CommandLineError(message, self.prog)
 
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 _CHOICE = re.compile(r"'([^']*)'")
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _close(typed: str, choices: list[str], *, n: int = 3, cutoff: float = 0.6) -> list[str]:
+    import difflib
+
+    return difflib.get_close_matches(typed, choices, n=n, cutoff=cutoff)
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed, or exit 2 with one line and a hint on stderr (the usage
+    block only with ``--help``), or ``{"error": …}`` on stdout under ``--json``
+    or ``-o json``. A mistyped option gets a guess, as a mistyped command does."""
+    try:
+        _check_options(parser, argv)
+        args = parser.parse_args(argv)
+        if not 0 < args.timeout <= 120:
+            raise CommandLineError("--timeout must be between 0 and 120 seconds", parser.prog)
+        return args
+    except CommandLineError as error:
+        _report(error, json_mode=_wants_json(argv))
+        raise SystemExit(2) from None
+
+
+def _wants_json(argv: list[str]) -> bool:
+    for index, word in enumerate(argv):
+        if word == "--":
+            break
+        if word == "--json" or word in ("-ojson", "--output=json"):
+            return True
+        if word in ("-o", "--output") and argv[index + 1 : index + 2] == ["json"]:
+            return True
+    return False
+
+
+def _report(error: CommandLineError, *, json_mode: bool) -> None:
+    import json
+    import sys
+
+    message = str(error)
+    hint = f"see: {error.prog} --help"
+    if json_mode:
+        payload = {
+            "error": {
+                "code": "INVALID_ARGUMENT",
+                "reason": "USAGE",
+                "message": message,
+                "hint": hint,
+            }
+        }
+        sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
+    else:
+        sys.stderr.write(f"{error.prog}: error: {message}\n{hint}\n")
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {o: a for a in parser._actions for o in a.option_strings}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _check_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse an option the command (or its verb) does not take before argparse
+    sees it: argparse would first complain of a required option missing (``usage
+    --clinet acme``) or hand it to the top-level parser's usage (``activate
+    --dryrun``). Values of options that take one are skipped, and so are
+    negative numbers and everything after ``--``."""
+    current = parser
+    known = _options(parser)
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return
+        if word.startswith("-") and word != "-" and not _NEGATIVE_NUMBER.match(word):
+            name = word.split("=", 1)[0] if word.startswith("--") else word[:2]
+            action = known.get(name) or _abbreviated(name, known)
+            if action is None:
+                options = sorted({o for o in known if o.startswith("--")})
+                close = _close(name, options, n=2, cutoff=0.75)
+                guess = " — did you mean " + " or ".join(close) + "?" if close else ""
+                raise CommandLineError(f"unrecognized option {name}{guess}", current.prog)
+            takes_value = action.nargs != 0 and not isinstance(
+                action, (argparse._HelpAction, argparse._VersionAction)
+            )
+            inline = "=" in word if word.startswith("--") else len(word) > 2
+            if takes_value and not inline:
+                if action.nargs == "?":
+                    continue  # ``--watch [SECONDS]``: a positional may follow
+                next(words, None)
+            continue
+        inner = _subparsers(current)
+        if inner and word in inner:
+            current = inner[word]
+            known = {**known, **_options(current)}
+
+
+def _abbreviated(name: str, known: dict[str, argparse.Action]) -> argparse.Action | None:
+    """argparse's unique-prefix match of a long option (``--dry`` is ``--dry-run``)."""
+    if not name.startswith("--"):
+        return None
+    matches = {known[o] for o in known if o.startswith(name)}
+    return matches.pop() if len(matches) == 1 else None
 
 
 def add_watch(parser: argparse.ArgumentParser) -> None:
@@ -247,7 +362,10 @@ def _admission(sub: Subparsers) -> None:
     )
     why.add_argument("sandbox_id")
     why.add_argument(
-        "--client", metavar="ID", help="the sandbox's client (required of a tenant identity)"
+        "--client",
+        metavar="ID",
+        type=client_id,
+        help="the sandbox's client (required of a tenant identity)",
     )
     why.add_argument("--last", type=int, default=5, metavar="N", help="how many (default: 5)")
 
@@ -260,7 +378,9 @@ def _admission(sub: Subparsers) -> None:
         description="List the decision log (SPEC Q3). With --follow, keep printing new "
         "entries oldest first; with -o json, one JSON object a line (for a log shipper).",
     )
-    decisions.add_argument("--client", metavar="ID", help="only this client's decisions")
+    decisions.add_argument(
+        "--client", metavar="ID", type=client_id, help="only this client's decisions"
+    )
     decisions.add_argument("--sandbox", metavar="ID", help="only this sandbox's decisions")
     decisions.add_argument(
         "--since",
@@ -328,7 +448,9 @@ def _substrate(sub: Subparsers) -> None:
         help="list sandboxes (newest first), or show one",
     )
     sandboxes.add_argument("sandbox_id", nargs="?", help="show this sandbox only")
-    sandboxes.add_argument("--client", metavar="ID", default="", help="only this client's")
+    sandboxes.add_argument(
+        "--client", metavar="ID", type=client_filter, default="", help="only this client's"
+    )
     sandboxes.add_argument(
         "--limit", type=non_negative, default=100, help="at most this many (default 100; 0 for all)"
     )
@@ -353,6 +475,7 @@ def _affinity(sub: Subparsers) -> None:
     place.add_argument(
         "--client",
         required=True,
+        type=client_id,
         help="the client the session belongs to (SPEC O2): only its sandboxes serve it",
     )
     place.add_argument("--tier", default="", help="the session's tier (default tier if empty)")
@@ -370,7 +493,10 @@ def _affinity(sub: Subparsers) -> None:
     release.add_argument("sandbox_id")
     release.add_argument("lease_id")
     release.add_argument(
-        "--client", default="", help="the client it was placed for (default: whoever)"
+        "--client",
+        type=client_filter,
+        default="",
+        help="the client it was placed for (default: whoever)",
     )
 
     sessions = command(
@@ -382,7 +508,10 @@ def _affinity(sub: Subparsers) -> None:
     )
     sessions.add_argument("session_id", nargs="+")
     sessions.add_argument(
-        "--client", required=True, help="the client the sessions belong to (SPEC O2)"
+        "--client",
+        required=True,
+        type=client_id,
+        help="the client the sessions belong to (SPEC O2)",
     )
     add_watch(sessions)
 
@@ -395,7 +524,10 @@ def _affinity(sub: Subparsers) -> None:
     )
     prepare.add_argument("session_id")
     prepare.add_argument(
-        "--client", required=True, help="the client the session belongs to (SPEC O2)"
+        "--client",
+        required=True,
+        type=client_id,
+        help="the client the session belongs to (SPEC O2)",
     )
 
     workers = command(
@@ -406,7 +538,9 @@ def _affinity(sub: Subparsers) -> None:
         help="workers present, with their load",
     )
     workers.add_argument("--tier", default="", help="only this tier's")
-    workers.add_argument("--client", default="", help="only the sandboxes this client owns")
+    workers.add_argument(
+        "--client", type=client_filter, default="", help="only the sandboxes this client owns"
+    )
     add_watch(workers)
 
 
@@ -419,14 +553,16 @@ def _keys(sub: Subparsers) -> None:
         help="show or change the key set (allowlist + flags), through admission's admin API",
     )
     verbs = keys.add_subparsers(dest="verb", metavar="VERB", required=True)
-    show = verbs.add_parser("show", help="the key set; with ids, what each resolves to")
-    show.add_argument("client_id", nargs="*")
-    allow = verbs.add_parser("allow", help="give client ids a bucket of their own")
-    allow.add_argument("client_id", nargs="+")
-    remove = verbs.add_parser("remove", help="send client ids back to the shared key")
-    remove.add_argument("client_id", nargs="+")
-    flags = verbs.add_parser("flags", help="show flags, or set NAME=on|off")
-    flags.add_argument("assignment", nargs="*", metavar="NAME=on|off")
+    for show in verb(verbs, "show", help="the key set; with ids, what each resolves to"):
+        # Any text: ``show 'bad id!'`` says it resolves to the shared key.
+        show.add_argument("client_id", nargs="*", metavar="ID")
+    for allow in verb(verbs, "allow", help="give client ids a bucket of their own"):
+        allow.add_argument("client_id", nargs="+", type=client_id, metavar="ID")
+    for remove in verb(verbs, "remove", help="send client ids back to the shared key"):
+        # Any text: an entry an older version allowed is taken out as it is.
+        remove.add_argument("client_id", nargs="+", metavar="ID")
+    for flags in verb(verbs, "flags", help="show flags, or set NAME=on|off"):
+        flags.add_argument("assignment", nargs="*", metavar="NAME=on|off")
 
 
 LIMITS_DESCRIPTION = """\
@@ -437,8 +573,8 @@ cap, rate, burst, concurrency, weight, level (platform, interactive, batch) and
 shadow (the cluster's: rate, burst); what it leaves out falls back to the stored
 default, then to admission's settings.
 
-  turnstilectl limits get                         every stored document
-  turnstilectl limits get acme                    one key's (or --default, --cluster)
+  turnstilectl limits show                        every stored document
+  turnstilectl limits show acme                   one key's (or --default, --cluster)
   turnstilectl limits set acme '{"cap": 5}'       replace acme's whole document
   turnstilectl limits patch acme '{"rate": 2}'    merge in (null removes a field)
   turnstilectl limits delete acme                 acme falls back to the defaults
@@ -457,25 +593,26 @@ def _limits(sub: Subparsers) -> None:
     )
     verbs = limits.add_subparsers(dest="verb", metavar="VERB", required=True)
     helps = {
-        "get": "the stored documents, or one",
-        "set": "replace a document (says what it replaced)",
-        "patch": "merge fields into a document (null removes one)",
-        "delete": "remove a document: the next level applies",
+        "show": ("the stored documents, or one", ("get",)),
+        "set": ("replace a document (says what it replaced)", ()),
+        "patch": ("merge fields into a document (null removes one)", ()),
+        "delete": ("remove a document: the next level applies", ()),
     }
-    for verb, text in helps.items():
-        parser = verbs.add_parser(verb, help=text)
-        which = parser.add_mutually_exclusive_group(required=verb != "get")
-        # Not dest "key": that is the common --key (the TLS private key).
-        which.add_argument(
-            "limits_key",
-            nargs="?",
-            metavar="KEY",
-            help="a bounded key (an allowlisted client id, shared, native)",
-        )
-        which.add_argument("--default", action="store_true", help="every key's defaults")
-        which.add_argument("--cluster", action="store_true", help="the cluster bucket")
-        if verb in ("set", "patch"):
-            parser.add_argument("document", help="JSON, e.g. '{\"cap\": 5}'")
+    for name, (text, hidden) in helps.items():
+        for parser in verb(verbs, name, help=text, hidden=hidden):
+            which = parser.add_mutually_exclusive_group(required=name != "show")
+            which.add_argument(
+                # Not dest "key": that is the common --key (the TLS private key).
+                "limits_key",
+                nargs="?",
+                metavar="KEY",
+                type=bounded_key,
+                help="a bounded key: an allowlisted client id, or shared, native, unattributed",
+            )
+            which.add_argument("--default", action="store_true", help="every key's defaults")
+            which.add_argument("--cluster", action="store_true", help="the cluster bucket")
+            if name in ("set", "patch"):
+                parser.add_argument("document", help="JSON, e.g. '{\"cap\": 5}'")
 
 
 def _tiers(sub: Subparsers) -> None:

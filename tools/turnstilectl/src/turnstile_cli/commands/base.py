@@ -47,6 +47,20 @@ def common_options(*, suppress: bool) -> argparse.ArgumentParser:
         help="colour in human output (default: auto; NO_COLOR is honoured)",
     )
     group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default if suppress else False,
+        help="no line on stderr naming the stack the command acts on",
+    )
+    group.add_argument(
+        "--stack",
+        metavar="CHECKOUT",
+        default=default if suppress else None,
+        help="act on the stack of this checkout (or this stack.json); default: "
+        "$TURNSTILE_STACK, else the checkout the command runs in (docs/cli.md)",
+    )
+    group.add_argument(
         "--trace",
         action="store_true",
         default=default if suppress else False,
@@ -115,6 +129,20 @@ def command(
             "or the local stack's)",
         )
     return parser
+
+
+def verb(
+    verbs: Subparsers, name: str, *, help: str, hidden: tuple[str, ...] = ()
+) -> list[argparse.ArgumentParser]:
+    """A resource's verb (``limits show``), taking the common options too, and
+    its old names as hidden aliases (accepted, never listed: ``limits get``).
+    Returns the parsers to declare its arguments on; each sets ``verb=name``."""
+    parsers = [verbs.add_parser(name, help=help, description=help, parents=[COMMON])]
+    # No ``help``: argparse then lists it nowhere (help, usage's choices, completion).
+    parsers += [verbs.add_parser(old, description=help, parents=[COMMON]) for old in hidden]
+    for parser in parsers:
+        parser.set_defaults(verb=name)
+    return parsers
 
 
 def load_handler(reference: str) -> Handler:

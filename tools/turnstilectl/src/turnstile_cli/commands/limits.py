@@ -47,7 +47,7 @@ async def _call(args: argparse.Namespace, ctx: Context, where: Any, document: An
     from turnstile_contracts import admission_pb2
 
     async with ctx.admin() as admin:
-        if args.verb == "get":
+        if args.verb == "show":
             request = admission_pb2.GetLimitsRequest()
             if where is not None:
                 request.target.CopyFrom(where)

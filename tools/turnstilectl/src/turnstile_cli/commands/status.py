@@ -2,7 +2,8 @@
 
 A service that cannot be reached for a certificate problem is not "down": its
 row says ``TLS PROBLEM`` and a line under the table says what is wrong
-(:mod:`turnstile_cli.transport`), and the command exits 5, not 4.
+(:mod:`turnstile_cli.transport`), and the command exits 5, not 4. It leads with
+the target (SPEC M2): which stack, how it was chosen (``target`` in ``--json``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from rich.markup import escape
 from rich.table import Table
 
 from turnstile_cli.context import SERVICES, Context
@@ -58,7 +60,11 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
     statuses = {name: status for name, (status, _) in zip(SERVICES, results, strict=True)}
     problems = {name: p for name, (_, p) in zip(SERVICES, results, strict=True) if p is not None}
 
+    target = ctx.target.describe() if ctx.target is not None else None
+
     def show(console: object) -> None:
+        if target is not None:  # what it looked at first (SPEC M2)
+            ctx.out.console.print(f"[bold]target[/]: {escape(target)}", soft_wrap=True)
         table = Table(title="turnstile services", title_justify="left")
         for column in ("service", "address", "health"):
             table.add_column(column)
@@ -66,17 +72,18 @@ async def _status(args: argparse.Namespace, ctx: Context) -> int:
             style = "green" if status == "SERVING" else "red"
             table.add_row(name, targets[name], f"[{style}]{status}[/]")
         ctx.out.console.print(table)
-        if ctx.stack is not None and ctx.targets.reach(ctx.stack):
-            ctx.out.note(f"the local stack ({ctx.stack.mode}), described in {ctx.stack.path}")
         for text in dict.fromkeys(p.text for p in problems.values()):
             ctx.out.failure(text)
 
-    payload: dict[str, dict[str, str]] = {
+    payload: dict[str, dict[str, object]] = {
         name: {"address": targets[name], "health": status} for name, status in statuses.items()
     }
     for name, problem in problems.items():
         payload[name].update(problem=problem.kind, why=problem.text)
-    ctx.out.emit(payload, show)
+    if ctx.target is not None:
+        payload["target"] = ctx.target.as_dict()
+    # ``-o name``: the services, one a line (what a script then asks about).
+    ctx.out.emit(payload, show, listed=list(statuses))
     if problems:
         return Exit.TRANSPORT
     return Exit.OK if all(s == "SERVING" for s in statuses.values()) else Exit.RETRYABLE

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from rich.console import Console
 
@@ -28,7 +29,7 @@ async def _tiers(args: argparse.Namespace, ctx: Context) -> int:
     )
     source = "command line" if args.tiers is not None else "environment"
     if tiers is None:
-        running = state.find()
+        running = _described()
         if running is not None:
             path, description = running
             tiers = str(description.get("tiers", ""))
@@ -73,3 +74,23 @@ def _render(console: Console, config: TierConfig, source: str) -> None:
     console.print(
         kv_table({"declared": ", ".join(config.declared), "default": config.default or "-"})
     )
+
+
+def _described() -> tuple[Path, dict[str, object]] | None:
+    """The description of the stack this command is about (SPEC M2): the one
+    ``TURNSTILE_STACK`` (``_FILE``) names, else this checkout's ``.run/stack.json``
+    (read even when its stack has stopped: its tiers are still what it ran with),
+    never the user's copy of another checkout's."""
+    from turnstile_cli.target import STACK_VARIABLES, checkout_here
+
+    named = next((os.environ[v] for v in STACK_VARIABLES if os.environ.get(v)), None)
+    if named is not None:
+        path = Path(named)
+        file = path if path.suffix == ".json" or path.is_file() else path / ".run" / state.FILE_NAME
+    else:
+        found = checkout_here()
+        if found is None:
+            return None
+        file = found[0] / ".run" / state.FILE_NAME
+    data = state.read(file)
+    return (file, data) if data is not None else None
