@@ -34,7 +34,10 @@ wall time: the steadiest figure on a loaded machine), and their difference;
 ``script_loop``: the same script run ``LOOP_CALLS`` times inside one EVAL (no
 network, no argument parsing: the script's own CPU; the least of nine rounds); and,
 from the log-on prefix's stream after the rounds, the Redis memory per logged
-decision (``MEMORY USAGE`` ÷ ``XLEN``). The run ends with one line of JSON.
+decision (``MEMORY USAGE`` ÷ ``XLEN``); and ``reads``: Redis's and this process's
+CPU per ListDecisions read (:func:`read_cost`: a tenant's page, its sandbox filter
+matching nothing, its window holding only another tenant's entries, an
+operator's page). The run ends with one line of JSON.
 Builds on ``bench_admit.py``'s servers and measurement (same directory).
 """
 
@@ -111,19 +114,24 @@ def _log_context() -> Any:
     )
 
 
-def _store(client: aioredis.Redis, prefix: str, side: str) -> Any:
-    """An AdmissionStore on ``prefix`` with the log on or off, the limits of
+def _settings(prefix: str, side: str) -> Any:
+    """Admission's settings on ``prefix`` with the log on or off, the limits of
     :data:`_LIMITS`."""
-    from turnstile_admission.redis_store import AdmissionStore
     from turnstile_admission.settings import AdmissionSettings
     from turnstile_platform.settings import DecisionLogSettings
 
-    settings = AdmissionSettings(
+    return AdmissionSettings(
         redis_prefix=prefix,
         decision_log=DecisionLogSettings(max_entries=0 if side == "off" else 100_000),
         **_LIMITS,  # type: ignore[arg-type]
     )
-    return AdmissionStore(client, settings)
+
+
+def _store(client: aioredis.Redis, prefix: str, side: str) -> Any:
+    """An AdmissionStore on ``prefix`` with :func:`_settings`."""
+    from turnstile_admission.redis_store import AdmissionStore
+
+    return AdmissionStore(client, _settings(prefix, side))
 
 
 def _shapes() -> dict[str, tuple[Any, list[tuple[str, int]]]]:
@@ -232,6 +240,63 @@ async def script_loop(client: aioredis.Redis, rounds: int = 9) -> dict[str, dict
     return _on_off(per, min)
 
 
+#: Entries of the reading tenant (acme, over 10 sandboxes) and of another (globex)
+#: in :func:`read_cost`: more of globex's than one read of the single stream scans.
+READ_OWN, READ_OTHER, READ_CALLS = 200, 5_000, 20
+
+
+async def read_cost(client: aioredis.Redis) -> dict[str, dict[str, float]]:
+    """What one ListDecisions read costs (SPEC N3), through the admitter's
+    ``decisions`` (no gRPC): Redis main-thread CPU and this process's CPU per read
+    (its parsing and filtering, which admission pays), for acme's page of its own,
+    acme's read of a sandbox it has no entry for, acme's read of a window with
+    only globex's entries in it, and an operator's page of every client's."""
+    import time
+
+    from turnstile_admission.admitter import Admitter
+    from turnstile_admission.decision_log import Query
+    from turnstile_admission.redis_store import AdmitArgs, LogContext
+    from turnstile_clientkeys import KeySet, Resolver
+
+    prefix = "reads:"
+    await client.set(LiveCountKeys(prefix).state, COUNTED)
+    store = _store(client, prefix, "on")
+    keyset = KeySet(allowlist=frozenset({"acme", "globex"}))
+    admitter = Admitter(_settings(prefix, "on"), store, Resolver(keyset))
+    modes, nodes = _shapes()["resume"]
+    base_context = _log_context()
+    for n in range(READ_OWN + READ_OTHER):
+        who = "acme" if n < READ_OWN else "globex"
+        context = LogContext(*base_context[:3], who, *base_context[4:])
+        await store.admit(
+            AdmitArgs(f"{n:032x}", who, f"{who}--sb-{n % 10}", modes, nodes, log=context)
+        )
+    # A window after acme's entries, before globex's (Redis's clock: the ids).
+    newest_own = (await client.xrevrange(f"{prefix}{{adm}}:decisions:k:acme", count=1)) or (
+        await client.xrange(f"{prefix}{{adm}}:decisions", count=READ_OWN)
+    )
+    window_ms = int(newest_own[-1 if len(newest_own) > 1 else 0][0].split(b"-")[0]) + 1
+    reads = {
+        "own_page": Query(client="acme", limit=100),
+        "sandbox_matching_nothing": Query(client="acme", sandbox_id="acme--none", limit=100),
+        "window_of_others": Query(client="acme", since_ms=window_ms, limit=100),
+        "operator_page": Query(limit=100),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, query in reads.items():
+        await admitter.decisions(query)  # warm
+        before, cpu = await base.redis_cpu_s(client), time.process_time()
+        for _ in range(READ_CALLS):
+            page = await admitter.decisions(query)
+        spent = await base.redis_cpu_s(client) - before
+        out[name] = {
+            "redis_cpu_us": round(spent / READ_CALLS * 1e6, 1),
+            "process_cpu_us": round((time.process_time() - cpu) / READ_CALLS * 1e6, 1),
+            "returned": len(page.decisions),
+        }
+    return out
+
+
 def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), digits),
@@ -308,7 +373,11 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
                 )
         out_script = await script_cpu(client)
         out_loop = await script_loop(client)
-        stream = f"{PREFIXES['on']}{{adm}}:decisions"
+        out_reads = await read_cost(client)
+        # The stream the log-on service logged to: the one (pre-N3) or its key's.
+        found = [k async for k in client.scan_iter(match=f"{PREFIXES['on']}{{adm}}:decisions*")]
+        streams = [k for k in found if await client.type(k) == b"stream" and b":sb:" not in k]
+        stream = max(streams, key=len) if streams else f"{PREFIXES['on']}{{adm}}:decisions"
         length = int(await client.xlen(stream))
         memory = int(await client.memory_usage(stream, samples=0) or 0)
         out: dict[str, Any] = {
@@ -319,6 +388,7 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
             "logged_entries": length,
             "script_cpu": out_script,
             "script_loop": out_loop,
+            "reads": out_reads,
         }
         for shape, values in per.items():
             on, off = values["redis_on"], values["redis_off"]
@@ -359,6 +429,11 @@ async def run(seconds: float, rounds: int, json_path: str | None) -> None:
             print(
                 f"{shape:6s} Redis CPU per decision, the script alone: log on {cpu['on_us']} us, "
                 f"off {cpu['off_us']} us: +{cpu['per_logged_decision_us']} us per logged decision"
+            )
+        for name, cost in out_reads.items():
+            print(
+                f"read {name:24s}: Redis {cost['redis_cpu_us']} us, this process "
+                f"{cost['process_cpu_us']} us per read ({cost['returned']} returned)"
             )
         print(
             f"memory per logged decision: {out['memory_bytes_per_decision']} bytes "
