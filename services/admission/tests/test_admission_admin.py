@@ -386,7 +386,7 @@ async def test_the_break_glass_script_says_so_and_is_audited_too(
     bad = await asyncio.to_thread(script, "set", "acme", '{"weight": 0}')
     assert bad.returncode == 2
     assert await LimitsStore(redis, redis_prefix).get("key:acme") == {"cap": 5, "level": "batch"}
-    entries = await redis.xrange(decisions_key(redis_prefix))
+    entries: Any = await redis.xrange(decisions_key(redis_prefix))
     assert len(entries) == 1
     fields = entries[0][1]
     assert fields[b"kind"] == b"limits_changed"
