@@ -352,3 +352,43 @@ async def test_audit_entries_reach_a_consumer_group(
     assert fields[b"kind"] == b"limits_changed"
     assert fields[b"identity"] == OPERATOR.encode()
     assert json.loads(fields[b"current"]) == {"cap": 9}
+
+
+async def test_the_break_glass_script_says_so_and_is_audited_too(
+    redis: aioredis.Redis, redis_url: str, redis_prefix: str
+) -> None:
+    """``turnstile-admission-limits`` writes Redis without the API (for when admission
+    cannot answer): it warns, validates with the same parser and logs the change."""
+    import getpass
+    import os
+    import subprocess
+    import sys
+
+    from turnstile_clientkeys.limits import LimitsStore
+    from turnstile_platform.decision_log import decisions_key
+
+    env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_REDIS_PREFIX": redis_prefix}
+
+    def script(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "turnstile_admission.limits_cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = await asyncio.to_thread(script, "set", "acme", '{"cap": 5, "level": "batch"}')
+    assert done.returncode == 0, done.stderr
+    assert "BREAK-GLASS" in done.stderr
+    assert await LimitsStore(redis, redis_prefix).get("key:acme") == {"cap": 5, "level": "batch"}
+    bad = await asyncio.to_thread(script, "set", "acme", '{"weight": 0}')
+    assert bad.returncode == 2
+    assert await LimitsStore(redis, redis_prefix).get("key:acme") == {"cap": 5, "level": "batch"}
+    entries: Any = await redis.xrange(decisions_key(redis_prefix))
+    assert len(entries) == 1
+    fields = entries[0][1]
+    assert fields[b"kind"] == b"limits_changed"
+    assert fields[b"identity"] == f"break-glass:{getpass.getuser()}".encode()
+    assert json.loads(fields[b"current"]) == {"cap": 5, "level": "batch"}

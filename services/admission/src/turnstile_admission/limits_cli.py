@@ -1,10 +1,12 @@
-"""``turnstile-admission-limits``: show and change per-key limits in Redis.
+"""``turnstile-admission-limits``: BREAK-GLASS access to the limits hash in Redis.
 
-``turnstilectl limits`` does the same with validation against the key set
-(and a warning when a key is not allowlisted, so its limits are not in effect);
-this command stays for scripts that run beside an admission replica, with only
-its settings. The change applies to the next decision on every replica
-(``admit.lua`` reads the limits itself). Examples::
+The way to change limits is ``turnstilectl limits`` (admission's AdminService:
+authorized, validated, audited; SPEC M1). This command is for when admission
+itself cannot answer (it writes Redis directly with a replica's settings, so it
+needs Redis credentials, not an operator's certificate). It says so on every
+change, validates each document with the same parser, makes the change in the
+same bounded transaction, and records it in the decision log like the API does,
+as ``break-glass:<OS user>``. Examples::
 
     turnstile-admission-limits show
     turnstile-admission-limits set acme '{"cap": 50, "rate": 5, "burst": 50}'
@@ -17,12 +19,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import sys
+from typing import Any
 
+from turnstile_admission.admin import KEY_PREFIX, validated
+from turnstile_admission.audit import LIMITS_CHANGED, AuditLog
 from turnstile_admission.settings import AdmissionSettings
-from turnstile_clientkeys.limits import ClusterLimits, Limits, LimitsError, LimitsStore
+from turnstile_clientkeys.limits import (
+    CLUSTER,
+    DEFAULT,
+    LimitsConflictError,
+    LimitsError,
+    LimitsStore,
+)
 from turnstile_platform.redis_client import redis_from_settings
+
+WARNING = (
+    "BREAK-GLASS: writing admission's limits in Redis directly, bypassing the admin API's "
+    "authorization; use `turnstilectl limits` whenever admission answers"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _field(args: argparse.Namespace) -> str:
+    if args.command == "set-default":
+        return DEFAULT
+    if args.command == "set-cluster":
+        return CLUSTER
+    return LimitsStore.field_of(args.key)
+
+
 async def _run(args: argparse.Namespace) -> None:
     settings = AdmissionSettings()
     client = redis_from_settings(settings)
@@ -53,14 +78,23 @@ async def _run(args: argparse.Namespace) -> None:
     try:
         if args.command == "show":
             print(json.dumps(await store.show(), indent=2, sort_keys=True))
-        elif args.command == "set":
-            await store.set_key(args.key, Limits.parse(json.loads(args.limits)))
-        elif args.command == "set-default":
-            await store.set_default(Limits.parse(json.loads(args.limits)))
-        elif args.command == "set-cluster":
-            await store.set_cluster(ClusterLimits.parse(json.loads(args.limits)))
-        elif args.command == "clear":
-            await store.clear_key(args.key)
+            return
+        field = _field(args)
+        document: Any = None
+        if args.command != "clear":
+            document = validated(field, json.loads(args.limits))
+        print(f"warning: {WARNING}", file=sys.stderr)
+        previous, current = await store.change(field, lambda _: document)
+        if previous != current:
+            await AuditLog(client, settings.redis_prefix, settings.decision_log).append(
+                LIMITS_CHANGED,
+                identity=f"break-glass:{getpass.getuser()}",
+                target=field,
+                verb="delete" if document is None else "set",
+                previous=previous,
+                current=current,
+                key=field.removeprefix(KEY_PREFIX) if field.startswith(KEY_PREFIX) else "",
+            )
     finally:
         await client.aclose()
 
@@ -72,6 +106,9 @@ def main() -> None:
     except (LimitsError, json.JSONDecodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except LimitsConflictError as error:
+        print(f"error: {error}; nothing changed: retry", file=sys.stderr)
+        sys.exit(4)
 
 
 if __name__ == "__main__":
