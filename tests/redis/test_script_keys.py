@@ -75,6 +75,7 @@ PRELUDES = {
     "_test_clock",
     "_lib",
     "_decision_log",
+    "_decision_stream",
     "_queue",
     "_own_queue",
     "_grant_freed",

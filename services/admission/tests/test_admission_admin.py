@@ -342,7 +342,7 @@ async def test_audit_entries_reach_a_consumer_group(
     secured: Secured, redis: aioredis.Redis
 ) -> None:
     """The export docs/operations.md documents ships the admin API's entries too."""
-    stream = secured.running.keys.decisions
+    stream = secured.running.keys.platform_decisions
     await redis.xgroup_create(stream, "shipper", id="$", mkstream=True)
     await secured.admin.SetLimits(
         admission_pb2.SetLimitsRequest(target=DEFAULTS, limits=admission_pb2.Limits(cap=9))
@@ -365,7 +365,7 @@ async def test_the_break_glass_script_says_so_and_is_audited_too(
     import sys
 
     from turnstile_clientkeys.limits import LimitsStore
-    from turnstile_platform.decision_log import decisions_key
+    from turnstile_platform.decision_log import platform_stream
 
     env = {**os.environ, "TURNSTILE_REDIS_URL": redis_url, "TURNSTILE_REDIS_PREFIX": redis_prefix}
 
@@ -386,7 +386,7 @@ async def test_the_break_glass_script_says_so_and_is_audited_too(
     bad = await asyncio.to_thread(script, "set", "acme", '{"weight": 0}')
     assert bad.returncode == 2
     assert await LimitsStore(redis, redis_prefix).get("key:acme") == {"cap": 5, "level": "batch"}
-    entries: Any = await redis.xrange(decisions_key(redis_prefix))
+    entries: Any = await redis.xrange(platform_stream(redis_prefix))
     assert len(entries) == 1
     fields = entries[0][1]
     assert fields[b"kind"] == b"limits_changed"

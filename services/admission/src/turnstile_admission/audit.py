@@ -4,8 +4,9 @@ Every change the AdminService makes (``limits_changed``, ``keys_changed``) is
 written here, by :meth:`AuditLog.append` alone, with the caller's identity and the
 document before and after, so ``ListDecisions`` (``turnstilectl decisions``) and
 a consumer group on the stream (docs/operations.md) see it like any decision.
-It goes through the platform's append script (``decision_append.lua``, the
-substrate's and affinity's writer), with the log's bounds, and is awaited: an
+It goes to the platform's stream (entries of no client: SPEC N3) through the
+platform's append script (``decision_append.lua``, the substrate's and affinity's
+writer), with the log's bounds, and is awaited: an
 operator's change is rare, and its record should exist when the call answers.
 The change itself is already made by then; a record Redis refuses is logged and
 counted (``turnstile_admission_audit_failures_total``), never silently lost.
@@ -22,9 +23,8 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from turnstile_platform.decision_log import decisions_key
+from turnstile_platform.decision_log import bounds, platform_stream, script_text, streams_index
 from turnstile_platform.dependencies import DEPENDENCY_ERRORS, DependencyOverloaded
-from turnstile_platform.redis_client import read_script
 from turnstile_platform.settings import DecisionLogSettings
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,12 @@ class AuditLog:
         prefix: str,
         settings: DecisionLogSettings,
     ) -> None:
-        self.stream = decisions_key(prefix)
+        self.stream = platform_stream(prefix)
+        self._index = streams_index(prefix)
         self.enabled = settings.max_entries > 0
-        self._head = (settings.max_entries, round(settings.max_age_s * 1000), len(FIELDS))
-        self._script = client.register_script(
-            read_script("turnstile_platform", "decision_append.lua")
-        )
+        # One entry to the platform's stream, in the platform's own append's terms.
+        self._head = (*bounds(settings), len(FIELDS), self.stream, "", "")
+        self._script = client.register_script(script_text("decision_append.lua"))
 
     async def append(
         self,
@@ -109,7 +109,7 @@ class AuditLog:
         for name, value in zip(FIELDS, values, strict=True):
             args += [name, value]
         try:
-            await self._script(keys=[self.stream], args=args)
+            await self._script(keys=[self._index, self.stream], args=args)
         except (*DEPENDENCY_ERRORS, DependencyOverloaded) as error:
             FAILURES.inc()
             log.error(
