@@ -183,6 +183,23 @@ async def _traffic(stack: RunningStack, redis_url: str, redis_prefix: str) -> No
                 ),
                 timeout=10,
             )
+        # One flow past its fair share of a replica's seats (SPEC N1): 200 calls at
+        # once against 64 seats; its excess is refused RESOURCE_EXHAUSTED.
+        burst = await asyncio.gather(
+            *(
+                admit.GetUsage(
+                    admission_pb2.GetUsageRequest(
+                        client=common_pb2.ActivationClient(client_id="acme")
+                    ),
+                    timeout=10,
+                )
+                for _ in range(200)
+            ),
+            return_exceptions=True,
+        )
+        refused = [r for r in burst if isinstance(r, grpc.aio.AioRpcError)]
+        assert refused, "no call of the burst was refused its fair share"
+        assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 @pytest.mark.timeout(300)
@@ -199,7 +216,11 @@ async def test_every_dashboard_query_returns_series_from_the_local_stack(
         metrics_ports=metrics,
         prometheus_port=prometheus_port,
         # A cap without a count, so the fail-open panel has its (by-design) series.
-        extra_env={"TURNSTILE_DIRECT_LIVE_COUNTS": "unsupported"},
+        # 64 seats a replica, so one burst shows the fair-share refusals panel.
+        extra_env={
+            "TURNSTILE_DIRECT_LIVE_COUNTS": "unsupported",
+            "TURNSTILE_MAX_CONCURRENT_RPCS": "64",
+        },
     ) as stack:
         await stack.wait_serving()
         assert f"http://127.0.0.1:{prometheus_port}" in stack.output()  # the banner says where

@@ -46,7 +46,7 @@ def _complete(script: Path, *words: str) -> list[str]:
     [
         (("act",), ["activate"]),
         (("keys", "al"), ["allow"]),
-        (("limits", "get", "--clu"), ["--cluster"]),
+        (("limits", "show", "--clu"), ["--cluster"]),
         (("admit", "sb-1", "--kind", "w"), ["warm"]),
         (("-o", "y"), ["yaml"]),
         (("hold", "c"), ["commit", "cancel"]),

@@ -245,8 +245,12 @@ async def test_keys_allow_remove_flags_and_show_through_the_api(cli: Cli) -> Non
     ("client_id", "field"),
     # Refused by the CLI's one client-id parser before any call (the server's own
     # checks, naming allow[0], are test_admission_admin's).
-    [("bad id!", "not a client id"), ("", "not a client id"), ("a" * 64, "not a client id"),
-     ("native", "'native' is reserved")],
+    [
+        ("bad id!", "not a client id"),
+        ("", "not a client id"),
+        ("a" * 64, "not a client id"),
+        ("native", "'native' is reserved"),
+    ],
 )
 async def test_allowing_an_invalid_client_id_exits_2_and_changes_nothing(
     cli: Cli, client_id: str, field: str
