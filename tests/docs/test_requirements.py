@@ -80,8 +80,9 @@ def test_the_citation_scan_finds_citations() -> None:
 
 
 def test_every_requirement_family_is_cited_and_defined() -> None:
-    """Each family the code cites (C A S P T X Z F O Q W N M; G once cited) has its items here, and the
-    scan sees citations of each: a family it missed would go unchecked."""
+    """Each family the code cites (C A S P T X Z F O Q W N M; G once cited) has its
+    items here, and the scan sees citations of each: a family it missed would go
+    unchecked."""
     cited_letters = {rid[0] for rid in cited_ids()}
     defined_letters = {rid[0] for rid in defined_ids()}
     assert set(LETTERS) <= cited_letters, f"no citation seen of {set(LETTERS) - cited_letters}"
