@@ -5,11 +5,10 @@ hidden aliases, ``status -o name``, and a ``--watch`` that SIGTERM ends at once.
 
 from __future__ import annotations
 
-import re
-
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
