@@ -36,7 +36,8 @@ ADMIT = "/turnstile.admission.v1.AdmissionService/Admit"
 def _cli(stack: RunningStack, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "turnstile_cli", *argv],
-        env={**stack.env(), "TURNSTILE_STACK_FILE": str(tmp_path / "stack.json")},
+        # A wide page: the tree's deepest rows fit on one line whatever the caller's terminal.
+        env={**stack.env(), "TURNSTILE_STACK_FILE": str(tmp_path / "stack.json"), "COLUMNS": "250"},
         cwd=tmp_path,
         capture_output=True,
         text=True,
