@@ -7,8 +7,16 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from turnstile_clientkeys.ids import client_id_problem
-from turnstile_clientkeys.resolver import RESERVED_IDS, Client, ClientForm, KeyKind
-from turnstile_contracts import common_pb2
+from turnstile_clientkeys.resolver import (
+    NATIVE,
+    RESERVED_IDS,
+    SHARED,
+    UNATTRIBUTED,
+    Client,
+    ClientForm,
+    KeyKind,
+)
+from turnstile_contracts import admission_pb2, common_pb2
 
 
 @dataclass(eq=False)
@@ -75,3 +83,20 @@ KEY_KINDS: dict[KeyKind, common_pb2.KeyKind.ValueType] = {
     KeyKind.NATIVE: common_pb2.KEY_KIND_NATIVE,
     KeyKind.UNATTRIBUTED: common_pb2.KEY_KIND_UNATTRIBUTED,
 }
+
+
+def limits_target(key: str) -> admission_pb2.LimitsTarget:
+    """The admin API's ``LimitsTarget`` for one bounded key's document: ``shared``,
+    ``native``, ``unattributed`` or a client id (SPEC M1). One builder for the
+    service that answers with it and the CLI that asks with it."""
+    if key == SHARED:
+        return admission_pb2.LimitsTarget(shared=admission_pb2.LimitsTarget.Shared())
+    if key == NATIVE:
+        client = common_pb2.ActivationClient(native=common_pb2.ActivationClient.Native())
+    elif key == UNATTRIBUTED:
+        client = common_pb2.ActivationClient(
+            unattributed=common_pb2.ActivationClient.Unattributed()
+        )
+    else:
+        client = common_pb2.ActivationClient(client_id=key)
+    return admission_pb2.LimitsTarget(client=client)

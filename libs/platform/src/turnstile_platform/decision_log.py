@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -147,11 +148,14 @@ async def append_platform_entry(
     identity: str = "",
     detail: str = "",
     key: str = "",
+    extra: Mapping[str, str] | None = None,
 ) -> str:
     """Append one entry to the platform's stream now and return its id ("" with
     the log off): for what the platform itself does, such as an operator's change
     of limits or of the key set (``kind`` ``limits_changed``/``keys_changed``,
-    ``identity`` who, ``detail`` what, old and new, ``key`` the key it is about).
+    ``identity`` who, ``detail`` what, ``key`` the key it is about; ``extra``:
+    fields of the entry's kind after the common ones, e.g. the admin API's
+    ``target``, ``verb``, ``previous`` and ``current``).
 
     Awaited, unlike :class:`DecisionLogWriter`: an audit entry is written with the
     change or the caller learns it failed (Redis errors propagate)."""
@@ -172,8 +176,9 @@ async def append_platform_entry(
         "",
         detail,
     )
-    args: list[Any] = [*bounds(settings), len(FIELDS), platform_stream(prefix), "", ""]
-    for name, value in zip(FIELDS, values, strict=True):
+    fields = [*zip(FIELDS, values, strict=True), *(extra or {}).items()]
+    args: list[Any] = [*bounds(settings), len(fields), platform_stream(prefix), "", ""]
+    for name, value in fields:
         args += [name, value]
     script = client.register_script(script_text("decision_append.lua"))
     ids = await script(keys=[streams_index(prefix), platform_stream(prefix)], args=args)

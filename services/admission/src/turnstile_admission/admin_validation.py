@@ -25,10 +25,10 @@ from turnstile_clientkeys import (
     is_label_value,
     parse_client,
 )
-from turnstile_clientkeys.contract import parse_client_id
+from turnstile_clientkeys.contract import limits_target, parse_client_id
 from turnstile_clientkeys.keyset import KNOWN_FLAGS
 from turnstile_clientkeys.limits import CLUSTER, DEFAULT, LEVELS, LimitsError
-from turnstile_contracts import admission_pb2, common_pb2
+from turnstile_contracts import admission_pb2
 from turnstile_platform.errors import RichError, bad_field
 
 #: A key's document is named by a client id, ``native`` or ``unattributed``.
@@ -100,18 +100,7 @@ def target_of(name: str) -> admission_pb2.LimitsTarget:
         return admission_pb2.LimitsTarget(defaults=admission_pb2.LimitsTarget.Defaults())
     if name == CLUSTER:
         return admission_pb2.LimitsTarget(cluster=admission_pb2.LimitsTarget.Cluster())
-    key = name.removeprefix(KEY_PREFIX)
-    if key == SHARED:
-        return admission_pb2.LimitsTarget(shared=admission_pb2.LimitsTarget.Shared())
-    if key == NATIVE:
-        client = common_pb2.ActivationClient(native=common_pb2.ActivationClient.Native())
-    elif key == UNATTRIBUTED:
-        client = common_pb2.ActivationClient(
-            unattributed=common_pb2.ActivationClient.Unattributed()
-        )
-    else:
-        client = common_pb2.ActivationClient(client_id=key)
-    return admission_pb2.LimitsTarget(client=client)
+    return limits_target(name.removeprefix(KEY_PREFIX))
 
 
 def _fields(message: admission_pb2.Limits, field: str) -> Document:

@@ -23,9 +23,6 @@ if TYPE_CHECKING:  # the parser imports nothing of this; protobuf when a command
 NUMBERS = ("cap", "rate", "burst", "concurrency", "weight")
 WHOLE = frozenset({"cap", "concurrency"})
 SHADOW_NUMBERS = ("cap", "rate", "burst", "concurrency")
-LEVELS = ("platform", "interactive", "batch")
-#: Reserved keys named as such on the command line.
-SHARED, NATIVE, UNATTRIBUTED = "shared", "native", "unattributed"
 
 
 class DocumentError(ValueError):
@@ -34,7 +31,8 @@ class DocumentError(ValueError):
 
 def target(key: str | None, *, default: bool = False, cluster: bool = False) -> Any:
     """The ``LimitsTarget`` a command line names (None: none named)."""
-    from turnstile_contracts import admission_pb2, common_pb2
+    from turnstile_clientkeys.contract import limits_target
+    from turnstile_contracts import admission_pb2
 
     if default:
         return admission_pb2.LimitsTarget(defaults=admission_pb2.LimitsTarget.Defaults())
@@ -42,17 +40,7 @@ def target(key: str | None, *, default: bool = False, cluster: bool = False) -> 
         return admission_pb2.LimitsTarget(cluster=admission_pb2.LimitsTarget.Cluster())
     if key is None:
         return None
-    if key == SHARED:
-        return admission_pb2.LimitsTarget(shared=admission_pb2.LimitsTarget.Shared())
-    if key == NATIVE:
-        client = common_pb2.ActivationClient(native=common_pb2.ActivationClient.Native())
-    elif key == UNATTRIBUTED:
-        client = common_pb2.ActivationClient(
-            unattributed=common_pb2.ActivationClient.Unattributed()
-        )
-    else:
-        client = common_pb2.ActivationClient(client_id=key)
-    return admission_pb2.LimitsTarget(client=client)
+    return limits_target(key)
 
 
 def to_message(document: Any) -> tuple[admission_pb2.Limits, list[str]]:
@@ -72,6 +60,8 @@ def to_message(document: Any) -> tuple[admission_pb2.Limits, list[str]]:
             setattr(message, name, _number(name, document[name]))
     level = document.get("level")
     if level is not None:
+        from turnstile_clientkeys.limits import LEVELS  # the store's own list
+
         if level not in LEVELS:
             raise DocumentError(f"level must be one of {', '.join(LEVELS)}")
         message.level = admission_pb2.PriorityLevel.Value(f"PRIORITY_LEVEL_{level.upper()}")
