@@ -117,5 +117,5 @@ async def test_a_platform_entry_is_written_at_once_to_the_platform_stream(
     # Listed in the log's index, as every stream is (the export finds it there).
     assert await redis.zscore(streams_index(redis_prefix), platform_stream(redis_prefix))
     off = DecisionLogSettings(max_entries=0)
-    kwargs: dict[str, str] = {"service": "admission", "kind": "keys_changed"}
+    kwargs: dict[str, Any] = {"service": "admission", "kind": "keys_changed"}
     assert await append_platform_entry(redis, redis_prefix + "off:", off, **kwargs) == ""
