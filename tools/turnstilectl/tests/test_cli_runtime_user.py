@@ -14,6 +14,7 @@ from turnstile_cli.stack.runtime_user import (
     probe,
     runnable_interpreter,
     runtime_user_env,
+    unreachable_parent,
 )
 
 FIRST_UID = int(RUNTIME_UIDS.split("-")[0])
@@ -61,8 +62,12 @@ def test_falling_back_to_root_names_an_interpreter_a_runtime_uid_can_run() -> No
         pytest.skip("this workspace's interpreter is runnable by other uids already")
     _, note = runtime_user_env(Path("/tmp") / "turnstile-stack-probe" / "direct", {})
     assert note is not None
+    hidden = unreachable_parent(Path(sys.prefix))
     suggested = re.search(r"UV_PYTHON=(/\S+) \./scripts/up", note)
-    if suggested is None:  # no interpreter here other users can run: uv's managed one
+    if hidden is not None:  # the workspace itself is out of their reach: move it
+        assert f"the workspace is under {hidden}" in note
+        assert "use a checkout (or --state-dir) outside it" in note
+    elif suggested is None:  # no interpreter here other users can run: uv's managed one
         assert "UV_PYTHON_INSTALL_DIR=" in note
         assert "uv python install" in note
     else:
