@@ -216,6 +216,27 @@ async def test_a_killed_up_script_takes_its_stack_down_cleanly(
         assert not (tmp_path / "stack.json").exists()
 
 
+async def test_the_trace_receiver_is_a_process_of_its_own_not_a_server_in_the_runner(
+    tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
+) -> None:
+    """The runner forks every service; a gRPC server in it would be in each fork,
+    where gRPC's fork handlers abort the child before its exec (services died at
+    start with SIGABRT). So the OTLP receiver runs apart, and dies with the runner."""
+    with run_stack(
+        tmp_path, redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url
+    ) as stack:
+        await stack.wait_serving()
+        receivers = [
+            p
+            for p in procs.all_processes()
+            if p.ppid == stack.proc.pid and "turnstile_cli.stack.otlp_receiver" in _cmdline(p.pid)
+        ]
+        assert len(receivers) == 1
+        stack.proc.kill()
+        stack.proc.wait(10)
+        assert await _wait_gone(receivers) == []
+
+
 async def test_the_next_up_stops_what_a_killed_runner_left_and_says_so(
     tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str
 ) -> None:

@@ -4,7 +4,10 @@ Without Docker there is no Jaeger to send spans to, so ``turnstilectl up`` runs
 this when no ``jaeger`` binary is on ``PATH`` and ``OTEL_EXPORTER_OTLP_ENDPOINT``
 is not set: the standard OTLP ``TraceService`` (OpenTelemetry's own protobufs,
 ``opentelemetry-proto``; the services export to it with their ordinary exporter),
-serving on loopback in the runner's event loop. Each span is appended to
+serving on loopback in a process of its own (``python -m
+turnstile_cli.stack.otlp_receiver DIR PORT``): a gRPC server in the runner would
+be in every service the runner forks, and gRPC's fork handlers abort such a
+child before its ``exec`` (the services died at start with SIGABRT). Each span is appended to
 ``spans.jsonl`` as the fields ``turnstilectl traces`` draws its trees from; the
 file is bounded (:data:`MAX_BYTES`: it then becomes ``spans.1.jsonl`` and a new
 one starts, so the last two files' worth is kept) and outlives the stack, so the
@@ -13,8 +16,11 @@ last traces can be read after it stopped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,8 @@ import grpc
 import grpc.aio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
+
+from turnstile_cli.stack import procs
 
 #: The span log, and the one before it once it reached :data:`MAX_BYTES`.
 FILE_NAME = "spans.jsonl"
@@ -161,3 +169,35 @@ class OtlpReceiver:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+
+
+def main(argv: list[str]) -> int:
+    """Serve ``argv`` = ``DIR PORT RUNNER_PID`` (port 0: any free port) until SIGTERM
+    or SIGINT, and no longer than the runner lives. The first line written is the
+    bound port, or 0 when it could not be bound."""
+    directory, port, runner = Path(argv[0]), int(argv[1]), int(argv[2])
+    # Set here, after exec, not by a preexec_fn in the runner (that would fork it):
+    # then the runner may already be gone, so its pid is checked once the signal is set.
+    procs.die_with_parent()
+    if os.getppid() != runner:
+        return 1
+
+    async def serve() -> int:
+        receiver = OtlpReceiver(directory, port)
+        if not await receiver.start():
+            print(0, flush=True)
+            return 1
+        print(receiver.port, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(number, stop.set)
+        await stop.wait()
+        await receiver.stop()
+        return 0
+
+    return asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -16,19 +16,21 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from turnstile_cli.stack import procs
-from turnstile_cli.stack.otlp_receiver import OtlpReceiver
 from turnstile_cli.stack.preflight import port_free
 
 #: Jaeger's default ports: OTLP/gRPC and its UI.
 OTLP_PORT = 4317
 JAEGER_UI_PORT = 16686
 
+#: How long the stack's own receiver gets to bind its port.
+RECEIVER_START_S = 10.0
 #: How long a starting Jaeger gets to accept OTLP connections.
 JAEGER_START_S = 20.0
 
@@ -112,7 +114,7 @@ class TraceSink:
     endpoint: str
     directory: Path
     ui: str = ""
-    receiver: OtlpReceiver | None = None
+    receiver: asyncio.subprocess.Process | None = None
     jaeger: asyncio.subprocess.Process | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -130,11 +132,15 @@ class TraceSink:
             sink = await cls._start_jaeger(binary, directory, notes)
             if sink is not None:
                 return sink
-        receiver = OtlpReceiver(directory, _port(OTLP_PORT, set()))
-        if not await receiver.start():
-            receiver = OtlpReceiver(directory, 0)
-            await receiver.start()
-        return cls("receiver", receiver.endpoint, directory, receiver=receiver, notes=notes)
+        started = await _start_receiver(directory, _port(OTLP_PORT, set()))
+        if started is None:
+            started = await _start_receiver(directory, 0)
+        if started is None:
+            notes.append("the stack's OTLP receiver did not start: spans are not kept")
+            return cls("off", "", directory, notes=notes)
+        proc, port = started
+        endpoint = f"http://127.0.0.1:{port}"
+        return cls("receiver", endpoint, directory, receiver=proc, notes=notes)
 
     @classmethod
     async def _start_jaeger(
@@ -204,13 +210,51 @@ class TraceSink:
 
     @property
     def pid(self) -> int | None:
-        return self.jaeger.pid if self.jaeger is not None else None
+        """The process the stack started for its spans (Jaeger or the receiver)."""
+        proc = self.jaeger or self.receiver
+        return proc.pid if proc is not None else None
 
     async def stop(self) -> None:
         if self.receiver is not None:
-            await self.receiver.stop()
+            await _stop_group(self.receiver)
         if self.jaeger is not None:
             await _stop_group(self.jaeger)
+
+
+async def _start_receiver(
+    directory: Path, port: int
+) -> tuple[asyncio.subprocess.Process, int] | None:
+    """The OTLP receiver started in a process of its own (:mod:`.otlp_receiver` says
+    why), and the port it bound; None when it could not bind ``port``."""
+    with _receiver_log(directory) as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "turnstile_cli.stack.otlp_receiver",
+            str(directory),
+            str(port),
+            str(os.getpid()),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), RECEIVER_START_S)
+    except TimeoutError:
+        line = b""
+    bound = int(line.strip() or 0)
+    if bound == 0:
+        await _stop_group(proc)
+        return None
+    return proc, bound
+
+
+def _receiver_log(directory: Path) -> BinaryIO:
+    """Where the receiver's own errors go (its stdout only says its port)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return (directory / "receiver.log").open("ab")
 
 
 def _write_config(directory: Path, **ports: int) -> Path:
